@@ -1,0 +1,18 @@
+//! idem-filter: makes HTTP APIs idempotent at the gateway.
+//!
+//! The core is host-independent and tested natively: [`policy`] (the policy files), [`key`]
+//! (where keys come from, caller scoping), [`fingerprint`], [`store`] (atomic claims on Envoy's
+//! shared data), [`response`] (stored responses and local replies) and [`engine`] (the decisions),
+//! all talking to Envoy through the [`host::Host`] trait. The proxy-wasm glue in `glue` is
+//! compiled only for `wasm32` and holds no policy logic.
+
+pub mod engine;
+pub mod fingerprint;
+pub mod host;
+pub mod key;
+pub mod policy;
+pub mod response;
+pub mod store;
+
+#[cfg(target_arch = "wasm32")]
+mod glue;

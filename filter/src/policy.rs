@@ -1,0 +1,666 @@
+//! The policy model: the `[[route]]` schema of `policies/README.md`, parsed from TOML or JSON and
+//! validated with errors that name the file, line, column and field.
+//!
+//! Field-level checks (durations, statuses, names, matcher shape) live in the `Deserialize` impls
+//! so that the parser attaches the position; checks across routes (duplicate names, conflicting
+//! matchers) locate the offending route in the source text afterwards.
+
+use serde::{de, Deserialize, Deserializer};
+use std::fmt;
+
+/// A validated bundle: the filter's whole plugin configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bundle {
+    pub shared: SharedConfig,
+    pub routes: Vec<RoutePolicy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedConfig {
+    #[serde(deserialize_with = "de_buckets")]
+    pub buckets: u32,
+    #[serde(deserialize_with = "de_entries")]
+    pub entries_per_bucket: u32,
+    #[serde(deserialize_with = "de_response_bytes")]
+    pub max_response_bytes: u32,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        SharedConfig { buckets: 1024, entries_per_bucket: 8, max_response_bytes: 65536 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutePolicy {
+    pub name: String,
+    pub matcher: Matcher,
+    pub mode: Mode,
+    pub store: StoreKind,
+    pub max_body_bytes: u32,
+    pub max_response_bytes: u32,
+    pub key: KeyPolicy,
+    pub duplicate: DuplicateResponse,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matcher {
+    /// Matches the Envoy route whose `name` is this (`xds.route_name`).
+    RouteName(String),
+    /// Matches a method (or any) and a path template.
+    Request { method: Option<String>, path: PathTemplate },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Key,
+    Shadow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    Header,
+    Query,
+    Body,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInFlight {
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnCompleted {
+    Replay,
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FingerprintBody {
+    Raw,
+    CanonicalJson,
+}
+
+/// One input to the request fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FingerprintPart {
+    Method,
+    Path,
+    Query,
+    Body,
+    Header(String),
+}
+
+/// One entry of the caller scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopePart {
+    Header(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyPolicy {
+    pub from: KeySource,
+    #[serde(deserialize_with = "de_nonempty")]
+    pub name: String,
+    pub required: bool,
+    pub scope: Vec<ScopePart>,
+    pub fingerprint: Vec<FingerprintPart>,
+    pub fingerprint_body: FingerprintBody,
+    pub lock_ttl: Duration,
+    pub ttl: Duration,
+    pub on_in_flight: OnInFlight,
+    pub on_completed: OnCompleted,
+    pub remember: Vec<StatusSet>,
+    pub forget: Vec<StatusSet>,
+}
+
+impl Default for KeyPolicy {
+    fn default() -> Self {
+        KeyPolicy {
+            from: KeySource::Header,
+            name: "Idempotency-Key".to_string(),
+            required: true,
+            scope: vec![ScopePart::Header("authorization".to_string())],
+            fingerprint: vec![
+                FingerprintPart::Method,
+                FingerprintPart::Path,
+                FingerprintPart::Query,
+                FingerprintPart::Body,
+            ],
+            fingerprint_body: FingerprintBody::Raw,
+            lock_ttl: Duration::from_secs(30),
+            ttl: Duration::from_secs(24 * 3600),
+            on_in_flight: OnInFlight::Reject,
+            on_completed: OnCompleted::Replay,
+            remember: vec![StatusSet::Class(2), StatusSet::Class(3), StatusSet::Class(4)],
+            forget: [408, 409, 425, 429].into_iter().map(StatusSet::Code).collect(),
+        }
+    }
+}
+
+impl KeyPolicy {
+    /// Whether a response with this status is remembered (otherwise the claim is released).
+    pub fn remembers(&self, status: u16) -> bool {
+        self.remember.iter().any(|s| s.contains(status))
+            && !self.forget.iter().any(|s| s.contains(status))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DuplicateResponse {
+    #[serde(deserialize_with = "de_duplicate_status")]
+    pub status: u16,
+    #[serde(deserialize_with = "de_nonempty")]
+    pub code: String,
+    pub message: String,
+}
+
+impl Default for DuplicateResponse {
+    fn default() -> Self {
+        DuplicateResponse {
+            status: 409,
+            code: "DUPLICATE_REQUEST".to_string(),
+            message: "duplicate request".to_string(),
+        }
+    }
+}
+
+/// A status class (`"2xx"`) or one status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusSet {
+    Class(u16),
+    Code(u16),
+}
+
+impl StatusSet {
+    pub fn contains(&self, status: u16) -> bool {
+        match *self {
+            StatusSet::Class(c) => status / 100 == c,
+            StatusSet::Code(c) => status == c,
+        }
+    }
+}
+
+/// A duration in milliseconds, written `"250ms"`, `"30s"`, `"10m"`, `"24h"`, `"7d"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Duration {
+    pub millis: u64,
+}
+
+impl Duration {
+    pub const fn from_secs(s: u64) -> Self {
+        Duration { millis: s * 1000 }
+    }
+}
+
+/// A path template: literal segments and `{param}` segments that match one non-empty segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathTemplate {
+    pub source: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+impl PathTemplate {
+    pub fn parse(source: &str) -> Result<Self, String> {
+        if !source.starts_with('/') {
+            return Err(format!("path {source:?} must start with '/'"));
+        }
+        if source.contains('?') || source.contains('#') {
+            return Err(format!("path {source:?} must not contain a query or fragment"));
+        }
+        let mut segments = Vec::new();
+        for seg in source[1..].split('/') {
+            if seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2 {
+                segments.push(Segment::Param);
+            } else if seg.contains('{') || seg.contains('}') {
+                return Err(format!(
+                    "path {source:?}: a template parameter must be a whole segment, like /orders/{{id}}"
+                ));
+            } else {
+                segments.push(Segment::Literal(seg.to_string()));
+            }
+        }
+        Ok(PathTemplate { source: source.to_string(), segments })
+    }
+
+    pub fn is_exact(&self) -> bool {
+        self.segments.iter().all(|s| matches!(s, Segment::Literal(_)))
+    }
+
+    /// Matches a request path (without the query string).
+    pub fn matches(&self, path: &str) -> bool {
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut parts = rest.split('/');
+        for seg in &self.segments {
+            match (seg, parts.next()) {
+                (Segment::Literal(lit), Some(p)) if lit == p => {}
+                (Segment::Param, Some(p)) if !p.is_empty() => {}
+                _ => return false,
+            }
+        }
+        parts.next().is_none()
+    }
+
+    /// The shape used to detect two templates that match the same paths.
+    fn shape(&self) -> Vec<Option<&str>> {
+        self.segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => Some(l.as_str()),
+                Segment::Param => None,
+            })
+            .collect()
+    }
+}
+
+/// A policy error, with where it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub origin: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{}:{}: {}", self.origin, l, c, self.message),
+            (Some(l), None) => write!(f, "{}:{}: {}", self.origin, l, self.message),
+            _ => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// Parses a bundle from TOML, or from JSON when the document starts with `{`.
+/// `origin` names the source in errors (a file path, or "plugin configuration").
+pub fn parse_bundle(source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+    let raw: RawBundle = if source.trim_start().starts_with('{') {
+        serde_json::from_str(source).map_err(|e| PolicyError {
+            origin: origin.to_string(),
+            line: Some(e.line()),
+            column: Some(e.column()),
+            message: e.to_string().split(" at line ").next().unwrap_or("").to_string(),
+        })?
+    } else {
+        toml::from_str(source).map_err(|e| {
+            let (line, column) = match e.span() {
+                Some(span) => {
+                    let (l, c) = line_col(source, span.start);
+                    (Some(l), Some(c))
+                }
+                None => (None, None),
+            };
+            PolicyError {
+                origin: origin.to_string(),
+                line,
+                column,
+                message: e.message().trim().to_string(),
+            }
+        })?
+    };
+    raw.validate(source, origin)
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub fn line_col(source: &str, offset: usize) -> (usize, usize) {
+    let before = source.get(..offset).unwrap_or(source);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBundle {
+    #[serde(default)]
+    shared: SharedConfig,
+    #[serde(default)]
+    route: Vec<RawRoute>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    #[serde(deserialize_with = "de_route_name")]
+    name: String,
+    #[serde(rename = "match", default)]
+    matcher: Option<RawMatch>,
+    #[serde(default = "default_mode")]
+    mode: Mode,
+    #[serde(default = "default_store")]
+    store: StoreKind,
+    #[serde(default, deserialize_with = "de_opt_body_bytes")]
+    max_body_bytes: Option<u32>,
+    #[serde(default, deserialize_with = "de_opt_response_bytes")]
+    max_response_bytes: Option<u32>,
+    #[serde(default)]
+    key: KeyPolicy,
+    #[serde(default)]
+    duplicate: DuplicateResponse,
+}
+
+fn default_mode() -> Mode {
+    Mode::Key
+}
+fn default_store() -> StoreKind {
+    StoreKind::Shared
+}
+
+/// `match = { route = … }` or `match = { method = …, path = … }`, validated as a whole.
+struct RawMatch(Matcher);
+
+impl<'de> Deserialize<'de> for RawMatch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            route: Option<String>,
+            method: Option<String>,
+            path: Option<String>,
+        }
+        let f = Fields::deserialize(d)?;
+        match (f.route, f.method, f.path) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(de::Error::custom(
+                "conflicting matchers: `route` cannot be combined with `method` or `path`",
+            )),
+            (Some(route), None, None) if !route.is_empty() => Ok(RawMatch(Matcher::RouteName(route))),
+            (Some(_), None, None) => Err(de::Error::custom("`route` must not be empty")),
+            (None, _, None) => Err(de::Error::custom(
+                "`match` needs `route`, or `path` (with an optional `method`)",
+            )),
+            (None, method, Some(path)) => {
+                let method = match method {
+                    Some(m) if is_method(&m) => Some(m),
+                    Some(m) => {
+                        return Err(de::Error::custom(format!(
+                            "invalid method {m:?}: expected an upper-case HTTP method such as \"POST\""
+                        )))
+                    }
+                    None => None,
+                };
+                let path = PathTemplate::parse(&path).map_err(de::Error::custom)?;
+                Ok(RawMatch(Matcher::Request { method, path }))
+            }
+        }
+    }
+}
+
+fn is_method(m: &str) -> bool {
+    !m.is_empty() && m.len() <= 16 && m.bytes().all(|b| b.is_ascii_uppercase())
+}
+
+impl RawBundle {
+    fn validate(self, source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+        let mut routes: Vec<RoutePolicy> = Vec::with_capacity(self.route.len());
+        for (i, r) in self.route.into_iter().enumerate() {
+            let error = |message: String| {
+                let (line, column) = locate_route(source, i);
+                PolicyError { origin: origin.to_string(), line, column, message }
+            };
+            if let Some(first) = routes.iter().position(|p| p.name == r.name) {
+                return Err(error(format!(
+                    "route {:?}: duplicate route name (route #{} already uses it)",
+                    r.name,
+                    first + 1
+                )));
+            }
+            let matcher = match r.matcher {
+                Some(RawMatch(m)) => m,
+                None => Matcher::RouteName(r.name.clone()),
+            };
+            if let Some(other) = routes.iter().find(|p| matchers_conflict(&p.matcher, &matcher)) {
+                return Err(error(format!(
+                    "route {:?}: conflicting matchers: it matches the same requests as route {:?}",
+                    r.name, other.name
+                )));
+            }
+            let max_response_bytes = r.max_response_bytes.unwrap_or(self.shared.max_response_bytes);
+            if max_response_bytes > self.shared.max_response_bytes {
+                return Err(error(format!(
+                    "route {:?}: max_response_bytes = {} exceeds [shared] max_response_bytes = {}",
+                    r.name, max_response_bytes, self.shared.max_response_bytes
+                )));
+            }
+            if r.key.from == KeySource::Body && !r.key.name.starts_with('/') {
+                return Err(error(format!(
+                    "route {:?}: key.name {:?} must be a JSON pointer like \"/transaction_id\" when key.from = \"body\"",
+                    r.name, r.key.name
+                )));
+            }
+            if r.key.lock_ttl.millis == 0 || r.key.ttl.millis == 0 {
+                return Err(error(format!("route {:?}: key.lock_ttl and key.ttl must be positive", r.name)));
+            }
+            routes.push(RoutePolicy {
+                name: r.name,
+                matcher,
+                mode: r.mode,
+                store: r.store,
+                max_body_bytes: r.max_body_bytes.unwrap_or(65536),
+                max_response_bytes,
+                key: r.key,
+                duplicate: r.duplicate,
+            });
+        }
+        Ok(Bundle { shared: self.shared, routes })
+    }
+}
+
+fn matchers_conflict(a: &Matcher, b: &Matcher) -> bool {
+    match (a, b) {
+        (Matcher::RouteName(x), Matcher::RouteName(y)) => x == y,
+        (Matcher::Request { method: ma, path: pa }, Matcher::Request { method: mb, path: pb }) => {
+            let methods_overlap = match (ma, mb) {
+                (Some(x), Some(y)) => x == y,
+                _ => true,
+            };
+            methods_overlap && pa.shape() == pb.shape()
+        }
+        _ => false,
+    }
+}
+
+/// Line and column of the `i`-th `[[route]]` header (TOML) or `"name"` key inside `route` (JSON).
+fn locate_route(source: &str, i: usize) -> (Option<usize>, Option<usize>) {
+    let needle = if source.trim_start().starts_with('{') { "\"name\"" } else { "[[route]]" };
+    match source.match_indices(needle).nth(i) {
+        Some((offset, _)) => {
+            let (l, c) = line_col(source, offset);
+            (Some(l), Some(c))
+        }
+        None => (None, None),
+    }
+}
+
+// ---- field deserializers: each validates and lets the parser attach the position ----
+
+fn de_route_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if ok {
+        Ok(s)
+    } else {
+        Err(de::Error::custom(format!(
+            "invalid route name {s:?}: use 1 to 64 lower-case letters, digits, '-' or '_'"
+        )))
+    }
+}
+
+fn de_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        Err(de::Error::custom("must not be empty"))
+    } else {
+        Ok(s)
+    }
+}
+
+fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {
+    let v = u64::deserialize(d)?;
+    if (min..=max).contains(&v) {
+        Ok(v as u32)
+    } else {
+        Err(de::Error::custom(format!("{what} must be between {min} and {max}, got {v}")))
+    }
+}
+
+fn de_buckets<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, 1, 65536, "buckets")
+}
+fn de_entries<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, 1, 64, "entries_per_bucket")
+}
+fn de_response_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, 0, 16 << 20, "max_response_bytes")
+}
+fn de_opt_body_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    ranged(d, 0, 16 << 20, "max_body_bytes").map(Some)
+}
+fn de_opt_response_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    de_response_bytes(d).map(Some)
+}
+
+fn de_duplicate_status<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+    let v = u64::deserialize(d)?;
+    if (200..=499).contains(&v) {
+        Ok(v as u16)
+    } else {
+        Err(de::Error::custom(format!(
+            "invalid duplicate status {v}: a duplicate is a business outcome, use 200-499 (never a 5xx)"
+        )))
+    }
+}
+
+impl<'de> Deserialize<'de> for Duration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map_err(de::Error::custom)
+    }
+}
+
+/// Parses `"250ms"`, `"30s"`, `"10m"`, `"24h"`, `"7d"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {s:?}: expected a number and a unit, like \"250ms\", \"30s\", \"10m\", \"24h\" or \"7d\"");
+    let digits = s.bytes().take_while(|b| b.is_ascii_digit()).count();
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(factor).map(|millis| Duration { millis }).ok_or_else(bad)
+}
+
+impl<'de> Deserialize<'de> for StatusSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Code(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Code(c) if (100..=599).contains(&c) => Ok(StatusSet::Code(c as u16)),
+            Raw::Code(c) => Err(de::Error::custom(format!("invalid status {c}: expected 100-599"))),
+            Raw::Text(t) => match t.as_bytes() {
+                [c @ b'1'..=b'5', b'x', b'x'] => Ok(StatusSet::Class(u16::from(c - b'0'))),
+                _ => Err(de::Error::custom(format!(
+                    "invalid status {t:?}: expected a code like 404 or a class like \"2xx\""
+                ))),
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FingerprintPart {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "method" => Ok(FingerprintPart::Method),
+            "path" => Ok(FingerprintPart::Path),
+            "query" => Ok(FingerprintPart::Query),
+            "body" => Ok(FingerprintPart::Body),
+            _ => match s.strip_prefix("header:") {
+                Some(h) if !h.is_empty() => Ok(FingerprintPart::Header(h.to_ascii_lowercase())),
+                _ => Err(de::Error::custom(format!(
+                    "invalid fingerprint part {s:?}: expected method, path, query, body or header:<name>"
+                ))),
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ScopePart {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.strip_prefix("header:") {
+            Some(h) if !h.is_empty() => Ok(ScopePart::Header(h.to_ascii_lowercase())),
+            _ => Err(de::Error::custom(format!("invalid scope part {s:?}: expected header:<name>"))),
+        }
+    }
+}
+
+impl Bundle {
+    /// The policy for a request, by Envoy route name first, then exact paths, then templates.
+    /// `route_name` is only asked for when some policy matches by route name.
+    pub fn find(&self, method: &str, path: &str, route_name: impl FnOnce() -> Option<String>) -> Option<usize> {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let method_ok = |m: &Option<String>| m.as_deref().is_none_or(|m| m == method);
+        let by_request = |exact: bool| {
+            self.routes.iter().position(|r| match &r.matcher {
+                Matcher::Request { method: m, path: t } => t.is_exact() == exact && method_ok(m) && t.matches(path),
+                Matcher::RouteName(_) => false,
+            })
+        };
+        if self.routes.iter().any(|r| matches!(r.matcher, Matcher::RouteName(_))) {
+            if let Some(name) = route_name() {
+                let hit = self
+                    .routes
+                    .iter()
+                    .position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
+                if hit.is_some() {
+                    return hit;
+                }
+            }
+        }
+        by_request(true).or_else(|| by_request(false))
+    }
+}
+
+impl RoutePolicy {
+    /// Whether the decision needs the request body (a body key or a body fingerprint).
+    pub fn needs_body(&self) -> bool {
+        self.key.from == KeySource::Body || self.key.fingerprint.contains(&FingerprintPart::Body)
+    }
+}

@@ -1,0 +1,152 @@
+//! Answers the filter gives itself: stored responses (what is kept, how it is encoded, how it is
+//! replayed) and the JSON local replies with their stable codes.
+
+use crate::policy::DuplicateResponse;
+
+/// An answer the filter sends instead of forwarding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// A remembered upstream response: status, the headers safe to replay, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Headers never replayed: hop-by-hop (RFC 9110 §7.6.1), ones Envoy recomputes, cookies (a replay
+/// must not hand one caller's session to a later request), and Envoy's own diagnostics.
+pub fn replayable_header(name: &str) -> bool {
+    const DROP: &[&str] = &[
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "date",
+        "set-cookie",
+        "server",
+        "idempotent-replayed",
+    ];
+    !name.starts_with(':') && !name.starts_with("x-envoy-") && !DROP.iter().any(|d| name.eq_ignore_ascii_case(d))
+}
+
+impl StoredResponse {
+    /// Keeps only replayable headers (also those named by a `Connection` header).
+    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Self {
+        let named_by_connection: Vec<String> = headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+            .flat_map(|(_, v)| v.split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+            .collect();
+        let headers = headers
+            .into_iter()
+            .filter(|(n, _)| replayable_header(n) && !named_by_connection.iter().any(|c| n.eq_ignore_ascii_case(c)))
+            .collect();
+        StoredResponse { status, headers, body }
+    }
+
+    /// Size of the encoded form, to compare with the slot size before storing.
+    pub fn encoded_len(&self) -> usize {
+        4 + self.headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum::<usize>() + self.body.len()
+    }
+
+    /// `status u16 | count u16 | (name_len u32, name, value_len u32, value)* | body`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.status.to_le_bytes());
+        out.extend_from_slice(&(self.headers.len().min(u16::MAX as usize) as u16).to_le_bytes());
+        for (n, v) in self.headers.iter().take(u16::MAX as usize) {
+            out.extend_from_slice(&(n.len() as u32).to_le_bytes());
+            out.extend_from_slice(n.as_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v.as_bytes());
+        }
+        out.extend_from_slice(&self.body);
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        let status = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
+        let count = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
+        let mut headers = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let n = r.string()?;
+            let v = r.string()?;
+            headers.push((n, v));
+        }
+        Some(StoredResponse { status, headers, body: r.0.to_vec() })
+    }
+
+    /// The replay: stored status, headers and body, marked as a replay.
+    pub fn replay(&self) -> LocalReply {
+        let mut headers = self.headers.clone();
+        headers.push(("idempotent-replayed".into(), "true".into()));
+        LocalReply { status: self.status, headers, body: self.body.clone() }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+    fn string(&mut self) -> Option<String> {
+        let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+        String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+}
+
+/// A JSON local reply with a stable `code`.
+pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_json::Value)]) -> LocalReply {
+    let mut body = serde_json::Map::new();
+    body.insert("code".into(), code.into());
+    body.insert("message".into(), message.into());
+    for (k, v) in extra {
+        body.insert((*k).into(), v.clone());
+    }
+    LocalReply {
+        status,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
+/// The route's duplicate response, with when the first request was seen.
+pub fn duplicate(dup: &DuplicateResponse, first_seen_ms: u64) -> LocalReply {
+    json_reply(dup.status, &dup.code, &dup.message, &[("first_seen_at", rfc3339(first_seen_ms).into())])
+}
+
+/// `409 REQUEST_IN_PROGRESS` with `Retry-After` (whole seconds until the lease ends, at least 1).
+pub fn in_progress(first_seen_ms: u64, now_ms: u64, lease_ends_ms: u64) -> LocalReply {
+    let retry_after = lease_ends_ms.saturating_sub(now_ms).div_ceil(1000).max(1);
+    let mut reply = json_reply(
+        409,
+        "REQUEST_IN_PROGRESS",
+        "a request with this idempotency key is still being processed; retry later",
+        &[("first_seen_at", rfc3339(first_seen_ms).into())],
+    );
+    reply.headers.push(("retry-after".into(), retry_after.to_string()));
+    reply
+}
+
+/// RFC 3339 UTC timestamp, second precision.
+pub fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}

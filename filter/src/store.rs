@@ -1,0 +1,370 @@
+//! The shared-data store: atomic claims on Envoy's proxy-wasm shared data, bounded in memory.
+//!
+//! Envoy's shared data has three traps (reference §1, §9): CAS does not protect a key that does
+//! not exist yet, keys cannot be deleted, and every get/set copies the whole value under one
+//! process-wide mutex. So:
+//! - a fixed number of *bucket* keys is created when the plugin configures, and every claim is a
+//!   get → edit → set-with-CAS on an existing bucket (retried a bounded number of times);
+//! - a bucket holds a fixed number of small entries (hashed key, state, owner, fingerprint,
+//!   first-seen, lease/expiry), so expiry lives inside values and nothing needs deleting;
+//! - each entry position owns one response slot key, written once per completion, so hot bucket
+//!   values stay small and memory is bounded by `buckets × entries × (entry + slot)`.
+//!
+//! Every claim carries a random owner id; completion and release check it (fencing), and a stored
+//! response carries its owner so a replay never serves a slot that another owner rewrote.
+
+use crate::host::{Host, HostError};
+use crate::policy::SharedConfig;
+use crate::response::StoredResponse;
+
+const PREFIX: &str = "idem:v1";
+const ENTRY_LEN: usize = 60;
+/// CAS retries before a claim gives up as a store error. Contention on one bucket across
+/// workers is short-lived; a bounded loop keeps a hot bucket from spinning a worker.
+const MAX_CAS_RETRIES: usize = 32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Empty = 0,
+    InFlight = 1,
+    Completed = 2,
+    Tombstone = 3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    id: [u8; 16],
+    state: State,
+    status: u16,
+    owner: u64,
+    fingerprint: [u8; 16],
+    first_seen_ms: u64,
+    /// Lease end while in flight; expiry once completed.
+    until_ms: u64,
+}
+
+impl Entry {
+    const EMPTY: Entry = Entry {
+        id: [0; 16],
+        state: State::Empty,
+        status: 0,
+        owner: 0,
+        fingerprint: [0; 16],
+        first_seen_ms: 0,
+        until_ms: 0,
+    };
+
+    fn live(&self, now: u64) -> bool {
+        self.state != State::Empty && self.until_ms > now
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.id);
+        out.push(self.state as u8);
+        out.push(0);
+        out.extend_from_slice(&self.status.to_le_bytes());
+        out.extend_from_slice(&self.owner.to_le_bytes());
+        out.extend_from_slice(&self.fingerprint);
+        out.extend_from_slice(&self.first_seen_ms.to_le_bytes());
+        out.extend_from_slice(&self.until_ms.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Entry {
+        let u64_at = |i: usize| b.get(i..i + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0);
+        let state = match b.get(16) {
+            Some(1) => State::InFlight,
+            Some(2) => State::Completed,
+            Some(3) => State::Tombstone,
+            _ => State::Empty,
+        };
+        Entry {
+            id: b.get(0..16).and_then(|s| s.try_into().ok()).unwrap_or([0; 16]),
+            state,
+            status: b.get(18..20).and_then(|s| s.try_into().ok()).map(u16::from_le_bytes).unwrap_or(0),
+            owner: u64_at(20),
+            fingerprint: b.get(28..44).and_then(|s| s.try_into().ok()).unwrap_or([0; 16]),
+            first_seen_ms: u64_at(44),
+            until_ms: u64_at(52),
+        }
+    }
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller owns the key now and may forward the request.
+    Claimed(Ticket),
+    /// Another request holds the key and its lease has not ended.
+    InFlight { first_seen_ms: u64, lease_ends_ms: u64, same_payload: bool },
+    /// The key completed earlier. `response` is `None` for a tombstone (status only).
+    Completed { first_seen_ms: u64, status: u16, response: Option<StoredResponse>, same_payload: bool },
+}
+
+/// Proof of ownership of one claim, needed to complete or release it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    bucket: u32,
+    index: u32,
+    id: [u8; 16],
+    pub owner: u64,
+    pub first_seen_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// Every entry of the bucket is in flight inside its lease.
+    Full,
+    /// The bucket kept changing under us.
+    Contended,
+    /// A bucket key that should exist does not (the store was not initialised).
+    Missing(String),
+    Host(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Full => write!(f, "store full: every entry of the bucket is in flight"),
+            StoreError::Contended => write!(f, "bucket contended beyond {MAX_CAS_RETRIES} retries"),
+            StoreError::Missing(k) => write!(f, "bucket {k} does not exist"),
+            StoreError::Host(e) => write!(f, "host error: {e}"),
+        }
+    }
+}
+
+impl From<HostError> for StoreError {
+    fn from(e: HostError) -> Self {
+        match e {
+            HostError::CasMismatch => StoreError::Contended,
+            HostError::Failed(m) => StoreError::Host(m),
+        }
+    }
+}
+
+/// How a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    Stored,
+    Tombstoned,
+    /// The lease had ended and another owner holds the position: nothing was written.
+    LostOwnership,
+}
+
+pub struct SharedStore {
+    buckets: u32,
+    entries: u32,
+}
+
+impl SharedStore {
+    pub fn new(cfg: &SharedConfig) -> Self {
+        SharedStore { buckets: cfg.buckets, entries: cfg.entries_per_bucket }
+    }
+
+    fn bucket_key(b: u32) -> String {
+        format!("{PREFIX}:b:{b}")
+    }
+    fn slot_key(b: u32, i: u32) -> String {
+        format!("{PREFIX}:r:{b}:{i}")
+    }
+    fn empty_bucket(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.entries as usize * ENTRY_LEN);
+        for _ in 0..self.entries {
+            Entry::EMPTY.encode(&mut v);
+        }
+        v
+    }
+
+    /// Creates every bucket that does not exist yet. Run in `on_configure`, before workers serve:
+    /// creation is an unconditional insert, the one moment CAS cannot protect.
+    /// A bucket of another shape (capacity changed) is reset.
+    pub fn initialise(&self, host: &dyn Host) -> Result<u32, StoreError> {
+        let mut created = 0;
+        let expected = self.entries as usize * ENTRY_LEN;
+        for b in 0..self.buckets {
+            let key = Self::bucket_key(b);
+            match host.shared_get(&key)? {
+                Some((v, _)) if v.len() == expected => {}
+                _ => {
+                    host.shared_set(&key, &self.empty_bucket(), None)?;
+                    created += 1;
+                }
+            }
+        }
+        Ok(created)
+    }
+
+    fn locate(&self, id: &[u8; 32]) -> (u32, [u8; 16]) {
+        let mut short = [0u8; 16];
+        short.copy_from_slice(&id[..16]);
+        let b = u32::from_le_bytes([id[16], id[17], id[18], id[19]]) % self.buckets;
+        (b, short)
+    }
+
+    fn read(&self, host: &dyn Host, b: u32) -> Result<(Vec<Entry>, u32), StoreError> {
+        let key = Self::bucket_key(b);
+        let (bytes, cas) = host.shared_get(&key)?.ok_or(StoreError::Missing(key))?;
+        let mut entries: Vec<Entry> = bytes.chunks_exact(ENTRY_LEN).map(Entry::decode).collect();
+        entries.resize(self.entries as usize, Entry::EMPTY);
+        Ok((entries, cas))
+    }
+
+    fn write(&self, host: &dyn Host, b: u32, entries: &[Entry], cas: u32) -> Result<bool, StoreError> {
+        let mut v = Vec::with_capacity(entries.len() * ENTRY_LEN);
+        for e in entries {
+            e.encode(&mut v);
+        }
+        match host.shared_set(&Self::bucket_key(b), &v, Some(cas)) {
+            Ok(()) => Ok(true),
+            Err(HostError::CasMismatch) => Ok(false),
+            Err(HostError::Failed(m)) => Err(StoreError::Host(m)),
+        }
+    }
+
+    /// Claims `id` for a request with `fingerprint`, or reports who holds it.
+    pub fn claim(
+        &self,
+        host: &dyn Host,
+        id: &[u8; 32],
+        fingerprint: &[u8; 32],
+        lock_ttl_ms: u64,
+    ) -> Result<Claim, StoreError> {
+        let (b, short) = self.locate(id);
+        let mut fp = [0u8; 16];
+        fp.copy_from_slice(&fingerprint[..16]);
+        let owner = host.random_u64()?;
+        for _ in 0..MAX_CAS_RETRIES {
+            let now = host.now_ms();
+            let (mut entries, cas) = self.read(host, b)?;
+            if let Some(i) = entries.iter().position(|e| e.id == short && e.live(now)) {
+                let e = entries[i];
+                let same_payload = e.fingerprint == fp;
+                return Ok(match e.state {
+                    State::InFlight => {
+                        Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
+                    }
+                    State::Tombstone => {
+                        Claim::Completed { first_seen_ms: e.first_seen_ms, status: e.status, response: None, same_payload }
+                    }
+                    _ => match self.load_response(host, b, i as u32, e.owner)? {
+                        Some(r) => Claim::Completed {
+                            first_seen_ms: e.first_seen_ms,
+                            status: e.status,
+                            response: Some(r),
+                            same_payload,
+                        },
+                        // The slot is being rewritten: answer as in flight, never with wrong data.
+                        None => Claim::InFlight {
+                            first_seen_ms: e.first_seen_ms,
+                            lease_ends_ms: now + 1000,
+                            same_payload,
+                        },
+                    },
+                });
+            }
+            // A takeover reuses the position of the expired claim for the same key, so the old
+            // owner's late completion finds another owner there and is fenced off.
+            let same_key = entries.iter().position(|e| e.id == short && e.state != State::Empty);
+            let Some(i) = same_key.or_else(|| victim(&entries, now)) else {
+                return Err(StoreError::Full);
+            };
+            entries[i] = Entry {
+                id: short,
+                state: State::InFlight,
+                status: 0,
+                owner,
+                fingerprint: fp,
+                first_seen_ms: now,
+                until_ms: now.saturating_add(lock_ttl_ms),
+            };
+            if self.write(host, b, &entries, cas)? {
+                return Ok(Claim::Claimed(Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now }));
+            }
+        }
+        Err(StoreError::Contended)
+    }
+
+    fn load_response(&self, host: &dyn Host, b: u32, i: u32, owner: u64) -> Result<Option<StoredResponse>, StoreError> {
+        let Some((bytes, _)) = host.shared_get(&Self::slot_key(b, i))? else {
+            return Ok(None);
+        };
+        if bytes.len() < 8 || bytes[..8] != owner.to_le_bytes() {
+            return Ok(None);
+        }
+        Ok(StoredResponse::decode(&bytes[8..]))
+    }
+
+    /// Records the outcome of a claim: the response (or a tombstone when it does not fit in
+    /// `max_response_bytes`), remembered for `ttl_ms`. Fenced by the ticket's owner.
+    pub fn complete(
+        &self,
+        host: &dyn Host,
+        t: &Ticket,
+        response: &StoredResponse,
+        max_response_bytes: usize,
+        ttl_ms: u64,
+    ) -> Result<Completion, StoreError> {
+        let tombstone = response.encoded_len() > max_response_bytes;
+        // Check ownership before writing the slot so a late writer never clobbers a new owner's slot.
+        let (entries, _) = self.read(host, t.bucket)?;
+        if !owns(&entries, t) {
+            return Ok(Completion::LostOwnership);
+        }
+        if !tombstone {
+            let mut v = Vec::with_capacity(8 + response.encoded_len());
+            v.extend_from_slice(&t.owner.to_le_bytes());
+            response.encode_into(&mut v);
+            host.shared_set(&Self::slot_key(t.bucket, t.index), &v, None)?;
+        }
+        let state = if tombstone { State::Tombstone } else { State::Completed };
+        let done = self.update(host, t, |e, now| {
+            e.state = state;
+            e.status = response.status;
+            e.until_ms = now.saturating_add(ttl_ms);
+        })?;
+        Ok(match (done, tombstone) {
+            (false, _) => Completion::LostOwnership,
+            (true, true) => Completion::Tombstoned,
+            (true, false) => Completion::Stored,
+        })
+    }
+
+    /// Frees a claim whose first attempt definitely failed, so a retry can run. Fenced.
+    pub fn release(&self, host: &dyn Host, t: &Ticket) -> Result<bool, StoreError> {
+        self.update(host, t, |e, _| *e = Entry::EMPTY)
+    }
+
+    /// Applies `f` to the ticket's entry if the ticket still owns it; `false` if it does not.
+    fn update(&self, host: &dyn Host, t: &Ticket, f: impl Fn(&mut Entry, u64)) -> Result<bool, StoreError> {
+        for _ in 0..MAX_CAS_RETRIES {
+            let (mut entries, cas) = self.read(host, t.bucket)?;
+            if !owns(&entries, t) {
+                return Ok(false);
+            }
+            f(&mut entries[t.index as usize], host.now_ms());
+            if self.write(host, t.bucket, &entries, cas)? {
+                return Ok(true);
+            }
+        }
+        Err(StoreError::Contended)
+    }
+}
+
+fn owns(entries: &[Entry], t: &Ticket) -> bool {
+    entries
+        .get(t.index as usize)
+        .is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == State::InFlight)
+}
+
+/// The position a new claim takes: an empty or expired entry, else the oldest completed one.
+/// An in-flight entry inside its lease is never evicted.
+fn victim(entries: &[Entry], now: u64) -> Option<usize> {
+    if let Some(i) = entries.iter().position(|e| !e.live(now)) {
+        return Some(i);
+    }
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.state, State::Completed | State::Tombstone))
+        .min_by_key(|(_, e)| e.first_seen_ms)
+        .map(|(i, _)| i)
+}
