@@ -1,0 +1,51 @@
+# idem — two commands from a fresh machine: `make demo` and `make test`.
+# Every target installs what it needs through scripts/setup.sh (idempotent).
+
+CARGO ?= cargo
+WASM := target/wasm32-wasip1/release/idem_filter.wasm
+PY := .venv/bin/python
+
+.PHONY: all setup build demo run test fmt-check clippy unit e2e lint-corpora bench clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --target wasm32-wasip1 -p idem-filter
+	$(CARGO) build --release -p idem-lint
+
+# The walkthrough on the embedded shared-data store: starts the demo upstream and Envoy,
+# sends the requests, prints every answer and the counters, stops everything.
+demo: build
+	$(PY) scripts/demo.py
+
+# The same stack, kept up for manual curl until Ctrl-C.
+run: build
+	$(PY) scripts/demo.py --serve
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --target wasm32-wasip1 -p idem-filter -- -D warnings
+
+unit:
+	$(CARGO) test --workspace
+
+e2e: build
+	.venv/bin/pytest -q tests/e2e
+
+lint-corpora: build
+	bash scripts/lint-corpora.sh
+
+test: setup fmt-check clippy unit e2e lint-corpora
+
+bench: build
+	$(PY) scripts/bench.py
+	bash scripts/bench-lint.sh
+
+clean:
+	$(CARGO) clean
