@@ -200,9 +200,7 @@ impl Engine {
                 "in_flight".into(),
                 k,
             ),
-            Claim::Completed { response: Some(stored), .. }
-                if policy.key.on_completed == OnCompleted::Replay =>
-            {
+            Claim::Completed { response: Some(stored), .. } if policy.key.on_completed == OnCompleted::Replay => {
                 shadowed(policy, Outcome::Replayed, stored.replay(), "completed".into(), k)
             }
             Claim::Completed { first_seen_ms, response, .. } => {

@@ -27,10 +27,17 @@ pub trait Host {
     fn random_u64(&self) -> Result<u64, HostError>;
 }
 
+/// Envoy's map for one vm_id: key → (value, cas), plus the global CAS counter.
+#[derive(Default)]
+struct SharedData {
+    map: HashMap<String, (Vec<u8>, u32)>,
+    next_cas: u32,
+}
+
 /// In-memory host for tests. `Sync`, so threads can play Envoy's worker VMs against one store.
 #[derive(Default)]
 pub struct FakeHost {
-    data: Mutex<(HashMap<String, (Vec<u8>, u32)>, u32)>,
+    data: Mutex<SharedData>,
     now: AtomicU64,
     rng: AtomicU64,
     /// When set, every shared-data call fails (store outage).
@@ -49,7 +56,7 @@ impl FakeHost {
     /// Number of keys and total bytes held (keys + values), like Envoy's map.
     pub fn footprint(&self) -> (usize, usize) {
         match self.data.lock() {
-            Ok(g) => (g.0.len(), g.0.iter().map(|(k, (v, _))| k.len() + v.len()).sum()),
+            Ok(g) => (g.map.len(), g.map.iter().map(|(k, (v, _))| k.len() + v.len()).sum()),
             Err(_) => (0, 0),
         }
     }
@@ -69,12 +76,12 @@ impl Host for FakeHost {
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
         self.check()?;
         let g = self.data.lock().map_err(|_| HostError::Failed("poisoned".into()))?;
-        Ok(g.0.get(key).cloned())
+        Ok(g.map.get(key).cloned())
     }
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
         self.check()?;
         let mut g = self.data.lock().map_err(|_| HostError::Failed("poisoned".into()))?;
-        let (map, counter) = &mut *g;
+        let SharedData { map, next_cas: counter } = &mut *g;
         if let Some((_, stored)) = map.get(key) {
             if let Some(c) = cas {
                 if c != 0 && c != *stored {

@@ -154,8 +154,7 @@ impl Default for KeyPolicy {
 impl KeyPolicy {
     /// Whether a response with this status is remembered (otherwise the claim is released).
     pub fn remembers(&self, status: u16) -> bool {
-        self.remember.iter().any(|s| s.contains(status))
-            && !self.forget.iter().any(|s| s.contains(status))
+        self.remember.iter().any(|s| s.contains(status)) && !self.forget.iter().any(|s| s.contains(status))
     }
 }
 
@@ -315,12 +314,7 @@ pub fn parse_bundle(source: &str, origin: &str) -> Result<Bundle, PolicyError> {
                 }
                 None => (None, None),
             };
-            PolicyError {
-                origin: origin.to_string(),
-                line,
-                column,
-                message: e.message().trim().to_string(),
-            }
+            PolicyError { origin: origin.to_string(), line, column, message: e.message().trim().to_string() }
         })?
     };
     raw.validate(source, origin)
@@ -386,14 +380,12 @@ impl<'de> Deserialize<'de> for RawMatch {
         }
         let f = Fields::deserialize(d)?;
         match (f.route, f.method, f.path) {
-            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(de::Error::custom(
-                "conflicting matchers: `route` cannot be combined with `method` or `path`",
-            )),
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                Err(de::Error::custom("conflicting matchers: `route` cannot be combined with `method` or `path`"))
+            }
             (Some(route), None, None) if !route.is_empty() => Ok(RawMatch(Matcher::RouteName(route))),
             (Some(_), None, None) => Err(de::Error::custom("`route` must not be empty")),
-            (None, _, None) => Err(de::Error::custom(
-                "`match` needs `route`, or `path` (with an optional `method`)",
-            )),
+            (None, _, None) => Err(de::Error::custom("`match` needs `route`, or `path` (with an optional `method`)")),
             (None, method, Some(path)) => {
                 let method = match method {
                     Some(m) if is_method(&m) => Some(m),
@@ -507,9 +499,7 @@ fn de_route_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     if ok {
         Ok(s)
     } else {
-        Err(de::Error::custom(format!(
-            "invalid route name {s:?}: use 1 to 64 lower-case letters, digits, '-' or '_'"
-        )))
+        Err(de::Error::custom(format!("invalid route name {s:?}: use 1 to 64 lower-case letters, digits, '-' or '_'")))
     }
 }
 
@@ -567,7 +557,11 @@ impl<'de> Deserialize<'de> for Duration {
 
 /// Parses `"250ms"`, `"30s"`, `"10m"`, `"24h"`, `"7d"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?}: expected a number and a unit, like \"250ms\", \"30s\", \"10m\", \"24h\" or \"7d\"");
+    let bad = || {
+        format!(
+            "invalid duration {s:?}: expected a number and a unit, like \"250ms\", \"30s\", \"10m\", \"24h\" or \"7d\""
+        )
+    };
     let digits = s.bytes().take_while(|b| b.is_ascii_digit()).count();
     let (number, unit) = s.split_at(digits);
     let n: u64 = number.parse().map_err(|_| bad())?;
@@ -645,10 +639,7 @@ impl Bundle {
         };
         if self.routes.iter().any(|r| matches!(r.matcher, Matcher::RouteName(_))) {
             if let Some(name) = route_name() {
-                let hit = self
-                    .routes
-                    .iter()
-                    .position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
+                let hit = self.routes.iter().position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
                 if hit.is_some() {
                     return hit;
                 }

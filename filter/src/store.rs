@@ -242,9 +242,12 @@ impl SharedStore {
                     State::InFlight => {
                         Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
                     }
-                    State::Tombstone => {
-                        Claim::Completed { first_seen_ms: e.first_seen_ms, status: e.status, response: None, same_payload }
-                    }
+                    State::Tombstone => Claim::Completed {
+                        first_seen_ms: e.first_seen_ms,
+                        status: e.status,
+                        response: None,
+                        same_payload,
+                    },
                     _ => match self.load_response(host, b, i as u32, e.owner)? {
                         Some(r) => Claim::Completed {
                             first_seen_ms: e.first_seen_ms,
@@ -253,11 +256,9 @@ impl SharedStore {
                             same_payload,
                         },
                         // The slot is being rewritten: answer as in flight, never with wrong data.
-                        None => Claim::InFlight {
-                            first_seen_ms: e.first_seen_ms,
-                            lease_ends_ms: now + 1000,
-                            same_payload,
-                        },
+                        None => {
+                            Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: now + 1000, same_payload }
+                        }
                     },
                 });
             }
@@ -350,9 +351,7 @@ impl SharedStore {
 }
 
 fn owns(entries: &[Entry], t: &Ticket) -> bool {
-    entries
-        .get(t.index as usize)
-        .is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == State::InFlight)
+    entries.get(t.index as usize).is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == State::InFlight)
 }
 
 /// The position a new claim takes: an empty or expired entry, else the oldest completed one.

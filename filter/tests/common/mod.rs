@@ -1,0 +1,44 @@
+//! Shared test helpers: a request the core can read.
+#![allow(dead_code)]
+
+use idem_filter::key::RequestView;
+
+#[derive(Clone, Default)]
+pub struct Req {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
+}
+
+impl Req {
+    pub fn post(path: &str) -> Self {
+        Req { method: "POST".into(), path: path.into(), ..Default::default() }
+    }
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+    pub fn key(self, key: &str) -> Self {
+        self.header("idempotency-key", key)
+    }
+    pub fn body(mut self, body: &str) -> Self {
+        self.body = Some(body.as_bytes().to_vec());
+        self
+    }
+}
+
+impl RequestView for Req {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    }
+    fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref()
+    }
+}

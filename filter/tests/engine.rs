@@ -1,0 +1,330 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Every row of DESIGN.md's outcome table, through the engine with the fake host.
+
+mod common;
+use common::Req;
+use idem_filter::engine::*;
+use idem_filter::host::FakeHost;
+use idem_filter::policy::parse_bundle;
+use idem_filter::response::LocalReply;
+use idem_filter::store::Ticket;
+
+const POLICY: &str = r#"
+[shared]
+buckets = 8
+entries_per_bucket = 4
+max_response_bytes = 1024
+
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+max_body_bytes = 100
+max_response_bytes = 256
+[route.key]
+lock_ttl = "10s"
+[route.duplicate]
+message = "请勿重复提交"
+
+[[route]]
+name = "reject-completed"
+match = { method = "POST", path = "/api/reject" }
+[route.key]
+on_completed = "reject"
+
+[[route]]
+name = "callback"
+match = { method = "POST", path = "/api/pay/callback" }
+[route.key]
+from = "body"
+name = "/transaction_id"
+scope = []
+fingerprint = []
+
+[[route]]
+name = "optional"
+match = { path = "/api/optional" }
+[route.key]
+required = false
+
+[[route]]
+name = "shadow"
+match = { path = "/api/shadow" }
+mode = "shadow"
+"#;
+
+fn setup() -> (FakeHost, Engine) {
+    let host = FakeHost::new(1_764_400_000_000);
+    let engine = Engine::new(parse_bundle(POLICY, "p").unwrap());
+    engine.initialise(&host).unwrap();
+    (host, engine)
+}
+
+fn route(e: &Engine, req: &Req) -> usize {
+    e.bundle.find(&req.method, &req.path, || None).unwrap()
+}
+
+fn decide(host: &FakeHost, e: &Engine, req: &Req) -> Verdict {
+    let r = route(e, req);
+    if let Some(v) = e.precheck(r, req) {
+        return v;
+    }
+    e.decide(host, r, req).unwrap()
+}
+
+fn reply(v: &Verdict) -> (&LocalReply, serde_json::Value) {
+    match &v.action {
+        Action::Reply(r) => (r, serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null)),
+        Action::Forward(_) => panic!("expected a reply, got {v:?}"),
+    }
+}
+
+fn ticket(v: &Verdict) -> Ticket {
+    match v.action {
+        Action::Forward(Some(t)) => t,
+        _ => panic!("expected a claimed forward, got {v:?}"),
+    }
+}
+
+fn ok(status: u16, body: &str) -> Ending {
+    Ending::Response {
+        status,
+        headers: vec![("content-type".into(), "application/json".into()), ("set-cookie".into(), "s=1".into())],
+        body: Some(body.as_bytes().to_vec()),
+        details: "via_upstream".into(),
+    }
+}
+
+fn order(key: &str, body: &str) -> Req {
+    Req::post("/api/order/create").key(key).header("authorization", "Bearer alice").body(body)
+}
+
+#[test]
+fn first_request_forwards_and_repeat_replays() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("k1", "{}"));
+    assert_eq!(v.outcome, Outcome::Forwarded);
+    let r = route(&e, &order("k1", "{}"));
+    assert_eq!(e.finish(&host, r, &ticket(&v), ok(201, "{\"order\":1}")).0, Outcome::Stored);
+    let again = decide(&host, &e, &order("k1", "{}"));
+    assert_eq!(again.outcome, Outcome::Replayed);
+    let (rep, body) = reply(&again);
+    assert_eq!(rep.status, 201);
+    assert_eq!(body["order"], 1);
+    assert!(rep.headers.contains(&("idempotent-replayed".into(), "true".into())));
+    assert!(!rep.headers.iter().any(|(n, _)| n == "set-cookie"), "set-cookie must not be replayed");
+}
+
+#[test]
+fn repeat_in_flight_gets_409_with_retry_after() {
+    let (host, e) = setup();
+    decide(&host, &e, &order("k", "{}"));
+    host.advance(2500);
+    let v = decide(&host, &e, &order("k", "{}"));
+    assert_eq!(v.outcome, Outcome::InFlight);
+    let (r, body) = reply(&v);
+    assert_eq!(r.status, 409);
+    assert_eq!(body["code"], "REQUEST_IN_PROGRESS");
+    assert!(r.headers.contains(&("retry-after".into(), "8".into())), "{:?}", r.headers);
+    assert!(body["first_seen_at"].as_str().unwrap().ends_with('Z'));
+}
+
+#[test]
+fn same_key_other_payload_is_422() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("k", "{\"a\":1}"));
+    e.finish(&host, 0, &ticket(&v), ok(200, "{}"));
+    let v = decide(&host, &e, &order("k", "{\"a\":2}"));
+    assert_eq!(v.outcome, Outcome::KeyReused);
+    let (r, body) = reply(&v);
+    assert_eq!((r.status, body["code"].as_str()), (422, Some("IDEMPOTENCY_KEY_REUSED")));
+    // Also while the first is still in flight.
+    decide(&host, &e, &order("k2", "{\"a\":1}"));
+    assert_eq!(decide(&host, &e, &order("k2", "{\"a\":2}")).outcome, Outcome::KeyReused);
+}
+
+#[test]
+fn missing_and_invalid_keys_are_400() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &Req::post("/api/order/create").body("{}"));
+    let (r, body) = reply(&v);
+    assert_eq!(
+        (v.outcome, r.status, body["code"].as_str()),
+        (Outcome::MissingKey, 400, Some("IDEMPOTENCY_KEY_MISSING"))
+    );
+    let v = decide(&host, &e, &order(&"x".repeat(300), "{}"));
+    let (r, body) = reply(&v);
+    assert_eq!(
+        (v.outcome, r.status, body["code"].as_str()),
+        (Outcome::InvalidKey, 400, Some("IDEMPOTENCY_KEY_INVALID"))
+    );
+    // Answered from headers alone, before any body is buffered.
+    let headers_only = Req::post("/api/order/create");
+    assert!(e.precheck(0, &headers_only).is_some());
+}
+
+#[test]
+fn key_not_required_passes_unprotected() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &Req::post("/api/optional"));
+    assert_eq!((v.outcome, v.action), (Outcome::NoKey, Action::Forward(None)));
+}
+
+#[test]
+fn body_too_large_is_413() {
+    let (_, e) = setup();
+    let v = e.body_too_large(0).unwrap();
+    let (r, body) = reply(&v);
+    assert_eq!((r.status, body["code"].as_str()), (413, Some("IDEMPOTENCY_BODY_TOO_LARGE")));
+}
+
+#[test]
+fn on_completed_reject_answers_the_duplicate_response() {
+    let (host, e) = setup();
+    let req = Req::post("/api/reject").key("k").body("{}");
+    let r = route(&e, &req);
+    let v = decide(&host, &e, &req);
+    e.finish(&host, r, &ticket(&v), ok(200, "{}"));
+    let v = decide(&host, &e, &req);
+    assert_eq!(v.outcome, Outcome::RejectedDuplicate);
+    let (rep, body) = reply(&v);
+    assert_eq!((rep.status, body["code"].as_str()), (409, Some("DUPLICATE_REQUEST")));
+    assert!(body["first_seen_at"].is_string());
+}
+
+#[test]
+fn upstream_5xx_releases_so_the_retry_runs() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("k", "{}"));
+    assert_eq!(e.finish(&host, 0, &ticket(&v), ok(503, "down")).0, Outcome::Released);
+    assert_eq!(decide(&host, &e, &order("k", "{}")).outcome, Outcome::Forwarded);
+}
+
+#[test]
+fn forgotten_statuses_release_too() {
+    let (host, e) = setup();
+    for status in [408, 409, 425, 429] {
+        let key = format!("k{status}");
+        let v = decide(&host, &e, &order(&key, "{}"));
+        assert_eq!(e.finish(&host, 0, &ticket(&v), ok(status, "{}")).0, Outcome::Released, "{status}");
+    }
+    let v = decide(&host, &e, &order("k404", "{}"));
+    assert_eq!(e.finish(&host, 0, &ticket(&v), ok(404, "{}")).0, Outcome::Stored);
+}
+
+#[test]
+fn unknown_outcome_holds_the_claim_until_the_lease_ends() {
+    let (host, e) = setup();
+    for ending in [
+        Ending::NoResponse { forwarded: true },
+        Ending::Response {
+            status: 504,
+            headers: vec![],
+            body: Some(vec![]),
+            details: "upstream_response_timeout".into(),
+        },
+        Ending::Response {
+            status: 503,
+            headers: vec![],
+            body: Some(vec![]),
+            details: "upstream_reset_before_response_started{connection_termination}".into(),
+        },
+    ] {
+        let key = format!("{ending:?}");
+        let v = decide(&host, &e, &order(&key, "{}"));
+        assert_eq!(e.finish(&host, 0, &ticket(&v), ending).0, Outcome::Held);
+        assert_eq!(decide(&host, &e, &order(&key, "{}")).outcome, Outcome::InFlight, "retry must not run twice");
+    }
+    host.advance(10_001);
+    assert_eq!(decide(&host, &e, &order("NoResponse { forwarded: true }", "{}")).outcome, Outcome::Forwarded);
+}
+
+#[test]
+fn never_reaching_the_upstream_releases() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("k", "{}"));
+    let refused = Ending::Response {
+        status: 503,
+        headers: vec![],
+        body: Some(vec![]),
+        details: "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}"
+            .into(),
+    };
+    assert_eq!(e.finish(&host, 0, &ticket(&v), refused).0, Outcome::Released);
+    let v = decide(&host, &e, &order("k2", "{}"));
+    assert_eq!(e.finish(&host, 0, &ticket(&v), Ending::NoResponse { forwarded: false }).0, Outcome::Released);
+}
+
+#[test]
+fn oversized_or_unfinished_response_is_a_tombstone() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("big", "{}"));
+    assert_eq!(e.finish(&host, 0, &ticket(&v), ok(200, &"x".repeat(300))).0, Outcome::Tombstoned);
+    let again = decide(&host, &e, &order("big", "{}"));
+    assert_eq!(again.outcome, Outcome::RejectedDuplicate);
+    let (r, body) = reply(&again);
+    assert_eq!((r.status, body["message"].as_str()), (409, Some("请勿重复提交")));
+    // Status seen, body not seen to the end (client went away): remembered as a tombstone.
+    let v = decide(&host, &e, &order("cut", "{}"));
+    let cut = Ending::Response { status: 200, headers: vec![], body: None, details: String::new() };
+    assert_eq!(e.finish(&host, 0, &ticket(&v), cut).0, Outcome::Tombstoned);
+}
+
+#[test]
+fn another_caller_never_gets_someone_elses_response() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("shared-key", "{}"));
+    e.finish(&host, 0, &ticket(&v), ok(200, "{\"owner\":\"alice\"}"));
+    let bob = Req::post("/api/order/create").key("shared-key").header("authorization", "Bearer bob").body("{}");
+    assert_eq!(decide(&host, &e, &bob).outcome, Outcome::Forwarded);
+}
+
+#[test]
+fn body_keyed_callback_replays_the_first_success() {
+    let (host, e) = setup();
+    let cb = |body: &str| Req::post("/api/pay/callback").body(body);
+    let first = cb(r#"{"transaction_id":"T-1","amount":100}"#);
+    let r = route(&e, &first);
+    let v = decide(&host, &e, &first);
+    e.finish(&host, r, &ticket(&v), ok(200, "{\"return_code\":\"SUCCESS\"}"));
+    // The provider re-serializes and retries; fingerprint = [] so it is still a replay.
+    let retry = cb(r#"{"amount":100,"transaction_id":"T-1"}"#);
+    let v = decide(&host, &e, &retry);
+    assert_eq!(v.outcome, Outcome::Replayed);
+    assert_eq!(reply(&v).1["return_code"], "SUCCESS");
+    let v = decide(&host, &e, &cb("not json"));
+    assert_eq!(v.outcome, Outcome::MissingKey);
+}
+
+#[test]
+fn shadow_mode_never_blocks_but_says_what_it_would_do() {
+    let (host, e) = setup();
+    let req = Req::post("/api/shadow").key("k").body("{}");
+    let r = route(&e, &req);
+    let v = decide(&host, &e, &req);
+    assert_eq!(v.outcome, Outcome::Forwarded);
+    e.finish(&host, r, &ticket(&v), ok(200, "{}"));
+    let v = decide(&host, &e, &req);
+    assert_eq!((v.outcome, &v.action), (Outcome::ShadowWouldBlock, &Action::Forward(None)));
+    assert!(v.cause.starts_with("would_replayed"), "{}", v.cause);
+    let v = decide(&host, &e, &Req::post("/api/shadow"));
+    assert_eq!((v.outcome, v.action), (Outcome::ShadowWouldBlock, Action::Forward(None)));
+    assert_eq!(e.body_too_large(r).unwrap().action, Action::Forward(None));
+}
+
+#[test]
+fn store_failure_is_503_store_unavailable() {
+    let (host, e) = setup();
+    host.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let v = decide(&host, &e, &order("k", "{}"));
+    let (r, body) = reply(&v);
+    assert_eq!((v.outcome, r.status), (Outcome::StoreError, 503));
+    assert_eq!(body["code"], "IDEMPOTENCY_STORE_UNAVAILABLE");
+}
+
+#[test]
+fn outcome_names_are_unique_and_indexed() {
+    for (i, o) in Outcome::ALL.iter().enumerate() {
+        assert_eq!(o.index(), i);
+        assert_eq!(Outcome::ALL.iter().filter(|p| p.name() == o.name()).count(), 1);
+    }
+}

@@ -1,0 +1,223 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The policy contract of policies/README.md: parsing, defaults, every error with its position.
+
+use idem_filter::policy::*;
+
+fn err(src: &str) -> PolicyError {
+    parse_bundle(src, "p.toml").expect_err("policy should be rejected")
+}
+
+const FULL: &str = r#"
+[shared]
+buckets = 16
+entries_per_bucket = 4
+max_response_bytes = 4096
+
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+mode = "key"
+store = "shared"
+max_body_bytes = 1024
+max_response_bytes = 2048
+
+[route.key]
+from = "header"
+name = "Idempotency-Key"
+required = true
+scope = ["header:Authorization", "header:x-tenant"]
+fingerprint = ["method", "path", "body", "header:x-sig"]
+fingerprint_body = "canonical-json"
+lock_ttl = "250ms"
+ttl = "7d"
+on_in_flight = "reject"
+on_completed = "reject"
+remember = ["2xx", 404]
+forget = [409]
+
+[route.duplicate]
+status = 200
+code = "DUPLICATE"
+message = "请勿重复提交"
+"#;
+
+#[test]
+fn full_policy_parses_with_every_field() {
+    let b = parse_bundle(FULL, "p.toml").unwrap();
+    assert_eq!(b.shared, SharedConfig { buckets: 16, entries_per_bucket: 4, max_response_bytes: 4096 });
+    let r = &b.routes[0];
+    assert_eq!(r.name, "create-order");
+    assert_eq!(
+        r.matcher,
+        Matcher::Request { method: Some("POST".into()), path: PathTemplate::parse("/api/order/create").unwrap() }
+    );
+    assert_eq!((r.max_body_bytes, r.max_response_bytes), (1024, 2048));
+    assert_eq!(r.key.scope, vec![ScopePart::Header("authorization".into()), ScopePart::Header("x-tenant".into())]);
+    assert_eq!(r.key.fingerprint_body, FingerprintBody::CanonicalJson);
+    assert_eq!(r.key.lock_ttl.millis, 250);
+    assert_eq!(r.key.ttl.millis, 7 * 86_400_000);
+    assert_eq!(r.key.on_completed, OnCompleted::Reject);
+    assert!(r.key.remembers(201) && r.key.remembers(404));
+    assert!(!r.key.remembers(409) && !r.key.remembers(500) && !r.key.remembers(400));
+    assert_eq!(r.duplicate.status, 200);
+    assert_eq!(r.duplicate.message, "请勿重复提交");
+}
+
+#[test]
+fn defaults_follow_the_design() {
+    let b = parse_bundle("[[route]]\nname = \"a\"\n", "p.toml").unwrap();
+    let r = &b.routes[0];
+    assert_eq!(r.matcher, Matcher::RouteName("a".into()));
+    assert_eq!(r.mode, Mode::Key);
+    assert_eq!(r.key.name, "Idempotency-Key");
+    assert!(r.key.required);
+    assert_eq!(r.key.scope, vec![ScopePart::Header("authorization".into())]);
+    assert_eq!(r.key.lock_ttl.millis, 30_000);
+    assert_eq!(r.key.ttl.millis, 86_400_000);
+    assert_eq!((r.duplicate.status, r.duplicate.code.as_str()), (409, "DUPLICATE_REQUEST"));
+    // 2xx-4xx are remembered except 408/409/425/429; 5xx never.
+    for s in [200, 201, 302, 400, 404, 422] {
+        assert!(r.key.remembers(s), "{s}");
+    }
+    for s in [408, 409, 425, 429, 500, 503] {
+        assert!(!r.key.remembers(s), "{s}");
+    }
+    assert_eq!(b.shared, SharedConfig::default());
+    assert!(r.needs_body());
+}
+
+#[test]
+fn json_and_toml_give_the_same_bundle() {
+    let json = r#"{"shared":{"buckets":16,"entries_per_bucket":4,"max_response_bytes":4096},
+      "route":[{"name":"create-order","match":{"method":"POST","path":"/api/order/create"},
+        "mode":"key","store":"shared","max_body_bytes":1024,"max_response_bytes":2048,
+        "key":{"from":"header","name":"Idempotency-Key","required":true,
+          "scope":["header:Authorization","header:x-tenant"],
+          "fingerprint":["method","path","body","header:x-sig"],"fingerprint_body":"canonical-json",
+          "lock_ttl":"250ms","ttl":"7d","on_in_flight":"reject","on_completed":"reject",
+          "remember":["2xx",404],"forget":[409]},
+        "duplicate":{"status":200,"code":"DUPLICATE","message":"请勿重复提交"}}]}"#;
+    assert_eq!(parse_bundle(json, "p.json").unwrap(), parse_bundle(FULL, "p.toml").unwrap());
+}
+
+#[test]
+fn unknown_field_names_file_line_column_and_field() {
+    let e = err("[[route]]\nname = \"a\"\n\n[route.key]\nlock_tll = \"30s\"\n");
+    assert_eq!((e.origin.as_str(), e.line, e.column), ("p.toml", Some(5), Some(1)));
+    assert!(e.message.contains("unknown field `lock_tll`"), "{e}");
+    assert!(e.to_string().starts_with("p.toml:5:1: unknown field `lock_tll`"), "{e}");
+}
+
+#[test]
+fn unknown_field_in_json_has_line_and_column() {
+    let e = parse_bundle("{\n  \"route\": [\n    {\"name\": \"a\", \"modee\": \"key\"}\n  ]\n}", "b.json").unwrap_err();
+    assert_eq!(e.line, Some(3));
+    assert!(e.message.contains("unknown field `modee`"), "{e}");
+}
+
+#[test]
+fn bad_duration_is_rejected_where_it_is() {
+    let e = err("[[route]]\nname = \"a\"\n[route.key]\nlock_ttl = \"30 parsecs\"\n");
+    assert_eq!(e.line, Some(4));
+    assert!(e.message.contains("invalid duration \"30 parsecs\""), "{e}");
+    for bad in ["30", "s", "-1s", "1.5s", "99999999999999999999d"] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+    assert_eq!(parse_duration("10m").unwrap().millis, 600_000);
+}
+
+#[test]
+fn bad_statuses_are_rejected() {
+    let e = err("[[route]]\nname = \"a\"\n[route.duplicate]\nstatus = 503\n");
+    assert_eq!(e.line, Some(4));
+    assert!(e.message.contains("never a 5xx"), "{e}");
+    let e = err("[[route]]\nname = \"a\"\n[route.key]\nremember = [\"6xx\"]\n");
+    assert!(e.message.contains("invalid status \"6xx\""), "{e}");
+    let e = err("[[route]]\nname = \"a\"\n[route.key]\nforget = [99]\n");
+    assert!(e.message.contains("invalid status 99"), "{e}");
+}
+
+#[test]
+fn duplicate_route_name_points_at_the_second_route() {
+    let e = err("[[route]]\nname = \"a\"\n\n[[route]]\nname = \"a\"\n");
+    assert_eq!((e.line, e.column), (Some(4), Some(1)));
+    assert!(e.message.contains("duplicate route name"), "{e}");
+}
+
+#[test]
+fn conflicting_matchers_are_rejected() {
+    let e = err("[[route]]\nname = \"a\"\nmatch = { route = \"r\", path = \"/x\" }\n");
+    assert_eq!(e.line, Some(3));
+    assert!(e.message.contains("conflicting matchers"), "{e}");
+    let two = "[[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/o/{id}\" }\n\
+               [[route]]\nname = \"b\"\nmatch = { path = \"/o/{order}\" }\n";
+    let e = err(two);
+    assert_eq!(e.line, Some(4));
+    assert!(e.message.contains("same requests as route \"a\""), "{e}");
+    // Different methods on the same path do not conflict.
+    let ok = "[[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/o\" }\n\
+              [[route]]\nname = \"b\"\nmatch = { method = \"PUT\", path = \"/o\" }\n";
+    assert_eq!(parse_bundle(ok, "p").unwrap().routes.len(), 2);
+}
+
+#[test]
+fn other_field_errors_are_precise() {
+    let cases = [
+        ("[[route]]\nname = \"Create Order\"\n", "invalid route name"),
+        ("[[route]]\nname = \"a\"\nmode = \"token\"\n", "unknown variant `token`"),
+        ("[[route]]\nname = \"a\"\nstore = \"redis\"\n", "unknown variant `redis`"),
+        ("[[route]]\nname = \"a\"\nmatch = { method = \"post\", path = \"/x\" }\n", "invalid method"),
+        ("[[route]]\nname = \"a\"\nmatch = { path = \"x\" }\n", "must start with '/'"),
+        ("[[route]]\nname = \"a\"\nmatch = { path = \"/o/x{id}\" }\n", "whole segment"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nfrom = \"body\"\nname = \"tx\"\n", "JSON pointer"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"cookie:x\"]\n", "invalid scope part"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nfingerprint = [\"bdy\"]\n", "invalid fingerprint part"),
+        ("[shared]\nbuckets = 0\n", "buckets must be between 1 and 65536"),
+        ("[shared]\nmax_response_bytes = 10\n[[route]]\nname = \"a\"\nmax_response_bytes = 20\n", "exceeds [shared]"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nttl = \"0s\"\n", "must be positive"),
+        ("[[route]\nname = \"a\"\n", "unclosed array table"),
+        ("[redis]\ncluster = \"webdis\"\n", "unknown field `redis`"),
+    ];
+    for (src, want) in cases {
+        let e = err(src);
+        assert!(e.message.contains(want), "{src:?}: got {e}, want {want:?}");
+        assert!(e.line.is_some(), "{src:?}: no line in {e}");
+    }
+}
+
+#[test]
+fn find_prefers_route_name_then_exact_path_then_template() {
+    let src = "[[route]]\nname = \"tpl\"\nmatch = { method = \"POST\", path = \"/orders/{id}/pay\" }\n\
+               [[route]]\nname = \"exact\"\nmatch = { method = \"POST\", path = \"/orders/42/pay\" }\n\
+               [[route]]\nname = \"named\"\n";
+    let b = parse_bundle(src, "p").unwrap();
+    let name = |i: Option<usize>| i.map(|i| b.routes[i].name.as_str());
+    assert_eq!(name(b.find("POST", "/orders/7/pay?x=1", || None)), Some("tpl"));
+    assert_eq!(name(b.find("POST", "/orders/42/pay", || None)), Some("exact"));
+    assert_eq!(name(b.find("POST", "/orders/42/pay", || Some("named".into()))), Some("named"));
+    assert_eq!(name(b.find("GET", "/orders/7/pay", || None)), None);
+    assert_eq!(name(b.find("POST", "/orders//pay", || None)), None);
+    assert_eq!(name(b.find("POST", "/orders/7/pay/x", || None)), None);
+    assert_eq!(name(b.find("POST", "/other", || Some("unknown".into()))), None);
+}
+
+#[test]
+fn route_name_is_not_asked_for_when_no_policy_uses_it() {
+    let b = parse_bundle("[[route]]\nname = \"a\"\nmatch = { path = \"/a\" }\n", "p").unwrap();
+    assert_eq!(b.find("POST", "/a", || panic!("route name must not be read")), Some(0));
+}
+
+#[test]
+fn every_shipped_policy_parses() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            parse_bundle(&text, &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "no policy files found in {}", dir.display());
+}

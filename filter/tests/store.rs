@@ -1,0 +1,252 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The shared-data store against a fake host with Envoy's exact shared-data semantics.
+
+use idem_filter::host::{FakeHost, Host, HostError};
+use idem_filter::policy::SharedConfig;
+use idem_filter::response::StoredResponse;
+use idem_filter::store::*;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+fn id(s: &str) -> [u8; 32] {
+    Sha256::digest(s.as_bytes()).into()
+}
+const FP: [u8; 32] = [7; 32];
+
+fn store(buckets: u32, entries: u32) -> (FakeHost, SharedStore) {
+    let host = FakeHost::new(1_700_000_000_000);
+    let s = SharedStore::new(&SharedConfig { buckets, entries_per_bucket: entries, max_response_bytes: 4096 });
+    assert_eq!(s.initialise(&host).unwrap(), buckets);
+    (host, s)
+}
+
+fn ok_response(body: &str) -> StoredResponse {
+    StoredResponse::new(201, vec![("content-type".into(), "application/json".into())], body.as_bytes().to_vec())
+}
+
+fn claimed(c: Claim) -> Ticket {
+    match c {
+        Claim::Claimed(t) => t,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+#[test]
+fn fake_host_reproduces_envoy_shared_data() {
+    let h = FakeHost::new(0);
+    // CAS does not protect an absent key: the insert happens whatever CAS is passed.
+    h.shared_set("k", b"1", Some(12345)).unwrap();
+    let (v, cas1) = h.shared_get("k").unwrap().unwrap();
+    assert_eq!(v, b"1");
+    assert_eq!(h.shared_set("k", b"2", Some(cas1 + 1)), Err(HostError::CasMismatch));
+    h.shared_set("k", b"2", Some(cas1)).unwrap();
+    // One global counter: CAS values increase across keys.
+    h.shared_set("other", b"x", None).unwrap();
+    let (_, cas_other) = h.shared_get("other").unwrap().unwrap();
+    let (_, cas2) = h.shared_get("k").unwrap().unwrap();
+    assert!(cas_other > cas2 && cas2 > cas1);
+    // Stale CAS after someone else wrote.
+    assert_eq!(h.shared_set("k", b"3", Some(cas1)), Err(HostError::CasMismatch));
+    // No delete: writing an empty value keeps the key.
+    h.shared_set("k", b"", None).unwrap();
+    assert_eq!(h.footprint().0, 2);
+}
+
+#[test]
+fn initialise_creates_buckets_once() {
+    let (host, s) = store(8, 4);
+    assert_eq!(s.initialise(&host).unwrap(), 0, "existing buckets are kept");
+    assert_eq!(host.footprint().0, 8);
+    // A capacity change resets buckets of the old shape.
+    let bigger = SharedStore::new(&SharedConfig { buckets: 8, entries_per_bucket: 5, max_response_bytes: 1 });
+    assert_eq!(bigger.initialise(&host).unwrap(), 8);
+}
+
+#[test]
+fn claim_complete_replay() {
+    let (host, s) = store(4, 4);
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
+        Claim::InFlight { same_payload: true, first_seen_ms, lease_ends_ms } => {
+            assert_eq!(first_seen_ms, host.now_ms());
+            assert_eq!(lease_ends_ms, host.now_ms() + 30_000);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.complete(&host, &t, &ok_response("{\"id\":1}"), 4096, 60_000).unwrap(), Completion::Stored);
+    host.advance(1000);
+    match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
+        Claim::Completed { status: 201, response: Some(r), same_payload: true, first_seen_ms } => {
+            assert_eq!(r.body, b"{\"id\":1}");
+            assert_eq!(r.headers, vec![("content-type".to_string(), "application/json".to_string())]);
+            assert_eq!(first_seen_ms, t.first_seen_ms);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A different payload under the same key is reported as such.
+    assert!(matches!(
+        s.claim(&host, &id("a"), &[1; 32], 30_000).unwrap(),
+        Claim::Completed { same_payload: false, .. }
+    ));
+    // After the ttl the key is free again.
+    host.advance(60_000);
+    claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+}
+
+#[test]
+fn release_lets_a_retry_run() {
+    let (host, s) = store(4, 4);
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    assert!(s.release(&host, &t).unwrap());
+    let t2 = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    assert_ne!(t.owner, t2.owner);
+    // The old ticket can neither release nor complete the new claim.
+    assert!(!s.release(&host, &t).unwrap());
+    assert_eq!(s.complete(&host, &t, &ok_response("x"), 4096, 1000).unwrap(), Completion::LostOwnership);
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+}
+
+#[test]
+fn expired_lease_is_taken_over_and_the_late_owner_is_fenced() {
+    let (host, s) = store(1, 4);
+    let first = claimed(s.claim(&host, &id("a"), &FP, 100).unwrap());
+    host.advance(150);
+    let second = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    // The first request finally completes: it must not overwrite the new owner's record.
+    assert_eq!(s.complete(&host, &first, &ok_response("late"), 4096, 60_000).unwrap(), Completion::LostOwnership);
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+    assert_eq!(s.complete(&host, &second, &ok_response("second"), 4096, 60_000).unwrap(), Completion::Stored);
+    match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
+        Claim::Completed { response: Some(r), .. } => assert_eq!(r.body, b"second"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn oversized_response_becomes_a_tombstone() {
+    let (host, s) = store(4, 4);
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    let big = ok_response(&"x".repeat(5000));
+    assert_eq!(s.complete(&host, &t, &big, 4096, 60_000).unwrap(), Completion::Tombstoned);
+    assert!(matches!(
+        s.claim(&host, &id("a"), &FP, 30_000).unwrap(),
+        Claim::Completed { status: 201, response: None, .. }
+    ));
+}
+
+#[test]
+fn full_bucket_evicts_completed_never_in_flight() {
+    let (host, s) = store(1, 2);
+    let a = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    host.advance(1);
+    let _b = claimed(s.claim(&host, &id("b"), &FP, 30_000).unwrap());
+    assert_eq!(s.claim(&host, &id("c"), &FP, 30_000), Err(StoreError::Full));
+    s.complete(&host, &a, &ok_response("a"), 4096, 60_000).unwrap();
+    claimed(s.claim(&host, &id("c"), &FP, 30_000).unwrap());
+    // "b" is still in flight inside its lease: never evicted.
+    assert!(matches!(s.claim(&host, &id("b"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+    // Once leases end, new keys can take the positions.
+    host.advance(30_001);
+    claimed(s.claim(&host, &id("d"), &FP, 30_000).unwrap());
+}
+
+#[test]
+fn memory_stays_bounded_by_capacity_whatever_the_number_of_keys() {
+    let (host, s) = store(64, 8);
+    let body = "y".repeat(200);
+    let mut after_first_pass = None;
+    for i in 0..100_000u32 {
+        let t = claimed(s.claim(&host, &id(&i.to_string()), &FP, 30_000).unwrap());
+        s.complete(&host, &t, &ok_response(&body), 4096, 86_400_000).unwrap();
+        if i == 10_000 {
+            after_first_pass = Some(host.footprint());
+        }
+    }
+    let (keys, bytes) = host.footprint();
+    assert!(keys <= 64 + 64 * 8, "{keys} keys");
+    assert_eq!(Some((keys, bytes)), after_first_pass, "no growth between 10k and 100k keys");
+}
+
+#[test]
+fn concurrent_claims_of_one_key_have_exactly_one_winner() {
+    let (host, s) = store(16, 8);
+    let host = Arc::new(host);
+    let s = Arc::new(s);
+    for round in 0..50 {
+        let key = id(&format!("k{round}"));
+        let barrier = Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (host, s, barrier) = (host.clone(), s.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    s.claim(&*host, &key, &FP, 30_000).unwrap()
+                })
+            })
+            .collect();
+        let results: Vec<Claim> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let winners = results.iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
+        let in_flight = results.iter().filter(|c| matches!(c, Claim::InFlight { .. })).count();
+        assert_eq!((winners, in_flight), (1, 7), "round {round}: {results:?}");
+    }
+}
+
+#[test]
+fn concurrent_distinct_keys_in_one_bucket_all_succeed() {
+    // One bucket: every claim contends on the same CAS, and none may be lost.
+    let (host, s) = store(1, 64);
+    let host = Arc::new(host);
+    let s = Arc::new(s);
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let (host, s) = (host.clone(), s.clone());
+            std::thread::spawn(move || {
+                (0..8)
+                    .filter(|i| matches!(s.claim(&*host, &id(&format!("{t}-{i}")), &FP, 30_000), Ok(Claim::Claimed(_))))
+                    .count()
+            })
+        })
+        .collect();
+    let total: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(total, 64);
+    for t in 0..8 {
+        for i in 0..8 {
+            assert!(matches!(s.claim(&*host, &id(&format!("{t}-{i}")), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+        }
+    }
+}
+
+#[test]
+fn store_outage_is_an_error_not_a_claim() {
+    let (host, s) = store(4, 4);
+    host.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000), Err(StoreError::Host(_))));
+}
+
+#[test]
+fn stored_response_round_trips_and_drops_unsafe_headers() {
+    let r = StoredResponse::new(
+        200,
+        vec![
+            ("content-type".into(), "text/plain; charset=utf-8".into()),
+            ("set-cookie".into(), "sid=secret".into()),
+            ("Connection".into(), "keep-alive, x-hop".into()),
+            ("x-hop".into(), "1".into()),
+            ("transfer-encoding".into(), "chunked".into()),
+            ("content-length".into(), "3".into()),
+            ("date".into(), "Sun".into()),
+            ("x-envoy-upstream-service-time".into(), "3".into()),
+            ("x-order-id".into(), "订单-1".into()),
+        ],
+        vec![0, 255, 10],
+    );
+    let names: Vec<&str> = r.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, vec!["content-type", "x-order-id"]);
+    let mut buf = Vec::new();
+    r.encode_into(&mut buf);
+    assert_eq!(buf.len(), r.encoded_len());
+    assert_eq!(StoredResponse::decode(&buf).unwrap(), r);
+    assert!(StoredResponse::decode(&buf[..3]).is_none());
+    let replay = r.replay();
+    assert!(replay.headers.contains(&("idempotent-replayed".into(), "true".into())));
+}
