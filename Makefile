@@ -32,7 +32,7 @@ clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --release --target wasm32-wasip1 -p idem-filter -- -D warnings
 
-unit:
+unit: build
 	$(CARGO) test --workspace
 
 e2e: build
