@@ -1,0 +1,225 @@
+//! The engine: load → operations → statements → rules → suppressions → positioned findings.
+
+use std::collections::BTreeMap;
+
+use crate::config::{Config, Severity};
+use crate::loader::{At, Workspace};
+use crate::model::{operations, Operation};
+use crate::node::{split_pointer, Node, Value};
+use crate::rules::{Ctx, RawFinding, RULES};
+use crate::source::{char_width, FatalError, Position};
+use crate::statement::statements;
+
+/// Characters of context kept on each side of the column in a snippet (long minified lines).
+const SNIPPET_CONTEXT: usize = 60;
+
+/// The source line of a finding, cut to a window around the column when it is long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snippet {
+    pub text: String,
+    /// 0-based character index of the finding's column inside `text`.
+    pub caret: usize,
+    pub cut_left: bool,
+    pub cut_right: bool,
+}
+
+impl Snippet {
+    /// Display width of the text before the caret (where the caret goes in a terminal).
+    pub fn caret_width(&self) -> usize {
+        self.text.chars().take(self.caret).map(char_width).sum()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub code: &'static str,
+    pub severity: Severity,
+    pub file: String,
+    pub position: Position,
+    pub pointer: String,
+    pub message: String,
+    pub snippet: Snippet,
+}
+
+impl Finding {
+    /// The deterministic output order: file, line, column, code, message.
+    fn sort_key(&self) -> (&str, usize, usize, &str, &str) {
+        (
+            &self.file,
+            self.position.line,
+            self.position.column,
+            self.code,
+            &self.message,
+        )
+    }
+}
+
+/// Lint one spec file.
+pub fn lint_path(path: &str, cfg: &Config) -> Result<Vec<Finding>, FatalError> {
+    let ws = Workspace::load(path)?;
+    Ok(lint_workspace(&ws, cfg))
+}
+
+/// Lint a spec held in memory (tests).
+pub fn lint_text(name: &str, text: &str, cfg: &Config) -> Result<Vec<Finding>, FatalError> {
+    let ws = Workspace::from_text(name, text)?;
+    Ok(lint_workspace(&ws, cfg))
+}
+
+pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
+    let ops = operations(ws, &cfg.methods);
+    let enabled: Vec<_> = RULES
+        .iter()
+        .filter_map(|r| cfg.severity(r.code).map(|s| (r, s)))
+        .collect();
+    let mut raw: Vec<(RawFinding, Severity)> = Vec::new();
+    for op in &ops {
+        let st = statements(ws, op, &cfg.section_titles, true);
+        let merged = st.merged();
+        let ctx = Ctx {
+            ws,
+            op,
+            statements: &st,
+            merged: merged.as_ref(),
+        };
+        let mut found = Vec::new();
+        for (rule, _) in &enabled {
+            (rule.check)(&ctx, &mut found);
+        }
+        for f in found {
+            if ignored(ws, op, &f.pointer, f.code) {
+                continue;
+            }
+            let sev = enabled
+                .iter()
+                .find(|(r, _)| r.code == f.code)
+                .map_or(Severity::Error, |(_, s)| *s);
+            raw.push((f, sev));
+        }
+    }
+    position(ws, raw)
+}
+
+fn position(ws: &Workspace, raw: Vec<(RawFinding, Severity)>) -> Vec<Finding> {
+    let mut by_file: BTreeMap<usize, Vec<(RawFinding, Severity)>> = BTreeMap::new();
+    for r in raw {
+        by_file.entry(r.0.file).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for (file, list) in by_file {
+        let src = ws.file(file);
+        let offsets: Vec<u32> = list.iter().map(|(f, _)| f.offset).collect();
+        let positions = src.positions(&offsets);
+        for ((f, sev), pos) in list.into_iter().zip(positions) {
+            out.push(Finding {
+                code: f.code,
+                severity: sev,
+                file: src.name.clone(),
+                position: pos,
+                pointer: f.pointer,
+                message: f.message,
+                snippet: snippet(src.line_text(pos.line), pos.column - 1),
+            });
+        }
+    }
+    sort(&mut out);
+    out
+}
+
+pub fn sort(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+}
+
+fn snippet(line: &str, col: usize) -> Snippet {
+    let total = if line.len() <= 4 * SNIPPET_CONTEXT {
+        line.chars().count()
+    } else {
+        usize::MAX
+    };
+    if total != usize::MAX && total <= 2 * SNIPPET_CONTEXT + 40 {
+        return Snippet {
+            text: line.to_string(),
+            caret: col.min(total),
+            cut_left: false,
+            cut_right: false,
+        };
+    }
+    let from = col.saturating_sub(SNIPPET_CONTEXT);
+    let mut it = line.char_indices().skip(from);
+    let start_byte = it.next().map_or(line.len(), |(b, _)| b);
+    let window: String = line
+        .get(start_byte..)
+        .unwrap_or("")
+        .chars()
+        .take(2 * SNIPPET_CONTEXT)
+        .collect();
+    let cut_right = line
+        .get(start_byte + window.len()..)
+        .is_some_and(|r| !r.is_empty());
+    Snippet {
+        text: window,
+        caret: col - from,
+        cut_left: from > 0,
+        cut_right,
+    }
+}
+
+fn ignore_list(node: &Node) -> Vec<&str> {
+    match node.get("x-idem-lint-ignore").map(|n| &n.value) {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Seq(items)) => items.iter().filter_map(Node::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn matches_code(list: &[&str], code: &str) -> bool {
+    list.iter()
+        .any(|c| c.eq_ignore_ascii_case(code) || *c == "*" || c.eq_ignore_ascii_case("all"))
+}
+
+/// `x-idem-lint-ignore` on the root, `paths`, the path item, the operation or any node on the
+/// way from the operation to the finding's node.
+fn ignored(ws: &Workspace, op: &Operation<'_>, pointer: &str, code: &str) -> bool {
+    for a in &op.ancestors {
+        if matches_code(&ignore_list(a.node), code) {
+            return true;
+        }
+    }
+    let rest = pointer.strip_prefix(op.pointer.as_str()).unwrap_or("");
+    let Some(segments) = split_pointer(rest) else {
+        return false;
+    };
+    let mut cur = op.at;
+    for seg in &segments {
+        let Some(next) = cur.node.child(seg) else {
+            break;
+        };
+        let Some(next) = ws.resolve(At {
+            file: cur.file,
+            node: next,
+        }) else {
+            break;
+        };
+        if matches_code(&ignore_list(next.node), code) {
+            return true;
+        }
+        cur = next;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snippet_windows_long_lines() {
+        let line = format!("{}支付{}", "x".repeat(1000), "y".repeat(1000));
+        let s = snippet(&line, 1000);
+        assert!(s.cut_left && s.cut_right);
+        assert_eq!(s.text.chars().nth(s.caret), Some('支'));
+        let short = snippet("  post:", 2);
+        assert_eq!(short.caret, 2);
+        assert!(!short.cut_left && !short.cut_right);
+    }
+}

@@ -1,0 +1,447 @@
+//! Loading a spec and every file its `$ref`s reach, and resolving `$ref`s.
+//!
+//! All `$ref`s are checked when the spec is loaded (not only the ones a rule happens to
+//! follow): a `$ref` to a missing file or to a pointer that does not exist is a fatal error at
+//! the `$ref`'s own position. Resolved targets are cached as index paths, so rules resolve a
+//! `$ref` in O(depth) however large `components` is.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Component, Path, PathBuf};
+
+use crate::json;
+use crate::node::{split_pointer, Node, Value};
+use crate::source::{FatalError, SourceFile};
+use crate::yaml;
+
+pub type FileId = usize;
+
+/// A node together with the file it lives in.
+#[derive(Debug, Clone, Copy)]
+pub struct At<'a> {
+    pub file: FileId,
+    pub node: &'a Node,
+}
+
+/// The loaded spec: the root file (id 0) and every file reachable through `$ref`.
+#[derive(Debug)]
+pub struct Workspace {
+    pub files: Vec<SourceFile>,
+    pub roots: Vec<Node>,
+    keys: Vec<PathBuf>,
+    /// (file, `$ref` string) → (target file, child index path from that file's root).
+    refs: HashMap<(FileId, String), (FileId, Vec<u32>)>,
+}
+
+/// Maximum length of a `$ref` → `$ref` → … chain before it is treated as a cycle.
+const MAX_REF_CHAIN: usize = 64;
+
+impl Workspace {
+    /// Load a spec file and everything it references. Any problem is a [`FatalError`].
+    pub fn load(path: &str) -> Result<Workspace, FatalError> {
+        let mut ws = Workspace {
+            files: Vec::new(),
+            roots: Vec::new(),
+            keys: Vec::new(),
+            refs: HashMap::new(),
+        };
+        ws.add_file(Path::new(path), path.to_string(), None)?;
+        check_version(&ws.files[0], &ws.roots[0])?;
+        let mut next = 0;
+        while next < ws.files.len() {
+            ws.check_refs(next)?;
+            next += 1;
+        }
+        Ok(ws)
+    }
+
+    /// Load from memory (tests, fuzzing). `$ref`s to other files are errors.
+    pub fn from_text(name: &str, text: &str) -> Result<Workspace, FatalError> {
+        let root = parse_text(name, text)?;
+        let mut ws = Workspace {
+            files: vec![SourceFile::new(name.to_string(), text.to_string())],
+            roots: vec![root],
+            keys: vec![PathBuf::from(name)],
+            refs: HashMap::new(),
+        };
+        check_version(&ws.files[0], &ws.roots[0])?;
+        ws.check_refs(0)?;
+        Ok(ws)
+    }
+
+    pub fn root(&self) -> At<'_> {
+        At {
+            file: 0,
+            node: &self.roots[0],
+        }
+    }
+
+    fn add_file(
+        &mut self,
+        path: &Path,
+        name: String,
+        from: Option<(FileId, u32, &str)>,
+    ) -> Result<FileId, FatalError> {
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        if let Some(id) = self.keys.iter().position(|k| *k == key) {
+            return Ok(id);
+        }
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                return Err(match from {
+                    Some((f, off, r)) => FatalError::at(
+                        &self.files[f].name,
+                        &self.files[f].text,
+                        off as usize,
+                        format!("$ref \"{r}\": cannot read {name}: {e}"),
+                    ),
+                    None => FatalError::whole_file(&name, format!("cannot read file: {e}")),
+                })
+            }
+        };
+        let text = decode(&name, bytes)?;
+        let root = parse_text(&name, &text)?;
+        self.files.push(SourceFile::new(name, text));
+        self.roots.push(root);
+        self.keys.push(key);
+        Ok(self.files.len() - 1)
+    }
+
+    /// Walk one file, load the files its `$ref`s name and check every target exists.
+    fn check_refs(&mut self, file: FileId) -> Result<(), FatalError> {
+        let mut found: Vec<(String, u32)> = Vec::new();
+        collect_refs(&self.roots[file], false, &mut found);
+        let mut seen: HashSet<String> = HashSet::new();
+        for (r, off) in found {
+            if !seen.insert(r.clone()) {
+                continue;
+            }
+            self.resolve_and_cache(file, &r, off)?;
+        }
+        Ok(())
+    }
+
+    fn ref_error(&self, file: FileId, off: u32, reason: String) -> FatalError {
+        FatalError::at(
+            &self.files[file].name,
+            &self.files[file].text,
+            off as usize,
+            reason,
+        )
+    }
+
+    fn resolve_and_cache(&mut self, file: FileId, r: &str, off: u32) -> Result<(), FatalError> {
+        if self.refs.contains_key(&(file, r.to_string())) {
+            return Ok(());
+        }
+        let (file_part, fragment) = match r.split_once('#') {
+            Some((a, b)) => (a, b),
+            None => (r, ""),
+        };
+        let target = if file_part.is_empty() {
+            file
+        } else {
+            if file_part.contains("://") {
+                return Err(self.ref_error(
+                    file,
+                    off,
+                    format!("$ref \"{r}\": remote references are not supported; bundle the spec first"),
+                ));
+            }
+            let rel = percent_decode(file_part);
+            let base = Path::new(&self.files[file].name)
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            let joined = normalize(&base.join(&rel));
+            let name = joined.to_string_lossy().into_owned();
+            self.add_file(&joined, name, Some((file, off, r)))?
+        };
+        let fragment = percent_decode(fragment);
+        let Some(segments) = split_pointer(&fragment) else {
+            return Err(self.ref_error(
+                file,
+                off,
+                format!("$ref \"{r}\": only JSON-pointer fragments (#/...) are supported"),
+            ));
+        };
+        let mut indices = Vec::with_capacity(segments.len());
+        let mut node = &self.roots[target];
+        for seg in &segments {
+            match child_index(node, seg) {
+                Some((i, child)) => {
+                    indices.push(i as u32);
+                    node = child;
+                }
+                None => {
+                    let tname = &self.files[target].name;
+                    return Err(self.ref_error(
+                        file,
+                        off,
+                        format!("$ref \"{r}\": no node at \"#{fragment}\" in {tname} (segment \"{seg}\" not found)"),
+                    ));
+                }
+            }
+        }
+        self.refs.insert((file, r.to_string()), (target, indices));
+        Ok(())
+    }
+
+    fn lookup(&self, file: FileId, r: &str) -> Option<At<'_>> {
+        let (target, indices) = self.refs.get(&(file, r.to_string()))?;
+        let mut node = self.roots.get(*target)?;
+        for &i in indices {
+            node = match &node.value {
+                Value::Map(m) => &m.get(i as usize)?.value,
+                Value::Seq(s) => s.get(i as usize)?,
+                _ => return None,
+            };
+        }
+        Some(At {
+            file: *target,
+            node,
+        })
+    }
+
+    /// Follow `$ref` chains from a node. Returns the node itself when it is not a reference,
+    /// `None` on a cycle or a reference that was not checked at load time (inside examples).
+    pub fn resolve<'a>(&'a self, at: At<'a>) -> Option<At<'a>> {
+        let mut cur = at;
+        for _ in 0..MAX_REF_CHAIN {
+            match cur.node.get("$ref").and_then(Node::as_str) {
+                Some(r) => cur = self.lookup(cur.file, r)?,
+                None => return Some(cur),
+            }
+        }
+        None
+    }
+
+    pub fn file(&self, id: FileId) -> &SourceFile {
+        &self.files[id]
+    }
+}
+
+fn child_index<'a>(node: &'a Node, seg: &str) -> Option<(usize, &'a Node)> {
+    match &node.value {
+        Value::Map(m) => m
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.key == seg)
+            .map(|(i, e)| (i, &e.value)),
+        Value::Seq(_) => {
+            let c = node.child(seg)?;
+            seg.parse::<usize>().ok().map(|i| (i, c))
+        }
+        _ => None,
+    }
+}
+
+/// `$ref`s that are checked: every string `$ref` except inside examples and `x-` extensions
+/// (which may quote arbitrary JSON).
+fn collect_refs(node: &Node, skip: bool, out: &mut Vec<(String, u32)>) {
+    match &node.value {
+        Value::Map(m) => {
+            for e in m {
+                if e.key == "$ref" {
+                    if let (Some(s), false) = (e.value.as_str(), skip) {
+                        out.push((s.to_string(), e.value.start));
+                        continue;
+                    }
+                }
+                let skip_child = skip
+                    || e.key.starts_with("x-")
+                    || e.key == "example"
+                    || e.key == "value"
+                    || e.key == "externalValue";
+                collect_refs(&e.value, skip_child, out);
+            }
+        }
+        Value::Seq(s) => {
+            for n in s {
+                collect_refs(n, skip, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn decode(name: &str, mut bytes: Vec<u8>) -> Result<String, FatalError> {
+    if bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        bytes.drain(..3);
+    }
+    if let Some(pos) = bytes.iter().position(|&b| b == 0) {
+        let prefix = String::from_utf8_lossy(bytes.get(..pos).unwrap_or(&[])).into_owned();
+        return Err(FatalError::at(
+            name,
+            &prefix,
+            prefix.len(),
+            "binary file (NUL byte); expected a YAML or JSON OpenAPI document",
+        ));
+    }
+    match String::from_utf8(bytes) {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            let good = e.utf8_error().valid_up_to();
+            let bytes = e.into_bytes();
+            let prefix = String::from_utf8_lossy(bytes.get(..good).unwrap_or(&[])).into_owned();
+            Err(FatalError::at(
+                name,
+                &prefix,
+                prefix.len(),
+                "not UTF-8 text (binary file?); expected a YAML or JSON OpenAPI document",
+            ))
+        }
+    }
+}
+
+/// Parse a file's text as JSON (`.json`, or text starting with `{`) or YAML.
+pub fn parse_text(name: &str, text: &str) -> Result<Node, FatalError> {
+    let trimmed = text.trim_start();
+    if trimmed.is_empty() {
+        return Err(FatalError::at(
+            name,
+            text,
+            0,
+            "empty file; expected an OpenAPI document",
+        ));
+    }
+    let is_json = name.to_ascii_lowercase().ends_with(".json") || trimmed.starts_with('{');
+    if is_json {
+        json::parse(text)
+            .map_err(|e| FatalError::at(name, text, e.offset, format!("invalid JSON: {}", e.reason)))
+    } else {
+        yaml::parse(text).map_err(|e| FatalError::at(name, text, e.offset, e.reason))
+    }
+}
+
+fn check_version(file: &SourceFile, root: &Node) -> Result<(), FatalError> {
+    if root.as_map().is_none() {
+        return Err(FatalError::at(
+            &file.name,
+            &file.text,
+            root.start as usize,
+            "not an OpenAPI document: the top level is not a mapping",
+        ));
+    }
+    if let Some(e) = root.entry("swagger") {
+        return Err(FatalError::at(
+            &file.name,
+            &file.text,
+            e.key_start as usize,
+            "Swagger 2.0 is not supported: convert the spec to OpenAPI 3 (e.g. with swagger2openapi) and lint that",
+        ));
+    }
+    let Some(e) = root.entry("openapi") else {
+        return Err(FatalError::at(
+            &file.name,
+            &file.text,
+            root.start as usize,
+            "not an OpenAPI document: no `openapi` field",
+        ));
+    };
+    let v = e.value.scalar_text().unwrap_or_default();
+    if v.starts_with("3.") || v == "3" {
+        Ok(())
+    } else if v.starts_with("2.") || v == "2" {
+        Err(FatalError::at(
+            &file.name,
+            &file.text,
+            e.value.start as usize,
+            format!("OpenAPI {v} (Swagger) is not supported: convert the spec to OpenAPI 3"),
+        ))
+    } else {
+        Err(FatalError::at(
+            &file.name,
+            &file.text,
+            e.value.start as usize,
+            format!("unsupported OpenAPI version \"{v}\"; idem-lint reads OpenAPI 3.0 and 3.1"),
+        ))
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Some(v) = std::str::from_utf8(b.get(i + 1..i + 3).unwrap_or(&[]))
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Lexical normalisation (`a/./b/../c` → `a/c`) so the same file reached by two spellings is
+/// reported under one name.
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("/paths/~1a~1%7Bid%7D"), "/paths/~1a~1{id}");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+
+    #[test]
+    fn local_refs_resolve_and_missing_pointer_fails() {
+        let ok = "openapi: 3.0.3\ncomponents:\n  parameters:\n    K: {name: Idempotency-Key, in: header}\nx: {$ref: '#/components/parameters/K'}\n";
+        let ws = Workspace::from_text("a.yaml", ok).unwrap();
+        let x = ws.root().node.get("x").unwrap();
+        let r = ws.resolve(At { file: 0, node: x }).unwrap();
+        assert_eq!(r.node.get("name").unwrap().as_str(), Some("Idempotency-Key"));
+
+        let bad = "openapi: 3.0.3\nx:\n  $ref: '#/components/parameters/Nope'\n";
+        let e = Workspace::from_text("b.yaml", bad).unwrap_err();
+        assert_eq!(e.position.unwrap().line, 3);
+        assert!(e.reason.contains("no node at"), "{e}");
+    }
+
+    #[test]
+    fn ref_cycle_resolves_to_none() {
+        let t = "openapi: 3.1.0\na: {$ref: '#/b'}\nb: {$ref: '#/a'}\n";
+        let ws = Workspace::from_text("c.yaml", t).unwrap();
+        let a = ws.root().node.get("a").unwrap();
+        assert!(ws.resolve(At { file: 0, node: a }).is_none());
+    }
+
+    #[test]
+    fn versions() {
+        let e = Workspace::from_text("s.yaml", "swagger: '2.0'\ninfo: {}\n").unwrap_err();
+        assert!(e.reason.contains("Swagger 2.0 is not supported"));
+        assert!(Workspace::from_text("s.yaml", "info: {}\n").is_err());
+        assert!(Workspace::from_text("s.yaml", "openapi: 4.0.0\n").is_err());
+        assert!(Workspace::from_text("s.yaml", "openapi: 3.1.0\n").is_ok());
+        assert!(Workspace::from_text("s.json", "{\"openapi\": \"3.0.0\"}").is_ok());
+    }
+}

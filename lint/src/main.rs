@@ -1,0 +1,193 @@
+//! `idem-lint [OPTIONS] <SPEC>...`, `idem-lint rules`, `idem-lint --explain CODE`.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use idem_lint::config::{Config, FailOn, Severity};
+use idem_lint::lint::{lint_path, sort};
+use idem_lint::report::{render, Format, Run};
+use idem_lint::rules::{find, RULES};
+use idem_lint::source::FatalError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FailOnArg {
+    Error,
+    Warning,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ColorArg {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Check OpenAPI 3.0/3.1 specs for the 幂等性说明 (idempotency statement) on every non-safe
+/// operation.
+///
+/// Exit status: 0 clean, 1 findings at or above --fail-on, 2 usage, I/O or parse error.
+#[derive(Debug, Parser)]
+#[command(name = "idem-lint", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// OpenAPI spec files (YAML or JSON).
+    #[arg(value_name = "SPEC")]
+    specs: Vec<String>,
+
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value = "text")]
+    format: Format,
+
+    /// Lowest severity that makes the exit status 1 (default: error, or `fail-on` in the config).
+    #[arg(long, value_enum)]
+    fail_on: Option<FailOnArg>,
+
+    /// Config file (default: ./idem-lint.toml when it exists).
+    #[arg(long, value_name = "FILE")]
+    config: Option<String>,
+
+    /// Colour in text output (auto: only on a terminal, and never with NO_COLOR set).
+    #[arg(long, value_enum, default_value = "auto")]
+    color: ColorArg,
+
+    /// Print the documentation of a rule and exit.
+    #[arg(long, value_name = "CODE")]
+    explain: Option<String>,
+
+    /// Debug: print the parsed SPEC back as YAML (all strings double-quoted) and exit.
+    #[arg(long, hide = true)]
+    dump_yaml: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the rules with their default severity.
+    Rules,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("idem-lint: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn print(s: &str) {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`idem-lint … | head`) is not an error worth a panic.
+    let _ = out.write_all(s.as_bytes());
+    let _ = out.flush();
+}
+
+fn run(cli: Cli) -> Result<u8, FatalError> {
+    if let Some(Command::Rules) = cli.command {
+        let mut s = String::new();
+        for r in &RULES {
+            s.push_str(&format!(
+                "{}  {:<8} {:<27} {}\n",
+                r.code,
+                r.severity.to_string(),
+                r.name,
+                r.summary
+            ));
+        }
+        print(&s);
+        return Ok(0);
+    }
+    if let Some(code) = &cli.explain {
+        let Some(rule) = find(code) else {
+            return Err(FatalError::whole_file(
+                code,
+                "unknown rule code (see `idem-lint rules`)",
+            ));
+        };
+        print(&rule.doc());
+        return Ok(0);
+    }
+    if cli.specs.is_empty() {
+        return Err(FatalError::whole_file(
+            "idem-lint",
+            "no SPEC given (usage: idem-lint [OPTIONS] <SPEC>...; see --help)",
+        ));
+    }
+    if cli.dump_yaml {
+        let mut s = String::new();
+        for spec in &cli.specs {
+            let ws = idem_lint::loader::Workspace::load(spec)?;
+            s.push_str(&idem_lint::yaml::dump(ws.root().node));
+        }
+        print(&s);
+        return Ok(0);
+    }
+    let config = match &cli.config {
+        Some(path) => load_config(path)?,
+        None if Path::new("idem-lint.toml").is_file() => load_config("idem-lint.toml")?,
+        None => Config::default(),
+    };
+    let fail_on = match cli.fail_on {
+        Some(FailOnArg::Error) => FailOn::Error,
+        Some(FailOnArg::Warning) => FailOn::Warning,
+        Some(FailOnArg::Never) => FailOn::Never,
+        None => config.fail_on.unwrap_or_default(),
+    };
+    let mut findings = Vec::new();
+    let mut errors = Vec::new();
+    for spec in &cli.specs {
+        match lint_path(spec, &config) {
+            Ok(f) => findings.extend(f),
+            Err(e) => errors.push(e),
+        }
+    }
+    sort(&mut findings);
+    let color = match cli.color {
+        ColorArg::Always => true,
+        ColorArg::Never => false,
+        ColorArg::Auto => {
+            std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+        }
+    };
+    let run = Run {
+        specs: &cli.specs,
+        findings: &findings,
+        errors: &errors,
+    };
+    print(&render(cli.format, &run, color));
+    for e in &errors {
+        eprintln!("idem-lint: error: {e}");
+    }
+    if !errors.is_empty() {
+        return Ok(2);
+    }
+    let failing = findings.iter().any(|f| match fail_on {
+        FailOn::Error => f.severity == Severity::Error,
+        FailOn::Warning => true,
+        FailOn::Never => false,
+    });
+    Ok(u8::from(failing))
+}
+
+fn load_config(path: &str) -> Result<Config, FatalError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FatalError::whole_file(path, format!("cannot read config: {e}")))?;
+    Config::parse(path, &text)
+}

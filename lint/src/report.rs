@@ -1,0 +1,410 @@
+//! Reporters: text, JSON, SARIF 2.1.0, JUnit XML, GitHub workflow annotations.
+//! All take findings already in their deterministic order and return the whole output.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::config::Severity;
+use crate::lint::Finding;
+use crate::rules::RULES;
+use crate::source::FatalError;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+    Sarif,
+    Junit,
+    Github,
+}
+
+/// Everything a reporter may need.
+pub struct Run<'a> {
+    /// The spec files given on the command line, in order.
+    pub specs: &'a [String],
+    pub findings: &'a [Finding],
+    pub errors: &'a [FatalError],
+}
+
+impl Run<'_> {
+    fn count(&self, s: Severity) -> usize {
+        self.findings.iter().filter(|f| f.severity == s).count()
+    }
+}
+
+pub fn render(format: Format, run: &Run<'_>, color: bool) -> String {
+    match format {
+        Format::Text => text(run, color),
+        Format::Json => json_report(run),
+        Format::Sarif => sarif(run),
+        Format::Junit => junit(run),
+        Format::Github => github(run),
+    }
+}
+
+// --------------------------------------------------------------------------------- text
+
+struct Style {
+    on: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.on {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+}
+
+pub fn text(run: &Run<'_>, color: bool) -> String {
+    let st = Style { on: color };
+    let mut out = String::new();
+    for f in run.findings {
+        let (sev_color, sev) = match f.severity {
+            Severity::Error => ("1;31", "error"),
+            Severity::Warning => ("1;33", "warning"),
+        };
+        let _ = writeln!(
+            out,
+            "{}: {}: {}",
+            st.paint(
+                "1",
+                &format!("{}:{}:{}", f.file, f.position.line, f.position.column)
+            ),
+            st.paint(sev_color, &format!("{sev}[{}]", f.code)),
+            f.message
+        );
+        let line_no = f.position.line.to_string();
+        let gutter = " ".repeat(line_no.len());
+        let bar = st.paint("1;34", "|");
+        let left = if f.snippet.cut_left { "…" } else { "" };
+        let right = if f.snippet.cut_right { "…" } else { "" };
+        let shown = f.snippet.text.replace('\t', "    ");
+        let caret_pad = usize::from(f.snippet.cut_left) + f.snippet.caret_width();
+        let _ = writeln!(out, "{gutter} {bar}");
+        let _ = writeln!(
+            out,
+            "{} {bar} {left}{shown}{right}",
+            st.paint("1;34", &line_no)
+        );
+        let _ = writeln!(
+            out,
+            "{gutter} {bar} {}{}",
+            " ".repeat(caret_pad),
+            st.paint(sev_color, "^")
+        );
+        let _ = writeln!(out, "{gutter} {} {}", st.paint("1;34", "="), f.pointer);
+        out.push('\n');
+    }
+    let errors = run.count(Severity::Error);
+    let warnings = run.count(Severity::Warning);
+    let files = run.specs.len();
+    let summary = if errors + warnings == 0 && run.errors.is_empty() {
+        format!(
+            "idem-lint: no findings in {files} spec{}",
+            if files == 1 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "idem-lint: {errors} error{}, {warnings} warning{} in {files} spec{}{}",
+            if errors == 1 { "" } else { "s" },
+            if warnings == 1 { "" } else { "s" },
+            if files == 1 { "" } else { "s" },
+            if run.errors.is_empty() {
+                String::new()
+            } else {
+                format!("; {} could not be read", run.errors.len())
+            }
+        )
+    };
+    let _ = writeln!(out, "{}", st.paint("1", &summary));
+    out
+}
+
+// --------------------------------------------------------------------------------- JSON
+
+fn finding_json(f: &Finding) -> Value {
+    json!({
+        "code": f.code,
+        "severity": f.severity.to_string(),
+        "file": f.file,
+        "line": f.position.line,
+        "column": f.position.column,
+        "column_utf16": f.position.column_utf16,
+        "pointer": f.pointer,
+        "message": f.message,
+    })
+}
+
+fn error_json(e: &FatalError) -> Value {
+    json!({
+        "file": e.file,
+        "line": e.position.map(|p| p.line),
+        "column": e.position.map(|p| p.column),
+        "message": e.reason,
+    })
+}
+
+pub fn json_report(run: &Run<'_>) -> String {
+    let v = json!({
+        "tool": "idem-lint",
+        "version": VERSION,
+        "findings": run.findings.iter().map(finding_json).collect::<Vec<_>>(),
+        "errors": run.errors.iter().map(error_json).collect::<Vec<_>>(),
+        "summary": {
+            "specs": run.specs.len(),
+            "errors": run.count(Severity::Error),
+            "warnings": run.count(Severity::Warning),
+        },
+    });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+// --------------------------------------------------------------------------------- SARIF
+
+/// A relative URI reference for a file path (SARIF `artifactLocation.uri`).
+pub fn path_to_uri(path: &str) -> String {
+    let mut out = String::new();
+    for b in path.replace('\\', "/").bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn level(s: Severity) -> &'static str {
+    match s {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    }
+}
+
+pub fn sarif(run: &Run<'_>) -> String {
+    let rules: Vec<Value> = RULES
+        .iter()
+        .map(|r| {
+            let doc = r.doc();
+            let md = r.doc_markdown();
+            json!({
+                "id": r.code,
+                "name": r.name,
+                "shortDescription": { "text": r.summary },
+                "fullDescription": { "text": doc.lines().next().unwrap_or(r.summary) },
+                "help": { "text": doc, "markdown": md },
+                "defaultConfiguration": { "level": level(r.severity) },
+            })
+        })
+        .collect();
+    let results: Vec<Value> = run
+        .findings
+        .iter()
+        .map(|f| {
+            let idx = RULES.iter().position(|r| r.code == f.code).unwrap_or(0);
+            json!({
+                "ruleId": f.code,
+                "ruleIndex": idx,
+                "level": level(f.severity),
+                "message": { "text": f.message },
+                "locations": [{
+                    "physicalLocation": {
+                        "artifactLocation": { "uri": path_to_uri(&f.file) },
+                        "region": {
+                            "startLine": f.position.line,
+                            "startColumn": f.position.column_utf16,
+                        },
+                    },
+                    "logicalLocations": [{ "fullyQualifiedName": f.pointer, "kind": "member" }],
+                }],
+            })
+        })
+        .collect();
+    let notifications: Vec<Value> = run
+        .errors
+        .iter()
+        .map(|e| json!({ "level": "error", "message": { "text": e.to_string() } }))
+        .collect();
+    let v = json!({
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": { "driver": { "name": "idem-lint", "version": VERSION, "rules": rules } },
+            "columnKind": "utf16CodeUnits",
+            "invocations": [{
+                "executionSuccessful": run.errors.is_empty(),
+                "toolExecutionNotifications": notifications,
+            }],
+            "results": results,
+        }],
+    });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+// --------------------------------------------------------------------------------- JUnit
+
+pub fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' => out.push_str("&#10;"),
+            c if (c as u32) < 0x20 && c != '\t' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+pub fn junit(run: &Run<'_>) -> String {
+    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    // One suite per spec given (findings in $ref'd files belong to the spec that reached them
+    // only loosely, so they are grouped by the file they are in).
+    let mut files: Vec<&str> = run.specs.iter().map(String::as_str).collect();
+    for f in run.findings {
+        if !files.contains(&f.file.as_str()) {
+            files.push(&f.file);
+        }
+    }
+    let total_fail = run.findings.len() + run.errors.len();
+    let total_tests: usize = files
+        .iter()
+        .map(|file| {
+            let n = run.findings.iter().filter(|f| f.file == *file).count()
+                + run.errors.iter().filter(|e| e.file == *file).count();
+            n.max(1)
+        })
+        .sum();
+    let _ = writeln!(
+        out,
+        "<testsuites name=\"idem-lint\" tests=\"{total_tests}\" failures=\"{total_fail}\">"
+    );
+    for file in files {
+        let fs: Vec<&Finding> = run.findings.iter().filter(|f| f.file == file).collect();
+        let es: Vec<&FatalError> = run.errors.iter().filter(|e| e.file == file).collect();
+        let n = fs.len() + es.len();
+        let _ = writeln!(
+            out,
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">",
+            xml_escape(file),
+            n.max(1),
+            n
+        );
+        if n == 0 {
+            let _ = writeln!(
+                out,
+                "    <testcase classname=\"{}\" name=\"idem-lint\"/>",
+                xml_escape(file)
+            );
+        }
+        for f in fs {
+            let _ = writeln!(
+                out,
+                "    <testcase classname=\"{}\" name=\"{} {} ({}:{})\">",
+                xml_escape(file),
+                f.code,
+                xml_escape(&f.pointer),
+                f.position.line,
+                f.position.column
+            );
+            let _ = writeln!(
+                out,
+                "      <failure type=\"{}\" message=\"{}\">{}:{}:{}: {}[{}] {}</failure>",
+                f.severity,
+                xml_escape(&f.message),
+                xml_escape(file),
+                f.position.line,
+                f.position.column,
+                f.severity,
+                f.code,
+                xml_escape(&f.message)
+            );
+            out.push_str("    </testcase>\n");
+        }
+        for e in es {
+            let _ = writeln!(
+                out,
+                "    <testcase classname=\"{}\" name=\"parse\">",
+                xml_escape(file)
+            );
+            let _ = writeln!(
+                out,
+                "      <error type=\"fatal\" message=\"{}\">{}</error>",
+                xml_escape(&e.reason),
+                xml_escape(&e.to_string())
+            );
+            out.push_str("    </testcase>\n");
+        }
+        out.push_str("  </testsuite>\n");
+    }
+    out.push_str("</testsuites>\n");
+    out
+}
+
+// --------------------------------------------------------------------------------- GitHub
+
+fn gh_data(s: &str) -> String {
+    s.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
+}
+
+fn gh_prop(s: &str) -> String {
+    gh_data(s).replace(':', "%3A").replace(',', "%2C")
+}
+
+pub fn github(run: &Run<'_>) -> String {
+    let mut out = String::new();
+    for f in run.findings {
+        let kind = match f.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        let _ = writeln!(
+            out,
+            "::{kind} file={},line={},col={},title={}::{}",
+            gh_prop(&f.file),
+            f.position.line,
+            f.position.column_utf16,
+            gh_prop(&format!("{} {}", f.code, f.pointer)),
+            gh_data(&f.message)
+        );
+    }
+    for e in run.errors {
+        match e.position {
+            Some(p) => {
+                let _ = writeln!(
+                    out,
+                    "::error file={},line={},col={},title=idem-lint::{}",
+                    gh_prop(&e.file),
+                    p.line,
+                    p.column,
+                    gh_data(&e.reason)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "::error file={},title=idem-lint::{}",
+                    gh_prop(&e.file),
+                    gh_data(&e.reason)
+                );
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,52 @@
+//! IDEM001 missing-statement (error)
+//!
+//! Every non-safe operation (POST, PUT, PATCH, DELETE by default; `methods` in
+//! idem-lint.toml) must say how it behaves when the same request arrives twice. Clients,
+//! SDKs and gateways retry; without a statement nobody knows whether a retry creates a second
+//! order or charges a card twice.
+//!
+//! Write the statement as a section of the operation's Markdown description:
+//!
+//! ```text
+//! ### 幂等性说明
+//! - 是否幂等：是
+//! - 幂等键：Idempotency-Key（header）
+//! - 重复请求：409 DUPLICATE_REQUEST
+//! - 有效期：24h
+//! ```
+//!
+//! (any heading level or a bold line; `Idempotency` / `Idempotent` / `Key` / `Duplicate` /
+//! `Expiry` in English; `:` or `：`, `()` or `（）`), or as the structured extension:
+//!
+//! ```text
+//! x-idempotency:
+//!   idempotent: true
+//!   key: { in: header, name: Idempotency-Key }
+//!   duplicate: { status: 409, code: DUPLICATE_REQUEST }
+//!   expiry: 24h
+//! ```
+//!
+//! An operation that is deliberately not idempotent still needs a statement: `是否幂等：否`.
+//! The finding points at the operation's method key.
+
+use super::{Ctx, RawFinding};
+use crate::statement::Loc;
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    if ctx.statements.section.is_some() || ctx.statements.extension.is_some() {
+        return;
+    }
+    let loc = Loc {
+        file: ctx.op.key_file,
+        offset: ctx.op.key_offset,
+        pointer: ctx.op.pointer.clone(),
+    };
+    out.push(ctx.at(
+        "IDEM001",
+        &loc,
+        format!(
+            "{} has no 幂等性说明 (idempotency statement): add a `### 幂等性说明` section to its description or an `x-idempotency` extension",
+            ctx.label()
+        ),
+    ));
+}

@@ -1,0 +1,54 @@
+//! IDEM002 idempotent-unstated (error)
+//!
+//! The statement exists but does not say whether the operation is idempotent, or says it in
+//! a way that cannot be read as yes or no. Everything else in the statement (the key, the
+//! duplicate response) only makes sense once that is settled.
+//!
+//! Bad:
+//!
+//! ```text
+//! ### 幂等性说明
+//! - 幂等键：Idempotency-Key（header）
+//! ```
+//!
+//! Good:
+//!
+//! ```text
+//! ### 幂等性说明
+//! - 是否幂等：是
+//! - 幂等键：Idempotency-Key（header）
+//! ```
+//!
+//! Accepted values: 是 / 否, yes / no, true / false (x-idempotency: `idempotent: true`).
+
+use super::{Ctx, RawFinding};
+use crate::section::Tri;
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some(st) = ctx.merged else {
+        return;
+    };
+    match &st.idempotent {
+        None => out.push(ctx.at(
+            "IDEM002",
+            &st.loc,
+            format!(
+                "{} of {} does not say whether the operation is idempotent (add `是否幂等：是` or `是否幂等：否`)",
+                st.origin.describe(),
+                ctx.label()
+            ),
+        )),
+        Some(f) => {
+            if let Tri::Unknown(raw) = &f.value {
+                out.push(ctx.at(
+                    "IDEM002",
+                    &f.loc,
+                    format!(
+                        "cannot tell whether {} is idempotent from \"{raw}\"; write 是/否 (yes/no)",
+                        ctx.label()
+                    ),
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! IDEM003 missing-key (error)
+//!
+//! The operation is declared idempotent, but the statement names no idempotency key. A
+//! repeat can only be recognised by something the request carries: an `Idempotency-Key`
+//! header, a token, a business number in the body (an order number, a payment provider's
+//! transaction id), or the resource id in the path for a state transition.
+//!
+//! Bad:
+//!
+//! ```text
+//! - 是否幂等：是
+//! - 重复请求：409 DUPLICATE_REQUEST
+//! ```
+//!
+//! Good:
+//!
+//! ```text
+//! - 是否幂等：是
+//! - 幂等键：Idempotency-Key（header）
+//! - 重复请求：409 DUPLICATE_REQUEST
+//! ```
+//!
+//! Locations: header, query, path, body (a property name or a JSON pointer such as
+//! `/transaction_id`). Several fields form a composite key: `merchant_id + out_trade_no（body）`.
+
+use super::{Ctx, RawFinding};
+use crate::section::Tri;
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some(st) = ctx.merged else {
+        return;
+    };
+    if !matches!(st.idempotent.as_ref().map(|f| &f.value), Some(Tri::Yes)) {
+        return;
+    }
+    match &st.key {
+        None => out.push(ctx.at(
+            "IDEM003",
+            &st.loc,
+            format!(
+                "{} is declared idempotent but {} names no idempotency key (add `幂等键：Idempotency-Key（header）`)",
+                ctx.label(),
+                st.origin.describe()
+            ),
+        )),
+        Some(f) if f.value.names.is_empty() => out.push(ctx.at(
+            "IDEM003",
+            &f.loc,
+            format!(
+                "{} is declared idempotent but its key is \"{}\": name the header, query/path parameter or body field that identifies a repeat",
+                ctx.label(),
+                f.raw
+            ),
+        )),
+        Some(_) => {}
+    }
+}

@@ -1,0 +1,184 @@
+//! IDEM004 undeclared-key (error)
+//!
+//! The statement names a key the operation does not declare. A header, query or path key must
+//! be one of the operation's parameters — its own, the path item's (path-level parameters
+//! count) or a `$ref`'d one; header names compare case-insensitively. A body key must be a
+//! property of the request body schema (any media type), followed through `$ref`, `allOf`,
+//! `oneOf` and `anyOf`; a plain name is a top-level property, a JSON pointer such as
+//! `/data/id` walks nested properties (`/items/0/sku` walks array items). A key without a
+//! location may be declared anywhere.
+//!
+//! Bad (the header is never declared):
+//!
+//! ```text
+//! post:
+//!   description: |
+//!     ### 幂等性说明
+//!     - 是否幂等：是
+//!     - 幂等键：Idempotency-Key（header）
+//!   responses: ...
+//! ```
+//!
+//! Good:
+//!
+//! ```text
+//! post:
+//!   parameters:
+//!     - { name: Idempotency-Key, in: header, required: true, schema: { type: string } }
+//! ```
+//!
+//! Why: a key nobody declared is a key no client generator will send, and a gateway policy
+//! cannot be checked against it.
+
+use std::collections::HashSet;
+
+use super::{Ctx, RawFinding};
+use crate::loader::{At, Workspace};
+use crate::node::{split_pointer, Node};
+use crate::section::KeyIn;
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some(st) = ctx.merged else {
+        return;
+    };
+    let Some(key) = &st.key else {
+        return;
+    };
+    if let Some(KeyIn::Other(loc)) = &key.value.location {
+        out.push(ctx.at(
+            "IDEM004",
+            &key.loc,
+            format!(
+                "unknown key location \"{loc}\" for {}: use header, query, path or body",
+                ctx.label()
+            ),
+        ));
+        return;
+    }
+    for name in &key.value.names {
+        let found = match &key.value.location {
+            Some(KeyIn::Header) => has_param(ctx, "header", name),
+            Some(KeyIn::Query) => has_param(ctx, "query", name),
+            Some(KeyIn::Path) => has_param(ctx, "path", name),
+            Some(KeyIn::Body) => body_has(ctx, name),
+            Some(KeyIn::Other(_)) => false,
+            None => {
+                ["header", "query", "path", "cookie"]
+                    .iter()
+                    .any(|l| has_param(ctx, l, name))
+                    || body_has(ctx, name)
+            }
+        };
+        if !found {
+            let what = match &key.value.location {
+                Some(KeyIn::Header) => "a header parameter",
+                Some(KeyIn::Query) => "a query parameter",
+                Some(KeyIn::Path) => "a path parameter",
+                Some(KeyIn::Body) => "a property of the request body schema",
+                _ => "a parameter or a request body property",
+            };
+            out.push(ctx.at(
+                "IDEM004",
+                &key.loc,
+                format!(
+                    "idempotency key \"{name}\" is not declared by {}: it is not {what}",
+                    ctx.label()
+                ),
+            ));
+        }
+    }
+}
+
+fn has_param(ctx: &Ctx<'_>, location: &str, name: &str) -> bool {
+    ctx.op.params.iter().any(|p| {
+        p.location == location
+            && if location == "header" {
+                p.name.eq_ignore_ascii_case(name)
+            } else {
+                p.name == name
+            }
+    })
+}
+
+fn body_has(ctx: &Ctx<'_>, name: &str) -> bool {
+    let segments: Vec<String> = if name.starts_with('/') {
+        match split_pointer(name) {
+            Some(s) => s,
+            None => return false,
+        }
+    } else {
+        vec![name.to_string()]
+    };
+    let ws = ctx.ws;
+    let Some(rb) = ctx.op.at.node.get("requestBody") else {
+        return false;
+    };
+    let Some(rb) = ws.resolve(At {
+        file: ctx.op.at.file,
+        node: rb,
+    }) else {
+        return false;
+    };
+    let Some(content) = rb.node.get("content").and_then(Node::as_map) else {
+        return false;
+    };
+    content.iter().any(|media| {
+        media.value.get("schema").is_some_and(|schema| {
+            let mut seen = HashSet::new();
+            schema_has(
+                ws,
+                At {
+                    file: rb.file,
+                    node: schema,
+                },
+                &segments,
+                &mut seen,
+            )
+        })
+    })
+}
+
+/// Does the schema have the property path `segments`? Follows `$ref`, `allOf`/`oneOf`/`anyOf`
+/// and array `items`; each (schema, depth) pair is visited once, so recursive schemas end.
+pub fn schema_has(
+    ws: &Workspace,
+    at: At<'_>,
+    segments: &[String],
+    seen: &mut HashSet<(*const Node, usize)>,
+) -> bool {
+    let Some(first) = segments.first() else {
+        return true;
+    };
+    let Some(s) = ws.resolve(at) else {
+        return false;
+    };
+    if !seen.insert((s.node as *const Node, segments.len())) {
+        return false;
+    }
+    let file = s.file;
+    let sub = |n| At { file, node: n };
+    if let Some(prop) = s.node.get("properties").and_then(|p| p.get(first)) {
+        let mut seen2 = seen.clone();
+        if schema_has(ws, sub(prop), segments.get(1..).unwrap_or(&[]), &mut seen2) {
+            return true;
+        }
+    }
+    let is_index = first.bytes().all(|b| b.is_ascii_digit()) || first == "-" || first == "*";
+    if is_index {
+        if let Some(items) = s.node.get("items") {
+            if schema_has(ws, sub(items), segments.get(1..).unwrap_or(&[]), seen) {
+                return true;
+            }
+        }
+    }
+    for comb in ["allOf", "oneOf", "anyOf"] {
+        if let Some(list) = s.node.get(comb).and_then(Node::as_seq) {
+            for branch in list {
+                if schema_has(ws, sub(branch), segments, seen) {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}

@@ -1,0 +1,102 @@
+//! IDEM006 duplicate-not-in-responses (error)
+//!
+//! The duplicate status named by the statement is not one of the operation's responses, or
+//! the duplicate's code appears nowhere in that response. A documented duplicate answer that
+//! the responses do not list is invisible to client generators, mocks and contract tests.
+//!
+//! The status matches a response key exactly (`"409"`) or by range (`"4XX"`); `default` does not
+//! count. The code is looked for as a whole word in every string and key of the response,
+//! following `$ref`s: its description, headers, schemas (`enum`, `example`, `const`) and
+//! examples.
+//!
+//! Bad:
+//!
+//! ```text
+//! - 重复请求：409 DUPLICATE_REQUEST
+//! responses:
+//!   "201": { description: created }
+//! ```
+//!
+//! Good:
+//!
+//! ```text
+//! responses:
+//!   "201": { description: created }
+//!   "409":
+//!     description: 重复请求
+//!     content:
+//!       application/json:
+//!         example: { code: DUPLICATE_REQUEST, first_seen_at: "2024-05-01T08:00:00Z" }
+//! ```
+
+use super::{any_text, contains_word, Ctx, RawFinding};
+use crate::loader::At;
+use crate::node::Node;
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some(st) = ctx.merged else {
+        return;
+    };
+    let Some(dup) = &st.duplicate else {
+        return;
+    };
+    let Some(status) = dup.value.status else {
+        return;
+    };
+    let responses = ctx.op.at.node.get("responses").and_then(|r| {
+        ctx.ws.resolve(At {
+            file: ctx.op.at.file,
+            node: r,
+        })
+    });
+    let exact = status.to_string();
+    let range = format!("{}XX", status / 100);
+    let entries = responses.and_then(|r| r.node.as_map().map(|m| (r.file, m)));
+    let found = entries.and_then(|(file, m)| {
+        m.iter()
+            .find(|e| e.key == exact)
+            .or_else(|| m.iter().find(|e| e.key.eq_ignore_ascii_case(&range)))
+            .map(|e| At {
+                file,
+                node: &e.value,
+            })
+    });
+    let Some(resp) = found else {
+        let declared: Vec<&str> = entries
+            .map(|(_, m)| m.iter().map(|e| e.key.as_str()).collect())
+            .unwrap_or_default();
+        out.push(ctx.at(
+            "IDEM006",
+            &dup.loc,
+            format!(
+                "duplicate status {status} is not among the responses of {} (declared: {})",
+                ctx.label(),
+                if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.join(", ")
+                }
+            ),
+        ));
+        return;
+    };
+    let Some(code) = &dup.value.code else {
+        return;
+    };
+    if !any_text(ctx.ws, resp, &mut |s: &str| contains_word(s, code)) {
+        let key = resp
+            .node
+            .get("$ref")
+            .and_then(Node::as_str)
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        out.push(ctx.at(
+            "IDEM006",
+            &dup.loc,
+            format!(
+                "duplicate code {code} appears nowhere in the {status} response{key} of {}: put it in the response's description, schema (enum/example) or examples",
+                ctx.label()
+            ),
+        ));
+    }
+}

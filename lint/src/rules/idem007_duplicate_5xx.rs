@@ -1,0 +1,39 @@
+//! IDEM007 duplicate-5xx (error)
+//!
+//! The statement answers a duplicate with a 5xx status. A repeat is an expected business
+//! outcome, not a system error: a 5xx tells clients and SDKs "retry me", which turns one
+//! duplicate into a retry storm, and it pages the on-call engineer for nothing. Monitoring that
+//! counts 5xx as errors will also report a healthy service as failing.
+//!
+//! Bad:
+//!
+//! ```text
+//! - 重复请求：500 DUPLICATE_REQUEST
+//! ```
+//!
+//! Good: `409 DUPLICATE_REQUEST` (reject the repeat), `200` with the first result replayed, or
+//! `409 REQUEST_IN_PROGRESS` with `Retry-After` while the first attempt is still running.
+
+use super::{Ctx, RawFinding};
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some(st) = ctx.merged else {
+        return;
+    };
+    let Some(dup) = &st.duplicate else {
+        return;
+    };
+    let Some(status) = dup.value.status else {
+        return;
+    };
+    if (500..600).contains(&status) {
+        out.push(ctx.at(
+            "IDEM007",
+            &dup.loc,
+            format!(
+                "{} answers a duplicate with {status}: a duplicate is an expected outcome, use 409 (reject) or 200 (replay the first result), never a 5xx",
+                ctx.label()
+            ),
+        ));
+    }
+}

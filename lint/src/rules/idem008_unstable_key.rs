@@ -1,0 +1,68 @@
+//! IDEM008 unstable-key (warning)
+//!
+//! The idempotency key is unstable or too coarse:
+//!
+//! - a user id alone (`user_id`, `uid`, `member_id`, `customer_id`, `account_id`): every request
+//!   of that user becomes "the same request", so the second legitimate order is rejected;
+//! - a timestamp (`timestamp`, `ts`, `time`, `created_at`, `request_time`): a retry sent a
+//!   second later carries a different value, so it is not recognised as a repeat;
+//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`): two deliberate,
+//!   identical purchases collide, and a retry whose JSON is re-serialised does not.
+//!
+//! Use a client-generated unique key (`Idempotency-Key`), a token, or a business number that
+//! identifies exactly one intended action (order number, the provider's transaction id).
+//! A user id as one part of a composite key (`user_id + order_no`) is fine.
+//!
+//! Suppress on purpose with `x-idem-lint-ignore: [IDEM008]` on the operation.
+
+use super::{Ctx, RawFinding};
+
+fn classify(name: &str) -> Option<&'static str> {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    let n: String = last
+        .chars()
+        .filter(|c| c.is_alphanumeric())
+        .flat_map(char::to_lowercase)
+        .collect();
+    match n.as_str() {
+        "userid" | "uid" | "memberid" | "customerid" | "accountid" | "user" | "openid" => {
+            Some("a user id alone makes every request of that user look like a duplicate")
+        }
+        "timestamp" | "ts" | "time" | "datetime" | "createdat" | "createtime" | "requesttime"
+        | "requestedat" | "now" | "xtimestamp" | "xrequesttime" => {
+            Some("a timestamp changes between a request and its retry")
+        }
+        "bodyhash" | "requesthash" | "payloadhash" | "hash" | "md5" | "bodymd5" | "contentmd5"
+        | "sha1" | "sha256" | "digest" | "contentdigest" | "requestdigest" => Some(
+            "a whole-body hash merges two deliberate identical requests and misses re-serialised retries",
+        ),
+        _ => None,
+    }
+}
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some(st) = ctx.merged else {
+        return;
+    };
+    let Some(key) = &st.key else {
+        return;
+    };
+    let names = &key.value.names;
+    for name in names {
+        let Some(why) = classify(name) else {
+            continue;
+        };
+        // A user id is fine as one part of a composite key.
+        if names.len() > 1 && why.starts_with("a user id") {
+            continue;
+        }
+        out.push(ctx.at(
+            "IDEM008",
+            &key.loc,
+            format!(
+                "unstable or too-coarse idempotency key \"{name}\" for {}: {why}",
+                ctx.label()
+            ),
+        ));
+    }
+}

@@ -1,0 +1,246 @@
+//! The rule catalogue. One rule per file; each file's `//!` comment is its documentation,
+//! printed by `idem-lint --explain CODE` and shown as SARIF help text.
+
+use crate::config::Severity;
+use crate::loader::{At, FileId, Workspace};
+use crate::model::Operation;
+use crate::node::{Node, Value};
+use crate::statement::{Loc, Statement, Statements};
+
+pub mod idem001_missing_statement;
+pub mod idem002_idempotent_unstated;
+pub mod idem003_missing_key;
+pub mod idem004_undeclared_key;
+pub mod idem005_missing_duplicate;
+pub mod idem006_duplicate_not_in_responses;
+pub mod idem007_duplicate_5xx;
+pub mod idem008_unstable_key;
+pub mod idem009_statements_disagree;
+
+/// One finding before severities and suppressions are applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawFinding {
+    pub code: &'static str,
+    pub file: FileId,
+    pub offset: u32,
+    pub pointer: String,
+    pub message: String,
+}
+
+/// What a rule sees for one operation.
+pub struct Ctx<'a> {
+    pub ws: &'a Workspace,
+    pub op: &'a Operation<'a>,
+    pub statements: &'a Statements,
+    /// Section and `x-idempotency` merged field by field (`x-idempotency` wins).
+    pub merged: Option<&'a Statement>,
+}
+
+impl Ctx<'_> {
+    pub fn at(&self, code: &'static str, loc: &Loc, message: String) -> RawFinding {
+        RawFinding {
+            code,
+            file: loc.file,
+            offset: loc.offset,
+            pointer: loc.pointer.clone(),
+            message,
+        }
+    }
+
+    pub fn label(&self) -> String {
+        self.op.label()
+    }
+}
+
+pub type Check = fn(&Ctx<'_>, &mut Vec<RawFinding>);
+
+pub struct Rule {
+    pub code: &'static str,
+    pub name: &'static str,
+    pub severity: Severity,
+    pub summary: &'static str,
+    source: &'static str,
+    pub check: Check,
+}
+
+impl Rule {
+    /// The rule's documentation as Markdown: its file's leading `//!` comment.
+    pub fn doc_markdown(&self) -> String {
+        let mut out = String::new();
+        for line in self.source.lines() {
+            let Some(rest) = line.strip_prefix("//!") else {
+                break;
+            };
+            out.push_str(rest.strip_prefix(' ').unwrap_or(rest));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The documentation for a terminal: code fences become 4-space indented blocks.
+    pub fn doc(&self) -> String {
+        let mut out = String::new();
+        let mut in_code = false;
+        for line in self.doc_markdown().lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            if in_code {
+                out.push_str("    ");
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+pub static RULES: [Rule; 9] = [
+    Rule {
+        code: "IDEM001",
+        name: "missing-statement",
+        severity: Severity::Error,
+        summary: "non-safe operation without a 幂等性说明",
+        source: include_str!("idem001_missing_statement.rs"),
+        check: idem001_missing_statement::check,
+    },
+    Rule {
+        code: "IDEM002",
+        name: "idempotent-unstated",
+        severity: Severity::Error,
+        summary: "statement does not say whether the operation is idempotent",
+        source: include_str!("idem002_idempotent_unstated.rs"),
+        check: idem002_idempotent_unstated::check,
+    },
+    Rule {
+        code: "IDEM003",
+        name: "missing-key",
+        severity: Severity::Error,
+        summary: "idempotent, but no key named",
+        source: include_str!("idem003_missing_key.rs"),
+        check: idem003_missing_key::check,
+    },
+    Rule {
+        code: "IDEM004",
+        name: "undeclared-key",
+        severity: Severity::Error,
+        summary: "named key is not declared by the operation",
+        source: include_str!("idem004_undeclared_key.rs"),
+        check: idem004_undeclared_key::check,
+    },
+    Rule {
+        code: "IDEM005",
+        name: "missing-duplicate",
+        severity: Severity::Error,
+        summary: "idempotent, but no duplicate response named",
+        source: include_str!("idem005_missing_duplicate.rs"),
+        check: idem005_missing_duplicate::check,
+    },
+    Rule {
+        code: "IDEM006",
+        name: "duplicate-not-in-responses",
+        severity: Severity::Error,
+        summary: "duplicate status not among the responses, or its code not in that response",
+        source: include_str!("idem006_duplicate_not_in_responses.rs"),
+        check: idem006_duplicate_not_in_responses::check,
+    },
+    Rule {
+        code: "IDEM007",
+        name: "duplicate-5xx",
+        severity: Severity::Error,
+        summary: "duplicate answered with a 5xx",
+        source: include_str!("idem007_duplicate_5xx.rs"),
+        check: idem007_duplicate_5xx::check,
+    },
+    Rule {
+        code: "IDEM008",
+        name: "unstable-key",
+        severity: Severity::Warning,
+        summary: "unstable or too-coarse key (user id alone, timestamp, whole-body hash)",
+        source: include_str!("idem008_unstable_key.rs"),
+        check: idem008_unstable_key::check,
+    },
+    Rule {
+        code: "IDEM009",
+        name: "statements-disagree",
+        severity: Severity::Error,
+        summary: "description section and x-idempotency disagree",
+        source: include_str!("idem009_statements_disagree.rs"),
+        check: idem009_statements_disagree::check,
+    },
+];
+
+pub fn find(code: &str) -> Option<&'static Rule> {
+    RULES.iter().find(|r| r.code.eq_ignore_ascii_case(code))
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers shared by rules.
+
+/// Does `text` contain `word` with no identifier character on either side?
+pub fn contains_word(text: &str, word: &str) -> bool {
+    if word.is_empty() {
+        return false;
+    }
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut from = 0;
+    while let Some(i) = text.get(from..).and_then(|t| t.find(word)) {
+        let s = from + i;
+        let e = s + word.len();
+        let before = text.get(..s).and_then(|t| t.chars().next_back());
+        let after = text.get(e..).and_then(|t| t.chars().next());
+        if !before.is_some_and(is_ident) && !after.is_some_and(is_ident) {
+            return true;
+        }
+        from = s + word.len().max(1);
+    }
+    false
+}
+
+/// Walk a subtree following `$ref`s (each target once), calling `f` on every string value
+/// and mapping key until it returns true.
+pub fn any_text(ws: &Workspace, start: At<'_>, f: &mut dyn FnMut(&str) -> bool) -> bool {
+    let mut seen: std::collections::HashSet<*const Node> = std::collections::HashSet::new();
+    let mut stack: Vec<At<'_>> = vec![start];
+    while let Some(at) = stack.pop() {
+        let Some(at) = ws.resolve(at) else {
+            continue;
+        };
+        let ptr = at.node as *const Node;
+        if !seen.insert(ptr) {
+            continue;
+        }
+        if seen.len() > 100_000 {
+            return false;
+        }
+        match &at.node.value {
+            Value::String(s) => {
+                if f(s) {
+                    return true;
+                }
+            }
+            Value::Map(m) => {
+                for e in m {
+                    if f(&e.key) {
+                        return true;
+                    }
+                    stack.push(At {
+                        file: at.file,
+                        node: &e.value,
+                    });
+                }
+            }
+            Value::Seq(s) => {
+                for n in s {
+                    stack.push(At {
+                        file: at.file,
+                        node: n,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}

@@ -1,0 +1,604 @@
+//! Parser for the 幂等性说明 section of a Markdown `description`, and for the values written in
+//! it (also used for string values of `x-idempotency`). Pure functions over `&str`, no panics
+//! on any input (property-tested).
+//!
+//! Accepted forms (DESIGN.md, "The linter: contract"):
+//! - a title as an ATX heading of any level (`# 幂等性说明` … `###### 幂等性说明`), a setext
+//!   heading (`幂等性说明` underlined with `===`/`---`), or a line in bold (`**幂等性说明**`,
+//!   `__幂等性说明__`), optionally numbered (`3. 幂等性说明`) and followed by `:`/`：`;
+//! - the English alias `Idempotency` (plus aliases from the config file);
+//! - items as list lines, numbered lines, plain `label: value` lines or two-column table rows,
+//!   labels optionally bold: 是否幂等 / Idempotent, 幂等键 / Key, 重复请求 / Duplicate,
+//!   有效期 / Expiry; full- or half-width colons and parentheses.
+//!
+//! The section ends at the next heading of the same or a higher level (an ATX-titled section)
+//! or at the next heading or bold title line (a bold-titled section).
+
+use std::ops::Range;
+
+/// Default titles, compared after [`normalize_title`].
+pub const TITLES: [&str; 2] = ["幂等性说明", "idempotency"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Label {
+    Idempotent,
+    Key,
+    Duplicate,
+    Expiry,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item<'a> {
+    pub label: Label,
+    pub value: &'a str,
+    /// The whole line, trimmed (used to find it again in the source file).
+    pub line: &'a str,
+    /// Byte range of the trimmed line in the description.
+    pub range: Range<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section<'a> {
+    pub title: &'a str,
+    pub title_range: Range<usize>,
+    pub items: Vec<Item<'a>>,
+}
+
+struct Line<'a> {
+    text: &'a str,
+    start: usize,
+}
+
+fn lines(s: &str) -> Vec<Line<'_>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for piece in s.split_inclusive('\n') {
+        let text = piece.trim_end_matches(['\n', '\r']);
+        out.push(Line { text, start });
+        start += piece.len();
+    }
+    out
+}
+
+fn trimmed_range<'a>(l: &Line<'a>) -> (&'a str, Range<usize>) {
+    let lead = l.text.len() - l.text.trim_start().len();
+    let t = l.text.trim();
+    (t, l.start + lead..l.start + lead + t.len())
+}
+
+/// Heading level of a line: 1–6 for ATX, 7 for a bold-only line. Returns the inner text.
+fn heading(line: &str) -> Option<(u8, &str)> {
+    let t = line.trim();
+    let hashes = t.bytes().take_while(|&b| b == b'#').count();
+    if (1..=6).contains(&hashes) {
+        let rest = t.get(hashes..).unwrap_or("");
+        if rest.is_empty() || rest.starts_with([' ', '\t']) {
+            let inner = rest.trim().trim_end_matches('#').trim();
+            return Some((hashes as u8, inner));
+        }
+        return None;
+    }
+    let body = t.trim_end_matches([':', '：']).trim_end();
+    for m in ["**", "__"] {
+        if body.len() > 2 * m.len() && body.starts_with(m) && body.ends_with(m) {
+            let inner = body.get(m.len()..body.len() - m.len()).unwrap_or("");
+            if !inner.contains(m) {
+                return Some((7, inner));
+            }
+        }
+    }
+    None
+}
+
+fn setext_level(next: Option<&Line<'_>>) -> Option<u8> {
+    let t = next?.text.trim();
+    if t.len() >= 2 && t.bytes().all(|b| b == b'=') {
+        Some(1)
+    } else if t.len() >= 2 && t.bytes().all(|b| b == b'-') {
+        Some(2)
+    } else {
+        None
+    }
+}
+
+/// Normalise a title for comparison: no emphasis markers, numbering, trailing colon or
+/// parenthetical, lower case.
+pub fn normalize_title(s: &str) -> String {
+    let mut t: String = s.replace("**", "").replace("__", "").replace('`', "");
+    t = t.trim().trim_end_matches([':', '：']).trim().to_string();
+    // leading numbering: "3.", "3.1", "3.1.", "三、" is left alone
+    let num_end = t
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.'))
+        .map_or(t.len(), |(i, _)| i);
+    if num_end > 0 && t.as_bytes().first().is_some_and(u8::is_ascii_digit) {
+        t = t.get(num_end..).unwrap_or("").trim_start().to_string();
+    }
+    // trailing parenthetical: "幂等性说明（Idempotency）"
+    for (open, close) in [('（', '）'), ('(', ')')] {
+        if t.ends_with(close) {
+            if let Some(i) = t.rfind(open) {
+                let head = t.get(..i).unwrap_or("").trim_end();
+                if !head.is_empty() {
+                    t = head.to_string();
+                }
+            }
+        }
+    }
+    t.trim().to_lowercase()
+}
+
+fn is_title(text: &str, extra: &[String]) -> bool {
+    let n = normalize_title(text);
+    TITLES.iter().any(|t| *t == n) || extra.iter().any(|a| normalize_title(a) == n)
+}
+
+/// Find the first 幂等性说明 section in a description.
+pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Section<'a>> {
+    let ls = lines(desc);
+    let mut i = 0;
+    while i < ls.len() {
+        let l = &ls[i];
+        let (level, title_text, body_from) = if let Some((lv, inner)) = heading(l.text) {
+            (lv, inner, i + 1)
+        } else if let (Some(lv), false) = (setext_level(ls.get(i + 1)), l.text.trim().is_empty()) {
+            (lv, l.text.trim(), i + 2)
+        } else {
+            i += 1;
+            continue;
+        };
+        if !is_title(title_text, extra_titles) {
+            i += 1;
+            continue;
+        }
+        let (title, title_range) = trimmed_range(l);
+        let mut items = Vec::new();
+        let mut j = body_from;
+        while j < ls.len() {
+            let lj = &ls[j];
+            if let Some((lv, _)) = heading(lj.text) {
+                if level == 7 || lv <= level {
+                    break;
+                }
+            }
+            if setext_level(ls.get(j + 1)).is_some()
+                && !lj.text.trim().is_empty()
+                && label_of(lj.text).is_none()
+            {
+                break;
+            }
+            if let Some((label, value)) = label_of(lj.text) {
+                let (line, range) = trimmed_range(lj);
+                items.push(Item {
+                    label,
+                    value,
+                    line,
+                    range,
+                });
+            }
+            j += 1;
+        }
+        return Some(Section {
+            title,
+            title_range,
+            items,
+        });
+    }
+    None
+}
+
+fn strip_list_marker(t: &str) -> &str {
+    let t = t.trim_start();
+    for m in ["- ", "* ", "+ ", "• "] {
+        if let Some(r) = t.strip_prefix(m) {
+            return r.trim_start();
+        }
+    }
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    if digits > 0 {
+        let rest = t.get(digits..).unwrap_or("");
+        for m in [". ", ") ", "、"] {
+            if let Some(r) = rest.strip_prefix(m) {
+                return r.trim_start();
+            }
+        }
+    }
+    t
+}
+
+fn label_kind(raw: &str) -> Option<Label> {
+    let n: String = raw
+        .replace("**", "")
+        .replace("__", "")
+        .chars()
+        .filter(|c| !matches!(c, ' ' | '\t' | '-' | '_' | '`' | '*'))
+        .flat_map(char::to_lowercase)
+        .collect();
+    match n.as_str() {
+        "是否幂等" | "幂等" | "幂等性" | "idempotent" | "isidempotent" => Some(Label::Idempotent),
+        "幂等键" | "key" | "idempotencykey" => Some(Label::Key),
+        "重复请求" | "重复提交" | "duplicate" | "duplicaterequest" | "duplicateresponse" => {
+            Some(Label::Duplicate)
+        }
+        "有效期" | "expiry" | "ttl" => Some(Label::Expiry),
+        _ => None,
+    }
+}
+
+/// `label: value` (any colon width), `| label | value |`, with list markers and bold.
+fn label_of(line: &str) -> Option<(Label, &str)> {
+    let t = line.trim();
+    if let Some(row) = t.strip_prefix('|') {
+        let mut cells = row.split('|');
+        let label = label_kind(cells.next()?.trim())?;
+        let value = clean_value(cells.next()?);
+        return Some((label, value));
+    }
+    let t = strip_list_marker(t);
+    let (idx, colon_len) = t
+        .char_indices()
+        .find(|(_, c)| *c == ':' || *c == '：')
+        .map(|(i, c)| (i, c.len_utf8()))?;
+    let label = label_kind(t.get(..idx)?)?;
+    let value = clean_value(t.get(idx + colon_len..)?);
+    Some((label, value))
+}
+
+fn clean_value(v: &str) -> &str {
+    let mut v = v.trim();
+    for m in ["**", "__"] {
+        v = v.strip_prefix(m).unwrap_or(v).trim();
+        v = v.strip_suffix(m).unwrap_or(v).trim();
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Values
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tri {
+    Yes,
+    No,
+    /// Stated, but not as yes/no (the raw text).
+    Unknown(String),
+}
+
+pub fn parse_bool(v: &str) -> Tri {
+    let t = v.trim().trim_matches('`').to_lowercase();
+    for p in ["否", "非幂等", "不幂等", "不是", "no", "false", "not "] {
+        if t.starts_with(p) {
+            return Tri::No;
+        }
+    }
+    for p in ["是", "幂等", "yes", "true", "idempotent"] {
+        if t.starts_with(p) {
+            return Tri::Yes;
+        }
+    }
+    Tri::Unknown(v.trim().to_string())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyIn {
+    Header,
+    Query,
+    Path,
+    Body,
+    Other(String),
+}
+
+impl KeyIn {
+    pub fn parse(s: &str) -> KeyIn {
+        let t = s.trim().to_lowercase();
+        if t.contains("header") || t.contains("请求头") || t == "头" {
+            KeyIn::Header
+        } else if t.contains("query") || t.contains("查询") {
+            KeyIn::Query
+        } else if t.contains("path") || t.contains("路径") {
+            KeyIn::Path
+        } else if t.contains("body") || t.contains("请求体") || t.contains("报文") {
+            KeyIn::Body
+        } else {
+            KeyIn::Other(s.trim().to_string())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            KeyIn::Header => "header",
+            KeyIn::Query => "query",
+            KeyIn::Path => "path",
+            KeyIn::Body => "body",
+            KeyIn::Other(s) => s,
+        }
+    }
+}
+
+/// A named key: one or more names (a composite business key), optionally with a location.
+/// No names means the statement says explicitly that there is no key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec {
+    pub location: Option<KeyIn>,
+    pub names: Vec<String>,
+}
+
+fn is_none_word(t: &str) -> bool {
+    matches!(
+        t.trim().to_lowercase().as_str(),
+        "无" | "没有" | "不需要" | "none" | "n/a" | "-" | "—" | "null" | "no key"
+    )
+}
+
+fn unquote(s: &str) -> &str {
+    s.trim().trim_matches(['`', '"', '\'', '“', '”']).trim()
+}
+
+pub fn parse_key(v: &str) -> KeySpec {
+    let v = v.trim();
+    if v.is_empty() || is_none_word(v) {
+        return KeySpec {
+            location: None,
+            names: Vec::new(),
+        };
+    }
+    let mut name_part = v;
+    let mut location = None;
+    // "Name（header）" / "Name (header)": the first parenthetical names the location.
+    let open = v
+        .char_indices()
+        .find(|(_, c)| *c == '(' || *c == '（')
+        .map(|(i, c)| (i, c.len_utf8()));
+    if let Some((i, len)) = open {
+        let inner_all = v.get(i + len..).unwrap_or("");
+        let close = inner_all
+            .char_indices()
+            .find(|(_, c)| *c == ')' || *c == '）')
+            .map_or(inner_all.len(), |(j, _)| j);
+        let inner = inner_all.get(..close).unwrap_or("");
+        location = Some(KeyIn::parse(inner));
+        name_part = v.get(..i).unwrap_or("");
+    } else {
+        // "header Idempotency-Key" / "header: Idempotency-Key" / "请求头 Idempotency-Key"
+        let first_end = v
+            .char_indices()
+            .find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：')
+            .map(|(i, _)| i);
+        if let Some(e) = first_end {
+            let first = v.get(..e).unwrap_or("");
+            let loc = KeyIn::parse(first);
+            if !matches!(loc, KeyIn::Other(_)) {
+                location = Some(loc);
+                name_part = v
+                    .get(e..)
+                    .unwrap_or("")
+                    .trim_start_matches([':', '：', ' ', '\t']);
+            }
+        }
+    }
+    let names: Vec<String> = name_part
+        .split(['+', '、', ',', '，', '&'])
+        .flat_map(|s| s.split(" and "))
+        .map(unquote)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    KeySpec { location, names }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    pub status: Option<u16>,
+    pub code: Option<String>,
+}
+
+pub fn parse_duplicate(v: &str) -> Duplicate {
+    if v.trim().is_empty() || is_none_word(v) {
+        return Duplicate {
+            status: None,
+            code: None,
+        };
+    }
+    let mut status = None;
+    let chars: Vec<(usize, char)> = v.char_indices().collect();
+    let mut k = 0;
+    let mut after_status = 0;
+    while k < chars.len() {
+        if chars[k].1.is_ascii_digit() {
+            let s = k;
+            while k < chars.len() && chars[k].1.is_ascii_digit() {
+                k += 1;
+            }
+            if k - s == 3 {
+                let bs = chars[s].0;
+                let be = chars.get(k).map_or(v.len(), |c| c.0);
+                if let Ok(n) = v.get(bs..be).unwrap_or("").parse::<u16>() {
+                    if (100..=599).contains(&n) {
+                        status = Some(n);
+                        after_status = be;
+                        break;
+                    }
+                }
+            }
+        } else {
+            k += 1;
+        }
+    }
+    let rest = v.get(after_status..).unwrap_or("");
+    let code = backticked(rest).or_else(|| caps_token(rest));
+    Duplicate { status, code }
+}
+
+fn backticked(s: &str) -> Option<String> {
+    let a = s.find('`')?;
+    let r = s.get(a + 1..)?;
+    let b = r.find('`')?;
+    let inner = r.get(..b)?.trim();
+    if !inner.is_empty()
+        && inner
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+        && !inner.bytes().all(|c| c.is_ascii_digit())
+    {
+        Some(inner.to_string())
+    } else {
+        None
+    }
+}
+
+fn caps_token(s: &str) -> Option<String> {
+    s.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find(|t| {
+            t.len() >= 3
+                && t.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
+                && t.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                && !matches!(*t, "HTTP" | "JSON" | "API")
+        })
+        .map(str::to_string)
+}
+
+/// Duration in seconds if the text is one (`24h`, `30 分钟`, `1d 12h`, `7天`), for comparing
+/// the two ways of stating an expiry.
+pub fn duration_secs(s: &str) -> Option<u64> {
+    let t = s.trim().to_lowercase();
+    let mut total = 0u64;
+    let mut num = String::new();
+    let mut unit = String::new();
+    let mut any = false;
+    let flush = |num: &mut String, unit: &mut String, total: &mut u64| -> Option<()> {
+        if num.is_empty() {
+            return if unit.trim().is_empty() { Some(()) } else { None };
+        }
+        let n: u64 = num.parse().ok()?;
+        let mult = match unit.trim() {
+            "ms" => 0,
+            "s" | "sec" | "secs" | "second" | "seconds" | "秒" => 1,
+            "m" | "min" | "mins" | "minute" | "minutes" | "分" | "分钟" => 60,
+            "h" | "hr" | "hrs" | "hour" | "hours" | "小时" | "时" | "个小时" => 3600,
+            "d" | "day" | "days" | "天" | "日" => 86400,
+            _ => return None,
+        };
+        *total = total.checked_add(n.checked_mul(mult)?)?;
+        num.clear();
+        unit.clear();
+        Some(())
+    };
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            if !unit.trim().is_empty() {
+                flush(&mut num, &mut unit, &mut total)?;
+            }
+            num.push(c);
+            any = true;
+        } else if c.is_whitespace() {
+            if !unit.is_empty() {
+                unit.push(c);
+            }
+        } else {
+            unit.push(c);
+        }
+    }
+    flush(&mut num, &mut unit, &mut total)?;
+    if any {
+        Some(total)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const DESIGN_EXAMPLE: &str = "创建订单。\n\n### 幂等性说明\n- 是否幂等：是\n- 幂等键：Idempotency-Key（header）\n- 重复请求：409 DUPLICATE_REQUEST\n- 有效期：24h\n\n### 其他\n- 幂等键：ignored\n";
+
+    #[test]
+    fn design_example() {
+        let s = find_section(DESIGN_EXAMPLE, &[]).unwrap();
+        assert_eq!(s.title, "### 幂等性说明");
+        assert_eq!(&DESIGN_EXAMPLE[s.title_range.clone()], "### 幂等性说明");
+        let labels: Vec<Label> = s.items.iter().map(|i| i.label).collect();
+        assert_eq!(
+            labels,
+            vec![Label::Idempotent, Label::Key, Label::Duplicate, Label::Expiry]
+        );
+        assert_eq!(s.items[1].value, "Idempotency-Key（header）");
+        assert_eq!(&DESIGN_EXAMPLE[s.items[1].range.clone()], s.items[1].line);
+    }
+
+    #[test]
+    fn bold_title_half_width_and_english() {
+        let d = "Pay.\n\n**Idempotency:**\n1. **Idempotent**: yes\n2. Key: transaction_id (body)\n3. Duplicate: 200 `SUCCESS`\n4. Expiry: 7 days\n**Next**\nKey: nope\n";
+        let s = find_section(d, &[]).unwrap();
+        assert_eq!(s.items.len(), 4);
+        assert_eq!(parse_bool(s.items[0].value), Tri::Yes);
+        let k = parse_key(s.items[1].value);
+        assert_eq!(k.location, Some(KeyIn::Body));
+        assert_eq!(k.names, vec!["transaction_id"]);
+        let dup = parse_duplicate(s.items[2].value);
+        assert_eq!(dup.status, Some(200));
+        assert_eq!(dup.code.as_deref(), Some("SUCCESS"));
+        assert_eq!(duration_secs(s.items[3].value), Some(7 * 86400));
+    }
+
+    #[test]
+    fn heading_levels_and_section_end() {
+        for level in 1..=6 {
+            let d = format!(
+                "{} 幂等性说明\n是否幂等: 否\n{} Other\n幂等键: x\n",
+                "#".repeat(level),
+                "#".repeat(level)
+            );
+            let s = find_section(&d, &[]).unwrap();
+            assert_eq!(s.items.len(), 1, "level {level}");
+        }
+        // a deeper heading stays inside the section
+        let d = "## 幂等性说明\n#### 细节\n- 幂等键：a（query）\n## 下一节\n";
+        assert_eq!(find_section(d, &[]).unwrap().items.len(), 1);
+        // setext
+        let d = "幂等性说明\n-----\n- 是否幂等：否\n";
+        assert_eq!(find_section(d, &[]).unwrap().items.len(), 1);
+        // numbered title, parenthetical, table
+        let d = "### 3. 幂等性说明（Idempotency）\n| 是否幂等 | 是 |\n| 幂等键 | `X-Request-Id`（请求头） |\n";
+        let s = find_section(d, &[]).unwrap();
+        assert_eq!(s.items.len(), 2);
+        let k = parse_key(s.items[1].value);
+        assert_eq!(k.location, Some(KeyIn::Header));
+        assert_eq!(k.names, vec!["X-Request-Id"]);
+    }
+
+    #[test]
+    fn not_a_section() {
+        assert!(find_section("This endpoint is about idempotency.\n", &[]).is_none());
+        assert!(find_section("#幂等性说明\n", &[]).is_none());
+        assert!(find_section("**幂等性说明** 见下文\n", &[]).is_none());
+        assert!(find_section("## 幂等设计\n", &[]).is_none());
+        assert!(find_section("## 幂等设计\n", &["幂等设计".to_string()]).is_some());
+    }
+
+    #[test]
+    fn values() {
+        assert_eq!(parse_bool("否（每次调用都会新建）"), Tri::No);
+        assert_eq!(parse_bool("No"), Tri::No);
+        assert_eq!(parse_bool("是"), Tri::Yes);
+        assert!(matches!(parse_bool("看情况"), Tri::Unknown(_)));
+        let k = parse_key("merchant_id + out_trade_no（body）");
+        assert_eq!(k.names, vec!["merchant_id", "out_trade_no"]);
+        let k = parse_key("header: Idempotency-Key");
+        assert_eq!(k.location, Some(KeyIn::Header));
+        assert_eq!(k.names, vec!["Idempotency-Key"]);
+        assert!(parse_key("无").names.is_empty());
+        assert_eq!(parse_key("/data/id (body)").names, vec!["/data/id"]);
+        let d = parse_duplicate("HTTP 409，返回 DUPLICATE_REQUEST 与首次请求时间");
+        assert_eq!(d.status, Some(409));
+        assert_eq!(d.code.as_deref(), Some("DUPLICATE_REQUEST"));
+        assert_eq!(parse_duplicate("409 Conflict").code, None);
+        assert_eq!(parse_duplicate("1409").status, None);
+        assert_eq!(duration_secs("24h"), Some(86400));
+        assert_eq!(duration_secs("24 小时"), Some(86400));
+        assert_eq!(duration_secs("1d 12h"), Some(129600));
+        assert_eq!(duration_secs("forever"), None);
+    }
+}

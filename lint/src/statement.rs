@@ -1,0 +1,295 @@
+//! The idempotency statement of an operation, from its description section and/or its
+//! `x-idempotency` extension, with a source location for every field.
+
+use crate::loader::{FileId, Workspace};
+use crate::model::Operation;
+use crate::node::{Node, Value};
+use crate::section::{
+    find_section, parse_bool, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Label, Tri,
+};
+
+/// Where a finding points: file, byte offset, logical JSON pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loc {
+    pub file: FileId,
+    pub offset: u32,
+    pub pointer: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field<T> {
+    pub value: T,
+    pub loc: Loc,
+    /// The text as written (for messages).
+    pub raw: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Section,
+    Extension,
+}
+
+impl Origin {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Origin::Section => "the 幂等性说明 section",
+            Origin::Extension => "x-idempotency",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statement {
+    pub origin: Origin,
+    /// The section title or the `x-idempotency` key.
+    pub loc: Loc,
+    pub idempotent: Option<Field<Tri>>,
+    pub key: Option<Field<KeySpec>>,
+    pub duplicate: Option<Field<Duplicate>>,
+    pub expiry: Option<Field<String>>,
+}
+
+/// Both statements of an operation (either may be absent).
+#[derive(Debug, Clone, Default)]
+pub struct Statements {
+    pub section: Option<Statement>,
+    pub extension: Option<Statement>,
+}
+
+impl Statements {
+    pub fn any(&self) -> Option<&Statement> {
+        self.extension.as_ref().or(self.section.as_ref())
+    }
+
+    /// Field-wise merge: `x-idempotency` wins, the section fills gaps. Disagreements are
+    /// IDEM009's business.
+    pub fn merged(&self) -> Option<Statement> {
+        match (&self.section, &self.extension) {
+            (None, None) => None,
+            (Some(s), None) => Some(s.clone()),
+            (None, Some(e)) => Some(e.clone()),
+            (Some(s), Some(e)) => Some(Statement {
+                origin: Origin::Extension,
+                loc: e.loc.clone(),
+                idempotent: e.idempotent.clone().or_else(|| s.idempotent.clone()),
+                key: e.key.clone().or_else(|| s.key.clone()),
+                duplicate: e.duplicate.clone().or_else(|| s.duplicate.clone()),
+                expiry: e.expiry.clone().or_else(|| s.expiry.clone()),
+            }),
+        }
+    }
+}
+
+/// Find `needle` inside `haystack[from..to]`; used to map a line of a parsed description
+/// back to its place in the source file (block scalars and plain JSON strings keep lines
+/// verbatim; escaped text falls back to the start of the string).
+fn find_in(haystack: &str, from: usize, to: usize, needle: &str) -> Option<usize> {
+    if needle.is_empty() {
+        return None;
+    }
+    let hay = haystack.get(from..to.min(haystack.len()))?;
+    hay.find(needle).map(|i| from + i)
+}
+
+pub fn statements(
+    ws: &Workspace,
+    op: &Operation<'_>,
+    extra_titles: &[String],
+    with_section: bool,
+) -> Statements {
+    let mut out = Statements::default();
+    let file = op.at.file;
+    let text = &ws.file(file).text;
+    if with_section {
+        if let Some(desc_node) = op.at.node.get("description") {
+            if let Some(desc) = desc_node.as_str() {
+                if let Some(sec) = find_section(desc, extra_titles) {
+                    let pointer = format!("{}/description", op.pointer);
+                    let (s, e) = (desc_node.start as usize, desc_node.end as usize);
+                    let mut cursor = s;
+                    let mut locate = |needle: &str| -> u32 {
+                        match find_in(text, cursor, e, needle) {
+                            Some(i) => {
+                                cursor = i + needle.len();
+                                i as u32
+                            }
+                            None => desc_node.start,
+                        }
+                    };
+                    let loc_of = |offset: u32| Loc {
+                        file,
+                        offset,
+                        pointer: pointer.clone(),
+                    };
+                    let title_off = locate(sec.title);
+                    let mut st = Statement {
+                        origin: Origin::Section,
+                        loc: loc_of(title_off),
+                        idempotent: None,
+                        key: None,
+                        duplicate: None,
+                        expiry: None,
+                    };
+                    for item in &sec.items {
+                        let off = locate(item.line);
+                        let raw = item.value.to_string();
+                        let loc = loc_of(off);
+                        match item.label {
+                            Label::Idempotent if st.idempotent.is_none() => {
+                                st.idempotent = Some(Field {
+                                    value: parse_bool(item.value),
+                                    loc,
+                                    raw,
+                                });
+                            }
+                            Label::Key if st.key.is_none() => {
+                                st.key = Some(Field {
+                                    value: parse_key(item.value),
+                                    loc,
+                                    raw,
+                                });
+                            }
+                            Label::Duplicate if st.duplicate.is_none() => {
+                                st.duplicate = Some(Field {
+                                    value: parse_duplicate(item.value),
+                                    loc,
+                                    raw,
+                                });
+                            }
+                            Label::Expiry if st.expiry.is_none() => {
+                                st.expiry = Some(Field {
+                                    value: item.value.to_string(),
+                                    loc,
+                                    raw,
+                                });
+                            }
+                            _ => {}
+                        }
+                    }
+                    out.section = Some(st);
+                }
+            }
+        }
+    }
+    if let Some(entry) = op.at.node.entry("x-idempotency") {
+        out.extension = Some(extension(op, file, entry.key_start, &entry.value));
+    }
+    out
+}
+
+fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> Statement {
+    let base = format!("{}/x-idempotency", op.pointer);
+    let loc_at = |n: &Node, field: &str| Loc {
+        file,
+        offset: n.start,
+        pointer: if field.is_empty() {
+            base.clone()
+        } else {
+            format!("{base}/{field}")
+        },
+    };
+    let mut st = Statement {
+        origin: Origin::Extension,
+        loc: Loc {
+            file,
+            offset: key_start,
+            pointer: base.clone(),
+        },
+        idempotent: None,
+        key: None,
+        duplicate: None,
+        expiry: None,
+    };
+    match &node.value {
+        Value::Bool(b) => {
+            st.idempotent = Some(Field {
+                value: if *b { Tri::Yes } else { Tri::No },
+                loc: loc_at(node, ""),
+                raw: b.to_string(),
+            });
+            return st;
+        }
+        Value::Map(_) => {}
+        _ => {
+            st.idempotent = Some(Field {
+                value: Tri::Unknown(node.scalar_text().unwrap_or_else(|| "?".into())),
+                loc: loc_at(node, ""),
+                raw: node.scalar_text().unwrap_or_default(),
+            });
+            return st;
+        }
+    }
+    if let Some(n) = node.get("idempotent") {
+        let value = match &n.value {
+            Value::Bool(true) => Tri::Yes,
+            Value::Bool(false) => Tri::No,
+            Value::String(s) => parse_bool(s),
+            _ => Tri::Unknown(n.scalar_text().unwrap_or_else(|| "?".into())),
+        };
+        st.idempotent = Some(Field {
+            value,
+            loc: loc_at(n, "idempotent"),
+            raw: n.scalar_text().unwrap_or_default(),
+        });
+    }
+    if let Some(n) = node.get("key") {
+        let value = match &n.value {
+            Value::String(s) => parse_key(s),
+            Value::Map(_) => {
+                let location = n.get("in").and_then(Node::as_str).map(KeyIn::parse);
+                let names = match n.get("name").or_else(|| n.get("names")) {
+                    Some(v) => match &v.value {
+                        Value::String(s) => vec![s.clone()],
+                        Value::Seq(items) => items.iter().filter_map(Node::scalar_text).collect(),
+                        _ => Vec::new(),
+                    },
+                    None => Vec::new(),
+                };
+                KeySpec { location, names }
+            }
+            _ => KeySpec {
+                location: None,
+                names: Vec::new(),
+            },
+        };
+        st.key = Some(Field {
+            value,
+            loc: loc_at(n, "key"),
+            raw: n.scalar_text().unwrap_or_default(),
+        });
+    }
+    if let Some(n) = node.get("duplicate") {
+        let value = match &n.value {
+            Value::String(s) => parse_duplicate(s),
+            Value::Number(s) => Duplicate {
+                status: s.parse().ok(),
+                code: None,
+            },
+            Value::Map(_) => Duplicate {
+                status: n
+                    .get("status")
+                    .and_then(Node::scalar_text)
+                    .and_then(|s| s.trim().parse().ok()),
+                code: n.get("code").and_then(Node::scalar_text),
+            },
+            _ => Duplicate {
+                status: None,
+                code: None,
+            },
+        };
+        st.duplicate = Some(Field {
+            value,
+            loc: loc_at(n, "duplicate"),
+            raw: n.scalar_text().unwrap_or_default(),
+        });
+    }
+    if let Some(n) = node.get("expiry") {
+        st.expiry = Some(Field {
+            value: n.scalar_text().unwrap_or_default(),
+            loc: loc_at(n, "expiry"),
+            raw: n.scalar_text().unwrap_or_default(),
+        });
+    }
+    st
+}
