@@ -20,6 +20,7 @@ Behaviour is chosen per request by headers the client sends (Envoy forwards them
     x-demo-set-cookie: sid=1   add  Set-Cookie: sid=1  to the answer
     x-demo-fail-first: 1       the first execution for this key answers 500,
                                later ones answer normally
+    x-demo-reset: 1            do the work, then drop the connection without answering
 
 Introspection (not counted as executions):
 
@@ -166,6 +167,14 @@ class Handler(BaseHTTPRequestHandler):
         delay_ms = _int_header(self.headers, "x-demo-delay-ms", 0)
         if delay_ms > 0:
             time.sleep(delay_ms / 1000.0)
+
+        if self.headers.get("x-demo-reset"):
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return
 
         status = _int_header(self.headers, "x-demo-status", 200)
         if self.headers.get("x-demo-fail-first") and n == 1:

@@ -1,0 +1,219 @@
+"""End-to-end fixtures: a real demo upstream and real Envoy 1.40 running the built idem filter.
+
+Every Envoy is started on free loopback ports from a generated config (scripts/stack.py) and
+the policy TOML given by the test, waited for until it serves, and stopped after the test
+(also when it fails; its log tail is then printed). A missing Envoy or filter is a failure
+with a message saying how to get it, never a skip.
+"""
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import stack  # noqa: E402
+
+# The routes of the shared test Envoy. Each policy route of TEST_POLICY gets its own exact path,
+# plus the example's /api/orders/ prefix (policy path template) and a catch-all with no filter.
+TEST_ROUTES = [
+    {"name": "create-order", "match": {"path": "/api/order/create"}, "idem": True},
+    {"name": "pay-callback", "match": {"path": "/api/pay/callback"}, "idem": True},
+    {"name": "orders", "match": {"prefix": "/api/orders/"}, "idem": True},
+    {"name": "reject-dup", "match": {"path": "/t/reject"}, "idem": True},
+    {"name": "small-body", "match": {"path": "/t/small-body"}, "idem": True},
+    {"name": "tombstone", "match": {"path": "/t/tombstone"}, "idem": True},
+    {"name": "shadow", "match": {"path": "/t/shadow"}, "idem": True},
+    {"name": "query-key", "match": {"path": "/t/query"}, "idem": True},
+    {"name": "optional-key", "match": {"path": "/t/optional"}, "idem": True},
+    {"name": "by-route-name", "match": {"path": "/t/by-name"}, "idem": True},
+    {"name": "canonical", "match": {"path": "/t/canonical"}, "idem": True},
+    # Envoy gives up on the upstream after 1 s (504): outcome unknown, the claim must be held.
+    {"name": "timeouts", "match": {"path": "/t/timeouts"}, "idem": True, "timeout": "1s"},
+    {"name": "short-lease", "match": {"path": "/t/short-lease"}, "idem": True},
+    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
+]
+
+TEST_POLICY = """
+[shared]
+buckets = 256
+entries_per_bucket = 8
+max_response_bytes = 16384
+
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+mode = "key"
+
+[route.key]
+from = "header"
+name = "Idempotency-Key"
+scope = ["header:authorization"]
+lock_ttl = "30s"
+ttl = "24h"
+
+[[route]]
+name = "pay-callback"
+match = { method = "POST", path = "/api/pay/callback" }
+
+[route.key]
+from = "body"
+name = "/transaction_id"
+scope = []
+fingerprint = []
+
+[route.duplicate]
+code = "DUPLICATE_CALLBACK"
+
+[[route]]
+name = "order-pay"
+match = { method = "POST", path = "/api/orders/{id}/pay" }
+
+[[route]]
+name = "reject-dup"
+match = { method = "POST", path = "/t/reject" }
+
+[route.key]
+on_completed = "reject"
+
+[route.duplicate]
+status = 409
+code = "ORDER_ALREADY_SUBMITTED"
+message = "请勿重复提交"
+
+[[route]]
+name = "small-body"
+match = { method = "POST", path = "/t/small-body" }
+max_body_bytes = 1024
+
+[[route]]
+name = "tombstone"
+match = { method = "POST", path = "/t/tombstone" }
+max_response_bytes = 1024
+
+[[route]]
+name = "shadow"
+match = { method = "POST", path = "/t/shadow" }
+mode = "shadow"
+
+[[route]]
+name = "query-key"
+match = { method = "POST", path = "/t/query" }
+
+[route.key]
+from = "query"
+name = "key"
+
+[[route]]
+name = "optional-key"
+match = { method = "POST", path = "/t/optional" }
+
+[route.key]
+required = false
+
+# No `match`: the policy applies to the Envoy route whose name is "by-route-name".
+[[route]]
+name = "by-route-name"
+
+[[route]]
+name = "canonical"
+match = { method = "POST", path = "/t/canonical" }
+
+[route.key]
+fingerprint = ["method", "path", "body"]
+fingerprint_body = "canonical-json"
+
+[[route]]
+name = "timeouts"
+match = { method = "POST", path = "/t/timeouts" }
+
+[route.key]
+lock_ttl = "30s"
+
+[[route]]
+name = "short-lease"
+match = { method = "POST", path = "/t/short-lease" }
+
+[route.key]
+lock_ttl = "2s"
+"""
+
+
+def new_key(prefix="k"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def _failed(node):
+    return any(getattr(getattr(node, "rep_" + w, None), "failed", False) for w in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("idem-e2e")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def components():
+    """Fail (not skip) every test when Envoy or the built filter is missing."""
+    try:
+        stack.require_envoy()
+        stack.require_wasm()
+    except stack.StackError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def upstream(workdir):
+    up = stack.Upstream(workdir)
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def idem(workdir, upstream):
+    """One Envoy with TEST_POLICY, shared by the tests of a module (each test uses its own keys)."""
+    env = _start(workdir, upstream.port, TEST_POLICY, TEST_ROUTES)
+    yield env
+    env.stop()
+
+
+@pytest.fixture(autouse=True)
+def _log_tail_on_failure(request):
+    yield
+    if _failed(request.node) and "idem" in request.fixturenames:
+        env = request.getfixturevalue("idem")
+        print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
+
+
+@pytest.fixture
+def make_envoy(workdir, upstream, request):
+    """Start an Envoy with the given policy (and routes); stopped after the test."""
+    started = []
+
+    def make(policy, routes=None, upstream_port=None, **kw):
+        env = _start(workdir, upstream_port or upstream.port, policy, routes, **kw)
+        started.append(env)
+        return env
+
+    yield make
+    for env in started:
+        if _failed(request.node):
+            print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
+        env.stop()
+
+
+def _start(workdir, upstream_port, policy, routes, **kw):
+    try:
+        return stack.start_idem_envoy(workdir, upstream_port, policy, routes=routes, **kw)
+    except stack.StackError as e:
+        pytest.fail(str(e), pytrace=False)

@@ -1,0 +1,81 @@
+"""Scoping and replay hygiene: whose answer, which headers, how big."""
+
+from conftest import new_key
+from idemtest import (assert_first_seen_at, assert_local, assert_replay_of, assert_upstream_answer, counters, delta,
+                      describe, post)
+
+CREATE = "/api/order/create"
+
+
+def test_other_authorization_never_receives_anothers_response(idem, upstream):
+    key = new_key()
+    alice = post(idem, CREATE, key, auth="Bearer alice")
+    ja = assert_upstream_answer(alice, key=key, n=1)
+    assert ja["authorization"] == "Bearer alice"
+
+    bob = post(idem, CREATE, key, auth="Bearer bob")
+    jb = assert_upstream_answer(bob, key=key, n=2)  # a fresh execution for bob, not alice's replay
+    assert jb["authorization"] == "Bearer bob", describe(bob)
+    assert bob.body != alice.body
+
+    anonymous = post(idem, CREATE, key)  # no Authorization at all is yet another caller
+    jn = assert_upstream_answer(anonymous, key=key, n=3)
+    assert jn["authorization"] is None
+
+    assert_replay_of(post(idem, CREATE, key, auth="Bearer alice"), alice)
+    assert_replay_of(post(idem, CREATE, key, auth="Bearer bob"), bob)
+    assert upstream.calls(key) == 3
+
+
+def test_set_cookie_is_not_replayed(idem, upstream):
+    key = new_key()
+    headers = {"x-demo-set-cookie": "session=s3cr3t; Path=/; HttpOnly"}
+    first = post(idem, CREATE, key, headers=headers)
+    assert_upstream_answer(first, key=key, n=1)
+    assert first.header("set-cookie") == "session=s3cr3t; Path=/; HttpOnly", describe(first)
+    again = post(idem, CREATE, key, headers=headers)
+    assert_replay_of(again, first)
+    assert again.header_all("set-cookie") == [], "set-cookie replayed: %s" % describe(again)
+    # other response headers are replayed
+    assert again.header("x-order-id") == first.header("x-order-id"), describe(again)
+    assert again.header("cache-control") == "no-store", describe(again)
+    # content-length is Envoy's own, and matches the body
+    assert again.header("content-length") in (None, str(len(again.body))), describe(again)
+    assert upstream.calls(key) == 1
+
+
+def test_oversized_response_becomes_a_tombstone(idem, upstream):
+    key = new_key()
+    before = counters(idem, "tombstone")
+    headers = {"x-demo-body-bytes": "4096"}
+    first = post(idem, "/t/tombstone", key, headers=headers)
+    j = assert_upstream_answer(first, key=key, n=1)
+    assert len(first.body) > 4096 and len(j["padding"]) == 4096
+    again = post(idem, "/t/tombstone", key, headers=headers)
+    jd = assert_local(again, 409, "DUPLICATE_REQUEST")
+    assert_first_seen_at(jd, again)
+    assert again.header("idempotent-replayed") is None
+    assert upstream.calls(key) == 1, "a tombstoned key ran the business again"
+    # a small answer on the same route is still replayed
+    small = new_key()
+    first_small = post(idem, "/t/tombstone", small)
+    assert_replay_of(post(idem, "/t/tombstone", small), first_small)
+    d = delta(before, counters(idem, "tombstone"))
+    assert d.get("tombstoned") == 1, "counters moved by %s" % d
+
+
+def test_replay_keeps_status_and_json_body_exactly(idem, upstream):
+    key = new_key()
+    first = post(idem, CREATE, key, headers={"x-demo-status": "202"}, body={"名前": "注文", "qty": 3})
+    assert_upstream_answer(first, key=key, status=202)
+    again = post(idem, CREATE, key, headers={"x-demo-status": "202"}, body={"名前": "注文", "qty": 3})
+    assert_replay_of(again, first)
+    assert again.json() == first.json()
+
+
+def test_duplicate_answer_is_never_a_5xx(idem, upstream):
+    key = new_key()
+    post(idem, "/t/reject", key)
+    r = post(idem, "/t/reject", key)
+    assert 200 <= r.status < 500, describe(r)
+    assert_local(r, 409, "ORDER_ALREADY_SUBMITTED")

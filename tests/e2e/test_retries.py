@@ -1,0 +1,186 @@
+"""Concurrency, failures and retries: exactly-once execution behind the gateway."""
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import new_key
+from idemtest import (assert_local, assert_replay_of, assert_upstream_answer, counters, delta, describe, post,
+                      wait_for)
+
+CREATE = "/api/order/create"
+
+
+def test_100_concurrent_identical_requests_execute_once(idem, upstream):
+    key = new_key()
+    n = 100
+    barrier = threading.Barrier(n)
+    headers = {"x-demo-delay-ms": "400"}
+
+    def one(_):
+        barrier.wait(10)
+        return post(idem, CREATE, key, headers=headers, timeout=30)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        answers = list(pool.map(one, range(n)))
+
+    assert upstream.calls(key) == 1, "upstream executed %d times for one key" % upstream.calls(key)
+    fresh = [r for r in answers if r.status == 200 and r.header("idempotent-replayed") is None]
+    assert len(fresh) == 1, "expected exactly one fresh upstream answer, got %d: %s" % (
+        len(fresh), [describe(r) for r in fresh[:3]])
+    first = fresh[0]
+    assert_upstream_answer(first, key=key, n=1)
+    in_progress = replays = 0
+    for r in answers:
+        if r is first:
+            continue
+        if r.status == 409:
+            assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+            in_progress += 1
+        else:
+            assert_replay_of(r, first)
+            replays += 1
+    assert in_progress + replays == n - 1
+    print("100 concurrent: 1 forwarded, %d in progress (409), %d replays" % (in_progress, replays))
+
+
+def test_5xx_releases_the_claim_and_the_retry_runs(idem, upstream):
+    key = new_key()
+    before = counters(idem, "create-order")
+    first = post(idem, CREATE, key, headers={"x-demo-fail-first": "1"})
+    assert first.status == 500, describe(first)
+    retry = post(idem, CREATE, key, headers={"x-demo-fail-first": "1"})
+    assert_upstream_answer(retry, key=key, n=2)
+    assert upstream.calls(key) == 2
+    # the successful answer is the one remembered
+    assert_replay_of(post(idem, CREATE, key, headers={"x-demo-fail-first": "1"}), retry)
+    assert upstream.calls(key) == 2
+    assert delta(before, counters(idem, "create-order")).get("released", 0) >= 1
+
+
+def test_forgotten_status_409_releases_the_claim(idem, upstream):
+    key = new_key()
+    first = post(idem, CREATE, key, headers={"x-demo-status": "409"})
+    assert first.status == 409 and first.json().get("order_id"), describe(first)
+    second = post(idem, CREATE, key, headers={"x-demo-status": "409"})
+    assert second.status == 409 and second.header("idempotent-replayed") is None, describe(second)
+    assert upstream.calls(key) == 2
+
+
+def test_4xx_answer_is_remembered(idem, upstream):
+    key = new_key()
+    first = post(idem, CREATE, key, headers={"x-demo-status": "400"})
+    assert first.status == 400 and first.json().get("order_id"), describe(first)
+    assert_replay_of(post(idem, CREATE, key, headers={"x-demo-status": "400"}), first)
+    assert upstream.calls(key) == 1
+
+
+def _client_gives_up(env, path, key, delay_ms, client_timeout):
+    """Send a request and abandon it after client_timeout seconds (closing the connection)."""
+    try:
+        post(env, path, key, headers={"x-demo-delay-ms": str(delay_ms)}, timeout=client_timeout)
+    except (socket.timeout, TimeoutError):
+        return "timed out"
+    raise AssertionError("the request was expected to time out on the client side")
+
+
+def test_client_timeout_and_retries_never_execute_twice(idem, upstream):
+    """SDK times out (1 s) while the upstream still works (3 s), then retries with the same key."""
+    key = new_key()
+    before = counters(idem, "create-order")
+    started = time.monotonic()
+    assert _client_gives_up(idem, CREATE, key, 3000, 1.0) == "timed out"
+    assert upstream.calls(key) == 1
+    statuses = []
+    # retries while the upstream is still working ...
+    while time.monotonic() - started < 2.5:
+        r = post(idem, CREATE, key, headers={"x-demo-delay-ms": "3000"}, timeout=10)
+        assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+        statuses.append(r.status)
+        time.sleep(0.3)
+    # ... and after it finished (its answer went nowhere: the outcome is unknown to the gateway,
+    # so the claim stays held until lock_ttl = 30 s)
+    time.sleep(max(0.0, 3.8 - (time.monotonic() - started)))
+    r = post(idem, CREATE, key, headers={"x-demo-delay-ms": "3000"}, timeout=10)
+    assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+    assert upstream.calls(key) == 1, "the business ran %d times" % upstream.calls(key)
+    assert len(statuses) >= 1
+    d = delta(before, counters(idem, "create-order"))
+    assert d.get("held", 0) >= 1, "claim not counted as held: %s" % d
+
+
+def test_upstream_timeout_holds_the_claim(idem, upstream):
+    """Envoy's route timeout (1 s) fires while the upstream works (2.5 s): 504, outcome unknown."""
+    key = new_key()
+    before = counters(idem, "timeouts")
+    first = post(idem, "/t/timeouts", key, headers={"x-demo-delay-ms": "2500"})
+    assert first.status == 504, describe(first)
+    r = post(idem, "/t/timeouts", key, headers={"x-demo-delay-ms": "10"})
+    assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+    time.sleep(2.0)  # the upstream has finished its (first and only) execution
+    r = post(idem, "/t/timeouts", key, headers={"x-demo-delay-ms": "10"})
+    assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+    assert upstream.calls(key) == 1
+    d = delta(before, counters(idem, "timeouts"))
+    assert d.get("held", 0) >= 1 and d.get("released", 0) == 0, "counters moved by %s" % d
+
+
+def test_upstream_reset_holds_the_claim(idem, upstream):
+    key = new_key()
+    first = post(idem, CREATE, key, headers={"x-demo-reset": "1"})
+    assert first.status in (502, 503), describe(first)
+    r = post(idem, CREATE, key, headers={"x-demo-reset": "1"})
+    assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+    assert upstream.calls(key) == 1
+
+
+def test_expired_lease_lets_a_retry_take_over(idem, upstream):
+    """lock_ttl = 2s: after the lease of an abandoned request ends, a retry runs."""
+    key = new_key()
+    assert _client_gives_up(idem, "/t/short-lease", key, 1000, 0.5) == "timed out"
+    r = post(idem, "/t/short-lease", key)
+    assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+    time.sleep(3.0)
+    retry = post(idem, "/t/short-lease", key)
+    assert_upstream_answer(retry, key=key, n=2)
+    assert_replay_of(post(idem, "/t/short-lease", key), retry)
+    assert upstream.calls(key) == 2
+
+
+def test_store_full_of_in_flight_claims_is_503_then_recovers(make_envoy, upstream):
+    policy = """
+[shared]
+buckets = 1
+entries_per_bucket = 2
+max_response_bytes = 4096
+
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+"""
+    env = make_envoy(policy)
+    keys = [new_key() for _ in range(2)]
+    results = {}
+
+    def slow(k):
+        results[k] = post(env, CREATE, k, headers={"x-demo-delay-ms": "2500"}, timeout=20)
+
+    threads = [threading.Thread(target=slow, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: all(upstream.calls(k) == 1 for k in keys), 10, what="both claims in flight")
+        third = new_key()
+        r = post(env, CREATE, third)
+        assert_local(r, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+        assert upstream.calls(third) == 0
+    finally:
+        for t in threads:
+            t.join(30)
+    for k in keys:
+        assert_upstream_answer(results[k], key=k, n=1)
+    # completed entries can be evicted: new keys work again
+    fourth = new_key()
+    assert_upstream_answer(post(env, CREATE, fourth), key=fourth, n=1)
+    assert counters(env, "create-order").get("store_error", 0) >= 1
