@@ -396,14 +396,22 @@ class Envoy:
         return request(self.admin_port, "GET", path, timeout=timeout)
 
     def stats(self, prefix="idem."):
-        """Counters/gauges whose name starts with prefix, as {name: int}."""
-        r = self.admin("/stats?filter=" + urllib.parse.quote("^" + prefix.replace(".", "\\.")))
+        """Stats whose name starts with prefix, as {name: int}.
+
+        Envoy 1.40's admin /stats lists Wasm-defined metrics as `wasmcustom.<name>` (the prefix is
+        stripped only in the Prometheus output), so `wasmcustom.` is accepted and removed here.
+        """
+        pattern = "^(wasmcustom\\.)?" + re.escape(prefix)
+        r = self.admin("/stats?filter=" + urllib.parse.quote(pattern))
         out = {}
         for line in r.body.decode(errors="replace").splitlines():
             name, sep, value = line.partition(": ")
             if sep:
+                name = name.strip()
+                if name.startswith("wasmcustom."):
+                    name = name[len("wasmcustom."):]
                 try:
-                    out[name.strip()] = int(value.strip())
+                    out[name] = int(value.strip())
                 except ValueError:
                     pass
         return out
