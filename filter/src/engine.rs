@@ -1,15 +1,18 @@
 //! The decision engine: for a request on a policy route, forward it (with a claim) or answer it;
 //! for a forwarded request, decide what its outcome does to the claim.
 //!
-//! Host-independent: the glue feeds it a [`RequestView`] and a [`Host`], and carries out the
-//! returned [`Verdict`].
+//! Host-independent and store-independent: a decision is split around the one store operation it
+//! needs ([`Engine::begin`] → store → [`Engine::after_claim`] / [`Engine::after_token`]), so the
+//! shared store runs it in one call ([`Engine::decide_shared`]) and the Redis store across a Webdis
+//! callout, with the same answers.
 
 use crate::fingerprint::fingerprint;
 use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
-use crate::policy::{Bundle, Mode, OnCompleted, RoutePolicy};
+use crate::policy::{Bundle, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind};
 use crate::response::{self, LocalReply, StoredResponse};
-use crate::store::{Claim, Completion, SharedStore, StoreError, Ticket};
+use crate::store::shared::SharedStore;
+use crate::store::{redis, shared, Claim, Completion, StoreError, TokenUse};
 
 /// Every outcome the filter counts, as `idem.<route>.<name>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +33,15 @@ pub enum Outcome {
     LeaseLost,
     NoKey,
     ShadowWouldBlock,
+    Waited,
+    TokenIssued,
+    TokenConsumed,
+    TokenRejected,
+    TokenRestored,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 21] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::RejectedDuplicate,
@@ -50,6 +58,11 @@ impl Outcome {
         Outcome::LeaseLost,
         Outcome::NoKey,
         Outcome::ShadowWouldBlock,
+        Outcome::Waited,
+        Outcome::TokenIssued,
+        Outcome::TokenConsumed,
+        Outcome::TokenRejected,
+        Outcome::TokenRestored,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +83,11 @@ impl Outcome {
             Outcome::LeaseLost => "lease_lost",
             Outcome::NoKey => "no_key",
             Outcome::ShadowWouldBlock => "shadow_would_block",
+            Outcome::Waited => "waited",
+            Outcome::TokenIssued => "token_issued",
+            Outcome::TokenConsumed => "token_consumed",
+            Outcome::TokenRejected => "token_rejected",
+            Outcome::TokenRestored => "token_restored",
         }
     }
 
@@ -78,12 +96,32 @@ impl Outcome {
     }
 }
 
+/// A store's proof of ownership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreTicket {
+    Shared(shared::Ticket),
+    Redis(redis::Ticket),
+}
+
+/// What a forwarded request holds until it finishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ticket {
+    /// A key claim: complete it with the response, or release it.
+    Claim(StoreTicket),
+    /// A consumed token: restore it if the upstream failed (and the route says so).
+    Token(StoreTicket),
+}
+
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Let it through; with a ticket, its outcome must be reported with [`Engine::finish`].
+    /// Let it through; with a ticket, its outcome must be reported when it ends.
     Forward(Option<Ticket>),
     Reply(LocalReply),
+    /// Hold it (`on_in_flight = "wait"`) and ask the store again until `deadline_ms`.
+    Wait {
+        deadline_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,8 +130,32 @@ pub struct Verdict {
     pub action: Action,
     /// Why, for the log line (e.g. `completed`, `in_flight`, `fingerprint_mismatch`).
     pub cause: String,
-    /// The client's key, for the (truncated) log line.
+    /// The client's key or token, for the (truncated) log line.
     pub key: Option<String>,
+}
+
+/// A request ready for its store operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub route: usize,
+    pub op: StoreOp,
+    /// The client's key or token (for logs only; never stored).
+    pub key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreOp {
+    Claim { id: [u8; 32], fingerprint: [u8; 32] },
+    UseToken { id: [u8; 32] },
+}
+
+/// The first step of a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// Decided without the store.
+    Done(Verdict),
+    /// Needs one store operation.
+    Store(Prepared),
 }
 
 /// How a forwarded request ended, as the glue observed it.
@@ -107,36 +169,65 @@ pub enum Ending {
     NoResponse { forwarded: bool },
 }
 
+/// The store operation that finishing a ticket needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// Nothing to write; count `outcome` (if any).
+    Nothing { outcome: Option<Outcome>, cause: String },
+    /// Free the claim so a retry runs.
+    Release { cause: String },
+    /// Remember the response (a tombstone when over `max_response_bytes`).
+    Complete { response: StoredResponse, max_response_bytes: usize, ttl_ms: u64, cause: String },
+    /// Put the token back so the user's retry passes.
+    RestoreToken { cause: String },
+}
+
+/// A token issue request: which route the token is for, or the answer when it cannot be issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Issue {
+    Token { route: usize, token: String, id: [u8; 32] },
+    Reply { route: Option<usize>, reply: LocalReply, cause: String },
+}
+
 pub struct Engine {
     pub bundle: Bundle,
-    store: SharedStore,
+    shared: SharedStore,
 }
 
 impl Engine {
     pub fn new(bundle: Bundle) -> Self {
-        let store = SharedStore::new(&bundle.shared);
-        Engine { bundle, store }
+        let shared = SharedStore::new(&bundle.shared);
+        Engine { bundle, shared }
     }
 
-    /// Creates the store's bucket keys; call when the plugin configures.
+    /// Creates the shared store's bucket keys; call when the plugin configures.
     pub fn initialise(&self, host: &dyn Host) -> Result<u32, StoreError> {
-        self.store.initialise(host)
+        self.shared.initialise(host)
     }
 
     pub fn policy(&self, route: usize) -> Option<&RoutePolicy> {
         self.bundle.routes.get(route)
     }
 
-    /// Answers what can be answered from the headers alone: a header or query key that is
-    /// missing or malformed. `None` means: go on (buffer the body if the policy needs it).
+    pub fn redis(&self) -> Option<redis::RedisStore<'_>> {
+        self.bundle.redis.as_ref().map(redis::RedisStore::new)
+    }
+
+    /// Whether any route holds duplicates (the root context then polls on a timer).
+    pub fn has_waiters(&self) -> bool {
+        self.bundle.routes.iter().any(|r| r.mode != Mode::Token && r.key.on_in_flight == OnInFlight::Wait)
+    }
+
+    /// Answers what can be answered from the headers alone: a header or query key, or a token,
+    /// that is missing or malformed. `None` means: go on (buffer the body if the policy needs it).
     pub fn precheck(&self, route: usize, req: &dyn RequestView) -> Option<Verdict> {
         let policy = self.policy(route)?;
-        if policy.key.from == crate::policy::KeySource::Body {
+        if policy.needs_body() && policy.key.from == crate::policy::KeySource::Body {
             return None;
         }
-        match key::extract(&policy.key, req) {
-            Ok(_) => None,
-            Err(e) => Some(self.key_error(policy, e)),
+        match self.begin(route, req)? {
+            Begin::Done(v) => Some(v),
+            Begin::Store(_) => None,
         }
     }
 
@@ -152,136 +243,395 @@ impl Engine {
         Some(shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None))
     }
 
-    /// The full decision for a request whose key (and body, if needed) is available.
-    pub fn decide(&self, host: &dyn Host, route: usize, req: &dyn RequestView) -> Option<Verdict> {
+    /// Reads the key (or token) and prepares the store operation.
+    pub fn begin(&self, route: usize, req: &dyn RequestView) -> Option<Begin> {
         let policy = self.policy(route)?;
+        if policy.mode == Mode::Token {
+            let header = policy.token.header.to_ascii_lowercase();
+            let token = match req.header(&header).map(|t| key::parse_sf_string(&t)) {
+                Some(Ok(t)) if key::validate(&t).is_ok() => t,
+                Some(_) => {
+                    let reply = response::json_reply(
+                        400,
+                        "IDEMPOTENCY_TOKEN_INVALID",
+                        &format!("header {} is not a valid token", policy.token.header),
+                        &[],
+                    );
+                    return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "invalid_token", None)));
+                }
+                None => {
+                    let reply = response::json_reply(
+                        400,
+                        "IDEMPOTENCY_TOKEN_MISSING",
+                        &format!(
+                            "header {} is missing; get a token from POST {}",
+                            policy.token.header, policy.token.issue_path
+                        ),
+                        &[],
+                    );
+                    return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "missing_token", None)));
+                }
+            };
+            let id = token_id(policy, &token, req);
+            return Some(Begin::Store(Prepared { route, op: StoreOp::UseToken { id }, key: token }));
+        }
         let client_key = match key::extract(&policy.key, req) {
             Ok(k) => k,
-            Err(e) => return Some(self.key_error(policy, e)),
+            Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
         let id = key::scoped_id(&policy.name, &policy.key.scope, &client_key, req);
         let fp = fingerprint(&policy.key, req);
+        Some(Begin::Store(Prepared { route, op: StoreOp::Claim { id, fingerprint: fp }, key: client_key }))
+    }
+
+    /// The whole decision on the shared store (synchronous).
+    pub fn decide_shared(&self, host: &dyn Host, route: usize, req: &dyn RequestView) -> Option<Verdict> {
+        match self.begin(route, req)? {
+            Begin::Done(v) => Some(v),
+            Begin::Store(p) => Some(self.run_shared(host, &p, None)),
+        }
+    }
+
+    /// Runs a prepared operation on the shared store. `waiting_until` is set when polling for a
+    /// held duplicate.
+    pub fn run_shared(&self, host: &dyn Host, p: &Prepared, waiting_until: Option<u64>) -> Verdict {
         let now = host.now_ms();
-        let claim = match self.store.claim(host, &id, &fp, policy.key.lock_ttl.millis) {
-            Ok(c) => c,
-            Err(e) => {
-                let reply = response::json_reply(
-                    503,
-                    "IDEMPOTENCY_STORE_UNAVAILABLE",
-                    "the idempotency store is unavailable; retry later",
-                    &[],
-                );
-                return Some(shadowed(policy, Outcome::StoreError, reply, e.to_string(), Some(client_key)));
+        match &p.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let lock_ttl = self.policy(p.route).map(|r| r.key.lock_ttl.millis).unwrap_or(1);
+                let claim = self.shared.claim(host, id, fingerprint, lock_ttl);
+                let claim = claim.map(|c| c.map(StoreTicket::Shared));
+                self.after_claim(p, claim, now, waiting_until)
             }
+            StoreOp::UseToken { id } => {
+                let used = self.shared.use_token(host, id).map(|u| u.map(StoreTicket::Shared));
+                self.after_token(p, used)
+            }
+        }
+    }
+
+    /// The verdict for what a claim found.
+    pub fn after_claim(
+        &self,
+        p: &Prepared,
+        claim: Result<Claim<StoreTicket>, StoreError>,
+        now: u64,
+        waiting_until: Option<u64>,
+    ) -> Verdict {
+        let Some(policy) = self.policy(p.route) else {
+            return verdict(Outcome::StoreError, store_unavailable(), "unknown route", None);
         };
-        let reused = || {
-            response::json_reply(
-                422,
-                "IDEMPOTENCY_KEY_REUSED",
-                "this idempotency key was already used with a different request",
-                &[],
-            )
+        let k = Some(p.key.clone());
+        let claim = match claim {
+            Ok(c) => c,
+            Err(e) => return self.store_error(policy, e, k),
         };
-        let k = Some(client_key);
-        Some(match claim {
+        let waited = waiting_until.is_some();
+        match claim {
             Claim::Claimed(ticket) => Verdict {
-                outcome: Outcome::Forwarded,
-                action: Action::Forward(Some(ticket)),
-                cause: "first".into(),
+                outcome: if waited { Outcome::Waited } else { Outcome::Forwarded },
+                action: Action::Forward(Some(Ticket::Claim(ticket))),
+                cause: if waited { "took_over_after_wait".into() } else { "first".into() },
                 key: k,
             },
             Claim::InFlight { same_payload: false, .. } | Claim::Completed { same_payload: false, .. } => {
-                shadowed(policy, Outcome::KeyReused, reused(), "fingerprint_mismatch".into(), k)
+                let reply = response::json_reply(
+                    422,
+                    "IDEMPOTENCY_KEY_REUSED",
+                    "this idempotency key was already used with a different request",
+                    &[],
+                );
+                shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
             }
-            Claim::InFlight { first_seen_ms, lease_ends_ms, .. } => shadowed(
-                policy,
-                Outcome::InFlight,
-                response::in_progress(first_seen_ms, now, lease_ends_ms),
-                "in_flight".into(),
-                k,
-            ),
+            Claim::InFlight { first_seen_ms, lease_ends_ms, .. } => {
+                let wait = policy.key.on_in_flight == OnInFlight::Wait && policy.mode == Mode::Key;
+                let deadline = waiting_until.unwrap_or(now.saturating_add(policy.key.wait_timeout.millis));
+                if wait && now < deadline {
+                    return Verdict {
+                        outcome: Outcome::InFlight,
+                        action: Action::Wait { deadline_ms: deadline },
+                        cause: "in_flight_waiting".into(),
+                        key: k,
+                    };
+                }
+                let cause = if waited { "in_flight_wait_timeout" } else { "in_flight" };
+                let reply = response::in_progress(first_seen_ms, now, lease_ends_ms);
+                shadowed(policy, Outcome::InFlight, reply, cause.into(), k)
+            }
             Claim::Completed { response: Some(stored), .. } if policy.key.on_completed == OnCompleted::Replay => {
-                shadowed(policy, Outcome::Replayed, stored.replay(), "completed".into(), k)
+                let cause = if waited { "completed_while_waiting" } else { "completed" };
+                shadowed(policy, Outcome::Replayed, stored.replay(), cause.into(), k)
             }
             Claim::Completed { first_seen_ms, response, .. } => {
                 let cause = if response.is_none() { "tombstone" } else { "completed" };
-                shadowed(
-                    policy,
-                    Outcome::RejectedDuplicate,
-                    response::duplicate(&policy.duplicate, first_seen_ms),
-                    cause.into(),
-                    k,
-                )
-            }
-        })
-    }
-
-    fn key_error(&self, policy: &RoutePolicy, e: KeyError) -> Verdict {
-        match e {
-            KeyError::Missing(_) if !policy.key.required => Verdict {
-                outcome: Outcome::NoKey,
-                action: Action::Forward(None),
-                cause: "no_key_not_required".into(),
-                key: None,
-            },
-            KeyError::Missing(why) => {
-                let reply = response::json_reply(400, "IDEMPOTENCY_KEY_MISSING", &why, &[]);
-                shadowed(policy, Outcome::MissingKey, reply, "missing_key".into(), None)
-            }
-            KeyError::Invalid(why) => {
-                let reply = response::json_reply(400, "IDEMPOTENCY_KEY_INVALID", &why, &[]);
-                shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
+                let reply = response::duplicate(&policy.duplicate, Some(first_seen_ms));
+                shadowed(policy, Outcome::RejectedDuplicate, reply, cause.into(), k)
             }
         }
     }
 
-    /// Records how a forwarded request ended. Returns the outcome to count, with its cause.
-    pub fn finish(&self, host: &dyn Host, route: usize, ticket: &Ticket, ending: Ending) -> (Outcome, String) {
+    /// The verdict for what presenting a token found.
+    pub fn after_token(&self, p: &Prepared, used: Result<TokenUse<StoreTicket>, StoreError>) -> Verdict {
+        let Some(policy) = self.policy(p.route) else {
+            return verdict(Outcome::StoreError, store_unavailable(), "unknown route", None);
+        };
+        let k = Some(p.key.clone());
+        match used {
+            Err(e) => self.store_error(policy, e, k),
+            Ok(TokenUse::Consumed(t)) => Verdict {
+                outcome: Outcome::TokenConsumed,
+                action: Action::Forward(Some(Ticket::Token(t))),
+                cause: "token_valid".into(),
+                key: k,
+            },
+            Ok(TokenUse::Used { used_at_ms }) => Verdict {
+                outcome: Outcome::TokenRejected,
+                action: Action::Reply(response::duplicate(&policy.duplicate, Some(used_at_ms))),
+                cause: "token_used".into(),
+                key: k,
+            },
+            Ok(TokenUse::Unknown) => Verdict {
+                outcome: Outcome::TokenRejected,
+                action: Action::Reply(response::duplicate(&policy.duplicate, None)),
+                cause: "token_unknown_or_expired".into(),
+                key: k,
+            },
+        }
+    }
+
+    fn store_error(&self, policy: &RoutePolicy, e: StoreError, key: Option<String>) -> Verdict {
+        let allow = policy.store == StoreKind::Redis
+            && self.bundle.redis.as_ref().is_some_and(|r| r.on_store_error == OnStoreError::Allow);
+        if allow {
+            return Verdict {
+                outcome: Outcome::StoreError,
+                action: Action::Forward(None),
+                cause: format!("allowed_unprotected: {e}"),
+                key,
+            };
+        }
+        shadowed(policy, Outcome::StoreError, store_unavailable(), e.to_string(), key)
+    }
+
+    /// What finishing a ticket must do, whatever the store.
+    pub fn plan_finish(&self, route: usize, ticket: &Ticket, ending: &Ending) -> Finish {
         let Some(policy) = self.policy(route) else {
-            return (Outcome::StoreError, "unknown route".into());
+            return Finish::Nothing { outcome: None, cause: "unknown route".into() };
         };
-        let release = |cause: String| match self.store.release(host, ticket) {
-            Ok(true) => (Outcome::Released, cause),
-            Ok(false) => (Outcome::LeaseLost, format!("{cause}; lease already taken over")),
-            Err(e) => (Outcome::StoreError, format!("{cause}; release failed: {e}")),
-        };
-        match ending {
-            Ending::NoResponse { forwarded: false } => release("not_forwarded".into()),
+        let result = classify(ending);
+        if let Ticket::Token(_) = ticket {
+            return match result {
+                Ended::Failed(cause) if policy.token.restore_on_failure => Finish::RestoreToken { cause },
+                Ended::Failed(cause) | Ended::Unknown(cause) => Finish::Nothing { outcome: None, cause },
+                Ended::Answered => Finish::Nothing { outcome: None, cause: String::new() },
+            };
+        }
+        match (result, ending) {
+            (Ended::Failed(cause), _) => Finish::Release { cause },
             // The service may have done the work: keep the claim until its lease ends.
-            Ending::NoResponse { forwarded: true } => (Outcome::Held, "no_response".into()),
-            Ending::Response { status, details, .. } if !is_upstream_answer(&details) && status >= 500 => {
-                if never_reached_upstream(&details) {
-                    release(format!("upstream_unreachable:{details}"))
-                } else {
-                    (Outcome::Held, format!("outcome_unknown:{details}"))
-                }
+            (Ended::Unknown(cause), _) => Finish::Nothing { outcome: Some(Outcome::Held), cause },
+            (Ended::Answered, Ending::Response { status, .. }) if !policy.key.remembers(*status) => {
+                Finish::Release { cause: format!("status_{status}") }
             }
-            Ending::Response { status, .. } if !policy.key.remembers(status) => release(format!("status_{status}")),
-            Ending::Response { status, headers, body, .. } => {
-                let stored = StoredResponse::new(status, headers, body.clone().unwrap_or_default());
+            (Ended::Answered, Ending::Response { status, headers, body, .. }) => {
                 // A body we did not see whole is remembered as a tombstone: status only.
                 let limit = if body.is_some() { policy.max_response_bytes as usize } else { 0 };
-                match self.store.complete(host, ticket, &stored, limit, policy.key.ttl.millis) {
-                    Ok(Completion::Stored) => (Outcome::Stored, format!("status_{status}")),
-                    Ok(Completion::Tombstoned) => (Outcome::Tombstoned, format!("status_{status}")),
-                    Ok(Completion::LostOwnership) => (Outcome::LeaseLost, "lease_expired".into()),
-                    Err(e) => (Outcome::StoreError, format!("complete failed: {e}")),
+                Finish::Complete {
+                    response: StoredResponse::new(*status, headers.clone(), body.clone().unwrap_or_default()),
+                    max_response_bytes: limit,
+                    ttl_ms: policy.key.ttl.millis,
+                    cause: format!("status_{status}"),
                 }
             }
+            (Ended::Answered, Ending::NoResponse { .. }) => Finish::Nothing { outcome: None, cause: String::new() },
         }
+    }
+
+    /// Finishes a ticket on the shared store. Returns the outcome to count (if any) and its cause.
+    pub fn finish_shared(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        ticket: &Ticket,
+        ending: Ending,
+    ) -> (Option<Outcome>, String) {
+        let (Ticket::Claim(StoreTicket::Shared(t)) | Ticket::Token(StoreTicket::Shared(t))) = ticket else {
+            return (Some(Outcome::StoreError), "not a shared-store ticket".into());
+        };
+        match self.plan_finish(route, ticket, &ending) {
+            Finish::Nothing { outcome, cause } => (outcome, cause),
+            Finish::Release { cause } => released(self.shared.release(host, t), cause),
+            Finish::RestoreToken { cause } => restored(self.shared.restore_token(host, t), cause),
+            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
+                completed(self.shared.complete(host, t, &response, max_response_bytes, ttl_ms), cause)
+            }
+        }
+    }
+
+    /// The token issue endpoint: which route, a fresh token, or the answer when none is issued.
+    /// `random` supplies 16 random bytes.
+    pub fn issue(&self, method: &str, path: &str, req: &dyn RequestView, random: [u8; 16]) -> Option<Issue> {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        let routes: Vec<usize> = (0..self.bundle.routes.len())
+            .filter(|&i| self.bundle.routes[i].mode == Mode::Token && self.bundle.routes[i].token.issue_path == bare)
+            .collect();
+        let first = *routes.first()?;
+        if method != "POST" {
+            let mut reply = response::json_reply(405, "METHOD_NOT_ALLOWED", "tokens are issued with POST", &[]);
+            reply.headers.push(("allow".into(), "POST".into()));
+            return Some(Issue::Reply { route: Some(first), reply, cause: "method_not_allowed".into() });
+        }
+        let route = if routes.len() == 1 {
+            first
+        } else {
+            let wanted = key::query_param(path, "route");
+            match routes.iter().find(|&&i| Some(&self.bundle.routes[i].name) == wanted.as_ref()) {
+                Some(&i) => i,
+                None => {
+                    let names: Vec<&str> = routes.iter().map(|&i| self.bundle.routes[i].name.as_str()).collect();
+                    let reply = response::json_reply(
+                        400,
+                        "IDEMPOTENCY_TOKEN_ROUTE_REQUIRED",
+                        &format!("several routes issue tokens here; add ?route= one of: {}", names.join(", ")),
+                        &[],
+                    );
+                    return Some(Issue::Reply { route: None, reply, cause: "route_required".into() });
+                }
+            }
+        };
+        let policy = self.policy(route)?;
+        let token = redis::token_text(&random);
+        let id = token_id(policy, &token, req);
+        Some(Issue::Token { route, token, id })
+    }
+
+    /// Records an issued token on the shared store.
+    pub fn issue_shared(&self, host: &dyn Host, route: usize, id: &[u8; 32]) -> Result<(), StoreError> {
+        let ttl = self.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+        self.shared.issue_token(host, id, ttl)
+    }
+
+    /// The answer to a successful issue (or the store's failure).
+    pub fn issued(&self, route: usize, token: &str, now: u64, stored: Result<(), StoreError>) -> Verdict {
+        let Some(policy) = self.policy(route) else {
+            return verdict(Outcome::StoreError, store_unavailable(), "unknown route", None);
+        };
+        if let Err(e) = stored {
+            return verdict(Outcome::StoreError, store_unavailable(), &e.to_string(), None);
+        }
+        let ttl = policy.token.ttl.millis;
+        let mut reply = response::json_reply(
+            200,
+            "TOKEN_ISSUED",
+            "send this token once, in the named header",
+            &[
+                ("token", token.into()),
+                ("header", policy.token.header.clone().into()),
+                ("expires_at", response::rfc3339(now.saturating_add(ttl)).into()),
+                ("ttl_seconds", (ttl / 1000).into()),
+            ],
+        );
+        reply.headers.push(("cache-control".into(), "no-store".into()));
+        verdict(Outcome::TokenIssued, reply, "issued", Some(token.to_string()))
+    }
+}
+
+/// The stored identity of a token: route + caller scope + token, as for keys, in its own domain.
+fn token_id(policy: &RoutePolicy, token: &str, req: &dyn RequestView) -> [u8; 32] {
+    key::scoped_id(&format!("token:{}", policy.name), &policy.token.scope, token, req)
+}
+
+fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Option<String>) -> Verdict {
+    Verdict { outcome, action: Action::Reply(reply), cause: cause.into(), key }
+}
+
+fn store_unavailable() -> LocalReply {
+    response::json_reply(503, "IDEMPOTENCY_STORE_UNAVAILABLE", "the idempotency store is unavailable; retry later", &[])
+}
+
+fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
+    match e {
+        KeyError::Missing(_) if !policy.key.required => Verdict {
+            outcome: Outcome::NoKey,
+            action: Action::Forward(None),
+            cause: "no_key_not_required".into(),
+            key: None,
+        },
+        KeyError::Missing(why) => {
+            let reply = response::json_reply(400, "IDEMPOTENCY_KEY_MISSING", &why, &[]);
+            shadowed(policy, Outcome::MissingKey, reply, "missing_key".into(), None)
+        }
+        KeyError::Invalid(why) => {
+            let reply = response::json_reply(400, "IDEMPOTENCY_KEY_INVALID", &why, &[]);
+            shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
+        }
+    }
+}
+
+/// The outcome of a release, on either store.
+pub fn released(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(true) => (Some(Outcome::Released), cause),
+        Ok(false) => (Some(Outcome::LeaseLost), format!("{cause}; lease already taken over")),
+        Err(e) => (Some(Outcome::StoreError), format!("{cause}; release failed: {e}")),
+    }
+}
+
+/// The outcome of a token restore, on either store.
+pub fn restored(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(true) => (Some(Outcome::TokenRestored), cause),
+        Ok(false) => (None, format!("{cause}; token no longer ours")),
+        Err(e) => (Some(Outcome::StoreError), format!("{cause}; restore failed: {e}")),
+    }
+}
+
+/// The outcome of a completion, on either store.
+pub fn completed(r: Result<Completion, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(Completion::Stored) => (Some(Outcome::Stored), cause),
+        Ok(Completion::Tombstoned) => (Some(Outcome::Tombstoned), cause),
+        Ok(Completion::LostOwnership) => (Some(Outcome::LeaseLost), "lease_expired".into()),
+        Err(e) => (Some(Outcome::StoreError), format!("complete failed: {e}")),
     }
 }
 
 /// In shadow mode nothing is blocked: the would-be answer is only counted and logged.
 fn shadowed(policy: &RoutePolicy, outcome: Outcome, reply: LocalReply, cause: String, key: Option<String>) -> Verdict {
     match policy.mode {
-        Mode::Key => Verdict { outcome, action: Action::Reply(reply), cause, key },
+        Mode::Key | Mode::Token => Verdict { outcome, action: Action::Reply(reply), cause, key },
         Mode::Shadow => Verdict {
             outcome: Outcome::ShadowWouldBlock,
             action: Action::Forward(None),
             cause: format!("would_{}:{}", outcome.name(), cause),
             key,
         },
+    }
+}
+
+/// How a forwarded request ended, for the claim.
+enum Ended {
+    /// Definitely failed: the upstream answered 5xx, or the request never reached it.
+    Failed(String),
+    /// Forwarded, and no answer: the service may have done the work.
+    Unknown(String),
+    /// The upstream answered below 500.
+    Answered,
+}
+
+fn classify(ending: &Ending) -> Ended {
+    match ending {
+        Ending::NoResponse { forwarded: false } => Ended::Failed("not_forwarded".into()),
+        Ending::NoResponse { forwarded: true } => Ended::Unknown("no_response".into()),
+        Ending::Response { status, details, .. } if *status >= 500 && !is_upstream_answer(details) => {
+            if never_reached_upstream(details) {
+                Ended::Failed(format!("upstream_unreachable:{details}"))
+            } else {
+                Ended::Unknown(format!("outcome_unknown:{details}"))
+            }
+        }
+        Ending::Response { status, .. } if *status >= 500 => Ended::Failed(format!("status_{status}")),
+        Ending::Response { .. } => Ended::Answered,
     }
 }
 

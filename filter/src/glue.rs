@@ -1,18 +1,26 @@
-//! The proxy-wasm glue: Envoy callbacks in, [`Engine`] decisions out. No policy logic here.
+//! The proxy-wasm glue: Envoy callbacks in, [`Engine`] decisions out, Webdis calls carried. No
+//! policy logic here.
 //!
 //! Hostcalls go through `proxy_wasm::hostcalls`, which return `Result`; the SDK trait helpers that
 //! `unwrap()` are never used, and clippy denies `unwrap`/`expect`/`panic` in this crate.
+//!
+//! Held duplicates (`on_in_flight = "wait"`) have no timer of their own: the root context polls
+//! the store for them on its tick and acts on the held request with `set_effective_context`.
 
-use crate::engine::{Action as Do, Ending, Engine, Outcome, Verdict};
+use crate::engine::{
+    Action as Do, Begin, Ending, Engine, Finish, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
+};
 use crate::host::{Host, HostError};
 use crate::key::{truncated, RequestView};
-use crate::policy::parse_bundle;
-use crate::store::Ticket;
+use crate::policy::{parse_bundle, StoreKind};
+use crate::store::{redis, StoreError};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
@@ -20,6 +28,9 @@ proxy_wasm::main! {{
     }));
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { state: None }) });
 }}
+
+/// How often held duplicates are re-checked.
+const WAIT_POLL: Duration = Duration::from_millis(20);
 
 /// [`Host`] on Envoy's hostcalls.
 struct Envoy;
@@ -55,11 +66,25 @@ fn log(level: LogLevel, msg: &str) {
     let _ = hostcalls::log(level, msg);
 }
 
-/// What every HTTP context of this worker shares: the engine and the counter ids.
+/// A held duplicate, polled by the root context.
+struct Waiter {
+    prepared: Prepared,
+    deadline_ms: u64,
+    /// A Webdis poll is on its way (Redis routes).
+    polling: bool,
+}
+
+/// What every context of this worker shares.
 struct State {
     engine: Engine,
     /// `counters[route][outcome.index()]`
     counters: Vec<Vec<Option<u32>>>,
+    /// Held duplicates by HTTP context id.
+    waiters: RefCell<HashMap<u32, Waiter>>,
+    /// Root-context Webdis polls: callout token → (HTTP context id, the poll's claim ticket).
+    polls: RefCell<HashMap<u32, (u32, redis::Ticket)>>,
+    /// Tickets won by a waiter on the root's tick, picked up by its HTTP context.
+    handoff: RefCell<HashMap<u32, Ticket>>,
 }
 
 impl State {
@@ -68,13 +93,131 @@ impl State {
             let _ = hostcalls::increment_metric(*id, 1);
         }
     }
+
+    fn route_name(&self, route: usize) -> &str {
+        self.engine.policy(route).map(|p| p.name.as_str()).unwrap_or("?")
+    }
+
+    /// Counts and logs a verdict (one log line per interception).
+    fn record(&self, route: usize, v: &Verdict) {
+        self.count(route, v.outcome);
+        let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
+        let quiet = matches!(v.outcome, Outcome::Forwarded | Outcome::TokenConsumed | Outcome::TokenIssued)
+            || matches!(v.action, Do::Wait { .. });
+        let level = if quiet { LogLevel::Debug } else { LogLevel::Info };
+        log(
+            level,
+            &format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause),
+        );
+    }
+
+    fn record_finish(&self, route: usize, outcome: Option<Outcome>, cause: &str) {
+        if let Some(o) = outcome {
+            self.count(route, o);
+            if o != Outcome::Stored {
+                log(LogLevel::Info, &format!("idem: {} route={} cause={}", o.name(), self.route_name(route), cause));
+            }
+        }
+    }
+
+    /// Sends a Webdis command through the `[redis]` cluster.
+    fn dispatch(&self, cmd: &redis::Command) -> Result<u32, StoreError> {
+        let (Some(cfg), Some(store)) = (self.engine.bundle.redis.as_ref(), self.engine.redis()) else {
+            return Err(StoreError::Host("no [redis] table".into()));
+        };
+        let headers = store.headers();
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        hostcalls::dispatch_http_call(
+            &cfg.cluster,
+            headers,
+            Some(cmd.body.as_bytes()),
+            vec![],
+            Duration::from_millis(cfg.timeout.millis.max(1)),
+        )
+        .map_err(|s| StoreError::Host(format!("dispatch_http_call to cluster {}: {s:?}", cfg.cluster)))
+    }
+
+    /// A held request's verdict, acted on from the root context.
+    fn resolve_waiter(&self, ctx: u32, v: Verdict) {
+        let route = {
+            let mut waiters = self.waiters.borrow_mut();
+            match &v.action {
+                Do::Wait { .. } => {
+                    if let Some(w) = waiters.get_mut(&ctx) {
+                        w.polling = false;
+                    }
+                    return;
+                }
+                _ => match waiters.remove(&ctx) {
+                    Some(w) => w.prepared.route,
+                    None => return, // the client went away meanwhile
+                },
+            }
+        };
+        self.record(route, &v);
+        if hostcalls::set_effective_context(ctx).is_err() {
+            return;
+        }
+        match v.action {
+            Do::Forward(ticket) => {
+                if let Some(t) = ticket {
+                    self.handoff.borrow_mut().insert(ctx, t);
+                }
+                let _ = hostcalls::resume_http_request();
+            }
+            Do::Reply(r) => send(&r),
+            Do::Wait { .. } => {}
+        }
+    }
+}
+
+fn send(r: &crate::response::LocalReply) {
+    let headers: Vec<(&str, &str)> = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    if let Err(s) = hostcalls::send_http_response(u32::from(r.status), headers, Some(&r.body)) {
+        log(LogLevel::Error, &format!("idem: send_http_response failed: {s:?}"));
+    }
+}
+
+/// The callout reply being handled: HTTP status (0 when the callout failed) and body.
+fn call_response(num_headers: usize, body_size: usize) -> (u16, Vec<u8>) {
+    let status = if num_headers == 0 {
+        0
+    } else {
+        hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
+    (status, body)
 }
 
 struct Root {
     state: Option<Rc<State>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        let Some((ctx, ticket)) = state.polls.borrow_mut().remove(&token) else {
+            return;
+        };
+        let (status, body) = call_response(num_headers, body_size);
+        let pending = state.waiters.borrow().get(&ctx).map(|w| (w.prepared.clone(), w.deadline_ms));
+        let (Some((prepared, deadline)), Some(store)) = (pending, state.engine.redis()) else {
+            return;
+        };
+        let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
+            return;
+        };
+        let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
+        let v = state.engine.after_claim(&prepared, claim, Envoy.now_ms(), Some(deadline));
+        state.resolve_waiter(ctx, v);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -117,6 +260,12 @@ impl RootContext for Root {
                 return false;
             }
         }
+        if engine.has_waiters() {
+            if let Err(s) = hostcalls::set_tick_period(WAIT_POLL) {
+                log(LogLevel::Critical, &format!("idem: cannot start the wait timer: {s:?}"));
+                return false;
+            }
+        }
         let counters = engine
             .bundle
             .routes
@@ -130,20 +279,69 @@ impl RootContext for Root {
                     .collect()
             })
             .collect();
-        self.state = Some(Rc::new(State { engine, counters }));
+        self.state = Some(Rc::new(State {
+            engine,
+            counters,
+            waiters: RefCell::new(HashMap::new()),
+            polls: RefCell::new(HashMap::new()),
+            handoff: RefCell::new(HashMap::new()),
+        }));
         true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        let due: Vec<(u32, Prepared, u64)> = state
+            .waiters
+            .borrow()
+            .iter()
+            .filter(|(_, w)| !w.polling)
+            .map(|(ctx, w)| (*ctx, w.prepared.clone(), w.deadline_ms))
+            .collect();
+        for (ctx, prepared, deadline) in due {
+            let redis_route = state.engine.policy(prepared.route).is_some_and(|p| p.store == StoreKind::Redis);
+            if !redis_route {
+                let v = state.engine.run_shared(&Envoy, &prepared, Some(deadline));
+                state.resolve_waiter(ctx, v);
+                continue;
+            }
+            let (Some(store), StoreOp::Claim { id, fingerprint }) = (state.engine.redis(), &prepared.op) else {
+                continue;
+            };
+            let now = Envoy.now_ms();
+            let owner = Envoy.random_u64().unwrap_or(now);
+            let lock_ttl = state.engine.policy(prepared.route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
+            let (cmd, ticket) = store.claim(id, fingerprint, owner, now, lock_ttl);
+            match state.dispatch(&cmd) {
+                Ok(token) => {
+                    state.polls.borrow_mut().insert(token, (ctx, ticket));
+                    if let Some(w) = state.waiters.borrow_mut().get_mut(&ctx) {
+                        w.polling = true;
+                    }
+                }
+                Err(e) => {
+                    let v = state.engine.after_claim(&prepared, Err(e), now, Some(deadline));
+                    state.resolve_waiter(ctx, v);
+                }
+            }
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let state = self.state.clone()?;
         Some(Box::new(Request {
             state,
+            context_id,
             route: None,
             method: String::new(),
             path: String::new(),
             body: None,
             decided: false,
+            forwarded: false,
             ticket: None,
+            pending: None,
             response: None,
         }))
     }
@@ -153,7 +351,7 @@ impl RootContext for Root {
     }
 }
 
-/// The response being captured for a claimed request.
+/// The response being captured for a request that holds a ticket.
 struct Capture {
     status: u16,
     headers: Vec<(String, String)>,
@@ -162,14 +360,45 @@ struct Capture {
     details: String,
 }
 
+/// A Webdis call this HTTP context is waiting for.
+enum Pending {
+    Claim {
+        prepared: Prepared,
+        ticket: redis::Ticket,
+    },
+    UseToken {
+        prepared: Prepared,
+        ticket: redis::Ticket,
+    },
+    Issue {
+        route: usize,
+        token: String,
+    },
+    /// Finishing a ticket while the response is paused.
+    Finish {
+        route: usize,
+        kind: FinishKind,
+        cause: String,
+    },
+}
+
+enum FinishKind {
+    Release,
+    Complete { tombstone: bool },
+    Restore,
+}
+
 struct Request {
     state: Rc<State>,
+    context_id: u32,
     route: Option<usize>,
     method: String,
     path: String,
     body: Option<Vec<u8>>,
     decided: bool,
+    forwarded: bool,
     ticket: Option<Ticket>,
+    pending: Option<Pending>,
     response: Option<Capture>,
 }
 
@@ -189,63 +418,256 @@ impl RequestView for Request {
 }
 
 impl Request {
-    /// Counts, logs and carries out a verdict; returns what to tell Envoy.
-    fn apply(&mut self, route: usize, v: Verdict) -> Action {
+    fn redis_route(&self, route: usize) -> bool {
+        self.state.engine.policy(route).is_some_and(|p| p.store == StoreKind::Redis)
+    }
+
+    /// Counts, logs and carries out a verdict. `paused` says the request is already paused (a
+    /// callout answered), so forwarding means resuming it.
+    fn apply(&mut self, route: usize, v: Verdict, paused: bool) -> Action {
         self.decided = true;
-        self.state.count(route, v.outcome);
-        let name = self.state.engine.policy(route).map(|p| p.name.as_str()).unwrap_or("?");
-        let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
-        let level = if v.outcome == Outcome::Forwarded { LogLevel::Debug } else { LogLevel::Info };
-        log(level, &format!("idem: {} route={} key={} cause={}", v.outcome.name(), name, key, v.cause));
+        self.state.record(route, &v);
         match v.action {
             Do::Forward(ticket) => {
                 self.ticket = ticket;
+                self.forwarded = true;
+                if paused {
+                    let _ = hostcalls::resume_http_request();
+                }
                 Action::Continue
             }
             Do::Reply(r) => {
-                let headers: Vec<(&str, &str)> = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-                if let Err(s) = hostcalls::send_http_response(u32::from(r.status), headers, Some(&r.body)) {
-                    log(LogLevel::Error, &format!("idem: send_http_response failed: {s:?}"));
+                send(&r);
+                Action::Pause
+            }
+            Do::Wait { deadline_ms } => {
+                if let Begin::Store(prepared) = self.begin_again(route) {
+                    let w = Waiter { prepared, deadline_ms, polling: false };
+                    self.state.waiters.borrow_mut().insert(self.context_id, w);
                 }
                 Action::Pause
             }
         }
     }
 
+    /// The prepared operation again (for registering a waiter); the request is still readable.
+    fn begin_again(&self, route: usize) -> Begin {
+        self.state.engine.begin(route, self).unwrap_or(Begin::Done(Verdict {
+            outcome: Outcome::StoreError,
+            action: Do::Forward(None),
+            cause: String::new(),
+            key: None,
+        }))
+    }
+
+    /// Decides with the key (and body) at hand: synchronously on the shared store, or by
+    /// sending one Webdis call and pausing.
     fn decide(&mut self, route: usize) -> Action {
-        match self.state.engine.decide(&Envoy, route, self) {
-            Some(v) => self.apply(route, v),
+        let Some(begin) = self.state.engine.begin(route, self) else {
+            return Action::Continue;
+        };
+        let prepared = match begin {
+            Begin::Done(v) => return self.apply(route, v, false),
+            Begin::Store(p) => p,
+        };
+        if !self.redis_route(route) {
+            let v = self.state.engine.run_shared(&Envoy, &prepared, None);
+            return self.apply(route, v, false);
+        }
+        let Some(store) = self.state.engine.redis() else {
+            return Action::Continue;
+        };
+        let now = Envoy.now_ms();
+        let owner = Envoy.random_u64().unwrap_or(now);
+        let (cmd, pending) = match &prepared.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let lock_ttl = self.state.engine.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
+                let (cmd, ticket) = store.claim(id, fingerprint, owner, now, lock_ttl);
+                (cmd, Pending::Claim { prepared: prepared.clone(), ticket })
+            }
+            StoreOp::UseToken { id } => {
+                let (cmd, ticket) = store.use_token(id, owner, now);
+                (cmd, Pending::UseToken { prepared: prepared.clone(), ticket })
+            }
+        };
+        match self.state.dispatch(&cmd) {
+            Ok(_) => {
+                self.pending = Some(pending);
+                Action::Pause
+            }
+            Err(e) => {
+                let v = match prepared.op {
+                    StoreOp::Claim { .. } => self.state.engine.after_claim(&prepared, Err(e), now, None),
+                    StoreOp::UseToken { .. } => self.state.engine.after_token(&prepared, Err(e)),
+                };
+                self.apply(route, v, false)
+            }
+        }
+    }
+
+    /// Serves the token issue endpoint, if this request is for it.
+    fn issue(&mut self) -> Option<Action> {
+        let mut random = [0u8; 16];
+        if getrandom::fill(&mut random).is_err() {
+            log(LogLevel::Error, "idem: random_get failed; cannot issue tokens");
+            return None;
+        }
+        match self.state.engine.issue(&self.method, &self.path, self, random)? {
+            Issue::Reply { route, reply, cause } => {
+                if let Some(r) = route {
+                    self.state.count(r, Outcome::TokenRejected);
+                }
+                log(LogLevel::Info, &format!("idem: token_issue_refused path={} cause={cause}", self.path));
+                send(&reply);
+                Some(Action::Pause)
+            }
+            Issue::Token { route, token, id } => {
+                self.route = Some(route);
+                self.decided = true;
+                if !self.redis_route(route) {
+                    let stored = self.state.engine.issue_shared(&Envoy, route, &id);
+                    let v = self.state.engine.issued(route, &token, Envoy.now_ms(), stored);
+                    return Some(self.apply(route, v, false));
+                }
+                let ttl = self.state.engine.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+                let cmd = self.state.engine.redis().map(|s| s.issue_token(&id, Envoy.now_ms(), ttl));
+                match cmd.map(|c| self.state.dispatch(&c)) {
+                    Some(Ok(_)) => {
+                        self.pending = Some(Pending::Issue { route, token });
+                        Some(Action::Pause)
+                    }
+                    Some(Err(e)) => {
+                        let v = self.state.engine.issued(route, &token, Envoy.now_ms(), Err(e));
+                        Some(self.apply(route, v, false))
+                    }
+                    None => None,
+                }
+            }
+        }
+    }
+
+    /// Reports how the forwarded request ended. Returns `Pause` when a Webdis call must finish
+    /// first (the response is resumed when it answers).
+    fn finish(&mut self, ending: Ending, can_pause: bool) -> Action {
+        let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
+            return Action::Continue;
+        };
+        let store_ticket = match &ticket {
+            Ticket::Claim(t) | Ticket::Token(t) => t,
+        };
+        let StoreTicket::Redis(rt) = store_ticket else {
+            let (outcome, cause) = self.state.engine.finish_shared(&Envoy, route, &ticket, ending);
+            self.state.record_finish(route, outcome, &cause);
+            return Action::Continue;
+        };
+        let Some(store) = self.state.engine.redis() else {
+            return Action::Continue;
+        };
+        let (cmd, kind, cause) = match self.state.engine.plan_finish(route, &ticket, &ending) {
+            Finish::Nothing { outcome, cause } => {
+                self.state.record_finish(route, outcome, &cause);
+                return Action::Continue;
+            }
+            Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause),
+            Finish::RestoreToken { cause } => (store.restore_token(rt), FinishKind::Restore, cause),
+            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
+                let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms);
+                (cmd, FinishKind::Complete { tombstone }, cause)
+            }
+        };
+        match self.state.dispatch(&cmd) {
+            Ok(_) if can_pause => {
+                self.pending = Some(Pending::Finish { route, kind, cause });
+                Action::Pause
+            }
+            Ok(_) => Action::Continue,
+            Err(e) => {
+                self.state.record_finish(route, Some(Outcome::StoreError), &format!("{cause}; {e}"));
+                Action::Continue
+            }
+        }
+    }
+
+    fn finish_capture(&mut self, can_pause: bool) -> Action {
+        match self.response.take() {
+            Some(c) => {
+                let body = if c.overflow { None } else { Some(c.body) };
+                self.finish(
+                    Ending::Response { status: c.status, headers: c.headers, body, details: c.details },
+                    can_pause,
+                )
+            }
             None => Action::Continue,
         }
     }
 
-    fn finish(&mut self, ending: Ending) {
-        let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
-            return;
-        };
-        let (outcome, cause) = self.state.engine.finish(&Envoy, route, &ticket, ending);
-        self.state.count(route, outcome);
-        if outcome != Outcome::Stored {
-            let name = self.state.engine.policy(route).map(|p| p.name.as_str()).unwrap_or("?");
-            log(LogLevel::Info, &format!("idem: {} route={} cause={}", outcome.name(), name, cause));
-        }
-    }
-
-    fn finish_capture(&mut self) {
-        if let Some(c) = self.response.take() {
-            let body = if c.overflow { None } else { Some(c.body) };
-            self.finish(Ending::Response { status: c.status, headers: c.headers, body, details: c.details });
+    fn take_handoff(&mut self) {
+        if self.ticket.is_none() {
+            if let Some(t) = self.state.handoff.borrow_mut().remove(&self.context_id) {
+                self.ticket = Some(t);
+                self.forwarded = true;
+            }
         }
     }
 }
 
-impl Context for Request {}
+impl Context for Request {
+    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let (status, body) = call_response(num_headers, body_size);
+        let Some(store) = self.state.engine.redis() else {
+            return;
+        };
+        let now = Envoy.now_ms();
+        match self.pending.take() {
+            Some(Pending::Claim { prepared, ticket }) => {
+                let fp = match &prepared.op {
+                    StoreOp::Claim { fingerprint, .. } => *fingerprint,
+                    StoreOp::UseToken { .. } => [0; 32],
+                };
+                let claim = store.parse_claim(ticket, &fp, status, &body).map(|c| c.map(StoreTicket::Redis));
+                let v = self.state.engine.after_claim(&prepared, claim, now, None);
+                self.apply(prepared.route, v, true);
+            }
+            Some(Pending::UseToken { prepared, ticket }) => {
+                let used = store.parse_use_token(ticket, status, &body).map(|u| u.map(StoreTicket::Redis));
+                let v = self.state.engine.after_token(&prepared, used);
+                self.apply(prepared.route, v, true);
+            }
+            Some(Pending::Issue { route, token }) => {
+                let stored = store.parse_ok(status, &body);
+                let v = self.state.engine.issued(route, &token, now, stored);
+                self.apply(route, v, true);
+            }
+            Some(Pending::Finish { route, kind, cause }) => {
+                let applied = store.parse_update(status, &body);
+                let (outcome, cause) = match kind {
+                    FinishKind::Release => crate::engine::released(applied, cause),
+                    FinishKind::Restore => crate::engine::restored(applied, cause),
+                    FinishKind::Complete { tombstone } => {
+                        let done = applied.map(|ok| match (ok, tombstone) {
+                            (false, _) => crate::store::Completion::LostOwnership,
+                            (true, true) => crate::store::Completion::Tombstoned,
+                            (true, false) => crate::store::Completion::Stored,
+                        });
+                        crate::engine::completed(done, cause)
+                    }
+                };
+                self.state.record_finish(route, outcome, &cause);
+                let _ = hostcalls::resume_http_response();
+            }
+            None => {}
+        }
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let header = |n: &str| hostcalls::get_map_value(MapType::HttpRequestHeaders, n).ok().flatten();
         self.method = header(":method").unwrap_or_default();
         self.path = header(":path").unwrap_or_default();
+        if let Some(action) = self.issue() {
+            return action;
+        }
         let route_name = || {
             hostcalls::get_property(vec!["xds", "route_name"]).ok().flatten().and_then(|b| String::from_utf8(b).ok())
         };
@@ -254,7 +676,7 @@ impl HttpContext for Request {
         };
         self.route = Some(route);
         if let Some(v) = self.state.engine.precheck(route, self) {
-            return self.apply(route, v);
+            return self.apply(route, v, false);
         }
         let needs_body = self.state.engine.policy(route).is_some_and(|p| p.needs_body());
         if needs_body && !end_of_stream {
@@ -269,12 +691,12 @@ impl HttpContext for Request {
             return Action::Continue;
         };
         if self.decided {
-            return Action::Continue;
+            return if self.pending.is_some() { Action::Pause } else { Action::Continue };
         }
         let limit = self.state.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
         if body_size > limit {
             return match self.state.engine.body_too_large(route) {
-                Some(v) => self.apply(route, v),
+                Some(v) => self.apply(route, v, false),
                 None => Action::Continue,
             };
         }
@@ -283,6 +705,7 @@ impl HttpContext for Request {
             return Action::Pause;
         }
         self.body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size).ok().flatten();
+        self.decided = true;
         self.decide(route)
     }
 
@@ -290,6 +713,7 @@ impl HttpContext for Request {
         match self.route {
             Some(route) if !self.decided => {
                 self.body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, usize::MAX).ok().flatten();
+                self.decided = true;
                 self.decide(route)
             }
             _ => Action::Continue,
@@ -297,6 +721,7 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.take_handoff();
         if self.ticket.is_none() {
             return Action::Continue;
         }
@@ -317,7 +742,7 @@ impl HttpContext for Request {
         let headers = hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default();
         self.response = Some(Capture { status, headers, body: Vec::new(), overflow: false, details });
         if end_of_stream {
-            self.finish_capture();
+            return self.finish_capture(true);
         }
         Action::Continue
     }
@@ -339,17 +764,18 @@ impl HttpContext for Request {
             }
         }
         if end_of_stream {
-            self.finish_capture();
+            return self.finish_capture(true);
         }
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.finish_capture();
-        Action::Continue
+        self.finish_capture(true)
     }
 
     fn on_log(&mut self) {
+        self.state.waiters.borrow_mut().remove(&self.context_id);
+        self.take_handoff();
         if self.ticket.is_none() {
             return;
         }
@@ -358,9 +784,9 @@ impl HttpContext for Request {
             if let Some(c) = self.response.as_mut() {
                 c.overflow = true;
             }
-            self.finish_capture();
+            self.finish_capture(false);
         } else {
-            self.finish(Ending::NoResponse { forwarded: true });
+            self.finish(Ending::NoResponse { forwarded: self.forwarded }, false);
         }
     }
 }

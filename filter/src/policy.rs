@@ -12,7 +12,53 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bundle {
     pub shared: SharedConfig,
+    /// The `[redis]` table; required when a route uses `store = "redis"`.
+    pub redis: Option<RedisConfig>,
     pub routes: Vec<RoutePolicy>,
+}
+
+/// `[redis]`: how the filter reaches Redis (through Webdis, as an Envoy cluster).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// The Envoy cluster name of Webdis.
+    #[serde(deserialize_with = "de_nonempty")]
+    pub cluster: String,
+    /// `:authority` of the callouts.
+    #[serde(default = "default_authority")]
+    pub authority: String,
+    /// `user:password` for Webdis HTTP basic auth (its ACL), if set.
+    #[serde(default)]
+    pub basic_auth: Option<String>,
+    /// Callout timeout.
+    #[serde(default = "default_redis_timeout")]
+    pub timeout: Duration,
+    /// Prefix of every Redis key the filter writes.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// What to do when Redis or Webdis fails: `reject` (503) or `allow` (forward unprotected).
+    #[serde(default = "default_on_store_error")]
+    pub on_store_error: OnStoreError,
+}
+
+fn default_authority() -> String {
+    "webdis".into()
+}
+fn default_redis_timeout() -> Duration {
+    Duration { millis: 500 }
+}
+fn default_prefix() -> String {
+    "idem:".into()
+}
+fn default_on_store_error() -> OnStoreError {
+    OnStoreError::Reject
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    Reject,
+    Allow,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -41,6 +87,7 @@ pub struct RoutePolicy {
     pub max_body_bytes: u32,
     pub max_response_bytes: u32,
     pub key: KeyPolicy,
+    pub token: TokenPolicy,
     pub duplicate: DuplicateResponse,
 }
 
@@ -56,6 +103,7 @@ pub enum Matcher {
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Key,
+    Token,
     Shadow,
 }
 
@@ -63,6 +111,7 @@ pub enum Mode {
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     Shared,
+    Redis,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -77,6 +126,7 @@ pub enum KeySource {
 #[serde(rename_all = "lowercase")]
 pub enum OnInFlight {
     Reject,
+    Wait,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -122,9 +172,40 @@ pub struct KeyPolicy {
     pub lock_ttl: Duration,
     pub ttl: Duration,
     pub on_in_flight: OnInFlight,
+    /// How long a held duplicate waits (`on_in_flight = "wait"`) before it gets 409.
+    pub wait_timeout: Duration,
     pub on_completed: OnCompleted,
     pub remember: Vec<StatusSet>,
     pub forget: Vec<StatusSet>,
+}
+
+/// `[route.token]`: the article's token mechanism, served and enforced by the filter.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenPolicy {
+    /// The request header that carries the token.
+    #[serde(deserialize_with = "de_nonempty")]
+    pub header: String,
+    /// `POST` here issues a token for this route; the upstream never sees these requests.
+    pub issue_path: String,
+    /// How long an issued token stays valid.
+    pub ttl: Duration,
+    /// An upstream 5xx puts the token back (with its remaining TTL) so the user's retry can pass.
+    pub restore_on_failure: bool,
+    /// Caller identity the token is bound to, besides the route.
+    pub scope: Vec<ScopePart>,
+}
+
+impl Default for TokenPolicy {
+    fn default() -> Self {
+        TokenPolicy {
+            header: "Idempotency-Token".into(),
+            issue_path: "/api/idempotent/token".into(),
+            ttl: Duration::from_secs(600),
+            restore_on_failure: true,
+            scope: vec![ScopePart::Header("authorization".to_string())],
+        }
+    }
 }
 
 impl Default for KeyPolicy {
@@ -144,6 +225,7 @@ impl Default for KeyPolicy {
             lock_ttl: Duration::from_secs(30),
             ttl: Duration::from_secs(24 * 3600),
             on_in_flight: OnInFlight::Reject,
+            wait_timeout: Duration::from_secs(5),
             on_completed: OnCompleted::Replay,
             remember: vec![StatusSet::Class(2), StatusSet::Class(3), StatusSet::Class(4)],
             forget: [408, 409, 425, 429].into_iter().map(StatusSet::Code).collect(),
@@ -335,6 +417,8 @@ struct RawBundle {
     #[serde(default)]
     shared: SharedConfig,
     #[serde(default)]
+    redis: Option<RedisConfig>,
+    #[serde(default)]
     route: Vec<RawRoute>,
 }
 
@@ -354,7 +438,9 @@ struct RawRoute {
     #[serde(default, deserialize_with = "de_opt_response_bytes")]
     max_response_bytes: Option<u32>,
     #[serde(default)]
-    key: KeyPolicy,
+    key: Option<KeyPolicy>,
+    #[serde(default)]
+    token: Option<TokenPolicy>,
     #[serde(default)]
     duplicate: DuplicateResponse,
 }
@@ -439,14 +525,46 @@ impl RawBundle {
                     r.name, max_response_bytes, self.shared.max_response_bytes
                 )));
             }
-            if r.key.from == KeySource::Body && !r.key.name.starts_with('/') {
+            let is_token = r.mode == Mode::Token;
+            if is_token && r.key.is_some() {
                 return Err(error(format!(
-                    "route {:?}: key.name {:?} must be a JSON pointer like \"/transaction_id\" when key.from = \"body\"",
-                    r.name, r.key.name
+                    "route {:?}: mode = \"token\" takes [route.token], not [route.key]",
+                    r.name
                 )));
             }
-            if r.key.lock_ttl.millis == 0 || r.key.ttl.millis == 0 {
-                return Err(error(format!("route {:?}: key.lock_ttl and key.ttl must be positive", r.name)));
+            if !is_token && r.token.is_some() {
+                return Err(error(format!("route {:?}: [route.token] needs mode = \"token\"", r.name)));
+            }
+            if r.store == StoreKind::Redis && self.redis.is_none() {
+                return Err(error(format!(
+                    "route {:?}: store = \"redis\" needs a top-level [redis] table naming the Webdis cluster",
+                    r.name
+                )));
+            }
+            let key = r.key.unwrap_or_default();
+            let token = r.token.unwrap_or_default();
+            if is_token {
+                if !token.issue_path.starts_with('/') || token.issue_path.contains('?') {
+                    return Err(error(format!(
+                        "route {:?}: token.issue_path {:?} must be a path starting with '/'",
+                        r.name, token.issue_path
+                    )));
+                }
+                if token.ttl.millis == 0 {
+                    return Err(error(format!("route {:?}: token.ttl must be positive", r.name)));
+                }
+            }
+            if key.from == KeySource::Body && !key.name.starts_with('/') {
+                return Err(error(format!(
+                    "route {:?}: key.name {:?} must be a JSON pointer like \"/transaction_id\" when key.from = \"body\"",
+                    r.name, key.name
+                )));
+            }
+            if key.lock_ttl.millis == 0 || key.ttl.millis == 0 || key.wait_timeout.millis == 0 {
+                return Err(error(format!(
+                    "route {:?}: key.lock_ttl, key.ttl and key.wait_timeout must be positive",
+                    r.name
+                )));
             }
             routes.push(RoutePolicy {
                 name: r.name,
@@ -455,11 +573,12 @@ impl RawBundle {
                 store: r.store,
                 max_body_bytes: r.max_body_bytes.unwrap_or(65536),
                 max_response_bytes,
-                key: r.key,
+                key,
+                token,
                 duplicate: r.duplicate,
             });
         }
-        Ok(Bundle { shared: self.shared, routes })
+        Ok(Bundle { shared: self.shared, redis: self.redis, routes })
     }
 }
 
@@ -652,6 +771,9 @@ impl Bundle {
 impl RoutePolicy {
     /// Whether the decision needs the request body (a body key or a body fingerprint).
     pub fn needs_body(&self) -> bool {
+        if self.mode == Mode::Token {
+            return false;
+        }
         self.key.from == KeySource::Body || self.key.fingerprint.contains(&FingerprintPart::Body)
     }
 }

@@ -127,9 +127,12 @@ pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_
     }
 }
 
-/// The route's duplicate response, with when the first request was seen.
-pub fn duplicate(dup: &DuplicateResponse, first_seen_ms: u64) -> LocalReply {
-    json_reply(dup.status, &dup.code, &dup.message, &[("first_seen_at", rfc3339(first_seen_ms).into())])
+/// The route's duplicate response, with when the first request was seen (when known).
+pub fn duplicate(dup: &DuplicateResponse, first_seen_ms: Option<u64>) -> LocalReply {
+    match first_seen_ms {
+        Some(ms) => json_reply(dup.status, &dup.code, &dup.message, &[("first_seen_at", rfc3339(ms).into())]),
+        None => json_reply(dup.status, &dup.code, &dup.message, &[]),
+    }
 }
 
 /// `409 REQUEST_IN_PROGRESS` with `Retry-After` (whole seconds until the lease ends, at least 1).

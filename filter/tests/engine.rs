@@ -7,7 +7,6 @@ use idem_filter::engine::*;
 use idem_filter::host::FakeHost;
 use idem_filter::policy::parse_bundle;
 use idem_filter::response::LocalReply;
-use idem_filter::store::Ticket;
 
 const POLICY: &str = r#"
 [shared]
@@ -68,19 +67,19 @@ fn decide(host: &FakeHost, e: &Engine, req: &Req) -> Verdict {
     if let Some(v) = e.precheck(r, req) {
         return v;
     }
-    e.decide(host, r, req).unwrap()
+    e.decide_shared(host, r, req).unwrap()
 }
 
 fn reply(v: &Verdict) -> (&LocalReply, serde_json::Value) {
     match &v.action {
         Action::Reply(r) => (r, serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null)),
-        Action::Forward(_) => panic!("expected a reply, got {v:?}"),
+        _ => panic!("expected a reply, got {v:?}"),
     }
 }
 
 fn ticket(v: &Verdict) -> Ticket {
-    match v.action {
-        Action::Forward(Some(t)) => t,
+    match &v.action {
+        Action::Forward(Some(t)) => t.clone(),
         _ => panic!("expected a claimed forward, got {v:?}"),
     }
 }
@@ -104,7 +103,7 @@ fn first_request_forwards_and_repeat_replays() {
     let v = decide(&host, &e, &order("k1", "{}"));
     assert_eq!(v.outcome, Outcome::Forwarded);
     let r = route(&e, &order("k1", "{}"));
-    assert_eq!(e.finish(&host, r, &ticket(&v), ok(201, "{\"order\":1}")).0, Outcome::Stored);
+    assert_eq!(e.finish_shared(&host, r, &ticket(&v), ok(201, "{\"order\":1}")).0, Some(Outcome::Stored));
     let again = decide(&host, &e, &order("k1", "{}"));
     assert_eq!(again.outcome, Outcome::Replayed);
     let (rep, body) = reply(&again);
@@ -132,7 +131,7 @@ fn repeat_in_flight_gets_409_with_retry_after() {
 fn same_key_other_payload_is_422() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("k", "{\"a\":1}"));
-    e.finish(&host, 0, &ticket(&v), ok(200, "{}"));
+    e.finish_shared(&host, 0, &ticket(&v), ok(200, "{}"));
     let v = decide(&host, &e, &order("k", "{\"a\":2}"));
     assert_eq!(v.outcome, Outcome::KeyReused);
     let (r, body) = reply(&v);
@@ -183,7 +182,7 @@ fn on_completed_reject_answers_the_duplicate_response() {
     let req = Req::post("/api/reject").key("k").body("{}");
     let r = route(&e, &req);
     let v = decide(&host, &e, &req);
-    e.finish(&host, r, &ticket(&v), ok(200, "{}"));
+    e.finish_shared(&host, r, &ticket(&v), ok(200, "{}"));
     let v = decide(&host, &e, &req);
     assert_eq!(v.outcome, Outcome::RejectedDuplicate);
     let (rep, body) = reply(&v);
@@ -195,7 +194,7 @@ fn on_completed_reject_answers_the_duplicate_response() {
 fn upstream_5xx_releases_so_the_retry_runs() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("k", "{}"));
-    assert_eq!(e.finish(&host, 0, &ticket(&v), ok(503, "down")).0, Outcome::Released);
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(503, "down")).0, Some(Outcome::Released));
     assert_eq!(decide(&host, &e, &order("k", "{}")).outcome, Outcome::Forwarded);
 }
 
@@ -205,10 +204,10 @@ fn forgotten_statuses_release_too() {
     for status in [408, 409, 425, 429] {
         let key = format!("k{status}");
         let v = decide(&host, &e, &order(&key, "{}"));
-        assert_eq!(e.finish(&host, 0, &ticket(&v), ok(status, "{}")).0, Outcome::Released, "{status}");
+        assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(status, "{}")).0, Some(Outcome::Released), "{status}");
     }
     let v = decide(&host, &e, &order("k404", "{}"));
-    assert_eq!(e.finish(&host, 0, &ticket(&v), ok(404, "{}")).0, Outcome::Stored);
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(404, "{}")).0, Some(Outcome::Stored));
 }
 
 #[test]
@@ -231,7 +230,7 @@ fn unknown_outcome_holds_the_claim_until_the_lease_ends() {
     ] {
         let key = format!("{ending:?}");
         let v = decide(&host, &e, &order(&key, "{}"));
-        assert_eq!(e.finish(&host, 0, &ticket(&v), ending).0, Outcome::Held);
+        assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ending).0, Some(Outcome::Held));
         assert_eq!(decide(&host, &e, &order(&key, "{}")).outcome, Outcome::InFlight, "retry must not run twice");
     }
     host.advance(10_001);
@@ -249,16 +248,19 @@ fn never_reaching_the_upstream_releases() {
         details: "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}"
             .into(),
     };
-    assert_eq!(e.finish(&host, 0, &ticket(&v), refused).0, Outcome::Released);
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), refused).0, Some(Outcome::Released));
     let v = decide(&host, &e, &order("k2", "{}"));
-    assert_eq!(e.finish(&host, 0, &ticket(&v), Ending::NoResponse { forwarded: false }).0, Outcome::Released);
+    assert_eq!(
+        e.finish_shared(&host, 0, &ticket(&v), Ending::NoResponse { forwarded: false }).0,
+        Some(Outcome::Released)
+    );
 }
 
 #[test]
 fn oversized_or_unfinished_response_is_a_tombstone() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("big", "{}"));
-    assert_eq!(e.finish(&host, 0, &ticket(&v), ok(200, &"x".repeat(300))).0, Outcome::Tombstoned);
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(200, &"x".repeat(300))).0, Some(Outcome::Tombstoned));
     let again = decide(&host, &e, &order("big", "{}"));
     assert_eq!(again.outcome, Outcome::RejectedDuplicate);
     let (r, body) = reply(&again);
@@ -266,14 +268,14 @@ fn oversized_or_unfinished_response_is_a_tombstone() {
     // Status seen, body not seen to the end (client went away): remembered as a tombstone.
     let v = decide(&host, &e, &order("cut", "{}"));
     let cut = Ending::Response { status: 200, headers: vec![], body: None, details: String::new() };
-    assert_eq!(e.finish(&host, 0, &ticket(&v), cut).0, Outcome::Tombstoned);
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), cut).0, Some(Outcome::Tombstoned));
 }
 
 #[test]
 fn another_caller_never_gets_someone_elses_response() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("shared-key", "{}"));
-    e.finish(&host, 0, &ticket(&v), ok(200, "{\"owner\":\"alice\"}"));
+    e.finish_shared(&host, 0, &ticket(&v), ok(200, "{\"owner\":\"alice\"}"));
     let bob = Req::post("/api/order/create").key("shared-key").header("authorization", "Bearer bob").body("{}");
     assert_eq!(decide(&host, &e, &bob).outcome, Outcome::Forwarded);
 }
@@ -285,7 +287,7 @@ fn body_keyed_callback_replays_the_first_success() {
     let first = cb(r#"{"transaction_id":"T-1","amount":100}"#);
     let r = route(&e, &first);
     let v = decide(&host, &e, &first);
-    e.finish(&host, r, &ticket(&v), ok(200, "{\"return_code\":\"SUCCESS\"}"));
+    e.finish_shared(&host, r, &ticket(&v), ok(200, "{\"return_code\":\"SUCCESS\"}"));
     // The provider re-serializes and retries; fingerprint = [] so it is still a replay.
     let retry = cb(r#"{"amount":100,"transaction_id":"T-1"}"#);
     let v = decide(&host, &e, &retry);
@@ -302,7 +304,7 @@ fn shadow_mode_never_blocks_but_says_what_it_would_do() {
     let r = route(&e, &req);
     let v = decide(&host, &e, &req);
     assert_eq!(v.outcome, Outcome::Forwarded);
-    e.finish(&host, r, &ticket(&v), ok(200, "{}"));
+    e.finish_shared(&host, r, &ticket(&v), ok(200, "{}"));
     let v = decide(&host, &e, &req);
     assert_eq!((v.outcome, &v.action), (Outcome::ShadowWouldBlock, &Action::Forward(None)));
     assert!(v.cause.starts_with("would_replayed"), "{}", v.cause);

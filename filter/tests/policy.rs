@@ -164,8 +164,15 @@ fn conflicting_matchers_are_rejected() {
 fn other_field_errors_are_precise() {
     let cases = [
         ("[[route]]\nname = \"Create Order\"\n", "invalid route name"),
-        ("[[route]]\nname = \"a\"\nmode = \"token\"\n", "unknown variant `token`"),
-        ("[[route]]\nname = \"a\"\nstore = \"redis\"\n", "unknown variant `redis`"),
+        ("[[route]]\nname = \"a\"\nmode = \"tokn\"\n", "unknown variant `tokn`"),
+        ("[[route]]\nname = \"a\"\nstore = \"redis\"\n", "needs a top-level [redis] table"),
+        ("[redis]\ntimeout = \"1s\"\n", "missing field `cluster`"),
+        ("[redis]\ncluster = \"webdis\"\non_store_error = \"ignore\"\n", "unknown variant `ignore`"),
+        ("[[route]]\nname = \"a\"\nmode = \"token\"\n[route.key]\nname = \"X\"\n", "takes [route.token]"),
+        ("[[route]]\nname = \"a\"\n[route.token]\nttl = \"1m\"\n", "needs mode = \"token\""),
+        ("[[route]]\nname = \"a\"\nmode = \"token\"\n[route.token]\nissue_path = \"token\"\n", "must be a path"),
+        ("[[route]]\nname = \"a\"\nmode = \"token\"\n[route.token]\nheadr = \"X\"\n", "unknown field `headr`"),
+        ("[[route]]\nname = \"a\"\n[route.key]\non_in_flight = \"queue\"\n", "unknown variant `queue`"),
         ("[[route]]\nname = \"a\"\nmatch = { method = \"post\", path = \"/x\" }\n", "invalid method"),
         ("[[route]]\nname = \"a\"\nmatch = { path = \"x\" }\n", "must start with '/'"),
         ("[[route]]\nname = \"a\"\nmatch = { path = \"/o/x{id}\" }\n", "whole segment"),
@@ -176,7 +183,6 @@ fn other_field_errors_are_precise() {
         ("[shared]\nmax_response_bytes = 10\n[[route]]\nname = \"a\"\nmax_response_bytes = 20\n", "exceeds [shared]"),
         ("[[route]]\nname = \"a\"\n[route.key]\nttl = \"0s\"\n", "must be positive"),
         ("[[route]\nname = \"a\"\n", "unclosed array table"),
-        ("[redis]\ncluster = \"webdis\"\n", "unknown field `redis`"),
     ];
     for (src, want) in cases {
         let e = err(src);

@@ -4,7 +4,8 @@
 use idem_filter::host::{FakeHost, Host, HostError};
 use idem_filter::policy::SharedConfig;
 use idem_filter::response::StoredResponse;
-use idem_filter::store::*;
+use idem_filter::store::shared::*;
+use idem_filter::store::{Claim, Completion, StoreError, TokenUse};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -24,7 +25,7 @@ fn ok_response(body: &str) -> StoredResponse {
     StoredResponse::new(201, vec![("content-type".into(), "application/json".into())], body.as_bytes().to_vec())
 }
 
-fn claimed(c: Claim) -> Ticket {
+fn claimed(c: Claim<Ticket>) -> Ticket {
     match c {
         Claim::Claimed(t) => t,
         other => panic!("expected a claim, got {other:?}"),
@@ -184,7 +185,7 @@ fn concurrent_claims_of_one_key_have_exactly_one_winner() {
                 })
             })
             .collect();
-        let results: Vec<Claim> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let results: Vec<Claim<Ticket>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         let winners = results.iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
         let in_flight = results.iter().filter(|c| matches!(c, Claim::InFlight { .. })).count();
         assert_eq!((winners, in_flight), (1, 7), "round {round}: {results:?}");
@@ -249,4 +250,62 @@ fn stored_response_round_trips_and_drops_unsafe_headers() {
     assert!(StoredResponse::decode(&buf[..3]).is_none());
     let replay = r.replay();
     assert!(replay.headers.contains(&("idempotent-replayed".into(), "true".into())));
+}
+
+#[test]
+fn tokens_are_used_once_and_restored_by_their_user_only() {
+    let (host, s) = store(4, 4);
+    s.issue_token(&host, &id("tok"), 60_000).unwrap();
+    let t = match s.use_token(&host, &id("tok")).unwrap() {
+        TokenUse::Consumed(t) => t,
+        other => panic!("{other:?}"),
+    };
+    host.advance(5);
+    assert_eq!(s.use_token(&host, &id("tok")).unwrap(), TokenUse::Used { used_at_ms: t.first_seen_ms });
+    assert_eq!(s.use_token(&host, &id("never-issued")).unwrap(), TokenUse::Unknown);
+    assert!(s.restore_token(&host, &t).unwrap());
+    assert!(!s.restore_token(&host, &t).unwrap(), "a restore is fenced like a release");
+    assert!(matches!(s.use_token(&host, &id("tok")).unwrap(), TokenUse::Consumed(_)));
+    // Expired tokens are unknown.
+    s.issue_token(&host, &id("short"), 100).unwrap();
+    host.advance(101);
+    assert_eq!(s.use_token(&host, &id("short")).unwrap(), TokenUse::Unknown);
+}
+
+#[test]
+fn concurrent_presentations_of_one_token_consume_it_once() {
+    let (host, s) = store(8, 8);
+    let host = Arc::new(host);
+    let s = Arc::new(s);
+    for round in 0..30 {
+        let tok = id(&format!("t{round}"));
+        s.issue_token(&*host, &tok, 60_000).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (host, s, barrier) = (host.clone(), s.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    s.use_token(&*host, &tok).unwrap()
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let consumed = results.iter().filter(|u| matches!(u, TokenUse::Consumed(_))).count();
+        let used = results.iter().filter(|u| matches!(u, TokenUse::Used { .. })).count();
+        assert_eq!((consumed, used), (1, 7), "round {round}");
+    }
+}
+
+#[test]
+fn ten_thousand_tokens_stay_within_capacity() {
+    let (host, s) = store(32, 8);
+    let before = host.footprint();
+    for i in 0..10_000u32 {
+        s.issue_token(&host, &id(&format!("tok-{i}")), 600_000).unwrap();
+    }
+    assert_eq!(host.footprint(), before, "tokens live inside the fixed buckets");
+    // The newest tokens are still valid; the oldest were evicted for them.
+    assert!(matches!(s.use_token(&host, &id("tok-9999")).unwrap(), TokenUse::Consumed(_)));
+    assert_eq!(s.use_token(&host, &id("tok-0")).unwrap(), TokenUse::Unknown);
 }

@@ -13,6 +13,7 @@
 //! Every claim carries a random owner id; completion and release check it (fencing), and a stored
 //! response carries its owner so a replay never serves a slot that another owner rewrote.
 
+use super::{Claim, Completion, StoreError, TokenUse};
 use crate::host::{Host, HostError};
 use crate::policy::SharedConfig;
 use crate::response::StoredResponse;
@@ -29,6 +30,10 @@ enum State {
     InFlight = 1,
     Completed = 2,
     Tombstone = 3,
+    /// A token issued and not used yet.
+    Issued = 4,
+    /// A token used; `first_seen_ms` is when.
+    Used = 5,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +80,8 @@ impl Entry {
             Some(1) => State::InFlight,
             Some(2) => State::Completed,
             Some(3) => State::Tombstone,
+            Some(4) => State::Issued,
+            Some(5) => State::Used,
             _ => State::Empty,
         };
         Entry {
@@ -89,17 +96,6 @@ impl Entry {
     }
 }
 
-/// What a claim found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// The caller owns the key now and may forward the request.
-    Claimed(Ticket),
-    /// Another request holds the key and its lease has not ended.
-    InFlight { first_seen_ms: u64, lease_ends_ms: u64, same_payload: bool },
-    /// The key completed earlier. `response` is `None` for a tombstone (status only).
-    Completed { first_seen_ms: u64, status: u16, response: Option<StoredResponse>, same_payload: bool },
-}
-
 /// Proof of ownership of one claim, needed to complete or release it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
@@ -108,46 +104,6 @@ pub struct Ticket {
     id: [u8; 16],
     pub owner: u64,
     pub first_seen_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
-    /// Every entry of the bucket is in flight inside its lease.
-    Full,
-    /// The bucket kept changing under us.
-    Contended,
-    /// A bucket key that should exist does not (the store was not initialised).
-    Missing(String),
-    Host(String),
-}
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Full => write!(f, "store full: every entry of the bucket is in flight"),
-            StoreError::Contended => write!(f, "bucket contended beyond {MAX_CAS_RETRIES} retries"),
-            StoreError::Missing(k) => write!(f, "bucket {k} does not exist"),
-            StoreError::Host(e) => write!(f, "host error: {e}"),
-        }
-    }
-}
-
-impl From<HostError> for StoreError {
-    fn from(e: HostError) -> Self {
-        match e {
-            HostError::CasMismatch => StoreError::Contended,
-            HostError::Failed(m) => StoreError::Host(m),
-        }
-    }
-}
-
-/// How a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
-    Stored,
-    Tombstoned,
-    /// The lease had ended and another owner holds the position: nothing was written.
-    LostOwnership,
 }
 
 pub struct SharedStore {
@@ -227,7 +183,7 @@ impl SharedStore {
         id: &[u8; 32],
         fingerprint: &[u8; 32],
         lock_ttl_ms: u64,
-    ) -> Result<Claim, StoreError> {
+    ) -> Result<Claim<Ticket>, StoreError> {
         let (b, short) = self.locate(id);
         let mut fp = [0u8; 16];
         fp.copy_from_slice(&fingerprint[..16]);
@@ -242,7 +198,7 @@ impl SharedStore {
                     State::InFlight => {
                         Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
                     }
-                    State::Tombstone => Claim::Completed {
+                    State::Tombstone | State::Issued | State::Used => Claim::Completed {
                         first_seen_ms: e.first_seen_ms,
                         status: e.status,
                         response: None,
@@ -284,6 +240,65 @@ impl SharedStore {
         Err(StoreError::Contended)
     }
 
+    /// Records a freshly issued token (its scoped id) valid for `ttl_ms`.
+    pub fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64) -> Result<(), StoreError> {
+        let (b, short) = self.locate(id);
+        for _ in 0..MAX_CAS_RETRIES {
+            let now = host.now_ms();
+            let (mut entries, cas) = self.read(host, b)?;
+            let Some(i) = victim(&entries, now) else {
+                return Err(StoreError::Full);
+            };
+            entries[i] = Entry {
+                id: short,
+                state: State::Issued,
+                status: 0,
+                owner: 0,
+                fingerprint: [0; 16],
+                first_seen_ms: now,
+                until_ms: now.saturating_add(ttl_ms),
+            };
+            if self.write(host, b, &entries, cas)? {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Contended)
+    }
+
+    /// Uses a token atomically: of any number of concurrent presentations, one consumes it.
+    pub fn use_token(&self, host: &dyn Host, id: &[u8; 32]) -> Result<TokenUse<Ticket>, StoreError> {
+        let (b, short) = self.locate(id);
+        let owner = host.random_u64()?;
+        for _ in 0..MAX_CAS_RETRIES {
+            let now = host.now_ms();
+            let (mut entries, cas) = self.read(host, b)?;
+            let Some(i) = entries.iter().position(|e| e.id == short && e.live(now)) else {
+                return Ok(TokenUse::Unknown);
+            };
+            match entries[i].state {
+                State::Issued => {}
+                State::Used => return Ok(TokenUse::Used { used_at_ms: entries[i].first_seen_ms }),
+                _ => return Ok(TokenUse::Unknown),
+            }
+            entries[i].state = State::Used;
+            entries[i].owner = owner;
+            entries[i].first_seen_ms = now;
+            if self.write(host, b, &entries, cas)? {
+                let t = Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now };
+                return Ok(TokenUse::Consumed(t));
+            }
+        }
+        Err(StoreError::Contended)
+    }
+
+    /// Puts a used token back (its remaining TTL unchanged), if this ticket still holds it.
+    pub fn restore_token(&self, host: &dyn Host, t: &Ticket) -> Result<bool, StoreError> {
+        self.update_entry(host, t, State::Used, |e, _| {
+            e.state = State::Issued;
+            e.owner = 0;
+        })
+    }
+
     fn load_response(&self, host: &dyn Host, b: u32, i: u32, owner: u64) -> Result<Option<StoredResponse>, StoreError> {
         let Some((bytes, _)) = host.shared_get(&Self::slot_key(b, i))? else {
             return Ok(None);
@@ -307,7 +322,7 @@ impl SharedStore {
         let tombstone = response.encoded_len() > max_response_bytes;
         // Check ownership before writing the slot so a late writer never clobbers a new owner's slot.
         let (entries, _) = self.read(host, t.bucket)?;
-        if !owns(&entries, t) {
+        if !owns(&entries, t, State::InFlight) {
             return Ok(Completion::LostOwnership);
         }
         if !tombstone {
@@ -336,9 +351,19 @@ impl SharedStore {
 
     /// Applies `f` to the ticket's entry if the ticket still owns it; `false` if it does not.
     fn update(&self, host: &dyn Host, t: &Ticket, f: impl Fn(&mut Entry, u64)) -> Result<bool, StoreError> {
+        self.update_entry(host, t, State::InFlight, f)
+    }
+
+    fn update_entry(
+        &self,
+        host: &dyn Host,
+        t: &Ticket,
+        state: State,
+        f: impl Fn(&mut Entry, u64),
+    ) -> Result<bool, StoreError> {
         for _ in 0..MAX_CAS_RETRIES {
             let (mut entries, cas) = self.read(host, t.bucket)?;
-            if !owns(&entries, t) {
+            if !owns(&entries, t, state) {
                 return Ok(false);
             }
             f(&mut entries[t.index as usize], host.now_ms());
@@ -350,12 +375,12 @@ impl SharedStore {
     }
 }
 
-fn owns(entries: &[Entry], t: &Ticket) -> bool {
-    entries.get(t.index as usize).is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == State::InFlight)
+fn owns(entries: &[Entry], t: &Ticket, state: State) -> bool {
+    entries.get(t.index as usize).is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == state)
 }
 
-/// The position a new claim takes: an empty or expired entry, else the oldest completed one.
-/// An in-flight entry inside its lease is never evicted.
+/// The position a new claim or token takes: an empty or expired entry, else the oldest completed
+/// one (or token). An in-flight entry inside its lease is never evicted.
 fn victim(entries: &[Entry], now: u64) -> Option<usize> {
     if let Some(i) = entries.iter().position(|e| !e.live(now)) {
         return Some(i);
@@ -363,7 +388,7 @@ fn victim(entries: &[Entry], now: u64) -> Option<usize> {
     entries
         .iter()
         .enumerate()
-        .filter(|(_, e)| matches!(e.state, State::Completed | State::Tombstone))
+        .filter(|(_, e)| !matches!(e.state, State::InFlight))
         .min_by_key(|(_, e)| e.first_seen_ms)
         .map(|(i, _)| i)
 }

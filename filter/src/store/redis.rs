@@ -1,0 +1,259 @@
+//! The Redis store, spoken through Webdis (upstream Envoy gives Wasm no Redis client).
+//!
+//! This module only builds Webdis requests and reads its replies; the glue carries them with
+//! `dispatch_http_call`. The protocol:
+//!
+//! | operation | Redis command | round trips |
+//! |---|---|---|
+//! | claim | `SET k <in-flight record> NX PX <lock_ttl> GET` (Redis ≥ 7): nil = claimed, else the record | 1 |
+//! | complete | `EVAL`: if `GET k` is still our in-flight record, `SET k <completed record> PX <ttl>` | 1 |
+//! | release | `EVAL`: if `GET k` is still our in-flight record, `DEL k` | 1 |
+//! | issue token | `SET t <issued record> PX <ttl>` | 1 |
+//! | use token | `EVAL`: `GET t`; if issued, `SET t <used record> KEEPTTL`; return the old value | 1 |
+//! | restore token | `EVAL`: if `GET t` is our used record, `SET t <issued record> KEEPTTL` | 1 |
+//!
+//! Fencing compares the whole in-flight record, which carries a random owner id, so a request
+//! whose lease expired (the key's `PX` ran out and another request claimed it) can never
+//! overwrite or delete the new owner's record. Records are ASCII (responses base64-encoded)
+//! because Webdis' JSON replies are not binary-safe. Webdis answers HTTP 200 even for Redis
+//! errors (`[false, "ERR …"]`): those are store errors too.
+
+use super::{Claim, StoreError, TokenUse};
+use crate::policy::RedisConfig;
+use crate::response::StoredResponse;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+
+/// A Webdis call: `POST /` with `body` (`CMD/arg/arg…`, each argument percent-encoded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    /// The Redis command name, which is also the key of Webdis' JSON reply.
+    pub name: &'static str,
+    pub body: String,
+}
+
+/// Proof of ownership of a Redis claim or used token: its key and the exact record we wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    pub key: String,
+    pub record: String,
+    pub first_seen_ms: u64,
+}
+
+const COMPLETE: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
+    redis.call('SET',KEYS[1],ARGV[2],'PX',ARGV[3]) return 1 else return 0 end";
+const RELEASE: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 else return 0 end";
+const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return false end \
+    if string.sub(v,1,2)=='K|' then redis.call('SET',KEYS[1],ARGV[1],'KEEPTTL') end return v";
+const RESTORE_TOKEN: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
+    redis.call('SET',KEYS[1],ARGV[2],'KEEPTTL') return 1 else return 0 end";
+
+pub struct RedisStore<'a> {
+    cfg: &'a RedisConfig,
+}
+
+impl<'a> RedisStore<'a> {
+    pub fn new(cfg: &'a RedisConfig) -> Self {
+        RedisStore { cfg }
+    }
+
+    /// The callout headers: Envoy requires `:method`, `:path` and `:authority`.
+    pub fn headers(&self) -> Vec<(String, String)> {
+        let mut h = vec![
+            (":method".to_string(), "POST".to_string()),
+            (":path".to_string(), "/".to_string()),
+            (":authority".to_string(), self.cfg.authority.clone()),
+            ("content-type".to_string(), "text/plain".to_string()),
+        ];
+        if let Some(auth) = &self.cfg.basic_auth {
+            h.push(("authorization".to_string(), format!("Basic {}", STANDARD.encode(auth))));
+        }
+        h
+    }
+
+    fn key(&self, kind: &str, id: &[u8; 32]) -> String {
+        let mut k = String::with_capacity(self.cfg.prefix.len() + 2 + 64);
+        k.push_str(&self.cfg.prefix);
+        k.push_str(kind);
+        for b in id {
+            k.push_str(&format!("{b:02x}"));
+        }
+        k
+    }
+
+    /// Claim in one round trip. The returned ticket is valid only if the reply says "claimed".
+    pub fn claim(&self, id: &[u8; 32], fp: &[u8; 32], owner: u64, now: u64, lock_ttl_ms: u64) -> (Command, Ticket) {
+        let key = self.key("k:", id);
+        let record = format!("I|{owner:016x}|{}|{now}|{}", hex16(fp), now.saturating_add(lock_ttl_ms));
+        let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
+        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now })
+    }
+
+    /// Reads the claim reply.
+    pub fn parse_claim(
+        &self,
+        ticket: Ticket,
+        fp: &[u8; 32],
+        status: u16,
+        body: &[u8],
+    ) -> Result<Claim<Ticket>, StoreError> {
+        match reply("SET", status, body)? {
+            serde_json::Value::Null => Ok(Claim::Claimed(ticket)),
+            serde_json::Value::String(record) => parse_record(&record, &hex16(fp)),
+            other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
+        }
+    }
+
+    /// Completion: the response (or a tombstone when it does not fit in `max_response_bytes`).
+    /// Returns the command and whether it records a tombstone.
+    pub fn complete(
+        &self,
+        t: &Ticket,
+        response: &StoredResponse,
+        max_response_bytes: usize,
+        ttl_ms: u64,
+    ) -> (Command, bool) {
+        let fields: Vec<&str> = t.record.split('|').collect();
+        let (owner, fp, first) = (field(&fields, 1), field(&fields, 2), field(&fields, 3));
+        let tombstone = response.encoded_len() > max_response_bytes;
+        let record = if tombstone {
+            format!("T|{owner}|{fp}|{first}|{}", response.status)
+        } else {
+            let mut enc = Vec::with_capacity(response.encoded_len());
+            response.encode_into(&mut enc);
+            format!("C|{owner}|{fp}|{first}|{}|{}", response.status, STANDARD.encode(enc))
+        };
+        let ttl = ttl_ms.max(1).to_string();
+        (Command { name: "EVAL", body: command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &ttl]) }, tombstone)
+    }
+
+    /// Release of a claim whose first attempt definitely failed.
+    pub fn release(&self, t: &Ticket) -> Command {
+        Command { name: "EVAL", body: command(&["EVAL", RELEASE, "1", &t.key, &t.record]) }
+    }
+
+    /// A new random token (URL-safe) and the command that records it.
+    pub fn issue_token(&self, id: &[u8; 32], now: u64, ttl_ms: u64) -> Command {
+        let key = self.key("t:", id);
+        let record = format!("K|{now}");
+        Command { name: "SET", body: command(&["SET", &key, &record, "PX", &ttl_ms.max(1).to_string()]) }
+    }
+
+    pub fn use_token(&self, id: &[u8; 32], owner: u64, now: u64) -> (Command, Ticket) {
+        let key = self.key("t:", id);
+        let record = format!("U|{owner:016x}|{now}");
+        let body = command(&["EVAL", USE_TOKEN, "1", &key, &record]);
+        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now })
+    }
+
+    pub fn parse_use_token(&self, ticket: Ticket, status: u16, body: &[u8]) -> Result<TokenUse<Ticket>, StoreError> {
+        match reply("EVAL", status, body)? {
+            serde_json::Value::Null => Ok(TokenUse::Unknown),
+            serde_json::Value::String(v) if v.starts_with("K|") => Ok(TokenUse::Consumed(ticket)),
+            serde_json::Value::String(v) if v.starts_with("U|") => {
+                let fields: Vec<&str> = v.split('|').collect();
+                Ok(TokenUse::Used { used_at_ms: field(&fields, 2).parse().unwrap_or(0) })
+            }
+            other => Err(StoreError::Host(format!("unexpected token record {other}"))),
+        }
+    }
+
+    pub fn restore_token(&self, t: &Ticket) -> Command {
+        let issued = format!("K|{}", t.first_seen_ms);
+        Command { name: "EVAL", body: command(&["EVAL", RESTORE_TOKEN, "1", &t.key, &t.record, &issued]) }
+    }
+
+    /// Reads a fenced update's reply (`complete`, `release`, `restore_token`): `true` if it applied,
+    /// `false` if another owner holds the key now.
+    pub fn parse_update(&self, status: u16, body: &[u8]) -> Result<bool, StoreError> {
+        match reply("EVAL", status, body)? {
+            serde_json::Value::Number(n) => Ok(n.as_i64() == Some(1)),
+            other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
+        }
+    }
+
+    /// Reads a plain write's reply (`issue_token`).
+    pub fn parse_ok(&self, status: u16, body: &[u8]) -> Result<(), StoreError> {
+        match reply("SET", status, body)? {
+            serde_json::Value::Array(a) if a.first() == Some(&serde_json::Value::Bool(true)) => Ok(()),
+            other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
+        }
+    }
+}
+
+/// A fresh token from 16 random bytes (128 bits), URL-safe.
+pub fn token_text(random: &[u8; 16]) -> String {
+    URL_SAFE_NO_PAD.encode(random)
+}
+
+fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
+    fields.get(i).copied().unwrap_or("")
+}
+
+fn hex16(fp: &[u8; 32]) -> String {
+    fp[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `CMD/arg/…` with every byte outside `[A-Za-z0-9_~-]` percent-encoded (Webdis splits on `/`
+/// and treats `.` as a format extension).
+pub fn command(args: &[&str]) -> String {
+    let mut out = String::new();
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        for b in a.bytes() {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
+}
+
+/// Webdis' JSON reply `{"CMD": value}`; HTTP errors, callout failures (status 0) and Redis errors
+/// (`[false, "ERR …"]` inside a 200) are store errors.
+pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, StoreError> {
+    if status == 0 {
+        return Err(StoreError::Host("webdis callout failed (no response: reset, refused or timed out)".into()));
+    }
+    if status != 200 {
+        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+        return Err(StoreError::Host(format!("webdis answered HTTP {status}: {}", text.trim())));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| StoreError::Host(format!("webdis reply is not JSON ({e})")))?;
+    let inner = v.get(name).cloned().ok_or_else(|| StoreError::Host(format!("webdis reply has no {name:?}: {v}")))?;
+    if let serde_json::Value::Array(a) = &inner {
+        if a.first() == Some(&serde_json::Value::Bool(false)) {
+            let msg = a.get(1).and_then(|m| m.as_str()).unwrap_or("error");
+            return Err(StoreError::Host(format!("redis error: {msg}")));
+        }
+    }
+    Ok(inner)
+}
+
+/// An existing claim record as the claim's answer.
+fn parse_record(record: &str, fp: &str) -> Result<Claim<Ticket>, StoreError> {
+    let f: Vec<&str> = record.splitn(6, '|').collect();
+    let num = |i: usize| field(&f, i).parse::<u64>().unwrap_or(0);
+    let same_payload = field(&f, 2) == fp;
+    let bad = || StoreError::Host(format!("unreadable claim record {:?}", &record[..record.len().min(40)]));
+    match field(&f, 0) {
+        "I" => Ok(Claim::InFlight { first_seen_ms: num(3), lease_ends_ms: num(4), same_payload }),
+        "T" => Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: None, same_payload }),
+        "C" => {
+            let bytes = STANDARD.decode(field(&f, 5)).map_err(|_| bad())?;
+            let response = StoredResponse::decode(&bytes).ok_or_else(bad)?;
+            Ok(Claim::Completed {
+                first_seen_ms: num(3),
+                status: num(4) as u16,
+                response: Some(response),
+                same_payload,
+            })
+        }
+        _ => Err(bad()),
+    }
+}

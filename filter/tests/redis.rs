@@ -1,0 +1,155 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The Webdis protocol of the Redis store: what is sent and how every reply is read. (The real
+//! Redis + Webdis are exercised end to end in tests/e2e.)
+
+use idem_filter::policy::parse_bundle;
+use idem_filter::response::StoredResponse;
+use idem_filter::store::redis::*;
+use idem_filter::store::{Claim, StoreError, TokenUse};
+
+fn cfg() -> idem_filter::policy::RedisConfig {
+    let b = parse_bundle("[redis]\ncluster = \"webdis\"\nbasic_auth = \"idem:pw\"\nprefix = \"t:\"\n", "p").unwrap();
+    b.redis.unwrap()
+}
+
+#[test]
+fn commands_are_percent_encoded_per_argument() {
+    assert_eq!(command(&["SET", "a/b", "x.y z", "NX"]), "SET/a%2Fb/x%2Ey%20z/NX");
+    assert_eq!(command(&["EVAL", "return 1", "0"]), "EVAL/return%201/0");
+    assert_eq!(command(&["GET", "订"]), "GET/%E8%AE%A2");
+}
+
+#[test]
+fn callout_headers_carry_authority_and_basic_auth() {
+    let c = cfg();
+    let h = RedisStore::new(&c).headers();
+    assert!(h.contains(&(":authority".into(), "webdis".into())));
+    assert!(h.contains(&(":method".into(), "POST".into())));
+    assert!(h.contains(&("authorization".into(), "Basic aWRlbTpwdw==".into())));
+}
+
+#[test]
+fn claim_is_one_set_nx_px_get() {
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    let (cmd, t) = s.claim(&[0xab; 32], &[1; 32], 0x1234, 1000, 30_000);
+    assert_eq!(cmd.name, "SET");
+    assert!(cmd.body.starts_with("SET/t%3Ak%3Aabab"), "{}", cmd.body);
+    assert!(cmd.body.ends_with("/NX/PX/30000/GET"), "{}", cmd.body);
+    assert_eq!(t.record, format!("I|0000000000001234|{}|1000|31000", "01".repeat(16)));
+    // nil: we own it.
+    assert_eq!(s.parse_claim(t.clone(), &[1; 32], 200, br#"{"SET":null}"#).unwrap(), Claim::Claimed(t.clone()));
+    // Someone else's in-flight record.
+    let other = format!(r#"{{"SET":"I|00000000000000ff|{}|900|30900"}}"#, "01".repeat(16));
+    assert_eq!(
+        s.parse_claim(t.clone(), &[1; 32], 200, other.as_bytes()).unwrap(),
+        Claim::InFlight { first_seen_ms: 900, lease_ends_ms: 30900, same_payload: true }
+    );
+    assert!(matches!(
+        s.parse_claim(t, &[2; 32], 200, other.as_bytes()).unwrap(),
+        Claim::InFlight { same_payload: false, .. }
+    ));
+}
+
+#[test]
+fn completed_records_round_trip_binary_bodies() {
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    let (_, t) = s.claim(&[3; 32], &[1; 32], 7, 1000, 30_000);
+    let resp = StoredResponse::new(
+        201,
+        vec![("content-type".into(), "application/octet-stream".into())],
+        vec![0, 159, 255, 10],
+    );
+    let (cmd, tombstone) = s.complete(&t, &resp, 1024, 86_400_000);
+    assert!(!tombstone);
+    assert_eq!(cmd.name, "EVAL");
+    // The record that Redis would now hold, read back by the next claim.
+    let record = format!("C|0000000000000007|{}|1000|201|", "01".repeat(16));
+    assert!(percent_decode(&cmd.body).contains(&record));
+    let stored = percent_decode(cmd.body.split('/').nth(5).unwrap());
+    let reply = serde_json::json!({ "SET": stored }).to_string();
+    match s.parse_claim(t.clone(), &[1; 32], 200, reply.as_bytes()).unwrap() {
+        Claim::Completed { status: 201, response: Some(r), first_seen_ms: 1000, same_payload: true } => {
+            assert_eq!(r.body, vec![0, 159, 255, 10]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_, tombstone) = s.complete(&t, &resp, 3, 1000);
+    assert!(tombstone);
+}
+
+#[test]
+fn fenced_updates_read_one_or_zero() {
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    assert!(s.parse_update(200, br#"{"EVAL":1}"#).unwrap());
+    assert!(!s.parse_update(200, br#"{"EVAL":0}"#).unwrap());
+}
+
+#[test]
+fn every_failure_is_a_store_error() {
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    let (_, t) = s.claim(&[3; 32], &[1; 32], 7, 1000, 30_000);
+    let cases: [(u16, &[u8], &str); 6] = [
+        (200, br#"{"SET":[false,"ERR syntax error"]}"#, "redis error: ERR syntax error"),
+        (200, br#"{"EVAL":[false,"NOSCRIPT"]}"#, "no \"SET\""),
+        (0, b"", "callout failed"),
+        (503, b"Service Unavailable", "HTTP 503"),
+        (403, b"", "HTTP 403"),
+        (200, b"<html>", "not JSON"),
+    ];
+    for (status, body, want) in cases {
+        match s.parse_claim(t.clone(), &[1; 32], status, body) {
+            Err(StoreError::Host(m)) => assert!(m.contains(want), "{m} vs {want}"),
+            other => panic!("{status}: {other:?}"),
+        }
+    }
+    assert!(s.parse_claim(t, &[1; 32], 200, br#"{"SET":"garbage"}"#).is_err());
+}
+
+#[test]
+fn tokens_issue_use_and_restore() {
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    let issue = s.issue_token(&[9; 32], 5000, 600_000);
+    assert!(
+        issue.body.starts_with("SET/t%3At%3A0909") && issue.body.ends_with("/K%7C5000/PX/600000"),
+        "{}",
+        issue.body
+    );
+    s.parse_ok(200, br#"{"SET":[true,"OK"]}"#).unwrap();
+    let (cmd, t) = s.use_token(&[9; 32], 0x42, 6000);
+    assert_eq!(cmd.name, "EVAL");
+    assert_eq!(s.parse_use_token(t.clone(), 200, br#"{"EVAL":"K|5000"}"#).unwrap(), TokenUse::Consumed(t.clone()));
+    assert_eq!(
+        s.parse_use_token(t.clone(), 200, br#"{"EVAL":"U|0000000000000001|5500"}"#).unwrap(),
+        TokenUse::Used { used_at_ms: 5500 }
+    );
+    assert_eq!(s.parse_use_token(t.clone(), 200, br#"{"EVAL":null}"#).unwrap(), TokenUse::Unknown);
+    assert!(percent_decode(&s.restore_token(&t).body).contains("U|0000000000000042|6000"));
+}
+
+#[test]
+fn tokens_are_128_bit_url_safe() {
+    let t = token_text(&[0xff; 16]);
+    assert_eq!(t.len(), 22);
+    assert!(t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{t}");
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap(), 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
