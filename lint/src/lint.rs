@@ -7,7 +7,7 @@ use crate::loader::{At, Workspace};
 use crate::model::{operations, Operation};
 use crate::node::{split_pointer, Node, Value};
 use crate::rules::{Ctx, RawFinding, RULES};
-use crate::source::{char_width, FatalError, Position};
+use crate::source::{char_width, FatalError, Position, SourceFile};
 use crate::statement::statements;
 
 /// Characters of context kept on each side of the column in a snippet (long minified lines).
@@ -118,7 +118,7 @@ fn position(ws: &Workspace, raw: Vec<(RawFinding, Severity)>) -> Vec<Finding> {
                 position: pos,
                 pointer: f.pointer,
                 message: f.message,
-                snippet: snippet(src.line_text(pos.line), pos.column - 1),
+                snippet: snippet(src, pos.line, f.offset),
             });
         }
     }
@@ -130,37 +130,39 @@ pub fn sort(findings: &mut [Finding]) {
     findings.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
 }
 
-fn snippet(line: &str, col: usize) -> Snippet {
-    let total = if line.len() <= 4 * SNIPPET_CONTEXT {
-        line.chars().count()
-    } else {
-        usize::MAX
-    };
-    if total != usize::MAX && total <= 2 * SNIPPET_CONTEXT + 40 {
-        return Snippet {
-            text: line.to_string(),
-            caret: col.min(total),
-            cut_left: false,
-            cut_right: false,
-        };
+/// The line around a byte offset, cut to a window of characters around it when the line
+/// is long. Works from the offset outwards, so a finding on a 20 MB one-line JSON file costs
+/// O(window), not O(line).
+fn snippet(src: &SourceFile, line: usize, offset: u32) -> Snippet {
+    let (ls, le) = src.line_bounds(line);
+    let text = &src.text;
+    let mut off = (offset as usize).clamp(ls, le);
+    while off > ls && !text.is_char_boundary(off) {
+        off -= 1;
     }
-    let from = col.saturating_sub(SNIPPET_CONTEXT);
-    let mut it = line.char_indices().skip(from);
-    let start_byte = it.next().map_or(line.len(), |(b, _)| b);
-    let window: String = line
-        .get(start_byte..)
-        .unwrap_or("")
-        .chars()
-        .take(2 * SNIPPET_CONTEXT)
-        .collect();
-    let cut_right = line
-        .get(start_byte + window.len()..)
-        .is_some_and(|r| !r.is_empty());
+    let before = text.get(ls..off).unwrap_or("");
+    let after = text.get(off..le).unwrap_or("");
+    let mut start = off;
+    let mut caret = 0;
+    for (i, _) in before.char_indices().rev() {
+        if caret == SNIPPET_CONTEXT {
+            break;
+        }
+        start = ls + i;
+        caret += 1;
+    }
+    let mut end = off;
+    for (taken, c) in after.chars().enumerate() {
+        if taken == 2 * SNIPPET_CONTEXT {
+            break;
+        }
+        end += c.len_utf8();
+    }
     Snippet {
-        text: window,
-        caret: col - from,
-        cut_left: from > 0,
-        cut_right,
+        text: text.get(start..end).unwrap_or("").to_string(),
+        caret,
+        cut_left: start > ls,
+        cut_right: end < le,
     }
 }
 
@@ -215,10 +217,15 @@ mod tests {
     #[test]
     fn snippet_windows_long_lines() {
         let line = format!("{}支付{}", "x".repeat(1000), "y".repeat(1000));
-        let s = snippet(&line, 1000);
+        let src = SourceFile::new("t".into(), format!("a\n{line}\nb"));
+        let off = 2 + 1000;
+        let s = snippet(&src, 2, off as u32);
         assert!(s.cut_left && s.cut_right);
+        assert_eq!(s.caret, SNIPPET_CONTEXT);
         assert_eq!(s.text.chars().nth(s.caret), Some('支'));
-        let short = snippet("  post:", 2);
+        let src = SourceFile::new("t".into(), "x:\n  post:\n".into());
+        let short = snippet(&src, 2, 5);
+        assert_eq!(short.text, "  post:");
         assert_eq!(short.caret, 2);
         assert!(!short.cut_left && !short.cut_right);
     }

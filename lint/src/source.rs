@@ -93,6 +93,23 @@ impl SourceFile {
         out
     }
 
+    /// Byte range of a 1-based line without its line terminator.
+    pub fn line_bounds(&self, line: usize) -> (usize, usize) {
+        let starts = self.line_starts();
+        let Some(&start) = starts.get(line.saturating_sub(1)) else {
+            return (self.text.len(), self.text.len());
+        };
+        let mut end = starts
+            .get(line)
+            .map(|&e| e as usize)
+            .unwrap_or(self.text.len());
+        let bytes = self.text.as_bytes();
+        while end > start as usize && matches!(bytes.get(end - 1), Some(b'\n' | b'\r')) {
+            end -= 1;
+        }
+        (start as usize, end)
+    }
+
     /// The text of a 1-based line without its line terminator.
     pub fn line_text(&self, line: usize) -> &str {
         let starts = self.line_starts();

