@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""idem benchmark (`make bench`): wrk against real Envoy, with and without the filter.
+
+    python3 scripts/bench.py [--duration 4] [--reps 5] [--connections 32] [--json out.json] [--strict]
+
+Topology for every case:  wrk -> Envoy under test (1 worker) -> fast upstream
+The upstream is a second Envoy answering with `direct_response`, so the Python demo upstream
+is never the bottleneck. Cases (run round-robin, `--reps` times each, medians reported):
+
+  (a)  Envoy without the filter                                   baseline
+  (b)  filter enabled on the route, no policy matches the request  target >= 0.95 x (a)
+  (b') filter declared but disabled on the route (how the examples
+       configure routes without a policy)                         informational
+  (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.70 x (a)
+  (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
+
+The machine is small and shared: read the ratios, not the absolute numbers.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stack  # noqa: E402
+
+POLICY = """
+[shared]
+buckets = 4096
+entries_per_bucket = 8
+max_response_bytes = 4096
+
+[[route]]
+name = "bench-key"
+match = { method = "POST", path = "/api/order/create" }
+
+[route.key]
+lock_ttl = "30s"
+ttl = "24h"
+"""
+
+ROUTES = [
+    {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
+    {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
+    {"name": "bench-disabled", "match": {"prefix": "/"}, "idem": False},
+]
+
+CASES = [
+    # id, label, which envoy, path, lua script, script args, target ratio
+    ("a", "Envoy without the filter", "plain", "/api/order/create", "plain_post.lua", None, None),
+    ("b", "filter on, route without policy", "idem", "/api/no-policy", "plain_post.lua", None, 0.95),
+    ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None),
+    ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.70),
+    ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description="idem benchmark")
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds per measured run (default 4)")
+    ap.add_argument("--reps", type=int, default=5, help="measured runs per case (default 5)")
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
+    ap.add_argument("--workers", type=int, default=1, help="Envoy-under-test worker threads (default 1)")
+    ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = ap.parse_args()
+
+    stack.require_envoy()
+    stack.require_wasm()
+    stack.require_wrk()
+    workdir = stack.make_workdir("idem-bench-")
+    procs = []
+    try:
+        fast = stack.start_fast_upstream(workdir, concurrency=1)
+        procs.append(fast)
+        plain = stack.start_idem_envoy(workdir, fast.listen_port, "", routes=ROUTES, with_filter=False,
+                                       concurrency=args.workers)
+        procs.append(plain)
+        idem = stack.start_idem_envoy(workdir, fast.listen_port, POLICY, routes=ROUTES, concurrency=args.workers)
+        procs.append(idem)
+        envoys = {"plain": plain, "idem": idem}
+        print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
+              % (args.threads, args.connections, args.duration, args.reps, args.workers))
+
+        run_id = uuid.uuid4().hex[:8]
+        results = {c[0]: [] for c in CASES}
+        counter = [0]
+
+        def run(case, duration):
+            cid, _, which, path, script, mode, _ = case
+            counter[0] += 1
+            if mode == "unique":
+                sargs = [path, "%s-%d" % (run_id, counter[0])]
+            elif mode == "same":
+                key = "bench-replay-%s" % run_id
+                sargs = [path, key]
+                # (Re)store the replay key first: the unique-key case churns the store and may have
+                # evicted it, and 32 connections racing for a fresh key would measure 409s, not replays.
+                r = stack.request(envoys[which].listen_port, "POST", path,
+                                  {"Idempotency-Key": key, "Content-Type": "application/json"},
+                                  b'{"sku":"A1","qty":1}')
+                if r.status != 200:
+                    raise stack.StackError("priming the replay key failed: %r" % r)
+            else:
+                sargs = [path]
+            return stack.run_wrk(envoys[which].listen_port, path, stack.WRK_SCRIPTS / script, sargs,
+                                 duration=duration, connections=args.connections, threads=args.threads)
+
+        # warm-up: JIT tiers, connection pools, the replay key's first (stored) answer
+        for case in CASES:
+            run(case, 1)
+        for rep in range(args.reps):
+            for case in CASES:
+                res = run(case, args.duration)
+                results[case[0]].append(res)
+                bad = res["non_2xx"] + res["socket_errors"]
+                print("  rep %d %-4s %9.0f req/s  p50 %6.2f ms  p99 %6.2f ms%s" % (
+                    rep + 1, "(%s)" % case[0], res["rps"], res["p50_ms"] or 0, res["p99_ms"] or 0,
+                    "  (%d non-2xx/socket errors)" % bad if bad else ""), flush=True)
+                time.sleep(0.3)
+
+        counters = idem.stats("idem.bench-key.")
+        table = []
+        base = statistics.median(r["rps"] for r in results["a"])
+        for cid, label, _, _, _, _, target in CASES:
+            runs = results[cid]
+            rps = statistics.median(r["rps"] for r in runs)
+            row = {"case": cid, "label": label, "rps": rps,
+                   "p50_ms": statistics.median(r["p50_ms"] or 0 for r in runs),
+                   "p99_ms": statistics.median(r["p99_ms"] or 0 for r in runs),
+                   "ratio": rps / base if base else 0.0, "target": target,
+                   "errors": sum(r["non_2xx"] + r["socket_errors"] for r in runs),
+                   "runs_rps": [r["rps"] for r in runs]}
+            row["meets"] = None if target is None else row["ratio"] >= target
+            table.append(row)
+
+        print()
+        print("| case | what | req/s (median) | p50 ms | p99 ms | ratio to (a) | target | |")
+        print("|---|---|---:|---:|---:|---:|---|---|")
+        for r in table:
+            verdict = "" if r["meets"] is None else ("ok" if r["meets"] else "MISSED")
+            print("| (%s) | %s | %.0f | %.2f | %.2f | %.2f | %s | %s |" % (
+                r["case"], r["label"], r["rps"], r["p50_ms"], r["p99_ms"], r["ratio"],
+                ">= %.2f" % r["target"] if r["target"] else "", verdict))
+        print("\nidem.bench-key counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
+                                                      for k, v in sorted(counters.items()) if v))
+        errors = [r for r in table if r["errors"]]
+        for r in errors:
+            print("warning: case (%s) saw %d non-2xx answers or socket errors" % (r["case"], r["errors"]))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"cases": table, "counters": counters,
+                                                   "duration_s": args.duration, "reps": args.reps,
+                                                   "connections": args.connections}, indent=2))
+        missed = [r for r in table if r["meets"] is False]
+        if missed and args.strict:
+            return 1
+        return 0
+    except stack.StackError as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 2
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
