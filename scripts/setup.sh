@@ -44,4 +44,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${missing[@]}"
 fi
 
-say "ok: $(.venv/bin/envoy --version | tr -s ' ' | cut -d' ' -f3), $(.venv/bin/pytest --version 2>&1), wrk $(command -v wrk)"
+say "ok: envoy $(.venv/bin/envoy --version | grep -o "/1\.[0-9.]*/" | tr -d /), $(.venv/bin/pytest --version 2>&1), wrk at $(command -v wrk)"

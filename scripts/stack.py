@@ -6,6 +6,7 @@ Everything listens on 127.0.0.1 on ports picked at runtime, and every process st
 here is stopped by `stop()` (its whole process group).
 """
 
+import atexit
 import http.client
 import json
 import os
@@ -128,6 +129,19 @@ def request(port, method, path, headers=None, body=None, timeout=10.0):
 
 # ---------------------------------------------------------------------------- processes
 
+_LIVE = set()
+
+
+@atexit.register
+def _stop_leftovers():
+    """Safety net: never leave a child running when the Python process ends."""
+    for proc in list(_LIVE):
+        try:
+            proc.stop(timeout=2.0)
+        except Exception:
+            pass
+
+
 class Proc:
     """A child process in its own process group, with its output in a log file."""
 
@@ -138,6 +152,7 @@ class Proc:
         self._log = open(self.log_path, "wb")
         self.p = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   cwd=cwd, env=env, start_new_session=True)
+        _LIVE.add(self)
 
     @property
     def pid(self):
@@ -174,6 +189,7 @@ class Proc:
                     pass
                 self.p.wait(timeout=timeout)
         self._log.close()
+        _LIVE.discard(self)
 
 
 def wait_until(predicate, timeout, interval=0.05):
