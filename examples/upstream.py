@@ -111,10 +111,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, status, obj, extra_headers=()):
         body = json.dumps(obj, separators=(",", ":")).encode()
+        if status in (204, 304):
+            body = b""  # header-only answers
         try:
             self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
+            if body:
+                self.send_header("content-type", "application/json")
+            if status not in (204, 304):
+                self.send_header("content-length", str(len(body)))
             for name, value in extra_headers:
                 self.send_header(name, value)
             self.end_headers()

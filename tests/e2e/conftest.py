@@ -34,6 +34,9 @@ TEST_ROUTES = [
     # Envoy gives up on the upstream after 1 s (504): outcome unknown, the claim must be held.
     {"name": "timeouts", "match": {"path": "/t/timeouts"}, "idem": True, "timeout": "1s"},
     {"name": "short-lease", "match": {"path": "/t/short-lease"}, "idem": True},
+    {"name": "dup-200", "match": {"path": "/t/dup-200"}, "idem": True},
+    {"name": "remember-2xx", "match": {"path": "/t/remember-2xx"}, "idem": True},
+    {"name": "short-ttl", "match": {"path": "/t/short-ttl"}, "idem": True},
     {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
 ]
 
@@ -139,6 +142,32 @@ match = { method = "POST", path = "/t/short-lease" }
 
 [route.key]
 lock_ttl = "2s"
+
+[[route]]
+name = "dup-200"
+match = { method = "POST", path = "/t/dup-200" }
+
+[route.key]
+on_completed = "reject"
+
+[route.duplicate]
+status = 200
+code = "ALREADY_PROCESSED"
+message = "this callback was already processed"
+
+[[route]]
+name = "remember-2xx"
+match = { method = "POST", path = "/t/remember-2xx" }
+
+[route.key]
+remember = ["2xx"]
+
+[[route]]
+name = "short-ttl"
+match = { method = "POST", path = "/t/short-ttl" }
+
+[route.key]
+ttl = "2s"
 """
 
 

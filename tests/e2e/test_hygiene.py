@@ -79,3 +79,25 @@ def test_duplicate_answer_is_never_a_5xx(idem, upstream):
     r = post(idem, "/t/reject", key)
     assert 200 <= r.status < 500, describe(r)
     assert_local(r, 409, "ORDER_ALREADY_SUBMITTED")
+
+
+def test_custom_duplicate_status_code_and_message(idem, upstream):
+    key = new_key()
+    first = post(idem, "/t/dup-200", key)
+    assert_upstream_answer(first, key=key, n=1)
+    r = post(idem, "/t/dup-200", key)
+    j = assert_local(r, 200, "ALREADY_PROCESSED")
+    assert j["message"] == "this callback was already processed", describe(r)
+    assert_first_seen_at(j, r)
+    assert upstream.calls(key) == 1
+
+
+def test_replay_has_one_date_and_no_hop_by_hop_headers(idem, upstream):
+    key = new_key()
+    first = post(idem, CREATE, key)
+    again = post(idem, CREATE, key)
+    assert_replay_of(again, first)
+    assert len(again.header_all("date")) <= 1, describe(again)
+    assert len(again.header_all("content-length")) <= 1, describe(again)
+    for hop in ("transfer-encoding", "keep-alive", "upgrade", "proxy-connection"):
+        assert again.header(hop) is None, describe(again)

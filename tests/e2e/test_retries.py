@@ -184,3 +184,87 @@ match = { method = "POST", path = "/api/order/create" }
     fourth = new_key()
     assert_upstream_answer(post(env, CREATE, fourth), key=fourth, n=1)
     assert counters(env, "create-order").get("store_error", 0) >= 1
+
+
+def test_late_answer_of_an_expired_lease_never_overwrites_the_new_owner(idem, upstream):
+    """Fencing: A's lease (2 s) ends while A still runs (4 s); B takes the key over and completes.
+    When A's answer finally arrives it goes to A, but the stored record stays B's."""
+    key = new_key()
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault(
+        "a", post(idem, "/t/short-lease", key, headers={"x-demo-delay-ms": "4000"}, timeout=20)))
+    t.start()
+    try:
+        wait_for(lambda: upstream.calls(key) == 1, 10, what="A to reach the upstream")
+        time.sleep(2.8)  # A's lease has ended, A is still running
+        b = post(idem, "/t/short-lease", key)
+        assert_upstream_answer(b, key=key, n=2)
+    finally:
+        t.join(30)
+    assert_upstream_answer(out["a"], key=key, n=1)  # A still gets its own answer
+    c = post(idem, "/t/short-lease", key)
+    assert_replay_of(c, b)
+    assert upstream.calls(key) == 2
+
+
+def test_completed_key_expires_after_ttl(idem, upstream):
+    key = new_key()
+    first = post(idem, "/t/short-ttl", key)
+    assert_upstream_answer(first, key=key, n=1)
+    assert_replay_of(post(idem, "/t/short-ttl", key), first)
+    time.sleep(3.0)  # ttl = 2s
+    assert_upstream_answer(post(idem, "/t/short-ttl", key), key=key, n=2)
+
+
+def test_remember_only_2xx_releases_a_4xx(idem, upstream):
+    key = new_key()
+    first = post(idem, "/t/remember-2xx", key, headers={"x-demo-status": "400"})
+    assert first.status == 400 and first.header("idempotent-replayed") is None, describe(first)
+    second = post(idem, "/t/remember-2xx", key)
+    assert_upstream_answer(second, key=key, n=2)
+    assert_replay_of(post(idem, "/t/remember-2xx", key), second)
+    assert upstream.calls(key) == 2
+
+
+def test_client_gone_while_body_buffered_releases_the_claim(idem, upstream):
+    """The request never reached the upstream (client left mid-body): a retry must run."""
+    key = new_key()
+    body = b'{"sku": "A1", "qty": 1, "note": "' + b"x" * 200 + b'"}'
+    with socket.create_connection(("127.0.0.1", idem.listen_port), timeout=5) as s:
+        s.sendall(b"POST /api/order/create HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Idempotency-Key: " + key.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:40])
+        time.sleep(0.3)
+    time.sleep(0.5)
+    assert upstream.calls(key) == 0
+    r = idem.request("POST", CREATE, headers={"Idempotency-Key": key, "content-type": "application/json"}, body=body)
+    assert_upstream_answer(r, key=key, n=1)
+
+
+def test_chunked_request_body_has_the_same_fingerprint(idem, upstream):
+    import http.client
+    key = new_key()
+    body = b'{"sku": "A1", "qty": 1, "lines": [' + b",".join(b'"line-%d"' % i for i in range(400)) + b"]}"
+    first = idem.request("POST", CREATE, headers={"Idempotency-Key": key, "content-type": "application/json"},
+                         body=body)
+    assert_upstream_answer(first, key=key, n=1)
+    conn = http.client.HTTPConnection("127.0.0.1", idem.listen_port, timeout=10)
+    try:
+        conn.request("POST", CREATE, body=iter([body[:100], body[100:3000], body[3000:]]),
+                     headers={"Idempotency-Key": key, "content-type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        data = resp.read()
+        assert resp.status == first.status and data == first.body, (resp.status, data[:200])
+        assert resp.getheader("idempotent-replayed") == "true"
+    finally:
+        conn.close()
+    assert upstream.calls(key) == 1
+
+
+def test_header_only_answer_is_replayed(idem, upstream):
+    key = new_key()
+    first = post(idem, CREATE, key, headers={"x-demo-status": "204"})
+    assert first.status == 204 and first.body == b"", describe(first)
+    again = post(idem, CREATE, key, headers={"x-demo-status": "204"})
+    assert_replay_of(again, first)
+    assert again.header("x-order-id") == first.header("x-order-id"), describe(again)
+    assert upstream.calls(key) == 1
