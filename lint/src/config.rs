@@ -75,10 +75,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            methods: ["post", "put", "patch", "delete"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            methods: ["post", "put", "patch", "delete"].iter().map(|s| s.to_string()).collect(),
             section_titles: Vec::new(),
             fail_on: None,
             levels: BTreeMap::new(),

@@ -17,12 +17,7 @@ pub struct JsonError {
 }
 
 pub fn parse(text: &str) -> Result<Node, JsonError> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        text,
-        i: 0,
-        depth: 0,
-    };
+    let mut p = Parser { s: text.as_bytes(), text, i: 0, depth: 0 };
     p.ws();
     let node = p.value()?;
     p.ws();
@@ -41,10 +36,7 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn err(&self, reason: impl Into<String>) -> JsonError {
-        JsonError {
-            offset: self.i,
-            reason: reason.into(),
-        }
+        JsonError { offset: self.i, reason: reason.into() }
     }
 
     fn ws(&mut self) {
@@ -74,10 +66,7 @@ impl Parser<'_> {
             Some(b'-' | b'0'..=b'9') => self.number()?,
             Some(_) => {
                 let c = self.text.get(self.i..).and_then(|r| r.chars().next());
-                return Err(self.err(format!(
-                    "unexpected character {:?}, expected a JSON value",
-                    c.unwrap_or('?')
-                )));
+                return Err(self.err(format!("unexpected character {:?}, expected a JSON value", c.unwrap_or('?'))));
             }
         };
         Ok(Node::new(v, start as u32, self.i as u32))
@@ -124,11 +113,7 @@ impl Parser<'_> {
             self.i += 1;
             self.ws();
             let value = self.value()?;
-            entries.push(Entry {
-                key,
-                key_start,
-                value,
-            });
+            entries.push(Entry { key, key_start, value });
             self.ws();
             match self.peek() {
                 Some(b',') => self.i += 1,
@@ -207,9 +192,7 @@ impl Parser<'_> {
                 self.i += 1;
             }
         }
-        Ok(Value::Number(
-            self.text.get(start..self.i).unwrap_or("").to_string(),
-        ))
+        Ok(Value::Number(self.text.get(start..self.i).unwrap_or("").to_string()))
     }
 
     fn string(&mut self) -> Result<String, JsonError> {
@@ -322,9 +305,7 @@ mod tests {
             Value::Number(s) => serde_json::from_str(s).unwrap(),
             Value::String(s) => serde_json::Value::String(s.clone()),
             Value::Seq(v) => serde_json::Value::Array(v.iter().map(to_serde).collect()),
-            Value::Map(m) => serde_json::Value::Object(
-                m.iter().map(|e| (e.key.clone(), to_serde(&e.value))).collect(),
-            ),
+            Value::Map(m) => serde_json::Value::Object(m.iter().map(|e| (e.key.clone(), to_serde(&e.value))).collect()),
         }
     }
 

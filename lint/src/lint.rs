@@ -44,13 +44,7 @@ pub struct Finding {
 impl Finding {
     /// The deterministic output order: file, line, column, code, message.
     fn sort_key(&self) -> (&str, usize, usize, &str, &str) {
-        (
-            &self.file,
-            self.position.line,
-            self.position.column,
-            self.code,
-            &self.message,
-        )
+        (&self.file, self.position.line, self.position.column, self.code, &self.message)
     }
 }
 
@@ -68,20 +62,12 @@ pub fn lint_text(name: &str, text: &str, cfg: &Config) -> Result<Vec<Finding>, F
 
 pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
     let ops = operations(ws, &cfg.methods);
-    let enabled: Vec<_> = RULES
-        .iter()
-        .filter_map(|r| cfg.severity(r.code).map(|s| (r, s)))
-        .collect();
+    let enabled: Vec<_> = RULES.iter().filter_map(|r| cfg.severity(r.code).map(|s| (r, s))).collect();
     let mut raw: Vec<(RawFinding, Severity)> = Vec::new();
     for op in &ops {
         let st = statements(ws, op, &cfg.section_titles, true);
         let merged = st.merged();
-        let ctx = Ctx {
-            ws,
-            op,
-            statements: &st,
-            merged: merged.as_ref(),
-        };
+        let ctx = Ctx { ws, op, statements: &st, merged: merged.as_ref() };
         let mut found = Vec::new();
         for (rule, _) in &enabled {
             (rule.check)(&ctx, &mut found);
@@ -90,10 +76,7 @@ pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
             if ignored(ws, op, &f.pointer, f.code) {
                 continue;
             }
-            let sev = enabled
-                .iter()
-                .find(|(r, _)| r.code == f.code)
-                .map_or(Severity::Error, |(_, s)| *s);
+            let sev = enabled.iter().find(|(r, _)| r.code == f.code).map_or(Severity::Error, |(_, s)| *s);
             raw.push((f, sev));
         }
     }
@@ -158,12 +141,7 @@ fn snippet(src: &SourceFile, line: usize, offset: u32) -> Snippet {
         }
         end += c.len_utf8();
     }
-    Snippet {
-        text: text.get(start..end).unwrap_or("").to_string(),
-        caret,
-        cut_left: start > ls,
-        cut_right: end < le,
-    }
+    Snippet { text: text.get(start..end).unwrap_or("").to_string(), caret, cut_left: start > ls, cut_right: end < le }
 }
 
 fn ignore_list(node: &Node) -> Vec<&str> {
@@ -175,8 +153,7 @@ fn ignore_list(node: &Node) -> Vec<&str> {
 }
 
 fn matches_code(list: &[&str], code: &str) -> bool {
-    list.iter()
-        .any(|c| c.eq_ignore_ascii_case(code) || *c == "*" || c.eq_ignore_ascii_case("all"))
+    list.iter().any(|c| c.eq_ignore_ascii_case(code) || *c == "*" || c.eq_ignore_ascii_case("all"))
 }
 
 /// `x-idem-lint-ignore` on the root, `paths`, the path item, the operation or any node on the
@@ -196,10 +173,7 @@ fn ignored(ws: &Workspace, op: &Operation<'_>, pointer: &str, code: &str) -> boo
         let Some(next) = cur.node.child(seg) else {
             break;
         };
-        let Some(next) = ws.resolve(At {
-            file: cur.file,
-            node: next,
-        }) else {
+        let Some(next) = ws.resolve(At { file: cur.file, node: next }) else {
             break;
         };
         if matches_code(&ignore_list(next.node), code) {

@@ -38,12 +38,7 @@ const MAX_REF_CHAIN: usize = 64;
 impl Workspace {
     /// Load a spec file and everything it references. Any problem is a [`FatalError`].
     pub fn load(path: &str) -> Result<Workspace, FatalError> {
-        let mut ws = Workspace {
-            files: Vec::new(),
-            roots: Vec::new(),
-            keys: Vec::new(),
-            refs: HashMap::new(),
-        };
+        let mut ws = Workspace { files: Vec::new(), roots: Vec::new(), keys: Vec::new(), refs: HashMap::new() };
         ws.add_file(Path::new(path), path.to_string(), None)?;
         check_version(&ws.files[0], &ws.roots[0])?;
         let mut next = 0;
@@ -69,18 +64,10 @@ impl Workspace {
     }
 
     pub fn root(&self) -> At<'_> {
-        At {
-            file: 0,
-            node: &self.roots[0],
-        }
+        At { file: 0, node: &self.roots[0] }
     }
 
-    fn add_file(
-        &mut self,
-        path: &Path,
-        name: String,
-        from: Option<(FileId, u32, &str)>,
-    ) -> Result<FileId, FatalError> {
+    fn add_file(&mut self, path: &Path, name: String, from: Option<(FileId, u32, &str)>) -> Result<FileId, FatalError> {
         let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         if let Some(id) = self.keys.iter().position(|k| *k == key) {
             return Ok(id);
@@ -122,12 +109,7 @@ impl Workspace {
     }
 
     fn ref_error(&self, file: FileId, off: u32, reason: String) -> FatalError {
-        FatalError::at(
-            &self.files[file].name,
-            &self.files[file].text,
-            off as usize,
-            reason,
-        )
+        FatalError::at(&self.files[file].name, &self.files[file].text, off as usize, reason)
     }
 
     fn resolve_and_cache(&mut self, file: FileId, r: &str, off: u32) -> Result<(), FatalError> {
@@ -149,10 +131,7 @@ impl Workspace {
                 ));
             }
             let rel = percent_decode(file_part);
-            let base = Path::new(&self.files[file].name)
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_default();
+            let base = Path::new(&self.files[file].name).parent().map(Path::to_path_buf).unwrap_or_default();
             let joined = normalize(&base.join(&rel));
             let name = joined.to_string_lossy().into_owned();
             self.add_file(&joined, name, Some((file, off, r)))?
@@ -197,10 +176,7 @@ impl Workspace {
                 _ => return None,
             };
         }
-        Some(At {
-            file: *target,
-            node,
-        })
+        Some(At { file: *target, node })
     }
 
     /// Follow `$ref` chains from a node. Returns the node itself when it is not a reference,
@@ -223,11 +199,7 @@ impl Workspace {
 
 fn child_index<'a>(node: &'a Node, seg: &str) -> Option<(usize, &'a Node)> {
     match &node.value {
-        Value::Map(m) => m
-            .iter()
-            .enumerate()
-            .find(|(_, e)| e.key == seg)
-            .map(|(i, e)| (i, &e.value)),
+        Value::Map(m) => m.iter().enumerate().find(|(_, e)| e.key == seg).map(|(i, e)| (i, &e.value)),
         Value::Seq(_) => {
             let c = node.child(seg)?;
             seg.parse::<usize>().ok().map(|i| (i, c))
@@ -298,17 +270,11 @@ fn decode(name: &str, mut bytes: Vec<u8>) -> Result<String, FatalError> {
 pub fn parse_text(name: &str, text: &str) -> Result<Node, FatalError> {
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
-        return Err(FatalError::at(
-            name,
-            text,
-            0,
-            "empty file; expected an OpenAPI document",
-        ));
+        return Err(FatalError::at(name, text, 0, "empty file; expected an OpenAPI document"));
     }
     let is_json = name.to_ascii_lowercase().ends_with(".json") || trimmed.starts_with('{');
     if is_json {
-        json::parse(text)
-            .map_err(|e| FatalError::at(name, text, e.offset, format!("invalid JSON: {}", e.reason)))
+        json::parse(text).map_err(|e| FatalError::at(name, text, e.offset, format!("invalid JSON: {}", e.reason)))
     } else {
         yaml::parse(text).map_err(|e| FatalError::at(name, text, e.offset, e.reason))
     }

@@ -76,11 +76,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
     match run(cli) {
@@ -103,23 +99,14 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
     if let Some(Command::Rules) = cli.command {
         let mut s = String::new();
         for r in &RULES {
-            s.push_str(&format!(
-                "{}  {:<8} {:<27} {}\n",
-                r.code,
-                r.severity.to_string(),
-                r.name,
-                r.summary
-            ));
+            s.push_str(&format!("{}  {:<8} {:<27} {}\n", r.code, r.severity.to_string(), r.name, r.summary));
         }
         print(&s);
         return Ok(0);
     }
     if let Some(code) = &cli.explain {
         let Some(rule) = find(code) else {
-            return Err(FatalError::whole_file(
-                code,
-                "unknown rule code (see `idem-lint rules`)",
-            ));
+            return Err(FatalError::whole_file(code, "unknown rule code (see `idem-lint rules`)"));
         };
         print(&rule.doc());
         return Ok(0);
@@ -162,15 +149,9 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
     let color = match cli.color {
         ColorArg::Always => true,
         ColorArg::Never => false,
-        ColorArg::Auto => {
-            std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-        }
+        ColorArg::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    let run = Run {
-        specs: &cli.specs,
-        findings: &findings,
-        errors: &errors,
-    };
+    let run = Run { specs: &cli.specs, findings: &findings, errors: &errors };
     print(&render(cli.format, &run, color));
     for e in &errors {
         eprintln!("idem-lint: error: {e}");
@@ -187,7 +168,7 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
 }
 
 fn load_config(path: &str) -> Result<Config, FatalError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| FatalError::whole_file(path, format!("cannot read config: {e}")))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| FatalError::whole_file(path, format!("cannot read config: {e}")))?;
     Config::parse(path, &text)
 }

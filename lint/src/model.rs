@@ -5,9 +5,7 @@ use crate::loader::{At, FileId, Workspace};
 use crate::node::{pointer, Node};
 
 /// HTTP methods an OpenAPI 3.0/3.1 path item can hold, in the order the spec lists them.
-pub const METHODS: [&str; 8] = [
-    "get", "put", "post", "delete", "options", "head", "patch", "trace",
-];
+pub const METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
 
 /// A parameter after `$ref` resolution.
 #[derive(Debug, Clone, Copy)]
@@ -52,15 +50,9 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
     let Some(paths_map) = paths.as_map() else {
         return out;
     };
-    let paths_at = At {
-        file: 0,
-        node: paths,
-    };
+    let paths_at = At { file: 0, node: paths };
     for pe in paths_map {
-        let Some(item) = ws.resolve(At {
-            file: 0,
-            node: &pe.value,
-        }) else {
+        let Some(item) = ws.resolve(At { file: 0, node: &pe.value }) else {
             continue;
         };
         let Some(item_map) = item.node.as_map() else {
@@ -68,24 +60,18 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
         };
         let path_params = resolve_params(ws, item, item.node.get("parameters"));
         for oe in item_map {
-            if !METHODS.contains(&oe.key.as_str()) || !methods.iter().any(|m| *m == oe.key) {
+            if !METHODS.contains(&oe.key.as_str()) || !methods.contains(&oe.key) {
                 continue;
             }
-            let Some(op) = ws.resolve(At {
-                file: item.file,
-                node: &oe.value,
-            }) else {
+            let Some(op) = ws.resolve(At { file: item.file, node: &oe.value }) else {
                 continue;
             };
             if op.node.as_map().is_none() {
                 continue;
             }
             let own = resolve_params(ws, op, op.node.get("parameters"));
-            let mut params: Vec<Param<'_>> = path_params
-                .iter()
-                .filter(|p| !own.iter().any(|o| same_param(o, p)))
-                .copied()
-                .collect();
+            let mut params: Vec<Param<'_>> =
+                path_params.iter().filter(|p| !own.iter().any(|o| same_param(o, p))).copied().collect();
             params.extend(own);
             out.push(Operation {
                 method: oe.key.as_str(),
@@ -104,11 +90,7 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
 
 fn same_param(a: &Param<'_>, b: &Param<'_>) -> bool {
     a.location == b.location
-        && if a.location == "header" {
-            a.name.eq_ignore_ascii_case(b.name)
-        } else {
-            a.name == b.name
-        }
+        && if a.location == "header" { a.name.eq_ignore_ascii_case(b.name) } else { a.name == b.name }
 }
 
 fn resolve_params<'a>(ws: &'a Workspace, ctx: At<'a>, list: Option<&'a Node>) -> Vec<Param<'a>> {
@@ -117,23 +99,15 @@ fn resolve_params<'a>(ws: &'a Workspace, ctx: At<'a>, list: Option<&'a Node>) ->
         return out;
     };
     for n in items {
-        let Some(p) = ws.resolve(At {
-            file: ctx.file,
-            node: n,
-        }) else {
+        let Some(p) = ws.resolve(At { file: ctx.file, node: n }) else {
             continue;
         };
-        let (Some(name), Some(location)) = (
-            p.node.get("name").and_then(Node::as_str),
-            p.node.get("in").and_then(Node::as_str),
-        ) else {
+        let (Some(name), Some(location)) =
+            (p.node.get("name").and_then(Node::as_str), p.node.get("in").and_then(Node::as_str))
+        else {
             continue;
         };
-        out.push(Param {
-            name,
-            location,
-            at: p,
-        });
+        out.push(Param { name, location, at: p });
     }
     out
 }
@@ -167,10 +141,7 @@ components:
         assert_eq!(op.pointer, "/paths/~1a~1{id}/post");
         assert_eq!(op.params.len(), 2);
         let id = op.params.iter().find(|p| p.name == "id").unwrap();
-        assert_eq!(
-            id.at.node.get("description").unwrap().as_str(),
-            Some("op-level")
-        );
+        assert_eq!(id.at.node.get("description").unwrap().as_str(), Some("op-level"));
         assert!(op.params.iter().any(|p| p.name == "Idempotency-Key"));
     }
 }

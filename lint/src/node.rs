@@ -161,24 +161,14 @@ mod tests {
     fn pointer_round_trip() {
         let p = pointer(["paths", "/api/order/create", "post", "a~b"]);
         assert_eq!(p, "/paths/~1api~1order~1create/post/a~0b");
-        assert_eq!(
-            split_pointer(&p).unwrap(),
-            vec!["paths", "/api/order/create", "post", "a~b"]
-        );
+        assert_eq!(split_pointer(&p).unwrap(), vec!["paths", "/api/order/create", "post", "a~b"]);
         assert_eq!(split_pointer("").unwrap(), Vec::<String>::new());
         assert!(split_pointer("x").is_none());
     }
 
     #[test]
     fn seq_child_rejects_leading_zero() {
-        let n = Node::new(
-            Value::Seq(vec![
-                Node::new(Value::Null, 0, 0),
-                Node::new(Value::Bool(true), 0, 0),
-            ]),
-            0,
-            0,
-        );
+        let n = Node::new(Value::Seq(vec![Node::new(Value::Null, 0, 0), Node::new(Value::Bool(true), 0, 0)]), 0, 0);
         assert_eq!(n.child("1").and_then(Node::as_bool), Some(true));
         assert!(n.child("01").is_none());
         assert!(n.child("2").is_none());

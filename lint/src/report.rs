@@ -72,10 +72,7 @@ pub fn text(run: &Run<'_>, color: bool) -> String {
         let _ = writeln!(
             out,
             "{}: {}: {}",
-            st.paint(
-                "1",
-                &format!("{}:{}:{}", f.file, f.position.line, f.position.column)
-            ),
+            st.paint("1", &format!("{}:{}:{}", f.file, f.position.line, f.position.column)),
             st.paint(sev_color, &format!("{sev}[{}]", f.code)),
             f.message
         );
@@ -87,17 +84,8 @@ pub fn text(run: &Run<'_>, color: bool) -> String {
         let shown = f.snippet.text.replace('\t', "    ");
         let caret_pad = usize::from(f.snippet.cut_left) + f.snippet.caret_width();
         let _ = writeln!(out, "{gutter} {bar}");
-        let _ = writeln!(
-            out,
-            "{} {bar} {left}{shown}{right}",
-            st.paint("1;34", &line_no)
-        );
-        let _ = writeln!(
-            out,
-            "{gutter} {bar} {}{}",
-            " ".repeat(caret_pad),
-            st.paint(sev_color, "^")
-        );
+        let _ = writeln!(out, "{} {bar} {left}{shown}{right}", st.paint("1;34", &line_no));
+        let _ = writeln!(out, "{gutter} {bar} {}{}", " ".repeat(caret_pad), st.paint(sev_color, "^"));
         let _ = writeln!(out, "{gutter} {} {}", st.paint("1;34", "="), f.pointer);
         out.push('\n');
     }
@@ -105,21 +93,14 @@ pub fn text(run: &Run<'_>, color: bool) -> String {
     let warnings = run.count(Severity::Warning);
     let files = run.specs.len();
     let summary = if errors + warnings == 0 && run.errors.is_empty() {
-        format!(
-            "idem-lint: no findings in {files} spec{}",
-            if files == 1 { "" } else { "s" }
-        )
+        format!("idem-lint: no findings in {files} spec{}", if files == 1 { "" } else { "s" })
     } else {
         format!(
             "idem-lint: {errors} error{}, {warnings} warning{} in {files} spec{}{}",
             if errors == 1 { "" } else { "s" },
             if warnings == 1 { "" } else { "s" },
             if files == 1 { "" } else { "s" },
-            if run.errors.is_empty() {
-                String::new()
-            } else {
-                format!("; {} could not be read", run.errors.len())
-            }
+            if run.errors.is_empty() { String::new() } else { format!("; {} could not be read", run.errors.len()) }
         )
     };
     let _ = writeln!(out, "{}", st.paint("1", &summary));
@@ -228,11 +209,8 @@ pub fn sarif(run: &Run<'_>) -> String {
             })
         })
         .collect();
-    let notifications: Vec<Value> = run
-        .errors
-        .iter()
-        .map(|e| json!({ "level": "error", "message": { "text": e.to_string() } }))
-        .collect();
+    let notifications: Vec<Value> =
+        run.errors.iter().map(|e| json!({ "level": "error", "message": { "text": e.to_string() } })).collect();
     let v = json!({
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
@@ -289,27 +267,14 @@ pub fn junit(run: &Run<'_>) -> String {
             n.max(1)
         })
         .sum();
-    let _ = writeln!(
-        out,
-        "<testsuites name=\"idem-lint\" tests=\"{total_tests}\" failures=\"{total_fail}\">"
-    );
+    let _ = writeln!(out, "<testsuites name=\"idem-lint\" tests=\"{total_tests}\" failures=\"{total_fail}\">");
     for file in files {
         let fs: Vec<&Finding> = run.findings.iter().filter(|f| f.file == file).collect();
         let es: Vec<&FatalError> = run.errors.iter().filter(|e| e.file == file).collect();
         let n = fs.len() + es.len();
-        let _ = writeln!(
-            out,
-            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">",
-            xml_escape(file),
-            n.max(1),
-            n
-        );
+        let _ = writeln!(out, "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">", xml_escape(file), n.max(1), n);
         if n == 0 {
-            let _ = writeln!(
-                out,
-                "    <testcase classname=\"{}\" name=\"idem-lint\"/>",
-                xml_escape(file)
-            );
+            let _ = writeln!(out, "    <testcase classname=\"{}\" name=\"idem-lint\"/>", xml_escape(file));
         }
         for f in fs {
             let _ = writeln!(
@@ -336,11 +301,7 @@ pub fn junit(run: &Run<'_>) -> String {
             out.push_str("    </testcase>\n");
         }
         for e in es {
-            let _ = writeln!(
-                out,
-                "    <testcase classname=\"{}\" name=\"parse\">",
-                xml_escape(file)
-            );
+            let _ = writeln!(out, "    <testcase classname=\"{}\" name=\"parse\">", xml_escape(file));
             let _ = writeln!(
                 out,
                 "      <error type=\"fatal\" message=\"{}\">{}</error>",
@@ -358,9 +319,7 @@ pub fn junit(run: &Run<'_>) -> String {
 // --------------------------------------------------------------------------------- GitHub
 
 fn gh_data(s: &str) -> String {
-    s.replace('%', "%25")
-        .replace('\r', "%0D")
-        .replace('\n', "%0A")
+    s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
 }
 
 fn gh_prop(s: &str) -> String {
@@ -397,12 +356,7 @@ pub fn github(run: &Run<'_>) -> String {
                 );
             }
             None => {
-                let _ = writeln!(
-                    out,
-                    "::error file={},title=idem-lint::{}",
-                    gh_prop(&e.file),
-                    gh_data(&e.reason)
-                );
+                let _ = writeln!(out, "::error file={},title=idem-lint::{}", gh_prop(&e.file), gh_data(&e.reason));
             }
         }
     }

@@ -107,10 +107,7 @@ pub fn normalize_title(s: &str) -> String {
     let mut t: String = s.replace("**", "").replace("__", "").replace('`', "");
     t = t.trim().trim_end_matches([':', '：']).trim().to_string();
     // leading numbering: "3.", "3.1", "3.1.", "三、" is left alone
-    let num_end = t
-        .char_indices()
-        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.'))
-        .map_or(t.len(), |(i, _)| i);
+    let num_end = t.char_indices().find(|(_, c)| !(c.is_ascii_digit() || *c == '.')).map_or(t.len(), |(i, _)| i);
     if num_end > 0 && t.as_bytes().first().is_some_and(u8::is_ascii_digit) {
         t = t.get(num_end..).unwrap_or("").trim_start().to_string();
     }
@@ -161,28 +158,16 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
                     break;
                 }
             }
-            if setext_level(ls.get(j + 1)).is_some()
-                && !lj.text.trim().is_empty()
-                && label_of(lj.text).is_none()
-            {
+            if setext_level(ls.get(j + 1)).is_some() && !lj.text.trim().is_empty() && label_of(lj.text).is_none() {
                 break;
             }
             if let Some((label, value)) = label_of(lj.text) {
                 let (line, range) = trimmed_range(lj);
-                items.push(Item {
-                    label,
-                    value,
-                    line,
-                    range,
-                });
+                items.push(Item { label, value, line, range });
             }
             j += 1;
         }
-        return Some(Section {
-            title,
-            title_range,
-            items,
-        });
+        return Some(Section { title, title_range, items });
     }
     None
 }
@@ -235,10 +220,7 @@ fn label_of(line: &str) -> Option<(Label, &str)> {
         return Some((label, value));
     }
     let t = strip_list_marker(t);
-    let (idx, colon_len) = t
-        .char_indices()
-        .find(|(_, c)| *c == ':' || *c == '：')
-        .map(|(i, c)| (i, c.len_utf8()))?;
+    let (idx, colon_len) = t.char_indices().find(|(_, c)| *c == ':' || *c == '：').map(|(i, c)| (i, c.len_utf8()))?;
     let label = label_kind(t.get(..idx)?)?;
     let value = clean_value(t.get(idx + colon_len..)?);
     Some((label, value))
@@ -337,42 +319,27 @@ fn unquote(s: &str) -> &str {
 pub fn parse_key(v: &str) -> KeySpec {
     let v = v.trim();
     if v.is_empty() || is_none_word(v) {
-        return KeySpec {
-            location: None,
-            names: Vec::new(),
-        };
+        return KeySpec { location: None, names: Vec::new() };
     }
     let mut name_part = v;
     let mut location = None;
     // "Name（header）" / "Name (header)": the first parenthetical names the location.
-    let open = v
-        .char_indices()
-        .find(|(_, c)| *c == '(' || *c == '（')
-        .map(|(i, c)| (i, c.len_utf8()));
+    let open = v.char_indices().find(|(_, c)| *c == '(' || *c == '（').map(|(i, c)| (i, c.len_utf8()));
     if let Some((i, len)) = open {
         let inner_all = v.get(i + len..).unwrap_or("");
-        let close = inner_all
-            .char_indices()
-            .find(|(_, c)| *c == ')' || *c == '）')
-            .map_or(inner_all.len(), |(j, _)| j);
+        let close = inner_all.char_indices().find(|(_, c)| *c == ')' || *c == '）').map_or(inner_all.len(), |(j, _)| j);
         let inner = inner_all.get(..close).unwrap_or("");
         location = Some(KeyIn::parse(inner));
         name_part = v.get(..i).unwrap_or("");
     } else {
         // "header Idempotency-Key" / "header: Idempotency-Key" / "请求头 Idempotency-Key"
-        let first_end = v
-            .char_indices()
-            .find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：')
-            .map(|(i, _)| i);
+        let first_end = v.char_indices().find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：').map(|(i, _)| i);
         if let Some(e) = first_end {
             let first = v.get(..e).unwrap_or("");
             let loc = KeyIn::parse(first);
             if !matches!(loc, KeyIn::Other(_)) {
                 location = Some(loc);
-                name_part = v
-                    .get(e..)
-                    .unwrap_or("")
-                    .trim_start_matches([':', '：', ' ', '\t']);
+                name_part = v.get(e..).unwrap_or("").trim_start_matches([':', '：', ' ', '\t']);
             }
         }
     }
@@ -394,10 +361,7 @@ pub struct Duplicate {
 
 pub fn parse_duplicate(v: &str) -> Duplicate {
     if v.trim().is_empty() || is_none_word(v) {
-        return Duplicate {
-            status: None,
-            code: None,
-        };
+        return Duplicate { status: None, code: None };
     }
     let mut status = None;
     let chars: Vec<(usize, char)> = v.char_indices().collect();
@@ -435,9 +399,7 @@ fn backticked(s: &str) -> Option<String> {
     let b = r.find('`')?;
     let inner = r.get(..b)?.trim();
     if !inner.is_empty()
-        && inner
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+        && inner.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
         && !inner.bytes().all(|c| c.is_ascii_digit())
     {
         Some(inner.to_string())
@@ -451,8 +413,7 @@ fn caps_token(s: &str) -> Option<String> {
         .find(|t| {
             t.len() >= 3
                 && t.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
-                && t.bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                && t.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
                 && !matches!(*t, "HTTP" | "JSON" | "API")
         })
         .map(str::to_string)
@@ -520,10 +481,7 @@ mod tests {
         assert_eq!(s.title, "### 幂等性说明");
         assert_eq!(&DESIGN_EXAMPLE[s.title_range.clone()], "### 幂等性说明");
         let labels: Vec<Label> = s.items.iter().map(|i| i.label).collect();
-        assert_eq!(
-            labels,
-            vec![Label::Idempotent, Label::Key, Label::Duplicate, Label::Expiry]
-        );
+        assert_eq!(labels, vec![Label::Idempotent, Label::Key, Label::Duplicate, Label::Expiry]);
         assert_eq!(s.items[1].value, "Idempotency-Key（header）");
         assert_eq!(&DESIGN_EXAMPLE[s.items[1].range.clone()], s.items[1].line);
     }
@@ -546,11 +504,7 @@ mod tests {
     #[test]
     fn heading_levels_and_section_end() {
         for level in 1..=6 {
-            let d = format!(
-                "{} 幂等性说明\n是否幂等: 否\n{} Other\n幂等键: x\n",
-                "#".repeat(level),
-                "#".repeat(level)
-            );
+            let d = format!("{} 幂等性说明\n是否幂等: 否\n{} Other\n幂等键: x\n", "#".repeat(level), "#".repeat(level));
             let s = find_section(&d, &[]).unwrap();
             assert_eq!(s.items.len(), 1, "level {level}");
         }

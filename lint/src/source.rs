@@ -32,11 +32,7 @@ pub struct Position {
 
 impl SourceFile {
     pub fn new(name: String, text: String) -> SourceFile {
-        SourceFile {
-            name,
-            text,
-            line_starts: OnceCell::new(),
-        }
+        SourceFile { name, text, line_starts: OnceCell::new() }
     }
 
     fn line_starts(&self) -> &[u32] {
@@ -56,14 +52,7 @@ impl SourceFile {
         let starts = self.line_starts();
         let mut order: Vec<usize> = (0..offsets.len()).collect();
         order.sort_by_key(|&i| offsets[i]);
-        let mut out = vec![
-            Position {
-                line: 1,
-                column: 1,
-                column_utf16: 1,
-            };
-            offsets.len()
-        ];
+        let mut out = vec![Position { line: 1, column: 1, column_utf16: 1 }; offsets.len()];
         // (line index, byte offset reached, chars, utf16 units)
         let mut state: Option<(usize, usize, usize, usize)> = None;
         for i in order {
@@ -84,11 +73,7 @@ impl SourceFile {
                 units += ch.len_utf16();
             }
             state = Some((line_idx, off, chars, units));
-            out[i] = Position {
-                line: line_idx + 1,
-                column: chars + 1,
-                column_utf16: units + 1,
-            };
+            out[i] = Position { line: line_idx + 1, column: chars + 1, column_utf16: units + 1 };
         }
         out
     }
@@ -99,10 +84,7 @@ impl SourceFile {
         let Some(&start) = starts.get(line.saturating_sub(1)) else {
             return (self.text.len(), self.text.len());
         };
-        let mut end = starts
-            .get(line)
-            .map(|&e| e as usize)
-            .unwrap_or(self.text.len());
+        let mut end = starts.get(line).map(|&e| e as usize).unwrap_or(self.text.len());
         let bytes = self.text.as_bytes();
         while end > start as usize && matches!(bytes.get(end - 1), Some(b'\n' | b'\r')) {
             end -= 1;
@@ -116,10 +98,7 @@ impl SourceFile {
         let Some(&start) = starts.get(line.saturating_sub(1)) else {
             return "";
         };
-        let end = starts
-            .get(line)
-            .map(|&e| e as usize)
-            .unwrap_or(self.text.len());
+        let end = starts.get(line).map(|&e| e as usize).unwrap_or(self.text.len());
         let s = self.text.get(start as usize..end).unwrap_or("");
         s.trim_end_matches(['\n', '\r'])
     }
@@ -190,11 +169,7 @@ impl FatalError {
     }
 
     pub fn whole_file(file: &str, reason: impl Into<String>) -> FatalError {
-        FatalError {
-            file: file.to_string(),
-            position: None,
-            reason: one_line(&reason.into()),
-        }
+        FatalError { file: file.to_string(), position: None, reason: one_line(&reason.into()) }
     }
 }
 

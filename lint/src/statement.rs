@@ -4,9 +4,7 @@
 use crate::loader::{FileId, Workspace};
 use crate::model::Operation;
 use crate::node::{Node, Value};
-use crate::section::{
-    find_section, parse_bool, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Label, Tri,
-};
+use crate::section::{find_section, parse_bool, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Label, Tri};
 
 /// Where a finding points: file, byte offset, logical JSON pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,12 +90,7 @@ fn find_in(haystack: &str, from: usize, to: usize, needle: &str) -> Option<usize
     hay.find(needle).map(|i| from + i)
 }
 
-pub fn statements(
-    ws: &Workspace,
-    op: &Operation<'_>,
-    extra_titles: &[String],
-    with_section: bool,
-) -> Statements {
+pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], with_section: bool) -> Statements {
     let mut out = Statements::default();
     let file = op.at.file;
     let text = &ws.file(file).text;
@@ -117,11 +110,7 @@ pub fn statements(
                             None => desc_node.start,
                         }
                     };
-                    let loc_of = |offset: u32| Loc {
-                        file,
-                        offset,
-                        pointer: pointer.clone(),
-                    };
+                    let loc_of = |offset: u32| Loc { file, offset, pointer: pointer.clone() };
                     let title_off = locate(sec.title);
                     let mut st = Statement {
                         origin: Origin::Section,
@@ -137,32 +126,16 @@ pub fn statements(
                         let loc = loc_of(off);
                         match item.label {
                             Label::Idempotent if st.idempotent.is_none() => {
-                                st.idempotent = Some(Field {
-                                    value: parse_bool(item.value),
-                                    loc,
-                                    raw,
-                                });
+                                st.idempotent = Some(Field { value: parse_bool(item.value), loc, raw });
                             }
                             Label::Key if st.key.is_none() => {
-                                st.key = Some(Field {
-                                    value: parse_key(item.value),
-                                    loc,
-                                    raw,
-                                });
+                                st.key = Some(Field { value: parse_key(item.value), loc, raw });
                             }
                             Label::Duplicate if st.duplicate.is_none() => {
-                                st.duplicate = Some(Field {
-                                    value: parse_duplicate(item.value),
-                                    loc,
-                                    raw,
-                                });
+                                st.duplicate = Some(Field { value: parse_duplicate(item.value), loc, raw });
                             }
                             Label::Expiry if st.expiry.is_none() => {
-                                st.expiry = Some(Field {
-                                    value: item.value.to_string(),
-                                    loc,
-                                    raw,
-                                });
+                                st.expiry = Some(Field { value: item.value.to_string(), loc, raw });
                             }
                             _ => {}
                         }
@@ -183,19 +156,11 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
     let loc_at = |n: &Node, field: &str| Loc {
         file,
         offset: n.start,
-        pointer: if field.is_empty() {
-            base.clone()
-        } else {
-            format!("{base}/{field}")
-        },
+        pointer: if field.is_empty() { base.clone() } else { format!("{base}/{field}") },
     };
     let mut st = Statement {
         origin: Origin::Extension,
-        loc: Loc {
-            file,
-            offset: key_start,
-            pointer: base.clone(),
-        },
+        loc: Loc { file, offset: key_start, pointer: base.clone() },
         idempotent: None,
         key: None,
         duplicate: None,
@@ -203,11 +168,8 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
     };
     match &node.value {
         Value::Bool(b) => {
-            st.idempotent = Some(Field {
-                value: if *b { Tri::Yes } else { Tri::No },
-                loc: loc_at(node, ""),
-                raw: b.to_string(),
-            });
+            st.idempotent =
+                Some(Field { value: if *b { Tri::Yes } else { Tri::No }, loc: loc_at(node, ""), raw: b.to_string() });
             return st;
         }
         Value::Map(_) => {}
@@ -227,11 +189,7 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
             Value::String(s) => parse_bool(s),
             _ => Tri::Unknown(n.scalar_text().unwrap_or_else(|| "?".into())),
         };
-        st.idempotent = Some(Field {
-            value,
-            loc: loc_at(n, "idempotent"),
-            raw: n.scalar_text().unwrap_or_default(),
-        });
+        st.idempotent = Some(Field { value, loc: loc_at(n, "idempotent"), raw: n.scalar_text().unwrap_or_default() });
     }
     if let Some(n) = node.get("key") {
         let value = match &n.value {
@@ -248,41 +206,21 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
                 };
                 KeySpec { location, names }
             }
-            _ => KeySpec {
-                location: None,
-                names: Vec::new(),
-            },
+            _ => KeySpec { location: None, names: Vec::new() },
         };
-        st.key = Some(Field {
-            value,
-            loc: loc_at(n, "key"),
-            raw: n.scalar_text().unwrap_or_default(),
-        });
+        st.key = Some(Field { value, loc: loc_at(n, "key"), raw: n.scalar_text().unwrap_or_default() });
     }
     if let Some(n) = node.get("duplicate") {
         let value = match &n.value {
             Value::String(s) => parse_duplicate(s),
-            Value::Number(s) => Duplicate {
-                status: s.parse().ok(),
-                code: None,
-            },
+            Value::Number(s) => Duplicate { status: s.parse().ok(), code: None },
             Value::Map(_) => Duplicate {
-                status: n
-                    .get("status")
-                    .and_then(Node::scalar_text)
-                    .and_then(|s| s.trim().parse().ok()),
+                status: n.get("status").and_then(Node::scalar_text).and_then(|s| s.trim().parse().ok()),
                 code: n.get("code").and_then(Node::scalar_text),
             },
-            _ => Duplicate {
-                status: None,
-                code: None,
-            },
+            _ => Duplicate { status: None, code: None },
         };
-        st.duplicate = Some(Field {
-            value,
-            loc: loc_at(n, "duplicate"),
-            raw: n.scalar_text().unwrap_or_default(),
-        });
+        st.duplicate = Some(Field { value, loc: loc_at(n, "duplicate"), raw: n.scalar_text().unwrap_or_default() });
     }
     if let Some(n) = node.get("expiry") {
         st.expiry = Some(Field {

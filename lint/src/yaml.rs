@@ -37,11 +37,7 @@ impl Cursor<'_> {
             return char_index.min(self.text.len());
         }
         while self.chars < char_index && self.bytes < self.text.len() {
-            let c = self
-                .text
-                .get(self.bytes..)
-                .and_then(|r| r.chars().next())
-                .map_or(1, char::len_utf8);
+            let c = self.text.get(self.bytes..).and_then(|r| r.chars().next()).map_or(1, char::len_utf8);
             self.bytes += c;
             self.chars += 1;
         }
@@ -57,27 +53,12 @@ impl Cursor<'_> {
 }
 
 enum Frame {
-    Seq {
-        items: Vec<Node>,
-        start: u32,
-        anchor: usize,
-    },
-    Map {
-        entries: Vec<Entry>,
-        key: Option<(String, u32)>,
-        start: u32,
-        anchor: usize,
-        has_merge: bool,
-    },
+    Seq { items: Vec<Node>, start: u32, anchor: usize },
+    Map { entries: Vec<Entry>, key: Option<(String, u32)>, start: u32, anchor: usize, has_merge: bool },
 }
 
 pub fn parse(text: &str) -> Result<Node, YamlError> {
-    let mut cur = Cursor {
-        text,
-        ascii: text.is_ascii(),
-        chars: 0,
-        bytes: 0,
-    };
+    let mut cur = Cursor { text, ascii: text.is_ascii(), chars: 0, bytes: 0 };
     let mut parser = Parser::new_from_str(text);
     let mut stack: Vec<Frame> = Vec::new();
     let mut anchors: HashMap<usize, Node> = HashMap::new();
@@ -90,10 +71,7 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
             Ok(x) => x,
             Err(e) => {
                 let offset = cur.byte(e.marker().index());
-                return Err(YamlError {
-                    offset,
-                    reason: format!("invalid YAML: {}", e.info()),
-                });
+                return Err(YamlError { offset, reason: format!("invalid YAML: {}", e.info()) });
             }
         };
         let (start, end) = span_bytes(&mut cur, &span);
@@ -112,10 +90,7 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
             }
             Event::Alias(id) => {
                 let Some(n) = anchors.get(&id) else {
-                    return Err(YamlError {
-                        offset: start as usize,
-                        reason: "alias to an unknown anchor".into(),
-                    });
+                    return Err(YamlError { offset: start as usize, reason: "alias to an unknown anchor".into() });
                 };
                 alias_nodes += n.count();
                 if alias_nodes > MAX_ALIAS_NODES {
@@ -145,11 +120,7 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
                         reason: format!("nesting deeper than {MAX_DEPTH} levels"),
                     });
                 }
-                stack.push(Frame::Seq {
-                    items: Vec::new(),
-                    start,
-                    anchor,
-                });
+                stack.push(Frame::Seq { items: Vec::new(), start, anchor });
                 None
             }
             Event::MappingStart(anchor, _) => {
@@ -159,49 +130,21 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
                         reason: format!("nesting deeper than {MAX_DEPTH} levels"),
                     });
                 }
-                stack.push(Frame::Map {
-                    entries: Vec::new(),
-                    key: None,
-                    start,
-                    anchor,
-                    has_merge: false,
-                });
+                stack.push(Frame::Map { entries: Vec::new(), key: None, start, anchor, has_merge: false });
                 None
             }
             Event::SequenceEnd => match stack.pop() {
-                Some(Frame::Seq {
-                    items,
-                    start: s,
-                    anchor,
-                }) => Some((Node::new(Value::Seq(items), s, end.max(s)), anchor)),
-                _ => {
-                    return Err(YamlError {
-                        offset: start as usize,
-                        reason: "unbalanced sequence end".into(),
-                    })
+                Some(Frame::Seq { items, start: s, anchor }) => {
+                    Some((Node::new(Value::Seq(items), s, end.max(s)), anchor))
                 }
+                _ => return Err(YamlError { offset: start as usize, reason: "unbalanced sequence end".into() }),
             },
             Event::MappingEnd => match stack.pop() {
-                Some(Frame::Map {
-                    entries,
-                    start: s,
-                    anchor,
-                    has_merge,
-                    ..
-                }) => {
-                    let entries = if has_merge {
-                        apply_merge(entries)
-                    } else {
-                        entries
-                    };
+                Some(Frame::Map { entries, start: s, anchor, has_merge, .. }) => {
+                    let entries = if has_merge { apply_merge(entries) } else { entries };
                     Some((Node::new(Value::Map(entries), s, end.max(s)), anchor))
                 }
-                _ => {
-                    return Err(YamlError {
-                        offset: start as usize,
-                        reason: "unbalanced mapping end".into(),
-                    })
-                }
+                _ => return Err(YamlError { offset: start as usize, reason: "unbalanced mapping end".into() }),
             },
         };
         let Some((node, anchor)) = done else {
@@ -213,12 +156,7 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
         match stack.last_mut() {
             None => root = Some(node),
             Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map {
-                entries,
-                key,
-                has_merge,
-                ..
-            }) => match key.take() {
+            Some(Frame::Map { entries, key, has_merge, .. }) => match key.take() {
                 None => {
                     let k = match &node.value {
                         Value::String(s) | Value::Number(s) => s.clone(),
@@ -237,19 +175,12 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
                     if k == "<<" && matches!(node.value, Value::Map(_) | Value::Seq(_)) {
                         *has_merge = true;
                     }
-                    entries.push(Entry {
-                        key: k,
-                        key_start,
-                        value: node,
-                    });
+                    entries.push(Entry { key: k, key_start, value: node });
                 }
             },
         }
     }
-    root.ok_or_else(|| YamlError {
-        offset: 0,
-        reason: "empty document".into(),
-    })
+    root.ok_or_else(|| YamlError { offset: 0, reason: "empty document".into() })
 }
 
 fn span_bytes(cur: &mut Cursor<'_>, span: &Span) -> (u32, u32) {
@@ -442,13 +373,7 @@ mod tests {
         let value = match &n.value {
             Value::Seq(s) => Value::Seq(s.iter().map(strip).collect()),
             Value::Map(m) => Value::Map(
-                m.iter()
-                    .map(|e| Entry {
-                        key: e.key.clone(),
-                        key_start: 0,
-                        value: strip(&e.value),
-                    })
-                    .collect(),
+                m.iter().map(|e| Entry { key: e.key.clone(), key_start: 0, value: strip(&e.value) }).collect(),
             ),
             v => v.clone(),
         };
@@ -479,10 +404,7 @@ mod tests {
         assert_eq!(u.get("x").unwrap().value, Value::Number("1".into()));
         assert_eq!(u.get("y").unwrap().value, Value::Number("3".into()));
         assert!(u.get("<<").is_none());
-        assert_eq!(
-            n.get("again").unwrap().get("y").unwrap().value,
-            Value::Number("2".into())
-        );
+        assert_eq!(n.get("again").unwrap().get("y").unwrap().value, Value::Number("2".into()));
     }
 
     #[test]

@@ -11,20 +11,11 @@ fn root() -> PathBuf {
 }
 
 fn fx(p: &str) -> String {
-    root()
-        .join("tests/fixtures")
-        .join(p)
-        .to_string_lossy()
-        .into_owned()
+    root().join("tests/fixtures").join(p).to_string_lossy().into_owned()
 }
 
 fn run_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem-lint"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("NO_COLOR")
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_idem-lint")).args(args).current_dir(dir).env_remove("NO_COLOR").output().unwrap()
 }
 
 fn run(args: &[&str]) -> Output {
@@ -150,10 +141,7 @@ fn sarif_is_valid_2_1_0_with_utf16_columns_and_rule_help() {
         assert!(r["help"]["text"].as_str().unwrap().len() > 100, "{r}");
     }
     let results = run["results"].as_array().unwrap();
-    let cjk = results
-        .iter()
-        .find(|r| r["ruleId"] == "IDEM001")
-        .unwrap();
+    let cjk = results.iter().find(|r| r["ruleId"] == "IDEM001").unwrap();
     assert_eq!(cjk["locations"][0]["physicalLocation"]["region"]["startColumn"], 15);
     assert_eq!(cjk["level"], "error");
     let idx = cjk["ruleIndex"].as_u64().unwrap() as usize;
@@ -175,7 +163,10 @@ fn junit_and_github_formats() {
     let g = stdout(&o);
     let first = g.lines().next().unwrap();
     assert!(
-        first.starts_with(&format!("::warning file={},line=12,col=9,title=IDEM008 /paths/~1a/post/description::", fx("IDEM008/bad.yaml"))),
+        first.starts_with(&format!(
+            "::warning file={},line=12,col=9,title=IDEM008 /paths/~1a/post/description::",
+            fx("IDEM008/bad.yaml")
+        )),
         "{first}"
     );
     assert_eq!(g.lines().count(), 3);
@@ -183,13 +174,7 @@ fn junit_and_github_formats() {
 
 #[test]
 fn output_is_deterministic_and_sorted() {
-    let args = [
-        "--format",
-        "json",
-        &fx("IDEM006/bad.yaml"),
-        &fx("IDEM001/bad.yaml"),
-        &fx("IDEM004/bad.yaml"),
-    ];
+    let args = ["--format", "json", &fx("IDEM006/bad.yaml"), &fx("IDEM001/bad.yaml"), &fx("IDEM004/bad.yaml")];
     let a = stdout(&run(&args));
     let b = stdout(&run(&args));
     assert_eq!(a, b);
@@ -198,13 +183,7 @@ fn output_is_deterministic_and_sorted() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| {
-            (
-                f["file"].as_str().unwrap().to_string(),
-                f["line"].as_u64().unwrap(),
-                f["column"].as_u64().unwrap(),
-            )
-        })
+        .map(|f| (f["file"].as_str().unwrap().to_string(), f["line"].as_u64().unwrap(), f["column"].as_u64().unwrap()))
         .collect();
     let mut sorted = keys.clone();
     sorted.sort();
@@ -245,12 +224,7 @@ fn config_in_the_working_directory_is_used() {
     // Without the config the same spec has no statement at all (two IDEM001s).
     let o = run_in(&dir, &["--format", "json", "--config", &fx("../../idem-lint.example.toml"), "spec.yaml"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let codes: Vec<&str> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["code"].as_str().unwrap())
-        .collect();
+    let codes: Vec<&str> = v["findings"].as_array().unwrap().iter().map(|f| f["code"].as_str().unwrap()).collect();
     assert_eq!(codes, vec!["IDEM001", "IDEM001"], "{v}");
     // A broken config is a usage error with its position.
     let tmp = std::env::temp_dir().join(format!("idem-lint-bad-{}.toml", std::process::id()));
@@ -290,10 +264,7 @@ fn json_and_yaml_of_the_same_spec_give_the_same_findings() {
             })
             .collect()
     };
-    for (i, src) in ["IDEM001/bad_json.json", "IDEM004/bad.yaml", "IDEM009/bad.yaml"]
-        .iter()
-        .enumerate()
-    {
+    for (i, src) in ["IDEM001/bad_json.json", "IDEM004/bad.yaml", "IDEM009/bad.yaml"].iter().enumerate() {
         let src = fx(src);
         let dumped = stdout(&run(&["--dump-yaml", &src]));
         let tmp = std::env::temp_dir().join(format!("idem-lint-dump-{}-{i}.yaml", std::process::id()));

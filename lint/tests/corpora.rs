@@ -34,17 +34,8 @@ fn spec(rel: &str) -> PathBuf {
 /// (code, severity, pointer, message): a finding without its position, which legitimately
 /// differs between the JSON file and its YAML conversion.
 fn essence(f: &[Finding]) -> Vec<(String, String, String, String)> {
-    let mut v: Vec<_> = f
-        .iter()
-        .map(|f| {
-            (
-                f.pointer.clone(),
-                f.code.to_string(),
-                f.severity.to_string(),
-                f.message.clone(),
-            )
-        })
-        .collect();
+    let mut v: Vec<_> =
+        f.iter().map(|f| (f.pointer.clone(), f.code.to_string(), f.severity.to_string(), f.message.clone())).collect();
     v.sort();
     v
 }
@@ -56,29 +47,18 @@ fn check(rel: &str, expect_openapi: &str) {
 
     // 1. It loads (every $ref checked) and lints.
     let ws = Workspace::load(path_s).unwrap_or_else(|e| panic!("{rel}: {e}"));
-    let version = ws
-        .root()
-        .node
-        .get("openapi")
-        .and_then(|n| n.as_str())
-        .unwrap_or("");
+    let version = ws.root().node.get("openapi").and_then(|n| n.as_str()).unwrap_or("");
     assert!(version.starts_with(expect_openapi), "{rel}: openapi {version}");
     let from_json = lint_path(path_s, &cfg).unwrap_or_else(|e| panic!("{rel}: {e}"));
     assert!(!from_json.is_empty(), "{rel}: expected findings (no idempotency statements)");
 
     // 2. The YAML conversion gives the same findings.
     let yaml = idem_lint::yaml::dump(ws.root().node);
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "{}.yaml",
-        rel.replace('/', "_")
-    ));
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.yaml", rel.replace('/', "_")));
     std::fs::write(&tmp, &yaml).unwrap();
     let from_yaml = lint_path(tmp.to_str().unwrap(), &cfg).unwrap_or_else(|e| panic!("{rel} as YAML: {e}"));
     assert_eq!(from_json.len(), from_yaml.len(), "{rel}: JSON vs YAML count");
-    assert!(
-        essence(&from_json) == essence(&from_yaml),
-        "{rel}: JSON and YAML findings differ"
-    );
+    assert!(essence(&from_json) == essence(&from_yaml), "{rel}: JSON and YAML findings differ");
     // Positions in the YAML file are real positions: each finding's line holds its key.
     let ytext = std::fs::read_to_string(&tmp).unwrap();
     let ylines: Vec<&str> = ytext.lines().collect();

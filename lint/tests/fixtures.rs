@@ -25,11 +25,7 @@ fn expectations(path: &Path) -> Vec<String> {
             .map(|l| format!("{l}\n"))
             .collect()
     };
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()
 }
 
 fn files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
@@ -55,8 +51,8 @@ fn bad_fixtures_trigger_their_rule_at_the_expected_places() {
         for path in bad {
             let expected = expectations(&path);
             assert!(!expected.is_empty(), "{}: no expectations", path.display());
-            let findings = lint_path(path.to_str().unwrap(), &cfg)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let findings =
+                lint_path(path.to_str().unwrap(), &cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let got: Vec<String> = findings
                 .iter()
                 .filter(|f| f.code == rule.code)
@@ -84,8 +80,8 @@ fn good_fixtures_lint_clean() {
         let good = files(&dir, "good");
         assert!(!good.is_empty(), "{}: no good fixture", rule.code);
         for path in good {
-            let findings = lint_path(path.to_str().unwrap(), &cfg)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let findings =
+                lint_path(path.to_str().unwrap(), &cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let shown: Vec<String> = findings
                 .iter()
                 .map(|f| format!("{} {}:{} {}", f.code, f.position.line, f.position.column, f.message))

@@ -36,11 +36,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     if ctx.statements.section.is_some() || ctx.statements.extension.is_some() {
         return;
     }
-    let loc = Loc {
-        file: ctx.op.key_file,
-        offset: ctx.op.key_offset,
-        pointer: ctx.op.pointer.clone(),
-    };
+    let loc = Loc { file: ctx.op.key_file, offset: ctx.op.key_offset, pointer: ctx.op.pointer.clone() };
     out.push(ctx.at(
         "IDEM001",
         &loc,

@@ -43,10 +43,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
                 out.push(ctx.at(
                     "IDEM002",
                     &f.loc,
-                    format!(
-                        "cannot tell whether {} is idempotent from \"{raw}\"; write 是/否 (yes/no)",
-                        ctx.label()
-                    ),
+                    format!("cannot tell whether {} is idempotent from \"{raw}\"; write 是/否 (yes/no)", ctx.label()),
                 ));
             }
         }

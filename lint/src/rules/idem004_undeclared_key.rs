@@ -48,10 +48,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         out.push(ctx.at(
             "IDEM004",
             &key.loc,
-            format!(
-                "unknown key location \"{loc}\" for {}: use header, query, path or body",
-                ctx.label()
-            ),
+            format!("unknown key location \"{loc}\" for {}: use header, query, path or body", ctx.label()),
         ));
         return;
     }
@@ -63,10 +60,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             Some(KeyIn::Body) => body_has(ctx, name),
             Some(KeyIn::Other(_)) => false,
             None => {
-                ["header", "query", "path", "cookie"]
-                    .iter()
-                    .any(|l| has_param(ctx, l, name))
-                    || body_has(ctx, name)
+                ["header", "query", "path", "cookie"].iter().any(|l| has_param(ctx, l, name)) || body_has(ctx, name)
             }
         };
         if !found {
@@ -80,10 +74,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             out.push(ctx.at(
                 "IDEM004",
                 &key.loc,
-                format!(
-                    "idempotency key \"{name}\" is not declared by {}: it is not {what}",
-                    ctx.label()
-                ),
+                format!("idempotency key \"{name}\" is not declared by {}: it is not {what}", ctx.label()),
             ));
         }
     }
@@ -91,12 +82,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
 
 fn has_param(ctx: &Ctx<'_>, location: &str, name: &str) -> bool {
     ctx.op.params.iter().any(|p| {
-        p.location == location
-            && if location == "header" {
-                p.name.eq_ignore_ascii_case(name)
-            } else {
-                p.name == name
-            }
+        p.location == location && if location == "header" { p.name.eq_ignore_ascii_case(name) } else { p.name == name }
     })
 }
 
@@ -113,10 +99,7 @@ fn body_has(ctx: &Ctx<'_>, name: &str) -> bool {
     let Some(rb) = ctx.op.at.node.get("requestBody") else {
         return false;
     };
-    let Some(rb) = ws.resolve(At {
-        file: ctx.op.at.file,
-        node: rb,
-    }) else {
+    let Some(rb) = ws.resolve(At { file: ctx.op.at.file, node: rb }) else {
         return false;
     };
     let Some(content) = rb.node.get("content").and_then(Node::as_map) else {
@@ -125,27 +108,14 @@ fn body_has(ctx: &Ctx<'_>, name: &str) -> bool {
     content.iter().any(|media| {
         media.value.get("schema").is_some_and(|schema| {
             let mut seen = HashSet::new();
-            schema_has(
-                ws,
-                At {
-                    file: rb.file,
-                    node: schema,
-                },
-                &segments,
-                &mut seen,
-            )
+            schema_has(ws, At { file: rb.file, node: schema }, &segments, &mut seen)
         })
     })
 }
 
 /// Does the schema have the property path `segments`? Follows `$ref`, `allOf`/`oneOf`/`anyOf`
 /// and array `items`; each (schema, depth) pair is visited once, so recursive schemas end.
-pub fn schema_has(
-    ws: &Workspace,
-    at: At<'_>,
-    segments: &[String],
-    seen: &mut HashSet<(*const Node, usize)>,
-) -> bool {
+pub fn schema_has(ws: &Workspace, at: At<'_>, segments: &[String], seen: &mut HashSet<(*const Node, usize)>) -> bool {
     let Some(first) = segments.first() else {
         return true;
     };

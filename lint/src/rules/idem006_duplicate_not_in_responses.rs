@@ -43,12 +43,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(status) = dup.value.status else {
         return;
     };
-    let responses = ctx.op.at.node.get("responses").and_then(|r| {
-        ctx.ws.resolve(At {
-            file: ctx.op.at.file,
-            node: r,
-        })
-    });
+    let responses = ctx.op.at.node.get("responses").and_then(|r| ctx.ws.resolve(At { file: ctx.op.at.file, node: r }));
     let exact = status.to_string();
     let range = format!("{}XX", status / 100);
     let entries = responses.and_then(|r| r.node.as_map().map(|m| (r.file, m)));
@@ -56,26 +51,17 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         m.iter()
             .find(|e| e.key == exact)
             .or_else(|| m.iter().find(|e| e.key.eq_ignore_ascii_case(&range)))
-            .map(|e| At {
-                file,
-                node: &e.value,
-            })
+            .map(|e| At { file, node: &e.value })
     });
     let Some(resp) = found else {
-        let declared: Vec<&str> = entries
-            .map(|(_, m)| m.iter().map(|e| e.key.as_str()).collect())
-            .unwrap_or_default();
+        let declared: Vec<&str> = entries.map(|(_, m)| m.iter().map(|e| e.key.as_str()).collect()).unwrap_or_default();
         out.push(ctx.at(
             "IDEM006",
             &dup.loc,
             format!(
                 "duplicate status {status} is not among the responses of {} (declared: {})",
                 ctx.label(),
-                if declared.is_empty() {
-                    "none".to_string()
-                } else {
-                    declared.join(", ")
-                }
+                if declared.is_empty() { "none".to_string() } else { declared.join(", ") }
             ),
         ));
         return;
@@ -84,12 +70,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         return;
     };
     if !any_text(ctx.ws, resp, &mut |s: &str| contains_word(s, code)) {
-        let key = resp
-            .node
-            .get("$ref")
-            .and_then(Node::as_str)
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
+        let key = resp.node.get("$ref").and_then(Node::as_str).map(|r| format!(" ({r})")).unwrap_or_default();
         out.push(ctx.at(
             "IDEM006",
             &dup.loc,

@@ -19,23 +19,17 @@ use super::{Ctx, RawFinding};
 
 fn classify(name: &str) -> Option<&'static str> {
     let last = name.rsplit('/').next().unwrap_or(name);
-    let n: String = last
-        .chars()
-        .filter(|c| c.is_alphanumeric())
-        .flat_map(char::to_lowercase)
-        .collect();
+    let n: String = last.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
     match n.as_str() {
         "userid" | "uid" | "memberid" | "customerid" | "accountid" | "user" | "openid" => {
             Some("a user id alone makes every request of that user look like a duplicate")
         }
-        "timestamp" | "ts" | "time" | "datetime" | "createdat" | "createtime" | "requesttime"
-        | "requestedat" | "now" | "xtimestamp" | "xrequesttime" => {
-            Some("a timestamp changes between a request and its retry")
+        "timestamp" | "ts" | "time" | "datetime" | "createdat" | "createtime" | "requesttime" | "requestedat"
+        | "now" | "xtimestamp" | "xrequesttime" => Some("a timestamp changes between a request and its retry"),
+        "bodyhash" | "requesthash" | "payloadhash" | "hash" | "md5" | "bodymd5" | "contentmd5" | "sha1" | "sha256"
+        | "digest" | "contentdigest" | "requestdigest" => {
+            Some("a whole-body hash merges two deliberate identical requests and misses re-serialised retries")
         }
-        "bodyhash" | "requesthash" | "payloadhash" | "hash" | "md5" | "bodymd5" | "contentmd5"
-        | "sha1" | "sha256" | "digest" | "contentdigest" | "requestdigest" => Some(
-            "a whole-body hash merges two deliberate identical requests and misses re-serialised retries",
-        ),
         _ => None,
     }
 }
@@ -59,10 +53,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         out.push(ctx.at(
             "IDEM008",
             &key.loc,
-            format!(
-                "unstable or too-coarse idempotency key \"{name}\" for {}: {why}",
-                ctx.label()
-            ),
+            format!("unstable or too-coarse idempotency key \"{name}\" for {}: {why}", ctx.label()),
         ));
     }
 }

@@ -24,11 +24,7 @@ use super::{Ctx, RawFinding};
 use crate::section::{duration_secs, KeySpec, Tri};
 
 fn key_text(k: &KeySpec) -> String {
-    let names = if k.names.is_empty() {
-        "none".to_string()
-    } else {
-        k.names.join(" + ")
-    };
+    let names = if k.names.is_empty() { "none".to_string() } else { k.names.join(" + ") };
     match &k.location {
         Some(l) => format!("{names} ({})", l.as_str()),
         None => names,
@@ -52,12 +48,8 @@ fn same_expiry(a: &str, b: &str) -> bool {
     match (duration_secs(a), duration_secs(b)) {
         (Some(x), Some(y)) => x == y,
         _ => {
-            let n = |s: &str| -> String {
-                s.chars()
-                    .filter(|c| !c.is_whitespace())
-                    .flat_map(char::to_lowercase)
-                    .collect()
-            };
+            let n =
+                |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).flat_map(char::to_lowercase).collect() };
             n(a) == n(b)
         }
     }
@@ -107,13 +99,9 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         let code_differs = matches!((&a.value.code, &b.value.code), (Some(x), Some(y)) if x != y);
         if status_differs || code_differs {
             let show = |s: Option<u16>, c: &Option<String>| {
-                format!(
-                    "{} {}",
-                    s.map_or("?".to_string(), |v| v.to_string()),
-                    c.as_deref().unwrap_or("")
-                )
-                .trim()
-                .to_string()
+                format!("{} {}", s.map_or("?".to_string(), |v| v.to_string()), c.as_deref().unwrap_or(""))
+                    .trim()
+                    .to_string()
             };
             out.push(ctx.at(
                 "IDEM009",

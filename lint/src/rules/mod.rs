@@ -38,13 +38,7 @@ pub struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn at(&self, code: &'static str, loc: &Loc, message: String) -> RawFinding {
-        RawFinding {
-            code,
-            file: loc.file,
-            offset: loc.offset,
-            pointer: loc.pointer.clone(),
-            message,
-        }
+        RawFinding { code, file: loc.file, offset: loc.offset, pointer: loc.pointer.clone(), message }
     }
 
     pub fn label(&self) -> String {
@@ -215,28 +209,18 @@ pub fn any_text(ws: &Workspace, start: At<'_>, f: &mut dyn FnMut(&str) -> bool) 
             return false;
         }
         match &at.node.value {
-            Value::String(s) => {
-                if f(s) {
-                    return true;
-                }
-            }
+            Value::String(s) if f(s) => return true,
             Value::Map(m) => {
                 for e in m {
                     if f(&e.key) {
                         return true;
                     }
-                    stack.push(At {
-                        file: at.file,
-                        node: &e.value,
-                    });
+                    stack.push(At { file: at.file, node: &e.value });
                 }
             }
             Value::Seq(s) => {
                 for n in s {
-                    stack.push(At {
-                        file: at.file,
-                        node: n,
-                    });
+                    stack.push(At { file: at.file, node: n });
                 }
             }
             _ => {}
