@@ -35,6 +35,8 @@ pub struct Item<'a> {
     pub line: &'a str,
     /// Byte range of the trimmed line in the description.
     pub range: Range<usize>,
+    /// Byte offset of `value` inside `line` (where a finding about the value points).
+    pub value_offset: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,13 +165,25 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
             }
             if let Some((label, value)) = label_of(lj.text) {
                 let (line, range) = trimmed_range(lj);
-                items.push(Item { label, value, line, range });
+                let value_offset = offset_in(line, value);
+                items.push(Item { label, value, line, range, value_offset });
             }
             j += 1;
         }
         return Some(Section { title, title_range, items });
     }
     None
+}
+
+/// Byte offset of `inner` in `outer` when `inner` is a subslice of it, else 0.
+fn offset_in(outer: &str, inner: &str) -> usize {
+    let o = outer.as_ptr() as usize;
+    let i = inner.as_ptr() as usize;
+    if i >= o && i + inner.len() <= o + outer.len() {
+        i - o
+    } else {
+        0
+    }
 }
 
 fn strip_list_marker(t: &str) -> &str {

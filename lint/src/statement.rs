@@ -101,17 +101,13 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                     let pointer = format!("{}/description", op.pointer);
                     let (s, e) = (desc_node.start as usize, desc_node.end as usize);
                     let mut cursor = s;
-                    let mut locate = |needle: &str| -> u32 {
-                        match find_in(text, cursor, e, needle) {
-                            Some(i) => {
-                                cursor = i + needle.len();
-                                i as u32
-                            }
-                            None => desc_node.start,
-                        }
+                    let mut locate = |needle: &str| -> Option<u32> {
+                        let i = find_in(text, cursor, e, needle)?;
+                        cursor = i + needle.len();
+                        Some(i as u32)
                     };
                     let loc_of = |offset: u32| Loc { file, offset, pointer: pointer.clone() };
-                    let title_off = locate(sec.title);
+                    let title_off = locate(sec.title).unwrap_or(desc_node.start);
                     let mut st = Statement {
                         origin: Origin::Section,
                         loc: loc_of(title_off),
@@ -121,7 +117,9 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                         expiry: None,
                     };
                     for item in &sec.items {
-                        let off = locate(item.line);
+                        // Point at the value when the line was found verbatim, else at
+                        // the start of the description (escaped JSON text, folded YAML).
+                        let off = locate(item.line).map_or(desc_node.start, |l| l + item.value_offset as u32);
                         let raw = item.value.to_string();
                         let loc = loc_of(off);
                         match item.label {
@@ -175,7 +173,10 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
         Value::Map(_) => {}
         _ => {
             st.idempotent = Some(Field {
-                value: Tri::Unknown(node.scalar_text().unwrap_or_else(|| "?".into())),
+                value: match &node.value {
+                    Value::String(s) => parse_bool(s),
+                    _ => Tri::Unknown(node.scalar_text().unwrap_or_else(|| "?".into())),
+                },
                 loc: loc_at(node, ""),
                 raw: node.scalar_text().unwrap_or_default(),
             });

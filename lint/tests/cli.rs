@@ -164,7 +164,7 @@ fn junit_and_github_formats() {
     let first = g.lines().next().unwrap();
     assert!(
         first.starts_with(&format!(
-            "::warning file={},line=12,col=9,title=IDEM008 /paths/~1a/post/description::",
+            "::warning file={},line=12,col=15,title=IDEM008 /paths/~1a/post/description::",
             fx("IDEM008/bad.yaml")
         )),
         "{first}"
@@ -275,4 +275,18 @@ fn json_and_yaml_of_the_same_spec_give_the_same_findings() {
         assert!(!a.is_empty(), "{src}");
         assert_eq!(a, b, "{src}");
     }
+}
+
+#[test]
+fn x_idem_lint_ignore_applies_to_the_node_and_everything_below_it() {
+    let v = json(&[&fx("suppress/spec.yaml")]);
+    let got: Vec<(String, String)> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["code"].as_str().unwrap().to_string(), f["pointer"].as_str().unwrap().to_string()))
+        .collect();
+    // Only the PUT /a key (same key as POST /a, whose ignore sits on the key node) remains;
+    // the path-item string form, the wildcard and a $ref'd path item's ignore all apply.
+    assert_eq!(got, vec![("IDEM008".to_string(), "/paths/~1a/put/x-idempotency/key".to_string())], "{v}");
 }

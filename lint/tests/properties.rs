@@ -64,6 +64,7 @@ proptest! {
             for item in &sec.items {
                 prop_assert_eq!(desc.get(item.range.clone()), Some(item.line));
                 prop_assert!(item.line.contains(item.value));
+                prop_assert_eq!(item.line.get(item.value_offset..item.value_offset + item.value.len()), Some(item.value));
                 match item.label {
                     Label::Idempotent => { let _ = parse_bool(item.value); }
                     Label::Key => {
