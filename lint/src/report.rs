@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::Severity;
@@ -109,41 +110,80 @@ pub fn text(run: &Run<'_>, color: bool) -> String {
 
 // --------------------------------------------------------------------------------- JSON
 
-fn finding_json(f: &Finding) -> Value {
-    json!({
-        "code": f.code,
-        "severity": f.severity.to_string(),
-        "file": f.file,
-        "line": f.position.line,
-        "column": f.position.column,
-        "column_utf16": f.position.column_utf16,
-        "pointer": f.pointer,
-        "message": f.message,
-    })
+/// One finding in the JSON output (fields in this order).
+#[derive(Serialize)]
+struct JsonFinding<'a> {
+    code: &'a str,
+    severity: String,
+    file: &'a str,
+    line: usize,
+    /// 1-based, in Unicode characters.
+    column: usize,
+    /// 1-based, in UTF-16 code units (what SARIF, LSP and GitHub use).
+    column_utf16: usize,
+    pointer: &'a str,
+    message: &'a str,
 }
 
-fn error_json(e: &FatalError) -> Value {
-    json!({
-        "file": e.file,
-        "line": e.position.map(|p| p.line),
-        "column": e.position.map(|p| p.column),
-        "message": e.reason,
-    })
+#[derive(Serialize)]
+struct JsonError<'a> {
+    file: &'a str,
+    line: Option<usize>,
+    column: Option<usize>,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonSummary {
+    specs: usize,
+    errors: usize,
+    warnings: usize,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    tool: &'static str,
+    version: &'static str,
+    findings: Vec<JsonFinding<'a>>,
+    errors: Vec<JsonError<'a>>,
+    summary: JsonSummary,
 }
 
 pub fn json_report(run: &Run<'_>) -> String {
-    let v = json!({
-        "tool": "idem-lint",
-        "version": VERSION,
-        "findings": run.findings.iter().map(finding_json).collect::<Vec<_>>(),
-        "errors": run.errors.iter().map(error_json).collect::<Vec<_>>(),
-        "summary": {
-            "specs": run.specs.len(),
-            "errors": run.count(Severity::Error),
-            "warnings": run.count(Severity::Warning),
+    let report = JsonReport {
+        tool: "idem-lint",
+        version: VERSION,
+        findings: run
+            .findings
+            .iter()
+            .map(|f| JsonFinding {
+                code: f.code,
+                severity: f.severity.to_string(),
+                file: &f.file,
+                line: f.position.line,
+                column: f.position.column,
+                column_utf16: f.position.column_utf16,
+                pointer: &f.pointer,
+                message: &f.message,
+            })
+            .collect(),
+        errors: run
+            .errors
+            .iter()
+            .map(|e| JsonError {
+                file: &e.file,
+                line: e.position.map(|p| p.line),
+                column: e.position.map(|p| p.column),
+                message: &e.reason,
+            })
+            .collect(),
+        summary: JsonSummary {
+            specs: run.specs.len(),
+            errors: run.count(Severity::Error),
+            warnings: run.count(Severity::Warning),
         },
-    });
-    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    };
+    let mut s = serde_json::to_string_pretty(&report).unwrap_or_default();
     s.push('\n');
     s
 }
