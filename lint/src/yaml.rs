@@ -14,6 +14,9 @@ use crate::node::{Entry, Node, Value};
 
 /// Maximum number of nodes that alias expansion may add (a "billion laughs" guard).
 pub const MAX_ALIAS_NODES: usize = 2_000_000;
+/// Internal marker for a plain `<<` key (a quoted "<<" is an ordinary key).
+const MERGE_KEY: &str = "\u{0}<<merge>>";
+
 /// Maximum nesting depth.
 pub const MAX_DEPTH: usize = 256;
 
@@ -54,7 +57,7 @@ impl Cursor<'_> {
 
 enum Frame {
     Seq { items: Vec<Node>, start: u32, anchor: usize },
-    Map { entries: Vec<Entry>, key: Option<(String, u32)>, start: u32, anchor: usize, has_merge: bool },
+    Map { entries: Vec<Entry>, key: Option<(String, u32, bool)>, start: u32, anchor: usize, has_merge: bool },
 }
 
 pub fn parse(text: &str) -> Result<Node, YamlError> {
@@ -75,6 +78,7 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
             }
         };
         let (start, end) = span_bytes(&mut cur, &span);
+        let mut plain_merge_key = false;
         let done: Option<(Node, usize)> = match ev {
             Event::StreamStart | Event::Nothing | Event::DocumentEnd => None,
             Event::StreamEnd => break,
@@ -106,6 +110,7 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
             }
             Event::Scalar(v, style, anchor, tag) => {
                 let is_str_tag = tag.as_ref().is_some_and(|t| t.suffix == "str");
+                plain_merge_key = style == ScalarStyle::Plain && v == "<<";
                 let value = if style == ScalarStyle::Plain && !is_str_tag {
                     resolve_plain(&v)
                 } else {
@@ -169,13 +174,13 @@ pub fn parse(text: &str) -> Result<Node, YamlError> {
                             })
                         }
                     };
-                    *key = Some((k, node.start));
+                    *key = Some((k, node.start, plain_merge_key));
                 }
-                Some((k, key_start)) => {
-                    if k == "<<" && matches!(node.value, Value::Map(_) | Value::Seq(_)) {
-                        *has_merge = true;
-                    }
-                    entries.push(Entry { key: k, key_start, value: node });
+                Some((k, key_start, is_merge)) => {
+                    let merge = is_merge && matches!(node.value, Value::Map(_) | Value::Seq(_));
+                    *has_merge |= merge;
+                    let key = if merge { MERGE_KEY.to_string() } else { k };
+                    entries.push(Entry { key, key_start, value: node });
                 }
             },
         }
@@ -198,7 +203,7 @@ fn apply_merge(entries: Vec<Entry>) -> Vec<Entry> {
     let mut own = Vec::new();
     let mut merged: Vec<Entry> = Vec::new();
     for e in entries {
-        if e.key == "<<" {
+        if e.key == MERGE_KEY {
             match e.value.value {
                 Value::Map(m) => merged.extend(m),
                 Value::Seq(s) => {
@@ -209,7 +214,7 @@ fn apply_merge(entries: Vec<Entry>) -> Vec<Entry> {
                     }
                 }
                 other => own.push(Entry {
-                    key: e.key,
+                    key: "<<".to_string(),
                     key_start: e.key_start,
                     value: Node::new(other, e.value.start, e.value.end),
                 }),
@@ -398,12 +403,14 @@ mod tests {
 
     #[test]
     fn anchors_aliases_and_merge() {
-        let t = "base: &b {x: 1, y: 2}\nuse:\n  <<: *b\n  y: 3\nagain: *b\n";
+        let t = "base: &b {x: 1, y: 2}\nuse:\n  <<: *b\n  y: 3\nagain: *b\nq: {\"<<\": [1]}\n";
         let n = parse(t).unwrap();
         let u = n.get("use").unwrap();
         assert_eq!(u.get("x").unwrap().value, Value::Number("1".into()));
         assert_eq!(u.get("y").unwrap().value, Value::Number("3".into()));
         assert!(u.get("<<").is_none());
+        let q = n.get("q").unwrap();
+        assert_eq!(q.get("<<").unwrap().as_seq().unwrap().len(), 1);
         assert_eq!(n.get("again").unwrap().get("y").unwrap().value, Value::Number("2".into()));
     }
 
