@@ -14,11 +14,17 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.70 x (a)
   (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
 
-The machine is small and shared: read the ratios, not the absolute numbers.
+The machine is small and shared: read the ratios, not the absolute numbers. Each case's ratio is
+the median over repetitions of its req/s divided by (a)'s req/s *in the same repetition* (the cases
+of one repetition run back to back), which cancels most of the drift of a noisy machine. The
+"CPU/req" column is the Envoy-under-test's own CPU time per request (from /proc), a second view
+that is much less sensitive to other load on the machine; "cost ratio" is (a)'s CPU/req divided by
+the case's (what throughput would be if the proxy alone were the bottleneck).
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -57,6 +63,16 @@ CASES = [
     ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.70),
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
 ]
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (all threads), in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def main():
@@ -108,8 +124,12 @@ def main():
                     raise stack.StackError("priming the replay key failed: %r" % r)
             else:
                 sargs = [path]
-            return stack.run_wrk(envoys[which].listen_port, path, stack.WRK_SCRIPTS / script, sargs,
-                                 duration=duration, connections=args.connections, threads=args.threads)
+            pid = envoys[which].proc.pid
+            cpu0 = cpu_seconds(pid)
+            res = stack.run_wrk(envoys[which].listen_port, path, stack.WRK_SCRIPTS / script, sargs,
+                                duration=duration, connections=args.connections, threads=args.threads)
+            res["cpu_us_per_req"] = (cpu_seconds(pid) - cpu0) * 1e6 / max(1, res["requests"])
+            return res
 
         # warm-up: JIT tiers, connection pools, the replay key's first (stored) answer
         for case in CASES:
@@ -119,34 +139,40 @@ def main():
                 res = run(case, args.duration)
                 results[case[0]].append(res)
                 bad = res["non_2xx"] + res["socket_errors"]
-                print("  rep %d %-4s %9.0f req/s  p50 %6.2f ms  p99 %6.2f ms%s" % (
+                print("  rep %d %-4s %9.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %5.1f us CPU/req%s" % (
                     rep + 1, "(%s)" % case[0], res["rps"], res["p50_ms"] or 0, res["p99_ms"] or 0,
+                    res["cpu_us_per_req"],
                     "  (%d non-2xx/socket errors)" % bad if bad else ""), flush=True)
                 time.sleep(0.3)
 
         counters = idem.stats("idem.bench-key.")
         table = []
-        base = statistics.median(r["rps"] for r in results["a"])
+        base_runs = results["a"]
+        base_cpu = statistics.median(r["cpu_us_per_req"] for r in base_runs)
         for cid, label, _, _, _, _, target in CASES:
             runs = results[cid]
-            rps = statistics.median(r["rps"] for r in runs)
-            row = {"case": cid, "label": label, "rps": rps,
+            cpu = statistics.median(r["cpu_us_per_req"] for r in runs)
+            row = {"case": cid, "label": label,
+                   "rps": statistics.median(r["rps"] for r in runs),
                    "p50_ms": statistics.median(r["p50_ms"] or 0 for r in runs),
                    "p99_ms": statistics.median(r["p99_ms"] or 0 for r in runs),
-                   "ratio": rps / base if base else 0.0, "target": target,
+                   # paired: each repetition's req/s over (a)'s req/s in the same repetition
+                   "ratio": statistics.median(r["rps"] / b["rps"] for r, b in zip(runs, base_runs) if b["rps"]),
+                   "cpu_us_per_req": cpu, "cost_ratio": base_cpu / cpu if cpu else 0.0,
+                   "target": target,
                    "errors": sum(r["non_2xx"] + r["socket_errors"] for r in runs),
                    "runs_rps": [r["rps"] for r in runs]}
             row["meets"] = None if target is None else row["ratio"] >= target
             table.append(row)
 
         print()
-        print("| case | what | req/s (median) | p50 ms | p99 ms | ratio to (a) | target | |")
-        print("|---|---|---:|---:|---:|---:|---|---|")
+        print("| case | what | req/s (median) | p50 ms | p99 ms | ratio to (a) | target | | CPU/req | cost ratio |")
+        print("|---|---|---:|---:|---:|---:|---|---|---:|---:|")
         for r in table:
             verdict = "" if r["meets"] is None else ("ok" if r["meets"] else "MISSED")
-            print("| (%s) | %s | %.0f | %.2f | %.2f | %.2f | %s | %s |" % (
+            print("| (%s) | %s | %.0f | %.2f | %.2f | %.2f | %s | %s | %.1f us | %.2f |" % (
                 r["case"], r["label"], r["rps"], r["p50_ms"], r["p99_ms"], r["ratio"],
-                ">= %.2f" % r["target"] if r["target"] else "", verdict))
+                ">= %.2f" % r["target"] if r["target"] else "", verdict, r["cpu_us_per_req"], r["cost_ratio"]))
         print("\nidem.bench-key counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                       for k, v in sorted(counters.items()) if v))
         errors = [r for r in table if r["errors"]]
