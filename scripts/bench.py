@@ -102,6 +102,7 @@ def main():
         envoys = {"plain": plain, "idem": idem}
         print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
               % (args.threads, args.connections, args.duration, args.reps, args.workers))
+        print("generated Envoy configs and logs: %s" % workdir)
 
         run_id = uuid.uuid4().hex[:8]
         results = {c[0]: [] for c in CASES}
