@@ -1,5 +1,6 @@
 """Concurrency, failures and retries: exactly-once execution behind the gateway."""
 
+import re
 import socket
 import threading
 import time
@@ -279,3 +280,20 @@ def test_header_only_answer_is_replayed(idem, upstream):
     assert_replay_of(again, first)
     assert again.header("x-order-id") == first.header("x-order-id"), describe(again)
     assert upstream.calls(key) == 1
+
+
+def test_release_and_hold_log_lines_name_route_key_and_cause(idem, upstream):
+    """Every interception log line is `idem: <action> route=<name> key=<8 chars>… cause=<cause>`,
+    also when a claim is released (5xx) or held (outcome unknown): that is the key an operator
+    needs to find."""
+    released, held = "R" + new_key()[2:12], "H" + new_key()[2:12]
+    assert post(idem, CREATE, released, headers={"x-demo-fail-first": "1"}).status == 500
+    assert post(idem, "/t/timeouts", held, headers={"x-demo-delay-ms": "2000"}).status == 504
+
+    def lines(action):
+        return [l for l in idem.log_text().splitlines() if re.search(r"idem: %s\b" % action, l)]
+    wait_for(lambda: lines("released") and lines("held"), 5, what="released and held log lines")
+    for action, key, route in (("released", released, "create-order"), ("held", held, "timeouts")):
+        mine = [l for l in lines(action) if "route=%s " % route in l]
+        assert any(re.search(r"route=%s key=%s\S* cause=\S+" % (route, re.escape(key[:8])), l) for l in mine), \
+            "no `idem: %s route=%s key=%s… cause=…` line; %s lines: %s" % (action, route, key[:8], action, mine[-3:])
