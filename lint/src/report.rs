@@ -210,6 +210,22 @@ fn level(s: Severity) -> &'static str {
     }
 }
 
+/// The first paragraph after the title line of a rule's documentation, on one line.
+fn first_paragraph(doc: &str) -> Option<String> {
+    let para: Vec<&str> = doc
+        .lines()
+        .skip(1)
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    if para.is_empty() {
+        None
+    } else {
+        Some(para.join(" "))
+    }
+}
+
 pub fn sarif(run: &Run<'_>) -> String {
     let rules: Vec<Value> = RULES
         .iter()
@@ -220,7 +236,7 @@ pub fn sarif(run: &Run<'_>) -> String {
                 "id": r.code,
                 "name": r.name,
                 "shortDescription": { "text": r.summary },
-                "fullDescription": { "text": doc.lines().next().unwrap_or(r.summary) },
+                "fullDescription": { "text": first_paragraph(&doc).unwrap_or_else(|| r.summary.to_string()) },
                 "help": { "text": doc, "markdown": md },
                 "defaultConfiguration": { "level": level(r.severity) },
             })

@@ -156,7 +156,9 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
         while j < ls.len() {
             let lj = &ls[j];
             if let Some((lv, _)) = heading(lj.text) {
-                if level == 7 || lv <= level {
+                // `**是否幂等：是**` is a bold item, not the next title.
+                let bold_item = lv == 7 && label_of(lj.text).is_some();
+                if !bold_item && (level == 7 || lv <= level) {
                     break;
                 }
             }
@@ -330,6 +332,25 @@ fn unquote(s: &str) -> &str {
     s.trim().trim_matches(['`', '"', '\'', '“', '”']).trim()
 }
 
+/// A location word at the end: `Name header`, `Name in query`, `Name 请求头`.
+fn trailing_location(v: &str) -> Option<(KeyIn, &str)> {
+    let v = v.trim_end();
+    let cut = v.rfind(char::is_whitespace)?;
+    let last = v.get(cut..)?.trim().trim_matches(['`', '.', '。']).to_lowercase();
+    let loc = match last.as_str() {
+        "header" | "请求头" => KeyIn::Header,
+        "query" | "查询参数" => KeyIn::Query,
+        "path" | "路径参数" => KeyIn::Path,
+        "body" | "请求体" => KeyIn::Body,
+        _ => return None,
+    };
+    let mut rest = v.get(..cut)?.trim_end();
+    if let Some(r) = rest.strip_suffix(" in") {
+        rest = r.trim_end();
+    }
+    Some((loc, rest))
+}
+
 pub fn parse_key(v: &str) -> KeySpec {
     let v = v.trim();
     if v.is_empty() || is_none_word(v) {
@@ -345,6 +366,10 @@ pub fn parse_key(v: &str) -> KeySpec {
         let inner = inner_all.get(..close).unwrap_or("");
         location = Some(KeyIn::parse(inner));
         name_part = v.get(..i).unwrap_or("");
+    } else if let Some((loc, rest)) = trailing_location(v) {
+        // "`Idempotency-Key` header" / "X-Request-Id in header"
+        location = Some(loc);
+        name_part = rest;
     } else {
         // "header Idempotency-Key" / "header: Idempotency-Key" / "请求头 Idempotency-Key"
         let first_end = v.char_indices().find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：').map(|(i, _)| i);
@@ -522,6 +547,11 @@ mod tests {
             let s = find_section(&d, &[]).unwrap();
             assert_eq!(s.items.len(), 1, "level {level}");
         }
+        // bold items inside a bold-titled section
+        let d = "**幂等性说明**\n**是否幂等：是**\n**幂等键：K（header）**\n**Other**\n- 重复请求：409\n";
+        let s = find_section(d, &[]).unwrap();
+        assert_eq!(s.items.len(), 2);
+        assert_eq!(s.items[1].value, "K（header）");
         // a deeper heading stays inside the section
         let d = "## 幂等性说明\n#### 细节\n- 幂等键：a（query）\n## 下一节\n";
         assert_eq!(find_section(d, &[]).unwrap().items.len(), 1);
@@ -558,6 +588,12 @@ mod tests {
         assert_eq!(k.location, Some(KeyIn::Header));
         assert_eq!(k.names, vec!["Idempotency-Key"]);
         assert!(parse_key("无").names.is_empty());
+        let k = parse_key("`Idempotency-Key` header");
+        assert_eq!((k.location, k.names), (Some(KeyIn::Header), vec!["Idempotency-Key".to_string()]));
+        let k = parse_key("request_id in query");
+        assert_eq!((k.location, k.names), (Some(KeyIn::Query), vec!["request_id".to_string()]));
+        let k = parse_key("Idempotency-Key");
+        assert_eq!((k.location, k.names), (None, vec!["Idempotency-Key".to_string()]));
         assert_eq!(parse_key("/data/id (body)").names, vec!["/data/id"]);
         let d = parse_duplicate("HTTP 409，返回 DUPLICATE_REQUEST 与首次请求时间");
         assert_eq!(d.status, Some(409));
