@@ -103,6 +103,36 @@ fn setext_level(next: Option<&Line<'_>>) -> Option<u8> {
     }
 }
 
+/// Which lines are inside a fenced code block (```` ``` ```` or `~~~`, fence lines included):
+/// an example of the section shown in a code block is not the operation's statement.
+fn fences(ls: &[Line<'_>]) -> Vec<bool> {
+    let mut out = Vec::with_capacity(ls.len());
+    let mut open: Option<&str> = None;
+    for l in ls {
+        let t = l.text.trim_start();
+        match open {
+            Some(f) => {
+                out.push(true);
+                if t.starts_with(f) {
+                    open = None;
+                }
+            }
+            None => {
+                let f = if t.starts_with("```") {
+                    Some("```")
+                } else if t.starts_with("~~~") {
+                    Some("~~~")
+                } else {
+                    None
+                };
+                out.push(f.is_some());
+                open = f;
+            }
+        }
+    }
+    out
+}
+
 /// Normalise a title for comparison: no emphasis markers, numbering, trailing colon or
 /// parenthetical, lower case.
 pub fn normalize_title(s: &str) -> String {
@@ -135,9 +165,14 @@ fn is_title(text: &str, extra: &[String]) -> bool {
 /// Find the first 幂等性说明 section in a description.
 pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Section<'a>> {
     let ls = lines(desc);
+    let fenced = fences(&ls);
     let mut i = 0;
     while i < ls.len() {
         let l = &ls[i];
+        if fenced[i] {
+            i += 1;
+            continue;
+        }
         let (level, title_text, body_from) = if let Some((lv, inner)) = heading(l.text) {
             (lv, inner, i + 1)
         } else if let (Some(lv), false) = (setext_level(ls.get(i + 1)), l.text.trim().is_empty()) {
@@ -155,6 +190,10 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
         let mut j = body_from;
         while j < ls.len() {
             let lj = &ls[j];
+            if fenced[j] {
+                j += 1;
+                continue;
+            }
             if let Some((lv, _)) = heading(lj.text) {
                 // `**是否幂等：是**` is a bold item, not the next title.
                 let bold_item = lv == 7 && label_of(lj.text).is_some();
@@ -565,6 +604,16 @@ mod tests {
         let k = parse_key(s.items[1].value);
         assert_eq!(k.location, Some(KeyIn::Header));
         assert_eq!(k.names, vec!["X-Request-Id"]);
+    }
+
+    #[test]
+    fn fenced_examples_are_not_statements() {
+        let d = "Document like this:\n```markdown\n### 幂等性说明\n- 是否幂等：是\n```\n";
+        assert!(find_section(d, &[]).is_none());
+        let d = "### 幂等性说明\n~~~\n- 幂等键：X（header）\n~~~\n- 是否幂等：否\n";
+        let s = find_section(d, &[]).unwrap();
+        assert_eq!(s.items.len(), 1);
+        assert_eq!(s.items[0].label, Label::Idempotent);
     }
 
     #[test]
