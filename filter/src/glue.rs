@@ -83,8 +83,8 @@ struct State {
     waiters: RefCell<HashMap<u32, Waiter>>,
     /// Root-context Webdis polls: callout token → (HTTP context id, the poll's claim ticket).
     polls: RefCell<HashMap<u32, (u32, redis::Ticket)>>,
-    /// Tickets won by a waiter on the root's tick, picked up by its HTTP context.
-    handoff: RefCell<HashMap<u32, Ticket>>,
+    /// Tickets (and keys) won by a waiter on the root's tick, picked up by its HTTP context.
+    handoff: RefCell<HashMap<u32, (Ticket, String)>>,
 }
 
 impl State {
@@ -111,11 +111,15 @@ impl State {
         );
     }
 
-    fn record_finish(&self, route: usize, outcome: Option<Outcome>, cause: &str) {
+    fn record_finish(&self, route: usize, outcome: Option<Outcome>, key: Option<&str>, cause: &str) {
         if let Some(o) = outcome {
             self.count(route, o);
             if o != Outcome::Stored {
-                log(LogLevel::Info, &format!("idem: {} route={} cause={}", o.name(), self.route_name(route), cause));
+                let key = key.map(truncated).unwrap_or_else(|| "-".into());
+                log(
+                    LogLevel::Info,
+                    &format!("idem: {} route={} key={} cause={}", o.name(), self.route_name(route), key, cause),
+                );
             }
         }
     }
@@ -161,7 +165,7 @@ impl State {
         match v.action {
             Do::Forward(ticket) => {
                 if let Some(t) = ticket {
-                    self.handoff.borrow_mut().insert(ctx, t);
+                    self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
                 }
                 let _ = hostcalls::resume_http_request();
             }
@@ -341,6 +345,7 @@ impl RootContext for Root {
             decided: false,
             forwarded: false,
             ticket: None,
+            key: None,
             pending: None,
             response: None,
         }))
@@ -398,6 +403,8 @@ struct Request {
     decided: bool,
     forwarded: bool,
     ticket: Option<Ticket>,
+    /// The client's key or token, for log lines when the request finishes.
+    key: Option<String>,
     pending: Option<Pending>,
     response: Option<Capture>,
 }
@@ -427,6 +434,7 @@ impl Request {
     fn apply(&mut self, route: usize, v: Verdict, paused: bool) -> Action {
         self.decided = true;
         self.state.record(route, &v);
+        self.key = v.key.clone();
         match v.action {
             Do::Forward(ticket) => {
                 self.ticket = ticket;
@@ -557,7 +565,7 @@ impl Request {
         };
         let StoreTicket::Redis(rt) = store_ticket else {
             let (outcome, cause) = self.state.engine.finish_shared(&Envoy, route, &ticket, ending);
-            self.state.record_finish(route, outcome, &cause);
+            self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
             return Action::Continue;
         };
         let Some(store) = self.state.engine.redis() else {
@@ -565,7 +573,7 @@ impl Request {
         };
         let (cmd, kind, cause) = match self.state.engine.plan_finish(route, &ticket, &ending) {
             Finish::Nothing { outcome, cause } => {
-                self.state.record_finish(route, outcome, &cause);
+                self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
                 return Action::Continue;
             }
             Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause),
@@ -582,7 +590,12 @@ impl Request {
             }
             Ok(_) => Action::Continue,
             Err(e) => {
-                self.state.record_finish(route, Some(Outcome::StoreError), &format!("{cause}; {e}"));
+                self.state.record_finish(
+                    route,
+                    Some(Outcome::StoreError),
+                    self.key.as_deref(),
+                    &format!("{cause}; {e}"),
+                );
                 Action::Continue
             }
         }
@@ -603,8 +616,9 @@ impl Request {
 
     fn take_handoff(&mut self) {
         if self.ticket.is_none() {
-            if let Some(t) = self.state.handoff.borrow_mut().remove(&self.context_id) {
+            if let Some((t, key)) = self.state.handoff.borrow_mut().remove(&self.context_id) {
                 self.ticket = Some(t);
+                self.key = Some(key);
                 self.forwarded = true;
             }
         }
@@ -652,7 +666,7 @@ impl Context for Request {
                         crate::engine::completed(done, cause)
                     }
                 };
-                self.state.record_finish(route, outcome, &cause);
+                self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
                 let _ = hostcalls::resume_http_response();
             }
             None => {}
