@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """idem benchmark (`make bench`): wrk against real Envoy, with and without the filter.
 
-    python3 scripts/bench.py [--duration 4] [--reps 5] [--connections 32] [--json out.json] [--strict]
+    python3 scripts/bench.py [--duration 2] [--reps 9] [--connections 32] [--json out.json] [--strict]
 
 Topology for every case:  wrk -> Envoy under test (1 worker) -> fast upstream
 The upstream is a second Envoy answering with `direct_response`, so the Python demo upstream
@@ -77,8 +77,8 @@ def cpu_seconds(pid):
 
 def main():
     ap = argparse.ArgumentParser(description="idem benchmark")
-    ap.add_argument("--duration", type=float, default=4.0, help="seconds per measured run (default 4)")
-    ap.add_argument("--reps", type=int, default=5, help="measured runs per case (default 5)")
+    ap.add_argument("--duration", type=float, default=2.0, help="seconds per measured run (default 2)")
+    ap.add_argument("--reps", type=int, default=9, help="measured runs per case (default 9)")
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
     ap.add_argument("--workers", type=int, default=1, help="Envoy-under-test worker threads (default 1)")
@@ -176,6 +176,10 @@ def main():
                 ">= %.2f" % r["target"] if r["target"] else "", verdict, r["cpu_us_per_req"], r["cost_ratio"]))
         print("\nidem.bench-key counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                       for k, v in sorted(counters.items()) if v))
+        control = next(r for r in table if r["case"] == "b'")
+        print("noise floor of this run: (b') does the same work as (a) (the filter never runs on its route); "
+              "its ratio %.2f and cost ratio %.2f show how far 1.00 moves by chance here." % (
+                  control["ratio"], control["cost_ratio"]))
         errors = [r for r in table if r["errors"]]
         for r in errors:
             print("warning: case (%s) saw %d non-2xx answers or socket errors" % (r["case"], r["errors"]))
