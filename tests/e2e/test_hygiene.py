@@ -101,3 +101,20 @@ def test_replay_has_one_date_and_no_hop_by_hop_headers(idem, upstream):
     assert len(again.header_all("content-length")) <= 1, describe(again)
     for hop in ("transfer-encoding", "keep-alive", "upgrade", "proxy-connection"):
         assert again.header(hop) is None, describe(again)
+
+
+def test_same_key_on_another_route_is_another_key(idem, upstream):
+    key = new_key()
+    a = post(idem, CREATE, key)
+    b = post(idem, "/api/orders/9/pay", key)
+    assert_upstream_answer(a, key=key, n=1)
+    assert_upstream_answer(b, key=key, n=2)  # not a/422: the route is part of the stored key
+    assert upstream.calls(key) == 2
+
+
+def test_same_key_on_another_path_of_the_same_policy_is_422(idem, upstream):
+    key = new_key()
+    first = post(idem, "/api/orders/1/pay", key)
+    assert_upstream_answer(first, key=key, n=1)
+    assert_local(post(idem, "/api/orders/2/pay", key), 422, "IDEMPOTENCY_KEY_REUSED")
+    assert upstream.calls(key) == 1

@@ -297,3 +297,27 @@ def test_release_and_hold_log_lines_name_route_key_and_cause(idem, upstream):
         mine = [l for l in lines(action) if "route=%s " % route in l]
         assert any(re.search(r"route=%s key=%s\S* cause=\S+" % (route, re.escape(key[:8])), l) for l in mine), \
             "no `idem: %s route=%s key=%s… cause=…` line; %s lines: %s" % (action, route, key[:8], action, mine[-3:])
+
+
+def test_many_keys_with_concurrent_duplicates_each_execute_once(idem, upstream):
+    """50 keys x 4 simultaneous copies each (200 requests at once, across both workers and many
+    buckets): every key runs exactly once."""
+    keys = [new_key("m") for _ in range(50)]
+    jobs = [k for k in keys for _ in range(4)]
+    barrier = threading.Barrier(len(jobs))
+
+    def one(k):
+        barrier.wait(10)
+        return k, post(idem, CREATE, k, headers={"x-demo-delay-ms": "200"}, timeout=30)
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        answers = list(pool.map(one, jobs))
+    runs = {k: upstream.calls(k) for k in keys}
+    assert all(n == 1 for n in runs.values()), "keys executed more than once: %s" % {
+        k: n for k, n in runs.items() if n != 1}
+    for k, r in answers:
+        assert r.status in (200, 409), "%s: %s" % (k, describe(r))
+        if r.status == 409:
+            assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+        else:
+            assert r.json()["key"] == k and r.json()["n"] == 1, describe(r)
