@@ -29,6 +29,18 @@ pub enum Origin {
 }
 
 impl Origin {
+    /// How to write a missing field in this form of the statement.
+    pub fn hint(self, field: &str) -> &'static str {
+        match (self, field) {
+            (Origin::Section, "idempotent") => "add `是否幂等：是` or `是否幂等：否`",
+            (Origin::Extension, "idempotent") => "add `idempotent: true` or `idempotent: false`",
+            (Origin::Section, "key") => "add e.g. `幂等键：Idempotency-Key（header）`",
+            (Origin::Extension, "key") => "add e.g. `key: { in: header, name: Idempotency-Key }`",
+            (Origin::Section, _) => "add e.g. `重复请求：409 DUPLICATE_REQUEST`",
+            (Origin::Extension, _) => "add e.g. `duplicate: { status: 409, code: DUPLICATE_REQUEST }`",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Origin::Section => "the 幂等性说明 section",

@@ -290,3 +290,13 @@ fn x_idem_lint_ignore_applies_to_the_node_and_everything_below_it() {
     // the path-item string form, the wildcard and a $ref'd path item's ignore all apply.
     assert_eq!(got, vec![("IDEM008".to_string(), "/paths/~1a/put/x-idempotency/key".to_string())], "{v}");
 }
+
+#[test]
+fn hints_use_the_form_the_statement_is_written_in() {
+    let v = json(&[&fx("IDEM002/bad.yaml")]);
+    let msgs: Vec<&str> = v["findings"].as_array().unwrap().iter().map(|f| f["message"].as_str().unwrap()).collect();
+    assert_eq!(msgs.len(), 3, "{msgs:#?}");
+    assert!(msgs[0].contains("the 幂等性说明 section of POST /a") && msgs[0].contains("`是否幂等：是`"), "{}", msgs[0]);
+    assert!(msgs[1].contains("from \"看情况\""), "{}", msgs[1]);
+    assert!(msgs[2].starts_with("x-idempotency of PUT /b") && msgs[2].contains("`idempotent: true`"), "{}", msgs[2]);
+}

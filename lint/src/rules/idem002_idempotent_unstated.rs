@@ -33,9 +33,10 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             "IDEM002",
             &st.loc,
             format!(
-                "{} of {} does not say whether the operation is idempotent (add `是否幂等：是` or `是否幂等：否`)",
+                "{} of {} does not say whether the operation is idempotent ({})",
                 st.origin.describe(),
-                ctx.label()
+                ctx.label(),
+                st.origin.hint("idempotent")
             ),
         )),
         Some(f) => {

@@ -38,9 +38,10 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             "IDEM003",
             &st.loc,
             format!(
-                "{} is declared idempotent but {} names no idempotency key (add `幂等键：Idempotency-Key（header）`)",
+                "{} is declared idempotent but {} names no idempotency key ({})",
                 ctx.label(),
-                st.origin.describe()
+                st.origin.describe(),
+                st.origin.hint("key")
             ),
         )),
         Some(f) if f.value.names.is_empty() => out.push(ctx.at(

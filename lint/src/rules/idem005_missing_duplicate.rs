@@ -37,19 +37,16 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             "IDEM005",
             &st.loc,
             format!(
-                "{} is declared idempotent but {} does not name the duplicate response (add `重复请求：409 DUPLICATE_REQUEST`)",
+                "{} is declared idempotent but {} does not name the duplicate response ({})",
                 ctx.label(),
-                st.origin.describe()
+                st.origin.describe(),
+                st.origin.hint("duplicate")
             ),
         )),
         Some(f) if f.value.status.is_none() => out.push(ctx.at(
             "IDEM005",
             &f.loc,
-            format!(
-                "the duplicate response of {} (\"{}\") names no HTTP status",
-                ctx.label(),
-                f.raw
-            ),
+            format!("the duplicate response of {} (\"{}\") names no HTTP status", ctx.label(), f.raw),
         )),
         Some(_) => {}
     }
