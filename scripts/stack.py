@@ -8,6 +8,7 @@ here is stopped by `stop()` (its whole process group).
 
 import atexit
 import http.client
+import itertools
 import json
 import os
 import re
@@ -130,6 +131,7 @@ def request(port, method, path, headers=None, body=None, timeout=10.0):
 # ---------------------------------------------------------------------------- processes
 
 _LIVE = set()
+_SEQ = itertools.count(1)
 
 
 @atexit.register
@@ -365,12 +367,12 @@ class Envoy:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         if isinstance(config, dict):
-            self.config_path = self.workdir / ("%s-%d.json" % (name, os.getpid() ^ int(time.time() * 1000) % 100000))
-            self.config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False))
             if listen_port is None:
                 listen_port = config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
             if admin_port is None:
                 admin_port = config["admin"]["address"]["socket_address"]["port_value"]
+            self.config_path = self.workdir / ("%s-%d-%d.json" % (name, next(_SEQ), admin_port))
+            self.config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False))
         else:
             self.config_path = Path(config)
         self.listen_port = listen_port
