@@ -97,7 +97,7 @@ impl Workspace {
     /// Walk one file, load the files its `$ref`s name and check every target exists.
     fn check_refs(&mut self, file: FileId) -> Result<(), FatalError> {
         let mut found: Vec<(String, u32)> = Vec::new();
-        collect_refs(&self.roots[file], false, &mut found);
+        collect_refs(&self.roots[file], false, RefCtx::Normal, &mut found);
         let mut seen: HashSet<String> = HashSet::new();
         for (r, off) in found {
             if !seen.insert(r.clone()) {
@@ -167,7 +167,9 @@ impl Workspace {
     }
 
     fn lookup(&self, file: FileId, r: &str) -> Option<At<'_>> {
-        let (target, indices) = self.refs.get(&(file, r.to_string()))?;
+        let Some((target, indices)) = self.refs.get(&(file, r.to_string())) else {
+            return self.lookup_unchecked(file, r);
+        };
         let mut node = self.roots.get(*target)?;
         for &i in indices {
             node = match &node.value {
@@ -177,6 +179,24 @@ impl Workspace {
             };
         }
         Some(At { file: *target, node })
+    }
+
+    /// A `$ref` that was not checked at load time (it sits in data, e.g. an example): resolved
+    /// on demand within the files already loaded, or `None`.
+    fn lookup_unchecked(&self, file: FileId, r: &str) -> Option<At<'_>> {
+        let (file_part, fragment) = r.split_once('#').unwrap_or((r, ""));
+        let target = if file_part.is_empty() {
+            file
+        } else {
+            let base = Path::new(&self.files.get(file)?.name).parent().map(Path::to_path_buf).unwrap_or_default();
+            let name = normalize(&base.join(percent_decode(file_part))).to_string_lossy().into_owned();
+            self.files.iter().position(|f| f.name == name)?
+        };
+        let mut node = self.roots.get(target)?;
+        for seg in split_pointer(&percent_decode(fragment))? {
+            node = child_index(node, &seg)?.1;
+        }
+        Some(At { file: target, node })
     }
 
     /// Follow `$ref` chains from a node. Returns the node itself when it is not a reference,
@@ -208,9 +228,20 @@ fn child_index<'a>(node: &'a Node, seg: &str) -> Option<(usize, &'a Node)> {
     }
 }
 
-/// `$ref`s that are checked: every string `$ref` except inside examples and `x-` extensions
-/// (which may quote arbitrary JSON).
-fn collect_refs(node: &Node, skip: bool, out: &mut Vec<(String, u32)>) {
+/// Where a node sits, for telling data from references.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RefCtx {
+    Normal,
+    /// The value of an `examples` mapping: each entry is an Example Object.
+    ExamplesMap,
+    /// An Example Object: its `value` is data.
+    ExampleObject,
+}
+
+/// `$ref`s that are checked: every string `$ref` except inside data — `example`, an Example
+/// Object's `value`/`externalValue`, a JSON Schema `examples` array, `x-` extensions. (A schema
+/// property that happens to be called `value` is not data: its `$ref` is checked.)
+fn collect_refs(node: &Node, skip: bool, ctx: RefCtx, out: &mut Vec<(String, u32)>) {
     match &node.value {
         Value::Map(m) => {
             for e in m {
@@ -220,17 +251,22 @@ fn collect_refs(node: &Node, skip: bool, out: &mut Vec<(String, u32)>) {
                         continue;
                     }
                 }
+                let child_ctx = match ctx {
+                    RefCtx::ExamplesMap => RefCtx::ExampleObject,
+                    _ if e.key == "examples" => RefCtx::ExamplesMap,
+                    _ => RefCtx::Normal,
+                };
                 let skip_child = skip
                     || e.key.starts_with("x-")
                     || e.key == "example"
-                    || e.key == "value"
-                    || e.key == "externalValue";
-                collect_refs(&e.value, skip_child, out);
+                    || (e.key == "examples" && matches!(e.value.value, Value::Seq(_)))
+                    || (ctx == RefCtx::ExampleObject && (e.key == "value" || e.key == "externalValue"));
+                collect_refs(&e.value, skip_child, child_ctx, out);
             }
         }
         Value::Seq(s) => {
             for n in s {
-                collect_refs(n, skip, out);
+                collect_refs(n, skip, RefCtx::Normal, out);
             }
         }
         _ => {}
@@ -391,6 +427,22 @@ mod tests {
         let e = Workspace::from_text("b.yaml", bad).unwrap_err();
         assert_eq!(e.position.unwrap().line, 3);
         assert!(e.reason.contains("no node at"), "{e}");
+    }
+
+    #[test]
+    fn refs_in_data_are_not_checked_but_a_property_called_value_is() {
+        let data = "openapi: 3.1.0\nx-a: {$ref: '#/nope'}\ncomponents:\n  examples:\n    E: {value: {$ref: '#/nope'}}\n  schemas:\n    S: {examples: [{$ref: '#/nope'}], example: {$ref: '#/nope'}}\n";
+        assert!(Workspace::from_text("d.yaml", data).is_ok());
+        let prop =
+            "openapi: 3.1.0\ncomponents:\n  schemas:\n    S:\n      properties:\n        value: {$ref: '#/nope'}\n";
+        let e = Workspace::from_text("p.yaml", prop).unwrap_err();
+        assert!(e.reason.contains("no node at"), "{e}");
+        // an unchecked local ref still resolves on demand
+        let ok = "openapi: 3.1.0\nx-a: {$ref: '#/b'}\nb: {c: 1}\n";
+        let ws = Workspace::from_text("o.yaml", ok).unwrap();
+        let a = ws.root().node.get("x-a").unwrap();
+        let r = ws.resolve(At { file: 0, node: a }).unwrap();
+        assert!(r.node.get("c").is_some());
     }
 
     #[test]
