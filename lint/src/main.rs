@@ -112,10 +112,8 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         return Ok(0);
     }
     if cli.specs.is_empty() {
-        return Err(FatalError::whole_file(
-            "idem-lint",
-            "no SPEC given (usage: idem-lint [OPTIONS] <SPEC>...; see --help)",
-        ));
+        eprintln!("idem-lint: error: no SPEC given (usage: idem-lint [OPTIONS] <SPEC>...; see --help)");
+        return Ok(2);
     }
     if cli.dump_yaml {
         let mut s = String::new();
