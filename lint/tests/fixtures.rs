@@ -106,3 +106,22 @@ fn example_spec_lints_clean_and_has_statements_for_every_non_safe_operation() {
     let ops: Vec<&str> = f.iter().map(|f| f.code).collect();
     assert_eq!(ops, vec!["IDEM001"; 8], "{f:#?}");
 }
+
+#[test]
+fn crlf_line_endings_and_escaped_json_descriptions_are_positioned() {
+    let cfg = Config::default();
+    let yaml = "openapi: 3.0.3\r\npaths:\r\n  /a:\r\n    post:\r\n      description: |\r\n        ### 幂等性说明\r\n        - 是否幂等：是\r\n        - 幂等键：K（header）\r\n        - 重复请求：409 DUPLICATE_REQUEST\r\n      responses: { '409': { description: DUPLICATE_REQUEST } }\r\n";
+    let f = idem_lint::lint::lint_text("crlf.yaml", yaml, &cfg).unwrap();
+    let got: Vec<String> = f.iter().map(|f| format!("{} {}:{}", f.code, f.position.line, f.position.column)).collect();
+    assert_eq!(got, vec!["IDEM004 8:15"]);
+
+    // In JSON the section lines sit between `\n` escapes: found verbatim, except a line with an
+    // escaped quote, which falls back to the start of the description string.
+    let json = r####"{"openapi": "3.0.3", "paths": {"/a": {"post": {"description": "### 幂等性说明\n- 是否幂等：是\n- 幂等键：K（header）\n- 重复请求：409 \"DUPLICATE_REQUEST\"", "responses": {"201": {"description": "ok"}}}}}}"####;
+    let f = idem_lint::lint::lint_text("d.json", json, &cfg).unwrap();
+    let got: Vec<String> = f.iter().map(|f| format!("{} {}:{}", f.code, f.position.line, f.position.column)).collect();
+    let key_col = json.find("K（header）").unwrap(); // ASCII before it except the title
+    let key_col = json[..key_col].chars().count() + 1;
+    let desc_col = json[..json.find("\"### ").unwrap()].chars().count() + 1;
+    assert_eq!(got, vec![format!("IDEM006 1:{desc_col}"), format!("IDEM004 1:{key_col}")]);
+}
