@@ -500,7 +500,9 @@ fn caps_token(s: &str) -> Option<String> {
 /// Duration in seconds if the text is one (`24h`, `30 分钟`, `1d 12h`, `7天`), for comparing
 /// the two ways of stating an expiry.
 pub fn duration_secs(s: &str) -> Option<u64> {
-    let t = s.trim().to_lowercase();
+    // `24 小时（之后同一个键视为新请求）`: the duration is what comes before a remark.
+    let head = s.split(['（', '(', '，', ',', '；', ';', '。']).next().unwrap_or(s);
+    let t = head.trim().to_lowercase();
     let mut total = 0u64;
     let mut num = String::new();
     let mut unit = String::new();
@@ -653,5 +655,7 @@ mod tests {
         assert_eq!(duration_secs("24 小时"), Some(86400));
         assert_eq!(duration_secs("1d 12h"), Some(129600));
         assert_eq!(duration_secs("forever"), None);
+        assert_eq!(duration_secs("24 小时（之后同一个键视为新请求）"), Some(86400));
+        assert_eq!(duration_secs("30m, then the key may be reused"), Some(1800));
     }
 }
