@@ -418,3 +418,23 @@ pub fn github(run: &Run<'_>) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping() {
+        assert_eq!(path_to_uri("specs/my api/订单.yaml"), "specs/my%20api/%E8%AE%A2%E5%8D%95.yaml");
+        assert_eq!(path_to_uri("a\\b.json"), "a/b.json");
+        assert_eq!(xml_escape("<a href=\"x\">&'\n\u{1}"), "&lt;a href=&quot;x&quot;&gt;&amp;&apos;&#10;\u{FFFD}");
+        assert_eq!(gh_data("50%\r\nx"), "50%25%0D%0Ax");
+        assert_eq!(gh_prop("a:b,c"), "a%3Ab%2Cc");
+    }
+
+    #[test]
+    fn first_paragraph_skips_the_title_line() {
+        assert_eq!(first_paragraph("IDEM000 x (error)\n\nOne\ntwo.\n\nThree.\n").as_deref(), Some("One two."));
+        assert_eq!(first_paragraph("title only\n"), None);
+    }
+}
