@@ -216,7 +216,7 @@ Try it (another terminal):
   curl -si %(gw)s/api/order/create -H 'Idempotency-Key: slow-1' -H 'x-demo-delay-ms: 5000' -d '{}'  # 409
   curl -si %(gw)s/api/pay/callback -d '{"transaction_id":"tx-1","status":"PAID"}'   # body-keyed
   curl -si %(gw)s/api/orders/7/pay -H 'Idempotency-Key: pay-7' -d '{}'             # path template
-  curl -s  '%(admin)s/stats?filter=^idem\\.'                # counters
+  curl -s  '%(admin)s/stats?filter=idem\\.'                 # counters (listed as wasmcustom.idem.*)
   curl -s  http://127.0.0.1:%(up)d/__calls                  # how often the upstream really ran
 
 Upstream knobs (request headers): x-demo-delay-ms, x-demo-status, x-demo-fail-first, x-demo-set-cookie,
@@ -238,6 +238,7 @@ def main():
     def on_term(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)  # also when started in the background (SIGINT ignored there)
 
     demo = Demo()
     try:
