@@ -468,6 +468,12 @@ impl Engine {
         }
     }
 
+    /// Whether `path` is some token route's issue endpoint (cheap: no allocation).
+    pub fn is_issue_path(&self, path: &str) -> bool {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        self.bundle.routes.iter().any(|r| r.mode == Mode::Token && r.token.issue_path == bare)
+    }
+
     /// The token issue endpoint: which route, a fresh token, or the answer when none is issued.
     /// `random` supplies 16 random bytes.
     pub fn issue(&self, method: &str, path: &str, req: &dyn RequestView, random: [u8; 16]) -> Option<Issue> {

@@ -57,9 +57,26 @@ impl Host for Envoy {
             Err(s) => Err(HostError::Failed(format!("set_shared_data: {s:?}"))),
         }
     }
+    /// Owner ids need to be unique across workers, not secret: SplitMix64 seeded once per VM
+    /// from WASI `random_get`, instead of a host call per claim.
     fn random_u64(&self) -> Result<u64, HostError> {
-        getrandom::u64().map_err(|e| HostError::Failed(format!("random_get: {e}")))
+        OWNER_SEED.with(|seed| {
+            let mut s = seed.get();
+            if s == 0 {
+                s = getrandom::u64().map_err(|e| HostError::Failed(format!("random_get: {e}")))? | 1;
+            }
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            seed.set(s);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            Ok(z ^ (z >> 31))
+        })
     }
+}
+
+thread_local! {
+    static OWNER_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn log(level: LogLevel, msg: &str) {
@@ -83,6 +100,9 @@ struct State {
     waiters: RefCell<HashMap<u32, Waiter>>,
     /// Root-context Webdis polls: callout token → (HTTP context id, the poll's claim ticket).
     polls: RefCell<HashMap<u32, (u32, redis::Ticket)>>,
+    /// Envoy's log level for the `wasm` component when the plugin configured (as u32), so
+    /// debug lines are not even formatted when they would be dropped.
+    log_level: u32,
     /// Tickets (and keys) won by a waiter on the root's tick, picked up by its HTTP context.
     handoff: RefCell<HashMap<u32, (Ticket, String)>>,
 }
@@ -101,10 +121,13 @@ impl State {
     /// Counts and logs a verdict (one log line per interception).
     fn record(&self, route: usize, v: &Verdict) {
         self.count(route, v.outcome);
-        let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
         let quiet = matches!(v.outcome, Outcome::Forwarded | Outcome::TokenConsumed | Outcome::TokenIssued)
             || matches!(v.action, Do::Wait { .. });
         let level = if quiet { LogLevel::Debug } else { LogLevel::Info };
+        if (level as u32) < self.log_level {
+            return;
+        }
+        let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
         log(
             level,
             &format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause),
@@ -283,9 +306,11 @@ impl RootContext for Root {
                     .collect()
             })
             .collect();
+        let log_level = hostcalls::get_log_level().map(|l| l as u32).unwrap_or(0);
         self.state = Some(Rc::new(State {
             engine,
             counters,
+            log_level,
             waiters: RefCell::new(HashMap::new()),
             polls: RefCell::new(HashMap::new()),
             handoff: RefCell::new(HashMap::new()),
@@ -677,18 +702,24 @@ impl Context for Request {
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let header = |n: &str| hostcalls::get_map_value(MapType::HttpRequestHeaders, n).ok().flatten();
-        self.method = header(":method").unwrap_or_default();
         self.path = header(":path").unwrap_or_default();
-        if let Some(action) = self.issue() {
-            return action;
+        if self.state.engine.is_issue_path(&self.path) {
+            self.method = header(":method").unwrap_or_default();
+            if let Some(action) = self.issue() {
+                return action;
+            }
         }
         let route_name = || {
             hostcalls::get_property(vec!["xds", "route_name"]).ok().flatten().and_then(|b| String::from_utf8(b).ok())
         };
-        let Some(route) = self.state.engine.bundle.find(&self.method, &self.path, route_name) else {
+        let method = || header(":method").unwrap_or_default();
+        let Some(route) = self.state.engine.bundle.find(method, &self.path, route_name) else {
             return Action::Continue;
         };
         self.route = Some(route);
+        if self.method.is_empty() {
+            self.method = header(":method").unwrap_or_default();
+        }
         if let Some(v) = self.state.engine.precheck(route, self) {
             return self.apply(route, v, false);
         }

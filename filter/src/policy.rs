@@ -746,16 +746,15 @@ impl<'de> Deserialize<'de> for ScopePart {
 
 impl Bundle {
     /// The policy for a request, by Envoy route name first, then exact paths, then templates.
-    /// `route_name` is only asked for when some policy matches by route name.
-    pub fn find(&self, method: &str, path: &str, route_name: impl FnOnce() -> Option<String>) -> Option<usize> {
+    /// `method` and `route_name` are only asked for when a candidate needs them: a request that
+    /// no policy can match costs one look at its path.
+    pub fn find(
+        &self,
+        method: impl FnOnce() -> String,
+        path: &str,
+        route_name: impl FnOnce() -> Option<String>,
+    ) -> Option<usize> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
-        let method_ok = |m: &Option<String>| m.as_deref().is_none_or(|m| m == method);
-        let by_request = |exact: bool| {
-            self.routes.iter().position(|r| match &r.matcher {
-                Matcher::Request { method: m, path: t } => t.is_exact() == exact && method_ok(m) && t.matches(path),
-                Matcher::RouteName(_) => false,
-            })
-        };
         if self.routes.iter().any(|r| matches!(r.matcher, Matcher::RouteName(_))) {
             if let Some(name) = route_name() {
                 let hit = self.routes.iter().position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
@@ -764,7 +763,28 @@ impl Bundle {
                 }
             }
         }
-        by_request(true).or_else(|| by_request(false))
+        let mut method = Some(method);
+        let mut actual: Option<String> = None;
+        for exact in [true, false] {
+            for (i, r) in self.routes.iter().enumerate() {
+                let Matcher::Request { method: wanted, path: t } = &r.matcher else {
+                    continue;
+                };
+                if t.is_exact() != exact || !t.matches(path) {
+                    continue;
+                }
+                let Some(wanted) = wanted else {
+                    return Some(i);
+                };
+                if actual.is_none() {
+                    actual = method.take().map(|f| f());
+                }
+                if actual.as_deref() == Some(wanted.as_str()) {
+                    return Some(i);
+                }
+            }
+        }
+        None
     }
 }
 

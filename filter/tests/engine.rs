@@ -59,7 +59,7 @@ fn setup() -> (FakeHost, Engine) {
 }
 
 fn route(e: &Engine, req: &Req) -> usize {
-    e.bundle.find(&req.method, &req.path, || None).unwrap()
+    e.bundle.find(|| req.method.clone(), &req.path, || None).unwrap()
 }
 
 fn decide(host: &FakeHost, e: &Engine, req: &Req) -> Verdict {

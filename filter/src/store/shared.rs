@@ -320,28 +320,31 @@ impl SharedStore {
         ttl_ms: u64,
     ) -> Result<Completion, StoreError> {
         let tombstone = response.encoded_len() > max_response_bytes;
-        // Check ownership before writing the slot so a late writer never clobbers a new owner's slot.
-        let (entries, _) = self.read(host, t.bucket)?;
-        if !owns(&entries, t, State::InFlight) {
-            return Ok(Completion::LostOwnership);
-        }
-        if !tombstone {
-            let mut v = Vec::with_capacity(8 + response.encoded_len());
-            v.extend_from_slice(&t.owner.to_le_bytes());
-            response.encode_into(&mut v);
-            host.shared_set(&Self::slot_key(t.bucket, t.index), &v, None)?;
-        }
         let state = if tombstone { State::Tombstone } else { State::Completed };
-        let done = self.update(host, t, |e, now| {
+        let mut slot_written = false;
+        for _ in 0..MAX_CAS_RETRIES {
+            let (mut entries, cas) = self.read(host, t.bucket)?;
+            // Ownership is checked before the slot is written, so a late writer never clobbers
+            // a new owner's slot.
+            if !owns(&entries, t, State::InFlight) {
+                return Ok(Completion::LostOwnership);
+            }
+            if !tombstone && !slot_written {
+                let mut v = Vec::with_capacity(8 + response.encoded_len());
+                v.extend_from_slice(&t.owner.to_le_bytes());
+                response.encode_into(&mut v);
+                host.shared_set(&Self::slot_key(t.bucket, t.index), &v, None)?;
+                slot_written = true;
+            }
+            let e = &mut entries[t.index as usize];
             e.state = state;
             e.status = response.status;
-            e.until_ms = now.saturating_add(ttl_ms);
-        })?;
-        Ok(match (done, tombstone) {
-            (false, _) => Completion::LostOwnership,
-            (true, true) => Completion::Tombstoned,
-            (true, false) => Completion::Stored,
-        })
+            e.until_ms = host.now_ms().saturating_add(ttl_ms);
+            if self.write(host, t.bucket, &entries, cas)? {
+                return Ok(if tombstone { Completion::Tombstoned } else { Completion::Stored });
+            }
+        }
+        Err(StoreError::Contended)
     }
 
     /// Frees a claim whose first attempt definitely failed, so a retry can run. Fenced.
