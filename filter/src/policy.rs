@@ -381,25 +381,63 @@ impl std::error::Error for PolicyError {}
 /// `origin` names the source in errors (a file path, or "plugin configuration").
 pub fn parse_bundle(source: &str, origin: &str) -> Result<Bundle, PolicyError> {
     let raw: RawBundle = if source.trim_start().starts_with('{') {
-        serde_json::from_str(source).map_err(|e| PolicyError {
-            origin: origin.to_string(),
-            line: Some(e.line()),
-            column: Some(e.column()),
-            message: e.to_string().split(" at line ").next().unwrap_or("").to_string(),
+        serde_json::from_str(source).map_err(|e| {
+            let message = e.to_string().split(" at line ").next().unwrap_or("").to_string();
+            let offset = offset_of(source, e.line(), e.column());
+            PolicyError {
+                origin: origin.to_string(),
+                line: Some(e.line()),
+                column: Some(e.column()),
+                message: name_field(message, json_field_before(source, offset)),
+            }
         })?
     } else {
         toml::from_str(source).map_err(|e| {
-            let (line, column) = match e.span() {
+            let (line, column, field) = match e.span() {
                 Some(span) => {
                     let (l, c) = line_col(source, span.start);
-                    (Some(l), Some(c))
+                    (Some(l), Some(c), toml_field_before(source, span.start))
                 }
-                None => (None, None),
+                None => (None, None, None),
             };
-            PolicyError { origin: origin.to_string(), line, column, message: e.message().trim().to_string() }
+            let message = name_field(e.message().trim().to_string(), field);
+            PolicyError { origin: origin.to_string(), line, column, message }
         })?
     };
     raw.validate(source, origin)
+}
+
+/// Prefixes a value error with the field it belongs to, unless the message names it already.
+fn name_field(message: String, field: Option<&str>) -> String {
+    match field {
+        Some(f) if !message.contains(&format!("`{f}`")) => format!("`{f}`: {message}"),
+        _ => message,
+    }
+}
+
+/// The key of the `key = value` whose value starts at `offset` (TOML, same line, inline tables too).
+fn toml_field_before(source: &str, offset: usize) -> Option<&str> {
+    let before = source.get(..offset)?;
+    let line = &before[before.rfind('\n').map(|i| i + 1).unwrap_or(0)..];
+    let key = line.trim_end().strip_suffix('=')?.trim_end();
+    let start = key.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).map(|i| i + 1).unwrap_or(0);
+    Some(&key[start..]).filter(|k| !k.is_empty())
+}
+
+/// The last `"key":` before `offset` (JSON).
+fn json_field_before(source: &str, offset: usize) -> Option<&str> {
+    let before = source.get(..offset)?;
+    let colon = before.rfind(':')?;
+    let key = before[..colon].trim_end().strip_suffix('"')?;
+    let start = key.rfind('"')? + 1;
+    Some(&key[start..]).filter(|k| !k.is_empty())
+}
+
+/// Byte offset of a 1-based line and column (serde_json's position: characters).
+fn offset_of(source: &str, line: usize, column: usize) -> usize {
+    let line_start: usize = source.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+    let rest = source.get(line_start..).unwrap_or("");
+    line_start + rest.char_indices().nth(column.saturating_sub(1)).map(|(i, _)| i).unwrap_or(rest.len())
 }
 
 /// 1-based line and column (in characters) of a byte offset.

@@ -109,6 +109,17 @@ fn unknown_field_names_file_line_column_and_field() {
 }
 
 #[test]
+fn value_errors_name_their_field_in_inline_tables_and_json() {
+    let e = err("[[route]]\nname = \"a\"\nmatch = { method = \"post\", path = \"/x\" }\nmode = \"tokn\"\n");
+    assert!(e.message.starts_with("`match`: invalid method"), "{e}");
+    let e = err("[[route]]\nname = \"a\"\nmode = \"tokn\"\n");
+    assert!(e.message.starts_with("`mode`: unknown variant `tokn`"), "{e}");
+    let e =
+        parse_bundle("{\"route\": [{\"name\": \"a\", \"key\": {\"ttl\": \"1 fortnight\"}}]}", "b.json").unwrap_err();
+    assert!(e.message.starts_with("`ttl`: invalid duration"), "{e}");
+}
+
+#[test]
 fn unknown_field_in_json_has_line_and_column() {
     let e = parse_bundle("{\n  \"route\": [\n    {\"name\": \"a\", \"modee\": \"key\"}\n  ]\n}", "b.json").unwrap_err();
     assert_eq!(e.line, Some(3));
@@ -120,6 +131,7 @@ fn bad_duration_is_rejected_where_it_is() {
     let e = err("[[route]]\nname = \"a\"\n[route.key]\nlock_ttl = \"30 parsecs\"\n");
     assert_eq!(e.line, Some(4));
     assert!(e.message.contains("invalid duration \"30 parsecs\""), "{e}");
+    assert!(e.message.starts_with("`lock_ttl`: "), "the field is named: {e}");
     for bad in ["30", "s", "-1s", "1.5s", "99999999999999999999d"] {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
@@ -130,6 +142,7 @@ fn bad_duration_is_rejected_where_it_is() {
 fn bad_statuses_are_rejected() {
     let e = err("[[route]]\nname = \"a\"\n[route.duplicate]\nstatus = 503\n");
     assert_eq!(e.line, Some(4));
+    assert!(e.message.starts_with("`status`: "), "{e}");
     assert!(e.message.contains("never a 5xx"), "{e}");
     let e = err("[[route]]\nname = \"a\"\n[route.key]\nremember = [\"6xx\"]\n");
     assert!(e.message.contains("invalid status \"6xx\""), "{e}");
