@@ -5,7 +5,7 @@ CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup build demo run test fmt-check clippy unit e2e lint-corpora bench clean
+.PHONY: all setup build demo demo-redis run test fmt-check clippy unit e2e lint-corpora bench clean
 
 all: build
 
@@ -20,6 +20,10 @@ build: setup
 # sends the requests, prints every answer and the counters, stops everything.
 demo: build
 	$(PY) scripts/demo.py
+
+# The same walkthrough against two Envoy processes sharing one Redis (through Webdis).
+demo-redis: build
+	$(PY) scripts/demo_redis.py
 
 # The same stack, kept up for manual curl until Ctrl-C.
 run: build
