@@ -329,7 +329,7 @@ def cluster(name, port):
 
 
 def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
-                with_filter=True):
+                with_filter=True, extra_clusters=()):
     """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster."""
     routes = DEFAULT_ROUTES if routes is None else routes
     filters = [wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else []
@@ -339,7 +339,7 @@ def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=N
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "static_resources": {
             "listeners": [listener("ingress", listen_port, [route_entry(r) for r in routes], filters)],
-            "clusters": [cluster("demo_upstream", upstream_port)],
+            "clusters": [cluster("demo_upstream", upstream_port)] + list(extra_clusters),
         },
     }
 
@@ -456,14 +456,15 @@ class Envoy:
 
 
 def start_idem_envoy(workdir, upstream_port, policy_toml, routes=None, concurrency=2, wasm_path=None,
-                     with_filter=True, wait=True, timeout=60.0):
+                     with_filter=True, wait=True, timeout=60.0, extra_clusters=(), name="envoy-idem"):
     require_envoy()
     if with_filter:
         wasm_path = wasm_path or require_wasm()
     listen_port, admin_port = free_port(), free_port()
     cfg = idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
-                      policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter)
-    env = Envoy(cfg, workdir, concurrency=concurrency, name="envoy-idem")
+                      policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter,
+                      extra_clusters=extra_clusters)
+    env = Envoy(cfg, workdir, concurrency=concurrency, name=name)
     if wait:
         try:
             env.wait_ready(timeout)
@@ -567,3 +568,214 @@ def example_config_text(listen_port=10000, admin_port=9901, upstream_port=8080, 
 
 def make_workdir(prefix="idem-"):
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+# ---------------------------------------------------------------------------- Redis + Webdis
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+WEBDIS = shutil.which("webdis") or "/usr/bin/webdis"
+WEBDIS_JSON = REPO / "examples" / "webdis.json"
+EXAMPLE_REDIS_YAML = REPO / "examples" / "envoy-redis.yaml"
+# The credentials of examples/webdis.json (loopback only; tests and demos reuse them).
+REDIS_PASSWORD = "idem-redis-password"
+WEBDIS_AUTH = "idem:idem-webdis-password"
+
+
+def require_redis():
+    for binary, pkg in ((REDIS_SERVER, "redis-server"), (WEBDIS, "webdis")):
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            raise StackError("%s not found; %s (apt-get install -y %s)" % (pkg, SETUP_HINT, pkg))
+
+
+class RedisError(Exception):
+    pass
+
+
+def redis_command(port, *args, password=REDIS_PASSWORD, timeout=3.0):
+    """One Redis command over RESP (a minimal client for tests: inspect keys, TTLs). Returns the reply
+    (bytes, int, list, None); raises RedisError on an error reply and OSError on socket errors."""
+    def enc(*a):
+        out = [b"*%d\r\n" % len(a)]
+        for x in a:
+            x = x if isinstance(x, bytes) else str(x).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(x), x))
+        return b"".join(out)
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        f = s.makefile("rb")
+        payload = (enc("AUTH", password) if password else b"") + enc(*args)
+        s.sendall(payload)
+
+        def read():
+            line = f.readline()
+            if not line:
+                raise OSError("redis closed the connection")
+            t, rest = line[:1], line[1:-2]
+            if t == b"+":
+                return rest
+            if t == b"-":
+                return RedisError(rest.decode(errors="replace"))
+            if t == b":":
+                return int(rest)
+            if t == b"$":
+                n = int(rest)
+                if n < 0:
+                    return None
+                data = f.read(n + 2)
+                return data[:-2]
+            if t == b"*":
+                n = int(rest)
+                return None if n < 0 else [read() for _ in range(n)]
+            raise OSError("unparsable redis reply %r" % line)
+
+        if password:
+            auth = read()
+            if isinstance(auth, RedisError):
+                raise auth
+        reply = read()
+        if isinstance(reply, RedisError):
+            raise reply
+        return reply
+
+
+class Redis:
+    """redis-server on loopback with a password and no persistence. `restart()` keeps the port."""
+
+    def __init__(self, workdir, port=None, password=REDIS_PASSWORD):
+        require_redis()
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.password = password
+        self.proc = None
+        self.start()
+
+    def start(self, timeout=15.0):
+        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
+                "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]
+        self.proc = Proc("redis", argv, self.workdir / ("redis-%d-%d.log" % (self.port, next(_SEQ))))
+        ok = wait_until(lambda: not self.proc.alive() or self.ping(), timeout, interval=0.05)
+        if not ok or not self.proc.alive():
+            tail = self.proc.log_tail()
+            self.proc.stop()
+            raise StackError("redis-server did not start on 127.0.0.1:%d:\n%s" % (self.port, tail))
+        return self
+
+    def ping(self):
+        try:
+            return self.command("PING") == b"PONG"
+        except (OSError, RedisError):
+            return False
+
+    def command(self, *args):
+        return redis_command(self.port, *args, password=self.password)
+
+    def restart(self):
+        self.stop()
+        wait_until(lambda: port_is_free(self.port), 10)
+        return self.start()
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.stop()
+
+
+def webdis_config(http_port, redis_port, template=WEBDIS_JSON):
+    """examples/webdis.json with its two ports rewritten (same ACL, credentials, logging)."""
+    cfg = json.loads(Path(template).read_text())
+    cfg["http_port"] = http_port
+    cfg["redis_port"] = redis_port
+    return cfg
+
+
+class Webdis:
+    """webdis (examples/webdis.json, ports rewritten) in front of a Redis. `start()` after `stop()`
+    brings it back on the same port."""
+
+    def __init__(self, workdir, redis_port, port=None):
+        require_redis()
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.redis_port = redis_port
+        self.config_path = self.workdir / ("webdis-%d.json" % self.port)
+        self.config_path.write_text(json.dumps(webdis_config(self.port, redis_port), indent=1))
+        self.proc = None
+        self.start()
+
+    def start(self, timeout=15.0):
+        wait_until(lambda: port_is_free(self.port), 10)
+        self.proc = Proc("webdis", [WEBDIS, str(self.config_path)],
+                         self.workdir / ("webdis-%d-%d.log" % (self.port, next(_SEQ))), cwd=str(self.workdir))
+        ok = wait_until(lambda: not self.proc.alive() or self.ready(), timeout, interval=0.05)
+        if not ok or not self.proc.alive():
+            tail = self.proc.log_tail()
+            self.proc.stop()
+            raise StackError("webdis did not start on 127.0.0.1:%d:\n%s" % (self.port, tail))
+        return self
+
+    def call(self, command_path, auth=WEBDIS_AUTH, method="GET", body=None, timeout=3.0):
+        """A request straight to Webdis, e.g. call("/SET/k/v") or call("/", method="POST", body="SET/k/v")."""
+        headers = {}
+        if auth:
+            import base64
+            headers["authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+        return request(self.port, method, command_path, headers, body, timeout)
+
+    def ready(self):
+        """Webdis answers and reaches Redis (an authorised SET through the ACL)."""
+        try:
+            r = self.call("/SET/idem-webdis-ready/1/PX/1000")
+        except OSError:
+            return False
+        return r.status == 200 and (r.json() or {}).get("SET") == [True, "OK"]
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.stop()
+
+    def alive(self):
+        return self.proc is not None and self.proc.alive()
+
+
+def webdis_cluster(port, name="webdis"):
+    c = cluster(name, port)
+    c["connect_timeout"] = "0.5s"
+    return c
+
+
+def redis_table(timeout="500ms", on_store_error="reject", prefix="idem:", cluster_name="webdis",
+                basic_auth=WEBDIS_AUTH):
+    """The `[redis]` table of a policy bundle, for the Webdis cluster added by `webdis_cluster`."""
+    lines = ["[redis]", 'cluster = "%s"' % cluster_name, 'authority = "webdis"',
+             'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix, 'on_store_error = "%s"' % on_store_error]
+    if basic_auth:
+        lines.insert(3, 'basic_auth = "%s"' % basic_auth)
+    return "\n".join(lines) + "\n"
+
+
+def start_fleet(workdir, upstream_port, webdis_port, policy_toml, routes=None, n=2, concurrency=2):
+    """n Envoys with the same policy, each with a `webdis` cluster pointing at one Webdis."""
+    envs = []
+    try:
+        for i in range(n):
+            envs.append(start_idem_envoy(workdir, upstream_port, policy_toml, routes=routes, concurrency=concurrency,
+                                         extra_clusters=[webdis_cluster(webdis_port)], name="envoy-fleet%d" % (i + 1)))
+    except Exception:
+        for e in envs:
+            e.stop()
+        raise
+    return envs
+
+
+def example_redis_config_text(listen_port, admin_port, upstream_port, webdis_port, wasm_path=None):
+    """examples/envoy-redis.yaml with its four ports (and optionally the .wasm path) rewritten."""
+    text = EXAMPLE_REDIS_YAML.read_text()
+    for old, new in ((10000, listen_port), (9901, admin_port), (8080, upstream_port), (7390, webdis_port)):
+        needle = "port_value: %d }" % old
+        if text.count(needle) != 1:
+            raise StackError("examples/envoy-redis.yaml: expected exactly one `%s`" % needle)
+        text = text.replace(needle, "port_value: %d }" % new)
+    if wasm_path is not None:
+        if text.count("filename: " + EXAMPLE_WASM) != 1:
+            raise StackError("examples/envoy-redis.yaml: expected exactly one `filename: %s`" % EXAMPLE_WASM)
+        text = text.replace("filename: " + EXAMPLE_WASM, "filename: %s" % wasm_path)
+    return text

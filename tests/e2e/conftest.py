@@ -246,3 +246,82 @@ def _start(workdir, upstream_port, policy, routes, **kw):
         return stack.start_idem_envoy(workdir, upstream_port, policy, routes=routes, **kw)
     except stack.StackError as e:
         pytest.fail(str(e), pytrace=False)
+
+
+# ---------------------------------------------------------------------------- Redis + Webdis
+
+@pytest.fixture(scope="session")
+def redis_components():
+    """Fail (not skip) when redis-server or webdis is missing."""
+    try:
+        stack.require_redis()
+    except stack.StackError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+class RedisStack:
+    """A real redis-server and a real webdis (examples/webdis.json, ports rewritten) in front of it."""
+
+    def __init__(self, workdir):
+        self.redis = stack.Redis(workdir)
+        try:
+            self.webdis = stack.Webdis(workdir, self.redis.port)
+        except Exception:
+            self.redis.stop()
+            raise
+
+    def keys(self, pattern):
+        return sorted(self.redis.command("KEYS", pattern) or [])
+
+    def stop(self):
+        self.webdis.stop()
+        self.redis.stop()
+
+    def log_tails(self):
+        return "--- webdis log ---\n%s\n--- redis log ---\n%s" % (self.webdis.proc.log_tail(20),
+                                                                 self.redis.proc.log_tail(20))
+
+
+def _start_redis_stack(workdir):
+    try:
+        return RedisStack(workdir)
+    except stack.StackError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def redis_stack(workdir, redis_components):
+    """Redis + Webdis shared by a module's tests (tests use their own keys / key prefixes)."""
+    rs = _start_redis_stack(workdir)
+    yield rs
+    rs.stop()
+
+
+@pytest.fixture
+def own_redis_stack(workdir, redis_components, request):
+    """Redis + Webdis for one test that kills or restarts them."""
+    rs = _start_redis_stack(workdir)
+    yield rs
+    if _failed(request.node):
+        print("\n" + rs.log_tails())
+    rs.stop()
+
+
+@pytest.fixture
+def make_fleet(workdir, upstream, request):
+    """Start n Envoys with the same policy, sharing one Webdis; stopped after the test."""
+    started = []
+
+    def make(policy, routes, webdis_port, n=2, **kw):
+        try:
+            envs = stack.start_fleet(workdir, upstream.port, webdis_port, policy, routes=routes, n=n, **kw)
+        except stack.StackError as e:
+            pytest.fail(str(e), pytrace=False)
+        started.extend(envs)
+        return envs
+
+    yield make
+    for env in started:
+        if _failed(request.node):
+            print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
+        env.stop()

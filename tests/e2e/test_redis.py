@@ -1,0 +1,403 @@
+"""The Redis store through Webdis (issue 4): real redis-server + real webdis + two Envoy processes.
+
+Every Envoy of a fleet has its own shared data, so anything that holds across the fleet holds
+because of Redis. Requests are spread over (or alternated between) the two Envoys.
+"""
+
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import stack
+from conftest import new_key
+from idemtest import (assert_local, assert_replay_of, assert_upstream_answer, counters, delta, describe, post,
+                      wait_for)
+
+PREFIX = "idem-e2e-%s:" % uuid.uuid4().hex[:6]
+
+ROUTES = [
+    {"name": "r-key", "match": {"path": "/r/key"}, "idem": True},
+    {"name": "r-wait", "match": {"path": "/r/wait"}, "idem": True},
+    {"name": "s-wait", "match": {"path": "/s/wait"}, "idem": True},
+    {"name": "r-lease", "match": {"path": "/r/lease"}, "idem": True},
+    {"name": "r-disconnect", "match": {"path": "/r/disconnect"}, "idem": True},
+    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
+]
+
+
+def policy(on_store_error="reject", timeout="1s", prefix=PREFIX):
+    return stack.redis_table(timeout=timeout, on_store_error=on_store_error, prefix=prefix) + """
+[[route]]
+name = "r-key"
+match = { method = "POST", path = "/r/key" }
+store = "redis"
+
+[route.key]
+lock_ttl = "30s"
+
+[[route]]
+name = "r-wait"
+match = { method = "POST", path = "/r/wait" }
+store = "redis"
+
+[route.key]
+lock_ttl = "30s"
+on_in_flight = "wait"
+wait_timeout = "15s"
+
+[[route]]
+name = "s-wait"
+match = { method = "POST", path = "/s/wait" }
+store = "shared"
+
+[route.key]
+lock_ttl = "30s"
+on_in_flight = "wait"
+wait_timeout = "15s"
+
+[[route]]
+name = "r-lease"
+match = { method = "POST", path = "/r/lease" }
+store = "redis"
+
+[route.key]
+lock_ttl = "1s"
+
+[[route]]
+name = "r-disconnect"
+match = { method = "POST", path = "/r/disconnect" }
+store = "redis"
+
+[route.key]
+lock_ttl = "3s"
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(workdir, upstream, redis_stack):
+    envs = []
+    try:
+        envs = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, policy(), routes=ROUTES, n=2)
+    except stack.StackError as e:
+        pytest.fail(str(e), pytrace=False)
+    yield envs
+    for e in envs:
+        e.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fleet_logs_on_failure(request):
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed and "fleet" in request.fixturenames:
+        for env in request.getfixturevalue("fleet"):
+            print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
+        print(request.getfixturevalue("redis_stack").log_tails())
+
+
+def fire(n, fn, max_workers=None):
+    """Run fn(i) for i in range(n) at once (a barrier releases them together); returns the results."""
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        barrier.wait(30)
+        return fn(i)
+    with ThreadPoolExecutor(max_workers=max_workers or n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def classify(r, first):
+    if r.header("idempotent-replayed") == "true":
+        assert_replay_of(r, first)
+        return "replayed"
+    if r.status == 409 and r.code == "REQUEST_IN_PROGRESS":
+        return "409"
+    if r.status == 200 and r.header("idempotent-replayed") is None and "order_id" in (r.json() or {}):
+        return "fresh"
+    return "unexpected %s" % describe(r)
+
+
+# ------------------------------------------------------------------------------------ exactly once
+
+def test_200_concurrent_identical_requests_over_two_envoys_run_once(fleet, upstream):
+    key = new_key("r200")
+    body = {"sku": "A1", "qty": 2}
+
+    def send(i):
+        return post(fleet[i % 2], "/r/key", key, body, headers={"x-demo-delay-ms": "300"}, timeout=30)
+    answers = fire(200, send, max_workers=200)
+    fresh = [r for r in answers if r.status == 200 and r.header("idempotent-replayed") is None]
+    assert len(fresh) == 1, "expected exactly one fresh answer, got %d: %s" % (
+        len(fresh), Counter("%d %s" % (r.status, r.code) for r in answers))
+    first = fresh[0]
+    assert_upstream_answer(first, key=key, n=1)
+    kinds = Counter(classify(r, first) for r in answers)
+    assert set(kinds) <= {"fresh", "replayed", "409"}, kinds
+    assert upstream.calls(key) == 1, "the upstream ran %d times; answers %s" % (upstream.calls(key), kinds)
+    # Both Envoys answered (requests really were spread), and a later repeat on either is a replay.
+    for env in fleet:
+        assert_replay_of(post(env, "/r/key", key, body), first)
+    assert upstream.calls(key) == 1
+
+
+def test_replay_422_and_release_across_envoys(fleet, upstream):
+    a, b = fleet
+    key = new_key("rx")
+    first = post(a, "/r/key", key, {"sku": "X", "qty": 1})
+    assert_upstream_answer(first, key=key, n=1)
+    assert_replay_of(post(b, "/r/key", key, {"sku": "X", "qty": 1}), first)
+    assert_local(post(b, "/r/key", key, {"sku": "X", "qty": 9}), 422, "IDEMPOTENCY_KEY_REUSED")
+    assert upstream.calls(key) == 1
+
+
+def test_5xx_releases_the_claim_before_the_client_gets_the_answer(fleet, upstream):
+    """A 5xx on one Envoy releases the claim in Redis: the client's immediate retry on the other runs.
+
+    Repeated 20 times: the release must be done before the 500 reaches the client (like the
+    completion, which is awaited), not merely soon after it; a race would show as a 409 here."""
+    a, b = fleet
+    wrong = []
+    for i in range(20):
+        fkey = new_key("rfail")
+        hdrs = {"x-demo-fail-first": "1"}
+        r1 = post(a, "/r/key", fkey, headers=hdrs)
+        assert r1.status == 500, describe(r1)
+        r2 = post(b, "/r/key", fkey, headers=hdrs)
+        if r2.status != 200:
+            wrong.append(describe(r2))
+            continue
+        assert_upstream_answer(r2, key=fkey, n=2)
+        assert_replay_of(post(a, "/r/key", fkey, headers=hdrs), r2)
+        assert upstream.calls(fkey) == 2
+    assert not wrong, "%d of 20 immediate retries after a 500 were not forwarded, e.g. %s" % (len(wrong), wrong[0])
+
+
+# ------------------------------------------------------------------------------------ wait mode
+
+def _wait_envs(fleet, store):
+    # The shared store is per Envoy: its waiters must all go to the Envoy of the first request.
+    return fleet if store == "redis" else [fleet[0], fleet[0]]
+
+
+@pytest.mark.parametrize("store", ["redis", "shared"])
+def test_wait_mode_answers_every_waiter_with_the_first_response(fleet, upstream, store):
+    envs = _wait_envs(fleet, store)
+    path, route = ("/r/wait", "r-wait") if store == "redis" else ("/s/wait", "s-wait")
+    key = new_key("wait")
+    before = [counters(e, route) for e in fleet]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first_f = pool.submit(post, envs[0], path, key, None, {"x-demo-delay-ms": "1500"}, None, 30)
+        wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
+        waiters = fire(20, lambda i: post(envs[i % 2], path, key, headers={"x-demo-delay-ms": "1500"}, timeout=30))
+        first = first_f.result()
+    assert_upstream_answer(first, key=key, n=1)
+    for r in waiters:
+        assert_replay_of(r, first)
+    assert upstream.calls(key) == 1
+    got = [delta(b, counters(e, route)) for b, e in zip(before, fleet)]
+    assert sum(g.get("replayed", 0) for g in got) == 20, got
+
+
+@pytest.mark.parametrize("store", ["redis", "shared"])
+def test_wait_mode_one_waiter_takes_over_after_a_5xx(fleet, upstream, store):
+    envs = _wait_envs(fleet, store)
+    path, route = ("/r/wait", "r-wait") if store == "redis" else ("/s/wait", "s-wait")
+    key = new_key("takeover")
+    hdrs = {"x-demo-delay-ms": "1000", "x-demo-fail-first": "1"}
+    before = [counters(e, route) for e in fleet]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first_f = pool.submit(post, envs[0], path, key, None, hdrs, None, 30)
+        wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
+        waiters = fire(10, lambda i: post(envs[i % 2], path, key, headers=hdrs, timeout=30))
+        first = first_f.result()
+    assert first.status == 500, describe(first)
+    fresh = [r for r in waiters if r.header("idempotent-replayed") is None]
+    assert len(fresh) == 1, "expected one waiter to take over, got %s" % [describe(r) for r in fresh]
+    took_over = fresh[0]
+    assert_upstream_answer(took_over, key=key, n=2)
+    for r in waiters:
+        if r is not took_over:
+            assert_replay_of(r, took_over)
+    assert upstream.calls(key) == 2
+    got = [delta(b, counters(e, route)) for b, e in zip(before, fleet)]
+    assert sum(g.get("waited", 0) for g in got) == 1, got
+    assert any("took_over_after_wait" in e.log_text() for e in fleet), "no took_over_after_wait log line"
+
+
+# ------------------------------------------------------------------------------------ leases
+
+def test_client_disconnect_does_not_lock_the_key_beyond_its_lease(fleet, upstream, redis_stack):
+    a, b = fleet
+    key = new_key("gone")
+    # The client gives up after 0.5 s while the upstream takes 10 s: the outcome is unknown, the claim stays.
+    with pytest.raises(OSError):
+        post(a, "/r/disconnect", key, headers={"x-demo-delay-ms": "10000"}, timeout=0.5)
+    gave_up = time.monotonic()
+    wait_for(lambda: upstream.calls(key) == 1, 5, what="the first request to reach the upstream")
+    # The claim in Redis carries the lease as its expiry (lock_ttl = 3 s), never more.
+    claims = redis_stack.keys(PREFIX + "k:*")
+    pttls = [redis_stack.redis.command("PTTL", k) for k in claims]
+    assert any(0 < t <= 3000 for t in pttls), "no claim with a PTTL within the 3 s lease: %s" % pttls
+    assert all(t > 0 for t in pttls), "a claim without expiry: %s" % list(zip(claims, pttls))
+    # During the lease: in progress, on either Envoy.
+    r = post(b, "/r/disconnect", key)
+    if time.monotonic() - gave_up < 2.5:
+        assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+    # After the lease: the retry is forwarded (it is not locked for ever).
+    answers = []
+
+    def forwarded():
+        answers.append(post(b, "/r/disconnect", key))
+        return answers[-1].status == 200
+    wait_for(forwarded, 10, interval=0.25, what="a retry to be forwarded after the 3 s lease")
+    assert_upstream_answer(answers[-1], key=key, n=2)
+    assert all(x.status == 409 for x in answers[:-1]), [describe(x) for x in answers[:-1]]
+
+
+def test_lease_takeover_and_fencing(fleet, upstream):
+    a, b = fleet
+    key = new_key("lease")
+    before = counters(a, "r-lease")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The first request outlives its 1 s lease by far.
+        first_f = pool.submit(post, a, "/r/lease", key, None, {"x-demo-delay-ms": "4000"}, None, 30)
+        wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
+        answers = []
+
+        def taken_over():
+            answers.append(post(b, "/r/lease", key))
+            return answers[-1].status != 409
+        wait_for(taken_over, 10, interval=0.1, what="a duplicate to take the expired lease over")
+        second = answers[-1]
+        assert upstream.calls(key) == 2
+        assert not first_f.done(), "the first request completed before the takeover; the test proves nothing"
+        first = first_f.result()
+    assert_upstream_answer(second, key=key, n=2)
+    # The first client still gets its own (late) answer ...
+    assert first.status == 200 and (first.json() or {}).get("n") == 1, describe(first)
+    # ... but its completion was fenced off: the record is the second's, on both Envoys.
+    for env in (a, b):
+        assert_replay_of(post(env, "/r/lease", key), second)
+    assert upstream.calls(key) == 2
+    got = delta(before, counters(a, "r-lease"))
+    assert got.get("lease_lost") == 1, got
+    assert "lease_lost" in a.log_text() and "lease_expired" in a.log_text()
+
+
+# ------------------------------------------------------------------------------------ Webdis ACL
+
+@pytest.mark.parametrize("command", ["/GET/foo", "/FLUSHALL", "/KEYS/*", "/DEL/foo", "/CONFIG/GET/*",
+                                     "/GETDEL/foo"])
+def test_webdis_acl_refuses_commands_the_filter_does_not_use(redis_stack, command):
+    r = redis_stack.webdis.call(command)
+    assert r.status == 403, "Webdis let %s through: %s" % (command, describe(r))
+
+
+def test_webdis_acl_requires_the_credentials(redis_stack):
+    key = "%sacl-%s" % (PREFIX, uuid.uuid4().hex)
+    for auth in (None, "idem:wrong-password", "other:idem-webdis-password"):
+        r = redis_stack.webdis.call("/SET/%s/1" % key, auth=auth)
+        assert r.status == 403, "unauthenticated SET (%s) answered %s" % (auth, describe(r))
+    assert redis_stack.redis.command("EXISTS", key) == 0
+    # The control: with the credentials, SET (what the filter uses) passes.
+    r = redis_stack.webdis.call("/SET/%s/1/PX/5000" % key)
+    assert r.status == 200 and r.json() == {"SET": [True, "OK"]}, describe(r)
+    assert redis_stack.redis.command("EXISTS", key) == 1
+
+
+# ------------------------------------------------------------------------------------ store failures
+
+def _load(env, path, stop, results, prefix):
+    i = 0
+    while not stop.is_set():
+        i += 1
+        k = "%s-%d" % (prefix, i)
+        try:
+            r = post(env, path, k, timeout=10)
+            results.append((k, r))
+        except OSError as e:
+            results.append((k, e))
+        time.sleep(0.01)
+
+
+def test_webdis_killed_mid_run_reject_gives_503_and_forwards_nothing(make_fleet, own_redis_stack, upstream):
+    rs = own_redis_stack
+    env = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0]
+    stop, results = threading.Event(), []
+    prefix = new_key("kill-reject")
+    t = threading.Thread(target=_load, args=(env, "/r/key", stop, results, prefix))
+    t.start()
+    try:
+        wait_for(lambda: sum(1 for _, r in results if getattr(r, "status", 0) == 200) >= 20, 20,
+                 what="20 requests through the healthy store")
+        rs.webdis.stop()
+        n_at_kill = len(results)
+        wait_for(lambda: len(results) >= n_at_kill + 30, 30, what="30 requests while Webdis is down")
+    finally:
+        stop.set()
+        t.join(30)
+    after = results[n_at_kill + 5:]
+    bad = [(k, r) for k, r in after if isinstance(r, Exception) or r.status != 503]
+    assert not bad, "while Webdis is down: %s" % [(k, r if isinstance(r, Exception) else describe(r))
+                                                  for k, r in bad[:5]]
+    for k, r in after:
+        assert_local(r, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+        assert upstream.calls(k) == 0, "request %s was forwarded although the store was down" % k
+    for k, r in results:
+        assert isinstance(r, stack.Response) and r.status in (200, 503), (k, r)
+    c = counters(env, "r-key")
+    assert c.get("store_error", 0) >= len(after), c
+    # Webdis back: the same Envoy protects again.
+    rs.webdis.start()
+    key = new_key("back")
+    wait_for(lambda: post(env, "/r/key", key).status == 200, 15, interval=0.2, what="service after Webdis restart")
+    assert upstream.calls(key) == 1
+
+
+def test_webdis_killed_mid_run_allow_forwards_unprotected(make_fleet, own_redis_stack, upstream):
+    rs = own_redis_stack
+    env = make_fleet(policy("allow"), ROUTES, rs.webdis.port, n=1)[0]
+    first = post(env, "/r/key", new_key("warm"))
+    assert first.status == 200, describe(first)
+    before = counters(env, "r-key")
+    rs.webdis.stop()
+    key = new_key("unprotected")
+    r1 = post(env, "/r/key", key)
+    r2 = post(env, "/r/key", key)
+    # Forwarded, unprotected: both reach the upstream (that is what `allow` trades away).
+    assert_upstream_answer(r1, key=key, n=1)
+    assert_upstream_answer(r2, key=key, n=2)
+    got = delta(before, counters(env, "r-key"))
+    assert got.get("store_error", 0) == 2, got
+    lines = [l for l in env.log_text().splitlines() if "store_error" in l and "allowed_unprotected" in l]
+    assert lines, "no `idem: store_error ... cause=allowed_unprotected` log line"
+    assert "route=r-key" in lines[-1], lines[-1]
+
+
+def test_redis_restart_recovers_without_restarting_envoy(make_fleet, own_redis_stack, upstream):
+    rs = own_redis_stack
+    envs = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=2)
+    pids = [e.proc.pid for e in envs]
+    key = new_key("before-restart")
+    assert_upstream_answer(post(envs[0], "/r/key", key), key=key, n=1)
+    rs.redis.stop()
+    down = post(envs[1], "/r/key", new_key("while-down"))
+    assert_local(down, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+    rs.redis.start()
+    key2 = new_key("after-restart")
+    answers = []
+
+    def served():
+        answers.append(post(envs[0], "/r/key", key2))
+        return answers[-1].status == 200
+    wait_for(served, 20, interval=0.2, what="the first request after the Redis restart to be served")
+    assert all(a.status == 503 for a in answers[:-1]), [describe(a) for a in answers[:-1]]
+    assert_upstream_answer(answers[-1], key=key2, n=1)
+    # Protection works again across the fleet.
+    assert_replay_of(post(envs[1], "/r/key", key2), answers[-1])
+    assert upstream.calls(key2) == 1
+    assert [e.proc.pid for e in envs] == pids and all(e.proc.alive() for e in envs)
