@@ -2,7 +2,9 @@
 
 import json
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]00:00)$")
@@ -86,3 +88,14 @@ def wait_for(predicate, timeout, interval=0.05, what="condition"):
 
 def dumps(obj, **kw):
     return json.dumps(obj, **kw).encode()
+
+
+def fire(n, fn, max_workers=None):
+    """Run fn(i) for i in range(n) at once (a barrier releases them together); returns the results."""
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        barrier.wait(30)
+        return fn(i)
+    with ThreadPoolExecutor(max_workers=max_workers or n) as pool:
+        return list(pool.map(one, range(n)))

@@ -14,7 +14,7 @@ import pytest
 
 import stack
 from conftest import new_key
-from idemtest import (assert_local, assert_replay_of, assert_upstream_answer, counters, delta, describe, post,
+from idemtest import (assert_local, assert_replay_of, assert_upstream_answer, counters, delta, describe, fire, post,
                       wait_for)
 
 PREFIX = "idem-e2e-%s:" % uuid.uuid4().hex[:6]
@@ -97,17 +97,6 @@ def _fleet_logs_on_failure(request):
         for env in request.getfixturevalue("fleet"):
             print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
         print(request.getfixturevalue("redis_stack").log_tails())
-
-
-def fire(n, fn, max_workers=None):
-    """Run fn(i) for i in range(n) at once (a barrier releases them together); returns the results."""
-    barrier = threading.Barrier(n)
-
-    def one(i):
-        barrier.wait(30)
-        return fn(i)
-    with ThreadPoolExecutor(max_workers=max_workers or n) as pool:
-        return list(pool.map(one, range(n)))
 
 
 def classify(r, first):
