@@ -413,7 +413,7 @@ def _issue_10k(env, rs, upstream):
     calls_before = upstream.calls()["total"]
     before = counters(env, "form-a")
     started = time.monotonic()
-    sent = {"n": 0, "ok": 0}
+    sent = {"n": 0, "ok": 0, "runs": 0}
 
     def issue_until(target):
         while sent["n"] < target:
@@ -421,6 +421,7 @@ def _issue_10k(env, rs, upstream):
             assert env.proc.alive(), "Envoy died:\n%s" % env.log_tail()
             res = stack.run_wrk(env.listen_port, "/tk/token", script, ["/tk/token?route=form-a", "Bearer wrk"],
                                 duration=1, connections=8, threads=1)
+            sent["runs"] += 1
             sent["n"] += res["requests"]
             sent["ok"] += res["requests"] - res["non_2xx"] - res["socket_errors"]
 
@@ -448,8 +449,10 @@ def _issue_10k(env, rs, upstream):
     if rs is not None:
         # In Redis every token is one key with an expiry no longer than the route's ttl (10 min).
         keys = rs.keys(PREFIX + "t:*")
-        assert len(keys) == got["token_issued"], "%d token keys in Redis for %d issued tokens" % (
-            len(keys), got["token_issued"])
+        # (Requests wrk abandoned at the end of a run may have stored a token nobody received: <= 8 per run.)
+        runs = sent["runs"]
+        assert got["token_issued"] <= len(keys) <= got["token_issued"] + 8 * runs, (
+            "%d token keys in Redis for %d issued tokens (%d wrk runs)" % (len(keys), got["token_issued"], runs))
         sample = keys[:: max(1, len(keys) // 50)]
         pttls = [rs.redis.command("PTTL", k) for k in sample]
         assert all(0 < t <= 600_000 for t in pttls), pttls
