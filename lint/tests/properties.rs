@@ -110,6 +110,22 @@ proptest! {
     }
 
     #[test]
+    fn arbitrary_bytes_in_a_file_are_a_finding_list_or_a_positioned_error(
+        bytes in prop::collection::vec(any::<u8>(), 0..300),
+        ext in prop::sample::select(vec!["yaml", "json"]),
+    ) {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join(format!("prop-{}-{}.{ext}", std::process::id(), bytes.len()));
+        std::fs::write(&path, &bytes).unwrap();
+        let result = idem_lint::lint::lint_path(path.to_str().unwrap(), &Config::default());
+        let _ = std::fs::remove_file(&path);
+        if let Err(e) = result {
+            prop_assert!(e.position.is_some(), "{e}");
+            prop_assert!(!e.reason.contains('\n'));
+        }
+    }
+
+    #[test]
     fn json_front_end_never_panics(s in "\\PC{0,200}") {
         match idem_lint::json::parse(&s) {
             Ok(n) => check_offsets(&n, &s)?,
