@@ -25,6 +25,67 @@ import stack  # noqa: E402
 
 TTY = sys.stdout.isatty()
 
+# The token-mode part of the walkthrough. examples/envoy-redis.yaml ships the `submit-form` token
+# route; when the example config has none (examples/envoy.yaml), the demo adds it (the policy of
+# policies/submit-form.toml). It always adds `demo-short-form`, a token route whose tokens live
+# 2 s, so the walkthrough can show an expired token without waiting 10 minutes.
+TOKEN_ROUTES_YAML = """\
+              # Token mode (added by scripts/demo.py): the filter answers POST /api/idempotent/token ...
+              - name: token-issue
+                match: { path: /api/idempotent/token }
+                route: { cluster: demo_upstream, timeout: 15s }
+                typed_per_filter_config: *idem_on
+              # ... and enforces the token on the form submission (policy "submit-form").
+              - name: submit-form
+                match: { path: /api/form/submit }
+                route: { cluster: demo_upstream, timeout: 15s }
+                typed_per_filter_config: *idem_on
+"""
+SHORT_ROUTES_YAML = """\
+              # Demo only (added by scripts/demo.py): tokens that expire after 2 s.
+              - name: demo-short-token
+                match: { path: /api/demo/short-token }
+                route: { cluster: demo_upstream, timeout: 15s }
+                typed_per_filter_config: *idem_on
+              - name: demo-short-form
+                match: { path: /api/demo/short-form }
+                route: { cluster: demo_upstream, timeout: 15s }
+                typed_per_filter_config: *idem_on
+"""
+SHORT_POLICY = """
+[[route]]
+name = "demo-short-form"
+match = { method = "POST", path = "/api/demo/short-form" }
+mode = "token"
+store = "%s"
+
+[route.token]
+issue_path = "/api/demo/short-token"
+ttl = "2s"
+
+[route.duplicate]
+status = 409
+code = "DUPLICATE_REQUEST"
+message = "请勿重复提交"
+"""
+PASSTHROUGH_MARK = "              # Everything else: no policy, the filter is not even invoked.\n"
+ROUTER_MARK = "          - name: envoy.filters.http.router\n"
+POLICY_INDENT = " " * 20
+
+
+def with_token_routes(text, store="shared"):
+    """An example Envoy config (text) with the demo's token routes and policies added."""
+    for mark in (PASSTHROUGH_MARK, ROUTER_MARK):
+        if text.count(mark) != 1:
+            raise stack.StackError("example config: expected exactly one %r" % mark.strip())
+    routes, policy = SHORT_ROUTES_YAML, SHORT_POLICY % store
+    if "name: submit-form" not in text:
+        routes = TOKEN_ROUTES_YAML + routes
+        policy = "\n" + (stack.REPO / "policies" / "submit-form.toml").read_text() + policy
+    text = text.replace(PASSTHROUGH_MARK, routes + PASSTHROUGH_MARK)
+    block = "".join((POLICY_INDENT + line).rstrip() + "\n" for line in policy.splitlines())
+    return text.replace(ROUTER_MARK, block + ROUTER_MARK)
+
 
 def c(code, text):
     return "\033[%sm%s\033[0m" % (code, text) if TTY else text
@@ -42,6 +103,8 @@ class Demo:
     def __init__(self):
         self.failures = []
         self.procs = []
+        self.envoys = []
+        self._turn = 0
         self.workdir = stack.make_workdir("idem-demo-")
 
     # -- stack ---------------------------------------------------------------
@@ -56,10 +119,12 @@ class Demo:
         self.upstream = stack.Upstream(self.workdir, port=ports["upstream"])
         self.procs.append(self.upstream)
         cfg = self.workdir / "envoy.yaml"
-        cfg.write_text(stack.example_config_text(ports["listen"], ports["admin"], ports["upstream"]))
+        cfg.write_text(with_token_routes(stack.example_config_text(ports["listen"], ports["admin"],
+                                                                   ports["upstream"])))
         self.envoy = stack.Envoy(cfg, self.workdir, listen_port=ports["listen"], admin_port=ports["admin"],
                                  cwd=str(stack.REPO), name="envoy-demo")
         self.procs.append(self.envoy)
+        self.envoys = [self.envoy]
         self.envoy.wait_ready()
         self.gw = "http://127.0.0.1:%d" % self.envoy.listen_port
         print("%s gateway %s  admin http://127.0.0.1:%d  upstream http://127.0.0.1:%d" % (
@@ -75,16 +140,27 @@ class Demo:
         self.procs = []
 
     # -- printing --------------------------------------------------------------
+    def next_envoy(self):
+        """The Envoy for the next request: with several (demo_redis.py), they take turns."""
+        env = self.envoys[self._turn % len(self.envoys)]
+        self._turn += 1
+        return env
+
+    def envoy_tag(self, env):
+        return "" if len(self.envoys) < 2 else c("33", "[envoy %d] " % (self.envoys.index(env) + 1))
+
     def send(self, method, path, key=None, body=None, headers=None, show=True, timeout=15):
         h = {"content-type": "application/json"}
         if key is not None:
             h["Idempotency-Key"] = key
         h.update(headers or {})
         raw = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
+        env = self.next_envoy()
         if show:
             extra = "".join("  %s: %s" % (k, v) for k, v in h.items() if k != "content-type")
-            print("  %s %s %s%s  %s" % (c("36", "→"), method, path, extra, dim(raw.decode() if raw else "")))
-        r = self.envoy.request(method, path, headers=h, body=raw, timeout=timeout)
+            print("  %s %s%s %s%s  %s" % (c("36", "→"), self.envoy_tag(env), method, path, extra,
+                                          dim(raw.decode() if raw else "")))
+        r = env.request(method, path, headers=h, body=raw, timeout=timeout)
         if show:
             self.show(r)
         return r
@@ -134,12 +210,13 @@ class Demo:
 
         self.step(3, "20 concurrent duplicates of a new request (the upstream takes 800 ms)")
         ckey = "demo-%s-burst" % run
-        print("  %s 20 × POST %s  Idempotency-Key: %s  x-demo-delay-ms: 800" % (c("36", "→"), path, ckey))
+        print("  %s 20 × POST %s  Idempotency-Key: %s  x-demo-delay-ms: 800%s" % (
+            c("36", "→"), path, ckey, "  (alternating Envoys)" if len(self.envoys) > 1 else ""))
         barrier = threading.Barrier(20)
 
-        def one(_):
+        def one(i):
             barrier.wait(10)
-            return self.envoy.request("POST", path, headers={"Idempotency-Key": ckey, "x-demo-delay-ms": "800",
+            return self.envoys[i % len(self.envoys)].request("POST", path, headers={"Idempotency-Key": ckey, "x-demo-delay-ms": "800",
                                                              "content-type": "application/json"},
                                       body=json.dumps(order).encode(), timeout=30)
         with ThreadPoolExecutor(max_workers=20) as pool:
@@ -189,17 +266,70 @@ class Demo:
         self.check(cb2.header("idempotent-replayed") == "true" and cb2.body == cb1.body,
                    "retry got the first SUCCESS reply replayed")
 
-        print("\n%s" % bold("idem counters (admin /stats):"))
-        stats = self.envoy.stats("idem.")
-        for name in sorted(stats):
-            if stats[name]:
-                print("  %-45s %d" % (name, stats[name]))
-        self.check(stats.get("idem.create-order.replayed", 0) >= 1 and stats.get("idem.create-order.forwarded", 0) >= 1,
-                   "counters are exported")
-        print("\n%s" % bold("interception log lines (component wasm):"))
-        lines = [l for l in self.envoy.log_text().splitlines() if "idem:" in l]
-        for l in lines[-8:]:
-            print("  " + dim(l[:200]))
+        self.token_flow(8)
+        self.report()
+
+    def token_flow(self, n):
+        """Token mode: get a token, submit, double submit, expired token."""
+        alice = {"authorization": "Bearer alice"}
+        run = uuid.uuid4().hex[:6]
+        self.step(n, "Token mode: the page asks the gateway for a single-use token")
+        before = self.upstream.calls()["total"]
+        t = self.send("POST", "/api/idempotent/token", headers=alice)
+        token = (t.json() or {}).get("token", "")
+        self.check(t.status == 200 and t.code == "TOKEN_ISSUED" and len(token) == 22,
+                   "200 TOKEN_ISSUED with a 22-character token (128 random bits)")
+        self.check(self.upstream.calls()["total"] == before, "answered by the filter; the upstream never saw it")
+
+        self.step(n + 1, "Submit the form with the token: forwarded once")
+        form = {"title": "my post", "run": run}
+        sub = self.send("POST", "/api/form/submit?key=form-%s" % run, body=form,
+                        headers=dict(alice, **{"Idempotency-Token": token}))
+        self.check(sub.status == 200 and (sub.json() or {}).get("n") == 1 and sub.header("idempotent-replayed") is None,
+                   "forwarded, the upstream ran once")
+
+        self.step(n + 2, "Double submit (the user clicks again): the token is used")
+        dup = self.send("POST", "/api/form/submit?key=form-%s" % run, body=form,
+                        headers=dict(alice, **{"Idempotency-Token": token}))
+        j = dup.json() or {}
+        self.check(dup.status == 409 and dup.code == "DUPLICATE_REQUEST" and j.get("message") == "请勿重复提交"
+                   and "first_seen_at" in j, "409 DUPLICATE_REQUEST 请勿重复提交 (with first_seen_at)")
+        self.check(self.upstream.calls("form-%s" % run) == 1, "the upstream still ran once (calls=%d)"
+                   % self.upstream.calls("form-%s" % run))
+
+        self.step(n + 3, "An expired token (this demo route's tokens live 2 s)")
+        t2 = self.send("POST", "/api/demo/short-token", headers=alice)
+        short = (t2.json() or {}).get("token", "")
+        self.check(t2.status == 200 and (t2.json() or {}).get("ttl_seconds") == 2, "token issued, ttl_seconds 2")
+        print("  " + dim("(waiting 2.5 s)"))
+        time.sleep(2.5)
+        exp = self.send("POST", "/api/demo/short-form?key=short-%s" % run, body=form,
+                        headers=dict(alice, **{"Idempotency-Token": short}))
+        self.check(exp.status == 409 and exp.code == "DUPLICATE_REQUEST" and "first_seen_at" not in (exp.json() or {}),
+                   "409 DUPLICATE_REQUEST, never used (no first_seen_at)")
+        self.check(self.upstream.calls("short-%s" % run) == 0, "nothing reached the upstream")
+
+    def report(self):
+        for env in self.envoys:
+            print("\n%s" % bold("idem counters %s(admin /stats on :%d):" % (self.envoy_tag(env), env.admin_port)))
+            stats = env.stats("idem.")
+            for name in sorted(stats):
+                if stats[name]:
+                    print("  %-45s %d" % (name, stats[name]))
+        total = {}
+        for env in self.envoys:
+            for k, v in env.stats("idem.").items():
+                total[k] = total.get(k, 0) + v
+        self.check(total.get("idem.create-order.replayed", 0) >= 1 and total.get("idem.create-order.forwarded", 0) >= 1,
+                   "key-mode counters are exported")
+        self.check(total.get("idem.submit-form.token_issued", 0) >= 1 and
+                   total.get("idem.submit-form.token_consumed", 0) >= 1 and
+                   total.get("idem.submit-form.token_rejected", 0) >= 1, "token counters are exported")
+        for env in self.envoys:
+            print("\n%s" % bold("interception log lines %s(component wasm):" % self.envoy_tag(env)))
+            lines = [l for l in env.log_text().splitlines() if "idem:" in l]
+            for l in lines[-8:]:
+                print("  " + dim(l[:200]))
 
     def serve(self):
         gw = self.gw
@@ -216,6 +346,9 @@ Try it (another terminal):
   curl -si %(gw)s/api/order/create -H 'Idempotency-Key: slow-1' -H 'x-demo-delay-ms: 5000' -d '{}'  # 409
   curl -si %(gw)s/api/pay/callback -d '{"transaction_id":"tx-1","status":"PAID"}'   # body-keyed
   curl -si %(gw)s/api/orders/7/pay -H 'Idempotency-Key: pay-7' -d '{}'             # path template
+  curl -s -X POST %(gw)s/api/idempotent/token -H 'Authorization: Bearer alice'        # a token
+  curl -si %(gw)s/api/form/submit -H 'Authorization: Bearer alice' -H 'Idempotency-Token: <token>' -d '{}'
+  (run it again)                                           # 409 DUPLICATE_REQUEST 请勿重复提交
   curl -s  '%(admin)s/stats?filter=idem\\.'                 # counters (listed as wasmcustom.idem.*)
   curl -s  http://127.0.0.1:%(up)d/__calls                  # how often the upstream really ran
 
