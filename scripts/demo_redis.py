@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""idem walkthrough on the Redis store (`make demo-redis`): the same steps as `make demo`, against
+TWO Envoy processes (examples/envoy-redis.yaml) sharing one Redis through Webdis
+(examples/webdis.json). Requests alternate between the Envoys, so every repeat lands on the other
+one than the request before it: what holds, holds because of Redis. Prints every answer and both
+Envoys' counters, stops everything, exits 1 if a step misbehaves.
+
+    python3 scripts/demo_redis.py
+
+Ports on 127.0.0.1: Redis 6390, Webdis 7390, upstream 8080, Envoy 1 10000 (admin 9901),
+Envoy 2 10001 (admin 9902) -- each replaced by a free port only when busy. Needs .venv/bin/envoy,
+redis-server and webdis (`make setup`) and the built filter (`make build`).
+"""
+
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stack  # noqa: E402
+from demo import Demo, bold, c, dim, with_token_routes  # noqa: E402
+
+DEFAULT_PORTS = {"redis": 6390, "webdis": 7390, "upstream": 8080,
+                 "listen1": 10000, "admin1": 9901, "listen2": 10001, "admin2": 9902}
+
+
+class RedisDemo(Demo):
+    def start(self):
+        stack.require_envoy()
+        stack.require_wasm()
+        stack.require_redis()
+        ports = {}
+        for name, default in DEFAULT_PORTS.items():
+            ports[name] = default if stack.port_is_free(default) else stack.free_port()
+            if ports[name] != default:
+                print(dim("port %d (%s) is busy; using %d instead" % (default, name, ports[name])))
+        self.redis = stack.Redis(self.workdir, port=ports["redis"])
+        self.procs.append(self.redis)
+        self.webdis = stack.Webdis(self.workdir, self.redis.port, port=ports["webdis"])
+        self.procs.append(self.webdis)
+        self.upstream = stack.Upstream(self.workdir, port=ports["upstream"])
+        self.procs.append(self.upstream)
+        for i in (1, 2):
+            cfg = self.workdir / ("envoy-redis-%d.yaml" % i)
+            text = stack.example_redis_config_text(ports["listen%d" % i], ports["admin%d" % i], self.upstream.port,
+                                                   self.webdis.port)
+            cfg.write_text(with_token_routes(text, store="redis"))
+            env = stack.Envoy(cfg, self.workdir, listen_port=ports["listen%d" % i], admin_port=ports["admin%d" % i],
+                              cwd=str(stack.REPO), name="envoy-redis-%d" % i)
+            self.procs.append(env)
+            self.envoys.append(env)
+        for env in self.envoys:
+            env.wait_ready()
+        self.envoy = self.envoys[0]
+        self.gw = "http://127.0.0.1:%d" % self.envoy.listen_port
+        print("%s Envoy 1 http://127.0.0.1:%d (admin %d), Envoy 2 http://127.0.0.1:%d (admin %d)" % (
+            bold("stack up:"), self.envoys[0].listen_port, self.envoys[0].admin_port,
+            self.envoys[1].listen_port, self.envoys[1].admin_port))
+        print("          one Redis 127.0.0.1:%d behind Webdis 127.0.0.1:%d; upstream http://127.0.0.1:%d" % (
+            self.redis.port, self.webdis.port, self.upstream.port))
+        for env in self.envoys:
+            print(dim("  envoy log: %s" % env.proc.log_path))
+
+    def report(self):
+        super().report()
+        keys = self.redis.command("KEYS", "idem:*") or []
+        kinds = {}
+        for k in keys:
+            kind = k.decode().split(":")[1] if k.count(b":") >= 2 else "?"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        print("\n%s %s" % (bold("Redis keys:"), ", ".join("%d × idem:%s:…" % (n, k) for k, n in sorted(kinds.items()))))
+        self.check(kinds.get("k", 0) >= 1 and kinds.get("t", 0) >= 1,
+                   "claims (idem:k:…) and tokens (idem:t:…) live in Redis, shared by both Envoys")
+
+
+def main():
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    demo = RedisDemo()
+    try:
+        demo.start()
+        demo.walkthrough()
+    except KeyboardInterrupt:
+        print("\nstopping")
+        return 130
+    except stack.StackError as e:
+        print("\n%s %s" % (c("31", "error:"), e), file=sys.stderr)
+        return 2
+    except Exception as e:
+        tails = "\n".join(env.log_tail() for env in demo.envoys)
+        print("\n%s %r\n%s" % (c("31", "demo crashed:"), e, tails), file=sys.stderr)
+        return 1
+    finally:
+        demo.stop()
+    if demo.failures:
+        print("\n%s %d check(s) did not behave as expected:" % (c("31", "FAILED"), len(demo.failures)))
+        for f in demo.failures:
+            print("  - " + f)
+        return 1
+    print("\n%s every step behaved as expected on two Envoys sharing one Redis; everything started was stopped."
+          % c("32", "OK"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
