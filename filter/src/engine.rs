@@ -118,8 +118,9 @@ pub enum Action {
     /// Let it through; with a ticket, its outcome must be reported when it ends.
     Forward(Option<Ticket>),
     Reply(LocalReply),
-    /// Hold it (`on_in_flight = "wait"`) and ask the store again until `deadline_ms`.
+    /// Hold it (`on_in_flight = "wait"`) and run `prepared` again until `deadline_ms`.
     Wait {
+        prepared: Box<Prepared>,
         deadline_ms: u64,
     },
 }
@@ -349,7 +350,7 @@ impl Engine {
                 if wait && now < deadline {
                     return Verdict {
                         outcome: Outcome::InFlight,
-                        action: Action::Wait { deadline_ms: deadline },
+                        action: Action::Wait { prepared: Box::new(p.clone()), deadline_ms: deadline },
                         cause: "in_flight_waiting".into(),
                         key: k,
                     };

@@ -473,24 +473,12 @@ impl Request {
                 send(&r);
                 Action::Pause
             }
-            Do::Wait { deadline_ms } => {
-                if let Begin::Store(prepared) = self.begin_again(route) {
-                    let w = Waiter { prepared, deadline_ms, polling: false };
-                    self.state.waiters.borrow_mut().insert(self.context_id, w);
-                }
+            Do::Wait { prepared, deadline_ms } => {
+                let w = Waiter { prepared: *prepared, deadline_ms, polling: false };
+                self.state.waiters.borrow_mut().insert(self.context_id, w);
                 Action::Pause
             }
         }
-    }
-
-    /// The prepared operation again (for registering a waiter); the request is still readable.
-    fn begin_again(&self, route: usize) -> Begin {
-        self.state.engine.begin(route, self).unwrap_or(Begin::Done(Verdict {
-            outcome: Outcome::StoreError,
-            action: Do::Forward(None),
-            cause: String::new(),
-            key: None,
-        }))
     }
 
     /// Decides with the key (and body) at hand: synchronously on the shared store, or by

@@ -4,7 +4,7 @@
 mod common;
 use common::Req;
 use idem_filter::engine::*;
-use idem_filter::host::FakeHost;
+use idem_filter::host::{FakeHost, Host};
 use idem_filter::policy::parse_bundle;
 use idem_filter::response::LocalReply;
 
@@ -329,4 +329,180 @@ fn outcome_names_are_unique_and_indexed() {
         assert_eq!(o.index(), i);
         assert_eq!(Outcome::ALL.iter().filter(|p| p.name() == o.name()).count(), 1);
     }
+}
+
+const WAIT_POLICY: &str = r#"
+[[route]]
+name = "wait"
+match = { path = "/api/wait" }
+[route.key]
+on_in_flight = "wait"
+wait_timeout = "2s"
+"#;
+
+fn wait_setup() -> (FakeHost, Engine) {
+    let host = FakeHost::new(1_764_400_000_000);
+    let engine = Engine::new(parse_bundle(WAIT_POLICY, "p").unwrap());
+    engine.initialise(&host).unwrap();
+    (host, engine)
+}
+
+fn held(v: &Verdict) -> (Prepared, u64) {
+    match &v.action {
+        Action::Wait { prepared, deadline_ms } => ((**prepared).clone(), *deadline_ms),
+        other => panic!("expected the duplicate to be held, got {other:?}"),
+    }
+}
+
+#[test]
+fn wait_mode_holds_then_replays_the_first_response() {
+    let (host, e) = wait_setup();
+    let req = Req::post("/api/wait").key("k").body("{}");
+    let first = decide(&host, &e, &req);
+    let (prepared, deadline) = held(&decide(&host, &e, &req));
+    assert_eq!(deadline, host.now_ms() + 2000);
+    host.advance(100);
+    held(&e.run_shared(&host, &prepared, Some(deadline)));
+    e.finish_shared(&host, 0, &ticket(&first), ok(201, "{\"first\":true}"));
+    let v = e.run_shared(&host, &prepared, Some(deadline));
+    assert_eq!((v.outcome, v.cause.as_str()), (Outcome::Replayed, "completed_while_waiting"));
+    assert_eq!(reply(&v).1["first"], true);
+}
+
+#[test]
+fn wait_mode_takes_over_when_the_first_fails() {
+    let (host, e) = wait_setup();
+    let req = Req::post("/api/wait").key("k").body("{}");
+    let first = decide(&host, &e, &req);
+    let (prepared, deadline) = held(&decide(&host, &e, &req));
+    e.finish_shared(&host, 0, &ticket(&first), ok(500, "boom"));
+    let v = e.run_shared(&host, &prepared, Some(deadline));
+    assert_eq!(v.outcome, Outcome::Waited);
+    ticket(&v);
+    // Exactly one waiter takes over: the next one keeps waiting.
+    held(&e.run_shared(&host, &prepared, Some(deadline)));
+}
+
+#[test]
+fn wait_mode_gives_up_with_409_after_wait_timeout() {
+    let (host, e) = wait_setup();
+    let req = Req::post("/api/wait").key("k").body("{}");
+    decide(&host, &e, &req);
+    let (prepared, deadline) = held(&decide(&host, &e, &req));
+    host.advance(2000);
+    let v = e.run_shared(&host, &prepared, Some(deadline));
+    assert_eq!((v.outcome, v.cause.as_str()), (Outcome::InFlight, "in_flight_wait_timeout"));
+    assert_eq!(reply(&v).0.status, 409);
+}
+
+const TOKEN_POLICY: &str = r#"
+[[route]]
+name = "submit"
+match = { method = "POST", path = "/api/form/submit" }
+mode = "token"
+[route.token]
+ttl = "1m"
+
+[[route]]
+name = "publish"
+match = { method = "POST", path = "/api/publish" }
+mode = "token"
+[route.token]
+restore_on_failure = false
+"#;
+
+fn token_setup() -> (FakeHost, Engine) {
+    let host = FakeHost::new(1_764_400_000_000);
+    let engine = Engine::new(parse_bundle(TOKEN_POLICY, "p").unwrap());
+    engine.initialise(&host).unwrap();
+    (host, engine)
+}
+
+fn issue(host: &FakeHost, e: &Engine, path: &str, auth: &str, seed: u8) -> Result<String, LocalReply> {
+    let req = Req::post(path).header("authorization", auth);
+    match e.issue("POST", path, &req, [seed; 16]).unwrap() {
+        Issue::Token { route, token, id } => {
+            let v = e.issued(route, &token, host.now_ms(), e.issue_shared(host, route, &id));
+            let (r, body) = reply(&v);
+            assert_eq!((r.status, body["token"].as_str()), (200, Some(token.as_str())));
+            assert!(r.headers.contains(&("cache-control".into(), "no-store".into())));
+            Ok(token)
+        }
+        Issue::Reply { reply, .. } => Err(reply),
+    }
+}
+
+fn submit(path: &str, auth: &str, token: Option<&str>) -> Req {
+    let r = Req::post(path).header("authorization", auth);
+    match token {
+        Some(t) => r.header("idempotency-token", t),
+        None => r,
+    }
+}
+
+#[test]
+fn token_is_issued_consumed_once_and_bound_to_route_and_caller() {
+    let (host, e) = token_setup();
+    // Two routes share the default issue path: the request must name one.
+    let err = issue(&host, &e, "/api/idempotent/token", "A", 1).unwrap_err();
+    assert_eq!(err.status, 400);
+    let t = issue(&host, &e, "/api/idempotent/token?route=submit", "A", 1).unwrap();
+    assert_eq!(t.len(), 22);
+    assert!(e.is_issue_path("/api/idempotent/token?route=submit") && !e.is_issue_path("/api/form/submit"));
+    // Another caller, another route: refused, and the token stays valid for its owner.
+    assert_eq!(decide(&host, &e, &submit("/api/form/submit", "B", Some(&t))).outcome, Outcome::TokenRejected);
+    assert_eq!(decide(&host, &e, &submit("/api/publish", "A", Some(&t))).outcome, Outcome::TokenRejected);
+    let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
+    assert_eq!(v.outcome, Outcome::TokenConsumed);
+    ticket(&v);
+    let again = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
+    let (r, body) = reply(&again);
+    assert_eq!(
+        (again.outcome, r.status, body["code"].as_str()),
+        (Outcome::TokenRejected, 409, Some("DUPLICATE_REQUEST"))
+    );
+    assert!(body["first_seen_at"].is_string(), "used before: says when");
+    let unknown = decide(&host, &e, &submit("/api/form/submit", "A", Some("never-issued")));
+    assert!(reply(&unknown).1.get("first_seen_at").is_none());
+    let missing = decide(&host, &e, &submit("/api/form/submit", "A", None));
+    assert_eq!(reply(&missing).1["code"], "IDEMPOTENCY_TOKEN_MISSING");
+}
+
+#[test]
+fn token_expires() {
+    let (host, e) = token_setup();
+    let t = issue(&host, &e, "/api/idempotent/token?route=submit", "A", 2).unwrap();
+    host.advance(60_001);
+    assert_eq!(decide(&host, &e, &submit("/api/form/submit", "A", Some(&t))).cause, "token_unknown_or_expired");
+}
+
+#[test]
+fn failed_submission_restores_the_token_unless_the_outcome_is_unknown() {
+    let (host, e) = token_setup();
+    let t = issue(&host, &e, "/api/idempotent/token?route=submit", "A", 3).unwrap();
+    let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(503, "down")).0, Some(Outcome::TokenRestored));
+    let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
+    assert_eq!(v.outcome, Outcome::TokenConsumed);
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), Ending::NoResponse { forwarded: true }).0, None);
+    assert_eq!(decide(&host, &e, &submit("/api/form/submit", "A", Some(&t))).outcome, Outcome::TokenRejected);
+    // restore_on_failure = false keeps a failed token used.
+    let t2 = issue(&host, &e, "/api/idempotent/token?route=publish", "A", 4).unwrap();
+    let v = decide(&host, &e, &submit("/api/publish", "A", Some(&t2)));
+    assert_eq!(e.finish_shared(&host, 1, &ticket(&v), ok(500, "x")).0, None);
+    assert_eq!(decide(&host, &e, &submit("/api/publish", "A", Some(&t2))).outcome, Outcome::TokenRejected);
+}
+
+#[test]
+fn issue_endpoint_refuses_other_methods() {
+    let (_, e) = token_setup();
+    let req = Req::post("/api/idempotent/token");
+    match e.issue("GET", "/api/idempotent/token?route=submit", &req, [0; 16]).unwrap() {
+        Issue::Reply { reply, .. } => {
+            assert_eq!(reply.status, 405);
+            assert!(reply.headers.contains(&("allow".into(), "POST".into())));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.issue("POST", "/elsewhere", &req, [0; 16]).is_none());
 }
