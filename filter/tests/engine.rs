@@ -51,11 +51,15 @@ match = { path = "/api/shadow" }
 mode = "shadow"
 "#;
 
-fn setup() -> (FakeHost, Engine) {
+fn engine_with(policy: &str) -> (FakeHost, Engine) {
     let host = FakeHost::new(1_764_400_000_000);
-    let engine = Engine::new(parse_bundle(POLICY, "p").unwrap());
+    let engine = Engine::new(parse_bundle(policy, "p").unwrap());
     engine.initialise(&host).unwrap();
     (host, engine)
+}
+
+fn setup() -> (FakeHost, Engine) {
+    engine_with(POLICY)
 }
 
 fn route(e: &Engine, req: &Req) -> usize {
@@ -341,10 +345,7 @@ wait_timeout = "2s"
 "#;
 
 fn wait_setup() -> (FakeHost, Engine) {
-    let host = FakeHost::new(1_764_400_000_000);
-    let engine = Engine::new(parse_bundle(WAIT_POLICY, "p").unwrap());
-    engine.initialise(&host).unwrap();
-    (host, engine)
+    engine_with(WAIT_POLICY)
 }
 
 fn held(v: &Verdict) -> (Prepared, u64) {
@@ -412,10 +413,7 @@ restore_on_failure = false
 "#;
 
 fn token_setup() -> (FakeHost, Engine) {
-    let host = FakeHost::new(1_764_400_000_000);
-    let engine = Engine::new(parse_bundle(TOKEN_POLICY, "p").unwrap());
-    engine.initialise(&host).unwrap();
-    (host, engine)
+    engine_with(TOKEN_POLICY)
 }
 
 fn issue(host: &FakeHost, e: &Engine, path: &str, auth: &str, seed: u8) -> Result<String, LocalReply> {

@@ -25,6 +25,23 @@ fn ok_response(body: &str) -> StoredResponse {
     StoredResponse::new(201, vec![("content-type".into(), "application/json".into())], body.as_bytes().to_vec())
 }
 
+/// Runs `f(thread index)` on `n` threads released at the same instant (Envoy's workers sharing
+/// one store).
+fn race<T: Send + 'static>(n: usize, f: impl Fn(usize) -> T + Send + Sync + 'static) -> Vec<T> {
+    let f = Arc::new(f);
+    let barrier = Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (f, barrier) = (f.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                f(i)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 fn claimed(c: Claim<Ticket>) -> Ticket {
     match c {
         Claim::Claimed(t) => t,
@@ -175,17 +192,8 @@ fn concurrent_claims_of_one_key_have_exactly_one_winner() {
     let s = Arc::new(s);
     for round in 0..50 {
         let key = id(&format!("k{round}"));
-        let barrier = Arc::new(std::sync::Barrier::new(8));
-        let handles: Vec<_> = (0..8)
-            .map(|_| {
-                let (host, s, barrier) = (host.clone(), s.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    s.claim(&*host, &key, &FP, 30_000).unwrap()
-                })
-            })
-            .collect();
-        let results: Vec<Claim<Ticket>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (host, s) = (host.clone(), s.clone());
+        let results = race(8, move |_| s.claim(&*host, &key, &FP, 30_000).unwrap());
         let winners = results.iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
         let in_flight = results.iter().filter(|c| matches!(c, Claim::InFlight { .. })).count();
         assert_eq!((winners, in_flight), (1, 7), "round {round}: {results:?}");
@@ -198,17 +206,12 @@ fn concurrent_distinct_keys_in_one_bucket_all_succeed() {
     let (host, s) = store(1, 64);
     let host = Arc::new(host);
     let s = Arc::new(s);
-    let handles: Vec<_> = (0..8)
-        .map(|t| {
-            let (host, s) = (host.clone(), s.clone());
-            std::thread::spawn(move || {
-                (0..8)
-                    .filter(|i| matches!(s.claim(&*host, &id(&format!("{t}-{i}")), &FP, 30_000), Ok(Claim::Claimed(_))))
-                    .count()
-            })
-        })
-        .collect();
-    let total: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let (h, st) = (host.clone(), s.clone());
+    let total: usize = race(8, move |t| {
+        (0..8).filter(|i| matches!(st.claim(&*h, &id(&format!("{t}-{i}")), &FP, 30_000), Ok(Claim::Claimed(_)))).count()
+    })
+    .into_iter()
+    .sum();
     assert_eq!(total, 64);
     for t in 0..8 {
         for i in 0..8 {
@@ -280,17 +283,8 @@ fn concurrent_presentations_of_one_token_consume_it_once() {
     for round in 0..30 {
         let tok = id(&format!("t{round}"));
         s.issue_token(&*host, &tok, 60_000).unwrap();
-        let barrier = Arc::new(std::sync::Barrier::new(8));
-        let handles: Vec<_> = (0..8)
-            .map(|_| {
-                let (host, s, barrier) = (host.clone(), s.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    s.use_token(&*host, &tok).unwrap()
-                })
-            })
-            .collect();
-        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (host, s) = (host.clone(), s.clone());
+        let results = race(8, move |_| s.use_token(&*host, &tok).unwrap());
         let consumed = results.iter().filter(|u| matches!(u, TokenUse::Consumed(_))).count();
         let used = results.iter().filter(|u| matches!(u, TokenUse::Used { .. })).count();
         assert_eq!((consumed, used), (1, 7), "round {round}");
