@@ -13,6 +13,14 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
        configure routes without a policy)                         informational
   (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.70 x (a)
   (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
+  (e)  key mode on the Redis store (through Webdis), unique keys:
+       claim + completion = two Webdis round trips + the upstream  target >= 0.45 x (a)
+  (f)  key mode on the Redis store, replays (one Webdis round trip) target >= 0.80 x (a)
+  (w)  wrk straight against Webdis issuing the claim's
+       `SET k v NX PX 30000 GET`: the store's own ceiling           context only
+
+The Redis cases use a real redis-server and webdis (examples/webdis.json, ports rewritten) on
+loopback, and their own Envoy (same worker count) with the `webdis` cluster.
 
 The machine is small and shared: read the ratios, not the absolute numbers. Each case's ratio is
 the median over repetitions of its req/s divided by (a)'s req/s *in the same repetition* (the cases
@@ -23,6 +31,7 @@ the case's (what throughput would be if the proxy alone were the bottleneck).
 """
 
 import argparse
+import base64
 import json
 import os
 import statistics
@@ -49,6 +58,17 @@ lock_ttl = "30s"
 ttl = "24h"
 """
 
+REDIS_POLICY = stack.redis_table(timeout="500ms", prefix="idem-bench:") + """
+[[route]]
+name = "bench-redis"
+match = { method = "POST", path = "/api/order/create" }
+store = "redis"
+
+[route.key]
+lock_ttl = "30s"
+ttl = "10m"
+"""
+
 ROUTES = [
     {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
     {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
@@ -62,6 +82,9 @@ CASES = [
     ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None),
     ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.70),
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
+    ("e", "Redis store, unique keys", "redis", "/api/order/create", "unique_keys.lua", "unique", 0.45),
+    ("f", "Redis store, replays (same key)", "redis", "/api/order/create", "same_key.lua", "same", 0.80),
+    ("w", "wrk -> Webdis `SET NX PX GET` (store ceiling)", "webdis", "/", "webdis_set_nx.lua", "webdis", None),
 ]
 
 
@@ -89,6 +112,7 @@ def main():
     stack.require_envoy()
     stack.require_wasm()
     stack.require_wrk()
+    stack.require_redis()
     workdir = stack.make_workdir("idem-bench-")
     procs = []
     try:
@@ -99,7 +123,19 @@ def main():
         procs.append(plain)
         idem = stack.start_idem_envoy(workdir, fast.listen_port, POLICY, routes=ROUTES, concurrency=args.workers)
         procs.append(idem)
-        envoys = {"plain": plain, "idem": idem}
+        redis = stack.Redis(workdir)
+        procs.append(redis)
+        webdis = stack.Webdis(workdir, redis.port)
+        procs.append(webdis)
+        redis_env = stack.start_idem_envoy(workdir, fast.listen_port, REDIS_POLICY, routes=ROUTES,
+                                           concurrency=args.workers, extra_clusters=[stack.webdis_cluster(webdis.port)],
+                                           name="envoy-idem-redis")
+        procs.append(redis_env)
+        envoys = {"plain": plain, "idem": idem, "redis": redis_env}
+        # (port, pid) of what wrk talks to; CPU/req is that process's CPU time.
+        targets = {name: (env.listen_port, env.proc.pid) for name, env in envoys.items()}
+        targets["webdis"] = (webdis.port, webdis.proc.pid)
+        webdis_auth = base64.b64encode(stack.WEBDIS_AUTH.encode()).decode()
         print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
               % (args.threads, args.connections, args.duration, args.reps, args.workers))
         print("generated Envoy configs and logs: %s" % workdir)
@@ -111,23 +147,29 @@ def main():
         def run(case, duration):
             cid, _, which, path, script, mode, _ = case
             counter[0] += 1
+            port, pid = targets[which]
             if mode == "unique":
                 sargs = [path, "%s-%d" % (run_id, counter[0])]
+            elif mode == "webdis":
+                sargs = ["%s-%d" % (run_id, counter[0]), webdis_auth]
             elif mode == "same":
                 key = "bench-replay-%s" % run_id
                 sargs = [path, key]
                 # (Re)store the replay key first: the unique-key case churns the store and may have
                 # evicted it, and 32 connections racing for a fresh key would measure 409s, not replays.
-                r = stack.request(envoys[which].listen_port, "POST", path,
-                                  {"Idempotency-Key": key, "Content-Type": "application/json"},
-                                  b'{"sku":"A1","qty":1}')
+                hdrs = {"Idempotency-Key": key, "Content-Type": "application/json"}
+                r = stack.request(port, "POST", path, hdrs, b'{"sku":"A1","qty":1}')
                 if r.status != 200:
                     raise stack.StackError("priming the replay key failed: %r" % r)
+                # Wait until the stored answer is visible (on the Redis store the completion may land
+                # just after the client got its answer).
+                if not stack.wait_until(lambda: stack.request(port, "POST", path, hdrs, b'{"sku":"A1","qty":1}')
+                                        .header("idempotent-replayed") == "true", 5):
+                    raise stack.StackError("the replay key is not replayed after priming")
             else:
                 sargs = [path]
-            pid = envoys[which].proc.pid
             cpu0 = cpu_seconds(pid)
-            res = stack.run_wrk(envoys[which].listen_port, path, stack.WRK_SCRIPTS / script, sargs,
+            res = stack.run_wrk(port, path, stack.WRK_SCRIPTS / script, sargs,
                                 duration=duration, connections=args.connections, threads=args.threads)
             res["cpu_us_per_req"] = (cpu_seconds(pid) - cpu0) * 1e6 / max(1, res["requests"])
             return res
@@ -147,6 +189,7 @@ def main():
                 time.sleep(0.3)
 
         counters = idem.stats("idem.bench-key.")
+        redis_counters = redis_env.stats("idem.bench-redis.")
         table = []
         base_runs = results["a"]
         base_cpu = statistics.median(r["cpu_us_per_req"] for r in base_runs)
@@ -176,6 +219,10 @@ def main():
                 ">= %.2f" % r["target"] if r["target"] else "", verdict, r["cpu_us_per_req"], r["cost_ratio"]))
         print("\nidem.bench-key counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                       for k, v in sorted(counters.items()) if v))
+        print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
+                                                        for k, v in sorted(redis_counters.items()) if v))
+        print("(w) is wrk straight to Webdis (its CPU/req is Webdis' own); (e)/(f) CPU/req is their Envoy's only, "
+              "not Webdis' or Redis'.")
         control = next(r for r in table if r["case"] == "b'")
         print("noise floor of this run: (b') does the same work as (a) (the filter never runs on its route); "
               "its ratio %.2f and cost ratio %.2f show how far 1.00 moves by chance here." % (
@@ -185,6 +232,7 @@ def main():
             print("warning: case (%s) saw %d non-2xx answers or socket errors" % (r["case"], r["errors"]))
         if args.json:
             Path(args.json).write_text(json.dumps({"cases": table, "counters": counters,
+                                                   "redis_counters": redis_counters,
                                                    "duration_s": args.duration, "reps": args.reps,
                                                    "connections": args.connections}, indent=2))
         missed = [r for r in table if r["meets"] is False]
