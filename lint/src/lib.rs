@@ -7,11 +7,13 @@
 //! [`report`] renders them.
 
 pub mod config;
+pub mod crosscheck;
 pub mod json;
 pub mod lint;
 pub mod loader;
 pub mod model;
 pub mod node;
+pub mod policy;
 pub mod report;
 pub mod rules;
 pub mod section;

@@ -39,6 +39,19 @@ pub struct Finding {
     pub pointer: String,
     pub message: String,
     pub snippet: Snippet,
+    /// Other places the finding concerns (the policy file's field for a spec finding, or the
+    /// spec's statement for a policy finding): SARIF `relatedLocations`, JSON `related`.
+    pub related: Vec<Related>,
+}
+
+/// A secondary location of a finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Related {
+    pub file: String,
+    pub position: Position,
+    pub pointer: String,
+    pub message: String,
+    pub snippet: Snippet,
 }
 
 impl Finding {
@@ -102,6 +115,7 @@ fn position(ws: &Workspace, raw: Vec<(RawFinding, Severity)>) -> Vec<Finding> {
                 pointer: f.pointer,
                 message: f.message,
                 snippet: snippet(src, pos.line, f.offset),
+                related: Vec::new(),
             });
         }
     }
@@ -116,7 +130,7 @@ pub fn sort(findings: &mut [Finding]) {
 /// The line around a byte offset, cut to a window of characters around it when the line
 /// is long. Works from the offset outwards, so a finding on a 20 MB one-line JSON file costs
 /// O(window), not O(line).
-fn snippet(src: &SourceFile, line: usize, offset: u32) -> Snippet {
+pub(crate) fn snippet(src: &SourceFile, line: usize, offset: u32) -> Snippet {
     let (ls, le) = src.line_bounds(line);
     let text = &src.text;
     let mut off = (offset as usize).clamp(ls, le);
@@ -158,7 +172,7 @@ fn matches_code(list: &[&str], code: &str) -> bool {
 
 /// `x-idem-lint-ignore` on the root, `paths`, the path item, the operation or any node on the
 /// way from the operation to the finding's node.
-fn ignored(ws: &Workspace, op: &Operation<'_>, pointer: &str, code: &str) -> bool {
+pub(crate) fn ignored(ws: &Workspace, op: &Operation<'_>, pointer: &str, code: &str) -> bool {
     for a in &op.ancestors {
         if matches_code(&ignore_list(a.node), code) {
             return true;

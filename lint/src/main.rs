@@ -1,4 +1,5 @@
-//! `idem-lint [OPTIONS] <SPEC>...`, `idem-lint rules`, `idem-lint --explain CODE`.
+//! `idem-lint [OPTIONS] <SPEC>... [--policies <DIR|FILE>...]`, `idem-lint rules`,
+//! `idem-lint --explain CODE`, `idem-lint bundle <DIR|FILE>... [--format toml|json] [--envoy-filter]`.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -7,7 +8,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use idem_lint::config::{Config, FailOn, Severity};
-use idem_lint::lint::{lint_path, sort};
+use idem_lint::crosscheck::cross_check;
+use idem_lint::lint::{lint_workspace, sort};
+use idem_lint::loader::Workspace;
+use idem_lint::policy::{envoy_filter, PolicySet};
 use idem_lint::report::{render, Format, Run};
 use idem_lint::rules::{find, RULES};
 use idem_lint::source::FatalError;
@@ -60,6 +64,11 @@ struct Cli {
     #[arg(long, value_name = "CODE")]
     explain: Option<String>,
 
+    /// Gateway policy files or directories (their *.toml files) to cross-check against the
+    /// specs (rules IDEM101+). Put it after the SPECs, or repeat it: `--policies policies/`.
+    #[arg(long, value_name = "DIR|FILE", num_args = 1.., action = clap::ArgAction::Append)]
+    policies: Vec<String>,
+
     /// Debug: print the parsed SPEC back as YAML (all strings double-quoted) and exit.
     #[arg(long, hide = true)]
     dump_yaml: bool,
@@ -69,6 +78,36 @@ struct Cli {
 enum Command {
     /// List the rules with their default severity.
     Rules,
+    /// Validate policy files with the filter's parser and write the filter's plugin
+    /// configuration (the bundle) to stdout, or with --envoy-filter the Envoy http_filters entry.
+    Bundle(BundleArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BundleFormat {
+    /// TOML, what the example Envoy configs carry in `configuration`.
+    Toml,
+    /// JSON, what Istio WasmPlugin `pluginConfig` and Envoy Gateway pass.
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+struct BundleArgs {
+    /// Policy files, or directories whose *.toml files (sorted by name) are read.
+    #[arg(value_name = "DIR|FILE", required = true)]
+    paths: Vec<String>,
+
+    /// Format of the bundle.
+    #[arg(long, short = 'f', value_enum, default_value = "toml")]
+    format: BundleFormat,
+
+    /// Write the complete Envoy `http_filters` entry (YAML) holding the bundle.
+    #[arg(long)]
+    envoy_filter: bool,
+
+    /// The filter's .wasm path in the --envoy-filter entry.
+    #[arg(long, value_name = "PATH", default_value = "target/wasm32-wasip1/release/idem_filter.wasm")]
+    wasm: String,
 }
 
 fn main() -> ExitCode {
@@ -96,6 +135,20 @@ fn print(s: &str) {
 }
 
 fn run(cli: Cli) -> Result<u8, FatalError> {
+    if let Some(Command::Bundle(b)) = &cli.command {
+        let set = PolicySet::load(&b.paths)?;
+        let text = match b.format {
+            BundleFormat::Toml => set.bundle_toml()?,
+            BundleFormat::Json => set.bundle_json()?,
+        };
+        if b.envoy_filter {
+            let files: Vec<String> = set.files.iter().map(|f| f.name().to_string()).collect();
+            print(&envoy_filter(&text, &b.wasm, &files));
+        } else {
+            print(&text);
+        }
+        return Ok(0);
+    }
     if let Some(Command::Rules) = cli.command {
         let mut s = String::new();
         for r in &RULES {
@@ -135,12 +188,24 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         Some(FailOnArg::Never) => FailOn::Never,
         None => config.fail_on.unwrap_or_default(),
     };
+    // Policy errors are fatal before any spec is read: the same message the filter gives.
+    let policies = if cli.policies.is_empty() { None } else { Some(PolicySet::load(&cli.policies)?) };
     let mut findings = Vec::new();
     let mut errors = Vec::new();
+    let mut workspaces = Vec::new();
     for spec in &cli.specs {
-        match lint_path(spec, &config) {
-            Ok(f) => findings.extend(f),
+        match Workspace::load(spec) {
+            Ok(ws) => {
+                findings.extend(lint_workspace(&ws, &config));
+                workspaces.push(ws);
+            }
             Err(e) => errors.push(e),
+        }
+    }
+    if let Some(set) = &policies {
+        // With a spec missing, every policy of its operations would look orphaned.
+        if errors.is_empty() {
+            findings.extend(cross_check(&workspaces, set, &cli.policies, &config));
         }
     }
     sort(&mut findings);

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::Severity;
-use crate::lint::Finding;
+use crate::lint::{Finding, Snippet};
 use crate::rules::RULES;
 use crate::source::FatalError;
 
@@ -77,17 +77,17 @@ pub fn text(run: &Run<'_>, color: bool) -> String {
             st.paint(sev_color, &format!("{sev}[{}]", f.code)),
             f.message
         );
-        let line_no = f.position.line.to_string();
-        let gutter = " ".repeat(line_no.len());
-        let bar = st.paint("1;34", "|");
-        let left = if f.snippet.cut_left { "…" } else { "" };
-        let right = if f.snippet.cut_right { "…" } else { "" };
-        let shown = f.snippet.text.replace('\t', "    ");
-        let caret_pad = usize::from(f.snippet.cut_left) + f.snippet.caret_width();
-        let _ = writeln!(out, "{gutter} {bar}");
-        let _ = writeln!(out, "{} {bar} {left}{shown}{right}", st.paint("1;34", &line_no));
-        let _ = writeln!(out, "{gutter} {bar} {}{}", " ".repeat(caret_pad), st.paint(sev_color, "^"));
-        let _ = writeln!(out, "{gutter} {} {}", st.paint("1;34", "="), f.pointer);
+        snippet_block(&mut out, &st, sev_color, f.position.line, &f.snippet, &f.pointer);
+        for r in &f.related {
+            let _ = writeln!(
+                out,
+                "{}: {}: {}",
+                st.paint("1", &format!("{}:{}:{}", r.file, r.position.line, r.position.column)),
+                st.paint("1;36", "related"),
+                r.message
+            );
+            snippet_block(&mut out, &st, "1;36", r.position.line, &r.snippet, &r.pointer);
+        }
         out.push('\n');
     }
     let errors = run.count(Severity::Error);
@@ -108,6 +108,20 @@ pub fn text(run: &Run<'_>, color: bool) -> String {
     out
 }
 
+fn snippet_block(out: &mut String, st: &Style, color: &str, line: usize, snippet: &Snippet, pointer: &str) {
+    let line_no = line.to_string();
+    let gutter = " ".repeat(line_no.len());
+    let bar = st.paint("1;34", "|");
+    let left = if snippet.cut_left { "…" } else { "" };
+    let right = if snippet.cut_right { "…" } else { "" };
+    let shown = snippet.text.replace('\t', "    ");
+    let caret_pad = usize::from(snippet.cut_left) + snippet.caret_width();
+    let _ = writeln!(out, "{gutter} {bar}");
+    let _ = writeln!(out, "{} {bar} {left}{shown}{right}", st.paint("1;34", &line_no));
+    let _ = writeln!(out, "{gutter} {bar} {}{}", " ".repeat(caret_pad), st.paint(color, "^"));
+    let _ = writeln!(out, "{gutter} {} {}", st.paint("1;34", "="), pointer);
+}
+
 // --------------------------------------------------------------------------------- JSON
 
 /// One finding in the JSON output (fields in this order).
@@ -120,6 +134,19 @@ struct JsonFinding<'a> {
     /// 1-based, in Unicode characters.
     column: usize,
     /// 1-based, in UTF-16 code units (what SARIF, LSP and GitHub use).
+    column_utf16: usize,
+    pointer: &'a str,
+    message: &'a str,
+    /// The other side of a policy cross-check finding (IDEM1xx); absent when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    related: Vec<JsonRelated<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonRelated<'a> {
+    file: &'a str,
+    line: usize,
+    column: usize,
     column_utf16: usize,
     pointer: &'a str,
     message: &'a str,
@@ -165,6 +192,18 @@ pub fn json_report(run: &Run<'_>) -> String {
                 column_utf16: f.position.column_utf16,
                 pointer: &f.pointer,
                 message: &f.message,
+                related: f
+                    .related
+                    .iter()
+                    .map(|r| JsonRelated {
+                        file: &r.file,
+                        line: r.position.line,
+                        column: r.position.column,
+                        column_utf16: r.position.column_utf16,
+                        pointer: &r.pointer,
+                        message: &r.message,
+                    })
+                    .collect(),
             })
             .collect(),
         errors: run
@@ -247,7 +286,23 @@ pub fn sarif(run: &Run<'_>) -> String {
         .iter()
         .map(|f| {
             let idx = RULES.iter().position(|r| r.code == f.code).unwrap_or(0);
-            json!({
+            let related: Vec<Value> = f
+                .related
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    json!({
+                        "id": i,
+                        "message": { "text": r.message },
+                        "physicalLocation": {
+                            "artifactLocation": { "uri": path_to_uri(&r.file) },
+                            "region": { "startLine": r.position.line, "startColumn": r.position.column_utf16 },
+                        },
+                        "logicalLocations": [{ "fullyQualifiedName": r.pointer, "kind": "member" }],
+                    })
+                })
+                .collect();
+            let mut result = json!({
                 "ruleId": f.code,
                 "ruleIndex": idx,
                 "level": level(f.severity),
@@ -262,7 +317,11 @@ pub fn sarif(run: &Run<'_>) -> String {
                     },
                     "logicalLocations": [{ "fullyQualifiedName": f.pointer, "kind": "member" }],
                 }],
-            })
+            });
+            if !related.is_empty() {
+                result["relatedLocations"] = Value::Array(related);
+            }
+            result
         })
         .collect();
     let notifications: Vec<Value> =
@@ -352,7 +411,7 @@ pub fn junit(run: &Run<'_>) -> String {
                 f.position.column,
                 f.severity,
                 f.code,
-                xml_escape(&f.message)
+                xml_escape(&with_related(f))
             );
             out.push_str("    </testcase>\n");
         }
@@ -370,6 +429,16 @@ pub fn junit(run: &Run<'_>) -> String {
     }
     out.push_str("</testsuites>\n");
     out
+}
+
+/// The message plus its related locations (`(see file:line:col: message)`), for formats with
+/// one location per finding.
+fn with_related(f: &Finding) -> String {
+    let mut m = f.message.clone();
+    for r in &f.related {
+        let _ = write!(m, " (see {}:{}:{}: {})", r.file, r.position.line, r.position.column, r.message);
+    }
+    m
 }
 
 // --------------------------------------------------------------------------------- GitHub
@@ -396,7 +465,7 @@ pub fn github(run: &Run<'_>) -> String {
             f.position.line,
             f.position.column_utf16,
             gh_prop(&format!("{} {}", f.code, f.pointer)),
-            gh_data(&f.message)
+            gh_data(&with_related(f))
         );
     }
     for e in run.errors {

@@ -16,6 +16,12 @@ pub mod idem006_duplicate_not_in_responses;
 pub mod idem007_duplicate_5xx;
 pub mod idem008_unstable_key;
 pub mod idem009_statements_disagree;
+pub mod idem101_route_without_operation;
+pub mod idem102_operation_without_policy;
+pub mod idem103_key_mismatch;
+pub mod idem104_duplicate_mismatch;
+pub mod idem105_token_undocumented;
+pub mod idem106_policy_on_non_idempotent;
 
 /// One finding before severities and suppressions are applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +60,14 @@ pub struct Rule {
     pub severity: Severity,
     pub summary: &'static str,
     source: &'static str,
+    /// The per-operation check (spec rules).
     pub check: Check,
+    /// The spec ↔ policy check (`--policies`, IDEM1xx); these rules have a no-op `check`.
+    pub cross: Option<crate::crosscheck::CrossCheck>,
 }
+
+/// The per-operation check of a cross-check rule: nothing (it runs only with `--policies`).
+fn spec_only_with_policies(_: &Ctx<'_>, _: &mut Vec<RawFinding>) {}
 
 impl Rule {
     /// The rule's documentation as Markdown: its file's leading `//!` comment.
@@ -90,7 +102,7 @@ impl Rule {
     }
 }
 
-pub static RULES: [Rule; 9] = [
+pub static RULES: [Rule; 15] = [
     Rule {
         code: "IDEM001",
         name: "missing-statement",
@@ -98,6 +110,7 @@ pub static RULES: [Rule; 9] = [
         summary: "non-safe operation without a 幂等性说明",
         source: include_str!("idem001_missing_statement.rs"),
         check: idem001_missing_statement::check,
+        cross: None,
     },
     Rule {
         code: "IDEM002",
@@ -106,6 +119,7 @@ pub static RULES: [Rule; 9] = [
         summary: "statement does not say whether the operation is idempotent",
         source: include_str!("idem002_idempotent_unstated.rs"),
         check: idem002_idempotent_unstated::check,
+        cross: None,
     },
     Rule {
         code: "IDEM003",
@@ -114,6 +128,7 @@ pub static RULES: [Rule; 9] = [
         summary: "idempotent, but no key named",
         source: include_str!("idem003_missing_key.rs"),
         check: idem003_missing_key::check,
+        cross: None,
     },
     Rule {
         code: "IDEM004",
@@ -122,6 +137,7 @@ pub static RULES: [Rule; 9] = [
         summary: "named key is not declared by the operation",
         source: include_str!("idem004_undeclared_key.rs"),
         check: idem004_undeclared_key::check,
+        cross: None,
     },
     Rule {
         code: "IDEM005",
@@ -130,6 +146,7 @@ pub static RULES: [Rule; 9] = [
         summary: "idempotent, but no duplicate response named",
         source: include_str!("idem005_missing_duplicate.rs"),
         check: idem005_missing_duplicate::check,
+        cross: None,
     },
     Rule {
         code: "IDEM006",
@@ -138,6 +155,7 @@ pub static RULES: [Rule; 9] = [
         summary: "duplicate status not among the responses, or its code not in that response",
         source: include_str!("idem006_duplicate_not_in_responses.rs"),
         check: idem006_duplicate_not_in_responses::check,
+        cross: None,
     },
     Rule {
         code: "IDEM007",
@@ -146,6 +164,7 @@ pub static RULES: [Rule; 9] = [
         summary: "duplicate answered with a 5xx",
         source: include_str!("idem007_duplicate_5xx.rs"),
         check: idem007_duplicate_5xx::check,
+        cross: None,
     },
     Rule {
         code: "IDEM008",
@@ -154,6 +173,7 @@ pub static RULES: [Rule; 9] = [
         summary: "unstable or too-coarse key (user id alone, timestamp, whole-body hash)",
         source: include_str!("idem008_unstable_key.rs"),
         check: idem008_unstable_key::check,
+        cross: None,
     },
     Rule {
         code: "IDEM009",
@@ -162,6 +182,61 @@ pub static RULES: [Rule; 9] = [
         summary: "description section and x-idempotency disagree",
         source: include_str!("idem009_statements_disagree.rs"),
         check: idem009_statements_disagree::check,
+        cross: None,
+    },
+    Rule {
+        code: "IDEM101",
+        name: "route-without-operation",
+        severity: Severity::Error,
+        summary: "policy route that matches no operation of the spec",
+        source: include_str!("idem101_route_without_operation.rs"),
+        check: spec_only_with_policies,
+        cross: Some(idem101_route_without_operation::check),
+    },
+    Rule {
+        code: "IDEM102",
+        name: "operation-without-policy",
+        severity: Severity::Error,
+        summary: "operation documented as idempotent, but no policy route protects it",
+        source: include_str!("idem102_operation_without_policy.rs"),
+        check: spec_only_with_policies,
+        cross: Some(idem102_operation_without_policy::check),
+    },
+    Rule {
+        code: "IDEM103",
+        name: "key-mismatch",
+        severity: Severity::Error,
+        summary: "policy and spec disagree on where the key is or what it is called",
+        source: include_str!("idem103_key_mismatch.rs"),
+        check: spec_only_with_policies,
+        cross: Some(idem103_key_mismatch::check),
+    },
+    Rule {
+        code: "IDEM104",
+        name: "duplicate-mismatch",
+        severity: Severity::Error,
+        summary: "policy and spec disagree on the duplicate response's status or code",
+        source: include_str!("idem104_duplicate_mismatch.rs"),
+        check: spec_only_with_policies,
+        cross: Some(idem104_duplicate_mismatch::check),
+    },
+    Rule {
+        code: "IDEM105",
+        name: "token-undocumented",
+        severity: Severity::Error,
+        summary: "token policy whose issue endpoint or token header the spec does not document",
+        source: include_str!("idem105_token_undocumented.rs"),
+        check: spec_only_with_policies,
+        cross: Some(idem105_token_undocumented::check),
+    },
+    Rule {
+        code: "IDEM106",
+        name: "policy-on-non-idempotent",
+        severity: Severity::Error,
+        summary: "policy enforces idempotency on an operation the spec says is not idempotent",
+        source: include_str!("idem106_policy_on_non_idempotent.rs"),
+        check: spec_only_with_policies,
+        cross: Some(idem106_policy_on_non_idempotent::check),
     },
 ];
 

@@ -1,0 +1,54 @@
+//! IDEM101 route-without-operation (error)
+//!
+//! A policy route (`--policies`) matches no operation of the spec: the gateway enforces a
+//! policy on an endpoint the API description does not have. Usually the path or method was
+//! renamed on one side only, or the policy protects an endpoint that was removed.
+//!
+//! A `match = { method, path }` route matches an operation with that method (any method when
+//! `method` is left out) whose path has the same shape: literal segments equal, and a `{param}`
+//! segment matches a `{param}` segment whatever its name (`/api/orders/{id}/pay` matches
+//! `/api/orders/{orderId}/pay`). Paths are compared as written under `paths` (a `servers` base
+//! path is not added). A route matched by Envoy route name (`match = { route = "create-order" }`
+//! or no `match`) pairs with the operation whose `operationId` is the same name ignoring case,
+//! `-` and `_` (`createOrder`).
+//!
+//! The finding points at the route's `path` (or its `name`) in the policy file.
+//!
+//! Bad:
+//!
+//! ```text
+//! # policies/create-order.toml
+//! match = { method = "POST", path = "/api/orders/create" }
+//! # the spec has POST /api/order/create
+//! ```
+//!
+//! Good:
+//!
+//! ```text
+//! match = { method = "POST", path = "/api/order/create" }
+//! ```
+
+use crate::crosscheck::{CrossFinding, PolicyCtx};
+
+pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
+    for (ri, matched) in ctx.matches.iter().enumerate() {
+        if !matched.is_empty() {
+            continue;
+        }
+        let s = ctx.spans(ri);
+        let primary = ctx.policy_place(ri, &[(&s.path, "match/path"), (&s.matcher, "match")]);
+        let route = ctx.routes[ri].route;
+        out.push(CrossFinding {
+            code: "IDEM101",
+            primary,
+            message: format!(
+                "policy route {:?} ({}) matches no operation in {}",
+                route.name,
+                ctx.route_label(ri),
+                ctx.spec_names()
+            ),
+            related: Vec::new(),
+            op: None,
+        });
+    }
+}

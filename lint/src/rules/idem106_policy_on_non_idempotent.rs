@@ -1,0 +1,61 @@
+//! IDEM106 policy-on-non-idempotent (error)
+//!
+//! A policy route enforces idempotency (`mode = "key"`, `"token"`, or `"shadow"`, which
+//! evaluates as key mode) on an operation whose 幂等性说明 says it is *not* idempotent
+//! (`是否幂等：否`, `idempotent: false`). Either the spec is out of date, or the gateway now
+//! rejects or replays repeats of an operation callers expect to run every time (issuing a new
+//! token, appending a log entry).
+//!
+//! The finding points at the policy's `mode` (or the route's name when the default `key`
+//! applies); the related location is the spec's "idempotent" field.
+//!
+//! Bad:
+//!
+//! ```text
+//! # spec: - 是否幂等：否
+//! [[route]]
+//! name = "issue-token"
+//! match = { method = "POST", path = "/api/idempotent/token" }
+//! mode = "key"
+//! ```
+//!
+//! Good: no policy on that operation, or a statement that says `是否幂等：是` with its key and
+//! duplicate response.
+
+use crate::crosscheck::{CrossFinding, Place, PolicyCtx};
+use crate::section::Tri;
+use idem_filter::policy::Mode;
+
+pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
+    for (ri, matched) in ctx.matches.iter().enumerate() {
+        let route = ctx.routes[ri].route;
+        let s = ctx.spans(ri);
+        let mode = match route.mode {
+            Mode::Key => "key",
+            Mode::Token => "token",
+            Mode::Shadow => "shadow",
+        };
+        for &oi in matched {
+            let op = &ctx.ops[oi];
+            if op.idempotent() != Some(&Tri::No) {
+                continue;
+            }
+            let Some(st) = &op.statement else { continue };
+            let Some(field) = &st.idempotent else { continue };
+            out.push(CrossFinding {
+                code: "IDEM106",
+                primary: ctx.policy_place(ri, &[(&s.mode, "mode")]),
+                message: format!(
+                    "policy {:?} enforces idempotency (mode = {mode:?}) on {}, which the spec says is not idempotent",
+                    route.name,
+                    op.label()
+                ),
+                related: vec![(
+                    Place::Spec { ws: op.ws, loc: field.loc.clone() },
+                    format!("{} of {}: not idempotent", st.origin.describe(), op.label()),
+                )],
+                op: Some(oi),
+            });
+        }
+    }
+}
