@@ -143,6 +143,25 @@ def test_replay_422_and_release_across_envoys(fleet, upstream):
     assert upstream.calls(key) == 1
 
 
+@pytest.mark.parametrize("body_bytes", [0, 20000])
+def test_a_retry_after_the_answer_is_always_replayed_on_the_other_envoy(fleet, upstream, body_bytes):
+    """The first's answer is held until its completion is in Redis, so a retry sent as soon as the
+    client has the answer is replayed, also on another Envoy. 20 rounds (a race shows as a 409)."""
+    a, b = fleet
+    wrong = []
+    for i in range(20):
+        key = new_key("answered")
+        hdrs = {"x-demo-body-bytes": str(body_bytes)}
+        first = post(a, "/r/key", key, headers=hdrs)
+        assert_upstream_answer(first, key=key, n=1)
+        again = post(b, "/r/key", key, headers=hdrs)
+        if again.header("idempotent-replayed") != "true":
+            wrong.append(describe(again))
+            continue
+        assert_replay_of(again, first)
+    assert not wrong, "%d of 20 immediate retries were not replayed, e.g. %s" % (len(wrong), wrong[0])
+
+
 def test_5xx_releases_the_claim_before_the_client_gets_the_answer(fleet, upstream):
     """A 5xx on one Envoy releases the claim in Redis: the client's immediate retry on the other runs.
 
@@ -390,3 +409,12 @@ def test_redis_restart_recovers_without_restarting_envoy(make_fleet, own_redis_s
     assert_replay_of(post(envs[1], "/r/key", key2), answers[-1])
     assert upstream.calls(key2) == 1
     assert [e.proc.pid for e in envs] == pids and all(e.proc.alive() for e in envs)
+
+
+def test_missing_redis_or_webdis_is_a_failure_with_the_setup_hint(monkeypatch):
+    for name in ("REDIS_SERVER", "WEBDIS"):
+        with monkeypatch.context() as m:
+            m.setattr(stack, name, "/nonexistent/%s" % name.lower())
+            with pytest.raises(stack.StackError) as err:
+                stack.require_redis()
+            assert "make setup" in str(err.value) and "scripts/setup.sh" in str(err.value), str(err.value)
