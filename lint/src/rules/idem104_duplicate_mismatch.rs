@@ -76,10 +76,11 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                     code: "IDEM104",
                     primary: ctx.policy_place(ri, &c),
                     message: format!(
-                        "policy {:?} answers a duplicate with {} {}, but the spec says {status} for {} ({why})",
+                        "policy {:?} answers a duplicate with {} {}, but the spec says {status}{} for {} ({why})",
                         route.name,
                         route.duplicate.status,
                         route.duplicate.code,
+                        dup.value.code.as_ref().map(|c| format!(" {c}")).unwrap_or_default(),
                         op.label()
                     ),
                     related,
