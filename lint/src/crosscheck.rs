@@ -247,7 +247,11 @@ fn place(ctx: &PolicyCtx<'_>, p: &Place) -> (String, crate::source::Position, St
 }
 
 /// Lints specs and cross-checks them with a policy set: every finding, spec rules and IDEM1xx.
-pub fn lint_with_policies(specs: &[String], policies: &[String], cfg: &Config) -> Result<Vec<Finding>, crate::source::FatalError> {
+pub fn lint_with_policies(
+    specs: &[String],
+    policies: &[String],
+    cfg: &Config,
+) -> Result<Vec<Finding>, crate::source::FatalError> {
     let set = PolicySet::load(policies)?;
     let mut workspaces = Vec::new();
     let mut out = Vec::new();

@@ -1,0 +1,462 @@
+//! `--policies` (IDEM1xx) and `idem-lint bundle`: fixtures that fire and twins that stay quiet,
+//! policy errors with their position, bundles that parse back with the filter's own parser, and
+//! the example Envoy configs checked against `policies/` so they cannot drift.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use idem_filter::policy::{parse_bundle, Bundle, RoutePolicy, SharedConfig, StoreKind};
+use idem_lint::config::Config;
+use idem_lint::crosscheck::lint_with_policies;
+use idem_lint::rules::RULES;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+fn repo() -> PathBuf {
+    root().join("..")
+}
+
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem-lint")).args(args).current_dir(dir).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+fn cases(rule: &str, prefix: &str) -> Vec<PathBuf> {
+    let dir = root().join("tests/fixtures").join(rule);
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `IDEM103 policies/a.toml:8:8 -> spec.yaml:9:15` for each finding of `code` in a case directory
+/// (`spec.yaml` + `policies/`), file names relative to the case.
+fn findings_in(case: &Path, code: Option<&str>) -> Vec<String> {
+    let prefix = format!("{}/", case.display());
+    let rel = |f: &str| f.strip_prefix(&prefix).unwrap_or(f).to_string();
+    let spec = case.join("spec.yaml").to_string_lossy().into_owned();
+    let pol = case.join("policies").to_string_lossy().into_owned();
+    let found =
+        lint_with_policies(&[spec], &[pol], &Config::default()).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
+    found
+        .iter()
+        .filter(|f| code.is_none_or(|c| f.code == c))
+        .map(|f| {
+            let mut s = format!("{} {}:{}:{}", f.code, rel(&f.file), f.position.line, f.position.column);
+            for r in &f.related {
+                s.push_str(&format!(" -> {}:{}:{}", rel(&r.file), r.position.line, r.position.column));
+            }
+            s.push_str(&format!("  [{}]", f.message));
+            s
+        })
+        .collect()
+}
+
+fn strip_message(s: &str) -> &str {
+    s.split("  [").next().unwrap_or(s)
+}
+
+#[test]
+fn every_policy_rule_fires_on_its_bad_fixtures_at_the_expected_places() {
+    let rules: Vec<_> = RULES.iter().filter(|r| r.cross.is_some()).collect();
+    assert_eq!(
+        rules.iter().map(|r| r.code).collect::<Vec<_>>(),
+        ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106"]
+    );
+    for rule in rules {
+        let bad = cases(rule.code, "bad");
+        assert!(!bad.is_empty(), "{}: no bad fixture", rule.code);
+        for case in bad {
+            let expected: Vec<String> = std::fs::read_to_string(case.join("expect"))
+                .unwrap()
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            assert!(!expected.is_empty(), "{}: no expectations", case.display());
+            let got = findings_in(&case, Some(rule.code));
+            let got_places: Vec<&str> = got.iter().map(|s| strip_message(s)).collect();
+            assert_eq!(got_places, expected, "{}: {got:#?}", case.display());
+        }
+    }
+}
+
+#[test]
+fn every_policy_rule_stays_quiet_on_its_good_twin() {
+    for rule in RULES.iter().filter(|r| r.cross.is_some()) {
+        let good = cases(rule.code, "good");
+        assert!(!good.is_empty(), "{}: no good fixture", rule.code);
+        for case in good {
+            let got = findings_in(&case, None);
+            assert!(got.is_empty(), "{}: {got:#?}", case.display());
+        }
+    }
+}
+
+#[test]
+fn policy_rules_are_listed_and_explained() {
+    let o = run_in(&root(), &["rules"]);
+    let out = stdout(&o);
+    for code in ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106"] {
+        assert!(out.lines().any(|l| l.starts_with(code)), "{code} not listed:\n{out}");
+        let doc = stdout(&run_in(&root(), &["--explain", code]));
+        assert!(doc.starts_with(code), "{doc}");
+        assert!(doc.contains("Bad:") && doc.contains("Good"), "{code}: {doc}");
+    }
+    let doc = stdout(&run_in(&root(), &["--explain", "IDEM104"]));
+    assert!(doc.contains("on_completed = \"replay\"") && doc.contains("200 SUCCESS"), "{doc}");
+}
+
+#[test]
+fn the_example_spec_and_the_project_policies_agree() {
+    let o = run_in(&repo(), &["--color", "never", "examples/openapi.yaml", "--policies", "policies/"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(stdout(&o).trim(), "idem-lint: no findings in 1 spec");
+    // One policy per row of the article's scenario table (§5.1), each on an operation of the spec.
+    let set = idem_lint::policy::PolicySet::load(&[repo().join("policies").to_string_lossy().into_owned()]).unwrap();
+    let names: Vec<&str> = set.routes().map(|r| r.route.name.as_str()).collect();
+    for n in [
+        "submit-form",
+        "pay-callback",
+        "webhook-events",
+        "order-pay",
+        "internal-transfer",
+        "reconcile-job",
+        "create-order",
+    ] {
+        assert!(names.contains(&n), "no policy {n}: {names:?}");
+    }
+}
+
+/// A real drift: the payment callback policy switched to answering repeats itself with 409.
+#[test]
+fn a_drifted_policy_is_caught_with_both_places() {
+    let dir = std::env::temp_dir().join(format!("idem-drift-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(repo().join("policies")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let cb = dir.join("pay-callback.toml");
+    let text = std::fs::read_to_string(&cb).unwrap();
+    let text = text
+        .replace("on_completed = \"replay\"", "on_completed = \"reject\"")
+        .replace("status = 200\ncode = \"SUCCESS\"", "status = 409\ncode = \"DUPLICATE_CALLBACK\"")
+        .replace("name = \"/transaction_id\"", "name = \"/out_trade_no\"");
+    std::fs::write(&cb, &text).unwrap();
+    let spec = repo().join("examples/openapi.yaml");
+    let o = run_in(&repo(), &["--format", "json", spec.to_str().unwrap(), "--policies", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let f = v["findings"].as_array().unwrap();
+    let codes: Vec<&str> = f.iter().map(|x| x["code"].as_str().unwrap()).collect();
+    assert_eq!(codes, ["IDEM103", "IDEM104"], "{f:#?}");
+    let line_of = |needle: &str| text.lines().position(|l| l.starts_with(needle)).unwrap() + 1;
+    assert_eq!(f[0]["line"], line_of("name = \"/out_trade_no\""));
+    assert_eq!(f[0]["column"], 8);
+    assert_eq!(f[1]["line"], line_of("status = 409"));
+    assert!(f[1]["message"].as_str().unwrap().contains("200 SUCCESS"), "{f:#?}");
+    for x in f {
+        assert!(x["file"].as_str().unwrap().ends_with("pay-callback.toml"));
+        let rel = &x["related"][0];
+        assert!(rel["file"].as_str().unwrap().ends_with("examples/openapi.yaml"), "{x}");
+        assert!(rel["pointer"].as_str().unwrap().starts_with("/paths/~1api~1pay~1callback/post/x-idempotency"), "{x}");
+    }
+    // SARIF: relatedLocations; text: the second file:line:col line.
+    let o = run_in(&repo(), &["--format", "sarif", spec.to_str().unwrap(), "--policies", dir.to_str().unwrap()]);
+    let sarif: serde_sarif::sarif::Sarif = serde_json::from_str(&stdout(&o)).unwrap();
+    let results = sarif.runs[0].results.as_ref().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        let related = r.related_locations.as_ref().unwrap();
+        assert_eq!(related.len(), 1);
+        let uri =
+            related[0].physical_location.as_ref().unwrap().artifact_location.as_ref().unwrap().uri.as_ref().unwrap();
+        assert!(uri.ends_with("examples/openapi.yaml"), "{uri}");
+    }
+    let o = run_in(&repo(), &["--color", "never", spec.to_str().unwrap(), "--policies", dir.to_str().unwrap()]);
+    let out = stdout(&o);
+    let spec_line = std::fs::read_to_string(&spec)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("key: { in: body, name: /transaction_id }"))
+        .unwrap()
+        + 1;
+    assert!(out.contains(&format!("examples/openapi.yaml:{spec_line}:14: related: ")), "{out}");
+    let o = run_in(&repo(), &["--format", "github", spec.to_str().unwrap(), "--policies", dir.to_str().unwrap()]);
+    assert!(stdout(&o).contains("(see "), "{}", stdout(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_typo_in_a_policy_is_a_fatal_error_with_file_line_and_column() {
+    let dir = std::env::temp_dir().join(format!("idem-typo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(repo().join("policies/order-pay.toml")).unwrap().replace("lock_ttl", "lock_tll");
+    let line = text.lines().position(|l| l.starts_with("lock_tll")).unwrap() + 1;
+    let file = dir.join("order-pay.toml");
+    std::fs::write(&file, &text).unwrap();
+    let want = format!("{}:{line}:1: unknown field `lock_tll`, expected one of", file.display());
+    for args in [
+        vec!["examples/openapi.yaml", "--policies", dir.to_str().unwrap()],
+        vec!["bundle", dir.to_str().unwrap()],
+        vec!["bundle", file.to_str().unwrap(), "--envoy-filter"],
+    ] {
+        let o = run_in(&repo(), &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).starts_with(&format!("idem-lint: error: {want}")), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}");
+    }
+    // The same message the filter gives when Envoy loads it.
+    let e = parse_bundle(&text, &file.to_string_lossy()).unwrap_err();
+    assert!(e.to_string().starts_with(&want), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bundles_across_files_reject_two_redis_tables_and_duplicate_names_naming_both_files() {
+    let dir = std::env::temp_dir().join(format!("idem-two-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.toml"), "[redis]\ncluster = \"webdis\"\n").unwrap();
+    std::fs::write(dir.join("b.toml"), "# fleet\n\n[redis]\ncluster = \"other\"\n").unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let a = dir.join("a.toml");
+    let b = dir.join("b.toml");
+    assert_eq!(
+        stderr(&o).trim(),
+        format!("idem-lint: error: {}:3:1: [redis] appears in two policy files (first at {}:1:1); a bundle has one, keep it in one file", b.display(), a.display())
+    );
+    std::fs::remove_file(&b).unwrap();
+    std::fs::copy(repo().join("policies/order-pay.toml"), dir.join("c.toml")).unwrap();
+    std::fs::copy(repo().join("policies/order-pay.toml"), dir.join("d.toml")).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(&format!(
+            "{}:3:8: route \"order-pay\": duplicate route name (also at {}:3:8)",
+            dir.join("d.toml").display(),
+            dir.join("c.toml").display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+    let renamed =
+        std::fs::read_to_string(dir.join("d.toml")).unwrap().replace("name = \"order-pay\"", "name = \"order-pay-2\"");
+    std::fs::write(dir.join("d.toml"), renamed).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("conflicting matchers: it matches the same requests as route \"order-pay\""),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The bundle the filter would build from each file on its own, concatenated.
+fn expected_bundle(files: &[PathBuf]) -> Bundle {
+    let mut out = parse_bundle("", "empty").unwrap();
+    for f in files {
+        let b = parse_bundle(&std::fs::read_to_string(f).unwrap(), &f.to_string_lossy()).unwrap();
+        out.routes.extend(b.routes);
+        if b.redis.is_some() {
+            out.redis = b.redis;
+        }
+        if b.shared != SharedConfig::default() {
+            out.shared = b.shared;
+        }
+    }
+    out
+}
+
+fn policy_files() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(repo().join("policies"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn bundle_toml_and_json_parse_back_to_the_same_bundle() {
+    let files = policy_files();
+    assert!(files.len() >= 7, "{files:?}");
+    let want = expected_bundle(&files);
+    let toml_out = run_in(&repo(), &["bundle", "policies/"]);
+    assert_eq!(toml_out.status.code(), Some(0), "{}", stderr(&toml_out));
+    let json_out = run_in(&repo(), &["bundle", "policies/", "--format", "json"]);
+    assert_eq!(json_out.status.code(), Some(0), "{}", stderr(&json_out));
+    let t = stdout(&toml_out);
+    let j = stdout(&json_out);
+    assert!(j.trim_start().starts_with('{'));
+    assert_eq!(parse_bundle(&t, "toml bundle").unwrap(), want);
+    assert_eq!(parse_bundle(&j, "json bundle").unwrap(), want);
+    // The TOML keeps the files' comments, under a line naming each file.
+    for f in &files {
+        assert!(t.contains(&format!("# ---- policies/{}", f.file_name().unwrap().to_string_lossy())), "{t}");
+    }
+    assert!(t.contains("providers re-serialize the same event on retry"));
+
+    // A [shared] table in one file and a JSON policy file: still one equal bundle.
+    let dir = std::env::temp_dir().join(format!("idem-bundle-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("0-store.toml"),
+        "[shared]\nbuckets = 64\nentries_per_bucket = 4\nmax_response_bytes = 4096\n",
+    )
+    .unwrap();
+    std::fs::copy(repo().join("policies/create-order.toml"), dir.join("create-order.toml")).unwrap();
+    std::fs::write(
+        dir.join("1-pay.json"),
+        stdout(&run_in(&repo(), &["bundle", "policies/order-pay.toml", "--format", "json"])),
+    )
+    .unwrap();
+    let args = [dir.join("0-store.toml"), dir.join("create-order.toml"), dir.join("1-pay.json")];
+    let argv: Vec<&str> = std::iter::once("bundle").chain(args.iter().map(|p| p.to_str().unwrap())).collect();
+    let mut want = expected_bundle(&args);
+    assert_eq!(want.shared.buckets, 64);
+    // A route without its own max_response_bytes takes the bundle's [shared] one, whichever
+    // file the table is in.
+    for r in &mut want.routes {
+        r.max_response_bytes = want.shared.max_response_bytes;
+    }
+    for fmt in ["toml", "json"] {
+        let mut a = argv.clone();
+        a.extend(["--format", fmt]);
+        let o = run_in(&repo(), &a);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(parse_bundle(&stdout(&o), fmt).unwrap(), want, "{fmt}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn envoy_filter_entry_is_the_documented_shape_and_carries_the_bundle() {
+    let o = run_in(&repo(), &["bundle", "policies/", "--envoy-filter", "--wasm", "/opt/idem/idem_filter.wasm"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let y = stdout(&o);
+    // Parsed with the linter's own YAML reader (a YAML 1.2 parser with positions).
+    let root = idem_lint::loader::parse_text("filter.yaml", &y).unwrap();
+    let entry = &root.as_seq().unwrap()[0];
+    assert_eq!(entry.get("name").unwrap().as_str(), Some("idem"));
+    assert_eq!(entry.get("disabled").unwrap().as_bool(), Some(true));
+    let tc = entry.get("typed_config").unwrap();
+    assert_eq!(
+        tc.get("@type").unwrap().as_str(),
+        Some("type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
+    );
+    let c = tc.get("config").unwrap();
+    assert_eq!(c.get("allow_on_headers_stop_iteration").unwrap().as_bool(), Some(true));
+    assert_eq!(c.get("failure_policy").unwrap().as_str(), Some("FAIL_CLOSED"));
+    let vm = c.get("vm_config").unwrap();
+    assert_eq!(vm.get("vm_id").unwrap().as_str(), Some("idem"));
+    assert_eq!(vm.get("runtime").unwrap().as_str(), Some("envoy.wasm.runtime.v8"));
+    let filename = vm.get("code").unwrap().get("local").unwrap().get("filename").unwrap();
+    assert_eq!(filename.as_str(), Some("/opt/idem/idem_filter.wasm"));
+    let conf = c.get("configuration").unwrap();
+    assert_eq!(conf.get("@type").unwrap().as_str(), Some("type.googleapis.com/google.protobuf.StringValue"));
+    let value = conf.get("value").unwrap().as_str().unwrap();
+    assert_eq!(parse_bundle(value, "value").unwrap(), expected_bundle(&policy_files()));
+    assert!(y.contains("envoy.config.route.v3.FilterConfig") && y.contains("config: {}"), "{y}");
+    let o = run_in(&repo(), &["bundle", "policies/", "--envoy-filter", "--format", "json"]);
+    let root = idem_lint::loader::parse_text("filter.yaml", &stdout(&o)).unwrap();
+    let v = root.as_seq().unwrap()[0].get("typed_config").unwrap().get("config").unwrap();
+    let value = v.get("configuration").unwrap().get("value").unwrap().as_str().unwrap();
+    assert!(value.trim_start().starts_with('{'));
+    assert_eq!(parse_bundle(value, "value").unwrap(), expected_bundle(&policy_files()));
+}
+
+/// The inline `value: |` block of an example Envoy config, and the policy files its comment names.
+fn example_block(name: &str) -> (String, Vec<PathBuf>) {
+    let text = std::fs::read_to_string(repo().join("examples").join(name)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines.iter().position(|l| l.trim() == "value: |").unwrap_or_else(|| panic!("{name}: no `value: |`"));
+    let indent = lines[at].len() - lines[at].trim_start().len();
+    let mut block = String::new();
+    for l in &lines[at + 1..] {
+        let ind = l.len() - l.trim_start().len();
+        if !l.trim().is_empty() && ind <= indent {
+            break;
+        }
+        block.push_str(l.get(indent + 2..).unwrap_or(""));
+        block.push('\n');
+    }
+    let mut files = Vec::new();
+    for l in lines[..at].iter().rev().take_while(|l| l.trim_start().starts_with('#')) {
+        for w in l.split_whitespace().rev() {
+            if w.starts_with("policies/") && w.ends_with(".toml") {
+                files.insert(0, repo().join(w));
+            }
+        }
+    }
+    assert!(!files.is_empty(), "{name}: the comment above `value: |` names no policy files");
+    (block.trim_end().to_string() + "\n", files)
+}
+
+#[test]
+fn examples_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_files() {
+    let (block, files) = example_block("envoy.yaml");
+    let names: Vec<String> =
+        files.iter().map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["policies/create-order.toml", "policies/pay-callback.toml", "policies/order-pay.toml"]);
+    // Produced by the command, byte for byte ...
+    let mut args = vec!["bundle"];
+    args.extend(names.iter().map(String::as_str));
+    let o = run_in(&repo(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        block,
+        stdout(&o),
+        "examples/envoy.yaml is stale: regenerate its inline bundle with `idem-lint {}`",
+        args.join(" ")
+    );
+    // ... and the same routes, field for field, through the filter's model.
+    assert_eq!(parse_bundle(&block, "examples/envoy.yaml").unwrap(), expected_bundle(&files));
+}
+
+#[test]
+fn examples_envoy_redis_yaml_routes_are_the_policy_files_on_the_redis_store() {
+    let (block, files) = example_block("envoy-redis.yaml");
+    let names: Vec<String> =
+        files.iter().map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(
+        names,
+        [
+            "policies/create-order.toml",
+            "policies/pay-callback.toml",
+            "policies/order-pay.toml",
+            "policies/submit-form.toml"
+        ]
+    );
+    let got = parse_bundle(&block, "examples/envoy-redis.yaml").unwrap();
+    assert!(got.redis.is_some(), "the Redis example needs its [redis] table");
+    let want: Vec<RoutePolicy> =
+        expected_bundle(&files).routes.into_iter().map(|r| RoutePolicy { store: StoreKind::Redis, ..r }).collect();
+    assert_eq!(got.routes.len(), want.len());
+    for (g, w) in got.routes.iter().zip(&want) {
+        assert_eq!(g, w, "examples/envoy-redis.yaml route {:?} differs from its policy file", w.name);
+    }
+}
