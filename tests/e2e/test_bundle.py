@@ -1,0 +1,146 @@
+"""`idem-lint bundle policies/ --envoy-filter` loads in real Envoy and every policy of policies/ answers.
+
+The http_filters entry is the command's output, byte for byte (only indented to its place in the
+HTTP connection manager); the rest of the bootstrap comes from scripts/stack.py. The built linter
+is target/release/idem-lint (`make build`); a missing binary is a failure, never a skip.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+import stack
+from conftest import new_key
+from idemtest import assert_local, assert_replay_of, assert_upstream_answer, describe, post
+
+IDEM_LINT = stack.REPO / "target" / "release" / "idem-lint"
+
+# One Envoy route per policy of policies/, each with the filter switched on, plus a catch-all without.
+ROUTES = [
+    {"name": "create-order", "match": {"path": "/api/order/create"}, "idem": True},
+    {"name": "pay-callback", "match": {"path": "/api/pay/callback"}, "idem": True},
+    {"name": "orders", "match": {"prefix": "/api/orders/"}, "idem": True},
+    {"name": "token-issue", "match": {"path": "/api/idempotent/token"}, "idem": True},
+    {"name": "submit-form", "match": {"path": "/api/form/submit"}, "idem": True},
+    {"name": "webhook-events", "match": {"path": "/api/webhooks/events"}, "idem": True},
+    {"name": "internal-transfer", "match": {"path": "/api/internal/transfers"}, "idem": True},
+    {"name": "reconcile-job", "match": {"path": "/api/jobs/reconcile"}, "idem": True},
+    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
+]
+
+
+def bundle_entry():
+    if not IDEM_LINT.is_file():
+        pytest.fail("%s is missing: build it with `make build` (or `cargo build --release -p idem-lint`)"
+                    % IDEM_LINT, pytrace=False)
+    r = subprocess.run([str(IDEM_LINT), "bundle", "policies/", "--envoy-filter", "--wasm", str(stack.WASM)],
+                       cwd=str(stack.REPO), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, "idem-lint bundle failed (%d): %s" % (r.returncode, r.stderr)
+    assert r.stdout.lstrip("#").strip(), r.stdout
+    return r.stdout
+
+
+def envoy_yaml(entry, listen_port, admin_port, upstream_port):
+    """A bootstrap in YAML: stack's pieces as JSON flow values (JSON is YAML), the entry as printed."""
+    j = json.dumps
+    routes = [stack.route_entry(r) for r in ROUTES]
+    indented = "".join(("          " + line if line.strip() else "") + "\n" for line in entry.splitlines())
+    return (
+        "admin: %s\n" % j({"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}})
+        + "static_resources:\n"
+        + "  clusters: %s\n" % j([stack.cluster("demo_upstream", upstream_port)])
+        + "  listeners:\n"
+        + "  - name: ingress\n"
+        + "    address: %s\n" % j({"socket_address": {"address": "127.0.0.1", "port_value": listen_port}})
+        + "    filter_chains:\n"
+        + "    - filters:\n"
+        + "      - name: envoy.filters.network.http_connection_manager\n"
+        + "        typed_config:\n"
+        + '          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3'
+          '.HttpConnectionManager\n'
+        + "          stat_prefix: ingress\n"
+        + "          codec_type: AUTO\n"
+        + "          route_config: %s\n" % j({"name": "ingress_routes", "virtual_hosts": [
+            {"name": "api", "domains": ["*"], "routes": routes}]})
+        + "          http_filters:\n"
+        + indented
+        + "          - name: envoy.filters.http.router\n"
+        + '            typed_config: {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}\n'
+    )
+
+
+@pytest.fixture
+def bundled(workdir, upstream):
+    entry = bundle_entry()
+    lp, ap = stack.free_port(), stack.free_port()
+    cfg = workdir / ("bundle-%d.yaml" % lp)
+    cfg.write_text(envoy_yaml(entry, lp, ap, upstream.port))
+    env = stack.Envoy(cfg, workdir, listen_port=lp, admin_port=ap, name="envoy-bundle")
+    try:
+        try:
+            env.wait_ready()
+        except stack.StackError as e:
+            pytest.fail(str(e), pytrace=False)
+        yield env
+    finally:
+        env.stop()
+
+
+def test_bundle_envoy_filter_entry_loads_and_every_policy_answers(bundled, upstream):
+    env = bundled
+    # create-order (key mode, header): missing key, first request, replay
+    assert_local(post(env, "/api/order/create", None), 400, "IDEMPOTENCY_KEY_MISSING")
+    key = new_key()
+    first = post(env, "/api/order/create", key)
+    assert_upstream_answer(first, key=key, n=1)
+    assert_replay_of(post(env, "/api/order/create", key), first)
+
+    # pay-callback (body /transaction_id): the first SUCCESS is replayed to the provider
+    txn = new_key("tx")
+    cb = post(env, "/api/pay/callback", body={"transaction_id": txn, "status": "PAID"})
+    assert cb.status == 200 and cb.json()["code"] == "SUCCESS", describe(cb)
+    assert_replay_of(post(env, "/api/pay/callback", body={"status": "PAID", "transaction_id": txn}), cb)
+    assert upstream.calls(transaction_id=txn) == 1
+
+    # order-pay (path template)
+    assert_local(post(env, "/api/orders/7/pay", None), 400, "IDEMPOTENCY_KEY_MISSING")
+
+    # webhook-events (message id header): a redelivery is replayed, handled once
+    wid = new_key("msg")
+    w1 = post(env, "/api/webhooks/events", headers={"webhook-id": wid}, body={"type": "paid", "data": {}})
+    assert w1.status == 200, describe(w1)
+    assert_replay_of(post(env, "/api/webhooks/events", headers={"webhook-id": wid},
+                          body={"type": "paid", "data": {}}), w1)
+
+    # internal-transfer (Idempotency-Key scoped to the calling service)
+    tk = new_key("tr")
+    t1 = post(env, "/api/internal/transfers", tk, headers={"x-caller-service": "ledger"},
+              body={"from_account": "a", "to_account": "b", "amount": 100})
+    assert_upstream_answer(t1, key=tk, n=1)
+    assert_replay_of(post(env, "/api/internal/transfers", tk, headers={"x-caller-service": "ledger"},
+                          body={"from_account": "a", "to_account": "b", "amount": 100}), t1)
+
+    # reconcile-job (on_completed = "reject"): a second trigger gets 409 RECONCILE_ALREADY_RUNNING
+    merchant = new_key("m")
+    rk = "reconcile:%s:2024-05-01" % merchant
+    job = {"merchant_id": merchant, "bill_date": "2024-05-01"}
+    r1 = post(env, "/api/jobs/reconcile", rk, body=job)
+    assert_upstream_answer(r1, key=rk, n=1)
+    j = assert_local(post(env, "/api/jobs/reconcile", rk, body=job), 409, "RECONCILE_ALREADY_RUNNING")
+    assert j["message"] == "对账任务已存在", j
+
+    # submit-form (token mode): issue, submit, double submit -> 409 请勿重复提交
+    auth = {"authorization": "Bearer bundle"}
+    issued = env.request("POST", "/api/idempotent/token", headers=auth, body=b"")
+    assert issued.status == 200 and issued.code == "TOKEN_ISSUED", describe(issued)
+    token = issued.json()["token"]
+    h = dict(auth, **{"Idempotency-Token": token, "content-type": "application/json"})
+    s1 = env.request("POST", "/api/form/submit", headers=h, body=b'{"title":"hello"}')
+    assert_upstream_answer(s1)
+    j = assert_local(env.request("POST", "/api/form/submit", headers=h, body=b'{"title":"hello"}'),
+                     409, "DUPLICATE_REQUEST")
+    assert j["message"] == "请勿重复提交", j
+
+    # no policy, no filter
+    assert_upstream_answer(post(env, "/healthz", None))
