@@ -4,7 +4,8 @@
 #   bash scripts/lint-corpora.sh
 #
 # 1. installs the corpora from npm into the git-ignored .corpora/ (skipped when present);
-# 2. checks that examples/openapi.yaml lints clean;
+# 2. checks that examples/openapi.yaml lints clean, also against policies/ (--policies), and that
+#    policies/ bundles;
 # 3. runs the Rust corpus tests (no crash, no parse error, identical findings from the JSON
 #    and a YAML conversion, byte-identical output across two runs, in every format);
 # 4. counts, independently in Python over the raw JSON, the operations that must be reported
@@ -62,6 +63,15 @@ out=$("$BIN" --color never examples/openapi.yaml) || {
   exit 1
 }
 echo "$out"
+
+echo "== examples/openapi.yaml and policies/ must agree (idem-lint --policies, IDEM101+)"
+out=$("$BIN" --color never examples/openapi.yaml --policies policies/) || {
+  echo "$out"
+  echo "FAIL: examples/openapi.yaml and policies/ disagree" >&2
+  exit 1
+}
+echo "$out"
+"$BIN" bundle policies/ > /dev/null || { echo "FAIL: idem-lint bundle policies/" >&2; exit 1; }
 
 echo "== Rust corpus tests (JSON vs YAML, determinism, every format)"
 IDEM_CORPORA=$CORPORA cargo test -q -p idem-lint --test corpora -- --ignored
