@@ -71,7 +71,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
             let Some(st) = &op.statement else { continue };
             let Some(key) = &st.key else { continue };
             let spec_place = Place::Spec { ws: op.ws, loc: key.loc.clone() };
-            let related = vec![(spec_place, format!("the key {} documents for {}", st.origin.describe(), op.label()))];
+            let related = vec![(spec_place, format!("the key in {} of {}", st.origin.describe(), op.label()))];
             if let Some(loc) = &key.value.location {
                 let same = matches!(
                     (loc, from),

@@ -66,7 +66,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
             };
             let related = vec![(
                 Place::Spec { ws: op.ws, loc: dup.loc.clone() },
-                format!("the duplicate {} documents for {}", st.origin.describe(), op.label()),
+                format!("the duplicate in {} of {}", st.origin.describe(), op.label()),
             )];
             let fallback = [(&s.duplicate, "duplicate"), (&s.on_completed, "key/on_completed"), (&s.mode, "mode")];
             if route.duplicate.status != status {
