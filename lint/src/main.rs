@@ -165,6 +165,10 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         return Ok(0);
     }
     if cli.specs.is_empty() {
+        // `--policies DIR spec.yaml` takes the spec for a policy: say so rather than "no SPEC".
+        if !cli.policies.is_empty() {
+            PolicySet::load(&cli.policies)?;
+        }
         eprintln!("idem-lint: error: no SPEC given (usage: idem-lint [OPTIONS] <SPEC>...; see --help)");
         return Ok(2);
     }

@@ -205,6 +205,12 @@ pub fn expand(args: &[String]) -> Result<Vec<String>, FatalError> {
             }
             out.extend(files);
         } else if p.is_file() {
+            if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                return Err(FatalError::whole_file(
+                    a,
+                    "a YAML file is not a policy file (policies are TOML or JSON): put the SPECs before --policies, or write --policies=DIR",
+                ));
+            }
             out.push(a.clone());
         } else {
             return Err(FatalError::whole_file(a, "no such policy file or directory"));

@@ -225,6 +225,14 @@ fn a_typo_in_a_policy_is_a_fatal_error_with_file_line_and_column() {
         assert!(stderr(&o).starts_with(&format!("idem-lint: error: {want}")), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty(), "{args:?}");
     }
+    // A spec swallowed by --policies is named as such.
+    let o = run_in(&repo(), &["--policies", "policies/", "examples/openapi.yaml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).starts_with("idem-lint: error: examples/openapi.yaml: a YAML file is not a policy file"),
+        "{}",
+        stderr(&o)
+    );
     // The same message the filter gives when Envoy loads it.
     let e = parse_bundle(&text, &file.to_string_lossy()).unwrap_err();
     assert!(e.to_string().starts_with(&want), "{e}");
