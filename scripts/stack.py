@@ -579,6 +579,14 @@ EXAMPLE_REDIS_YAML = REPO / "examples" / "envoy-redis.yaml"
 # The credentials of examples/webdis.json (loopback only; tests and demos reuse them).
 REDIS_PASSWORD = "idem-redis-password"
 WEBDIS_AUTH = "idem:idem-webdis-password"
+# Redis ACL of the `default` user, the one Webdis authenticates as. Webdis' own ACL can only enable
+# whole commands, and EVAL runs any command (`EVAL "return redis.call('FLUSHALL')" 0`); Redis checks
+# the commands and keys a script calls against the calling user's ACL, so this limits everything
+# that comes through Webdis to what the filter's commands and scripts use, on idem keys only.
+REDIS_DEFAULT_USER_ACL = ["~idem*", "resetchannels", "-@all", "+get", "+set", "+del", "+eval", "+ping",
+                          "+select", "+auth"]
+# A separate user with every right, for tests and demos that inspect Redis (KEYS, PTTL, DBSIZE).
+REDIS_ADMIN = ("idem-admin", "idem-admin-password")
 
 
 def require_redis():
@@ -591,7 +599,7 @@ class RedisError(Exception):
     pass
 
 
-def redis_command(port, *args, password=REDIS_PASSWORD, timeout=3.0):
+def redis_command(port, *args, password=REDIS_PASSWORD, user=None, timeout=3.0):
     """One Redis command over RESP (a minimal client for tests: inspect keys, TTLs). Returns the reply
     (bytes, int, list, None); raises RedisError on an error reply and OSError on socket errors."""
     def enc(*a):
@@ -603,7 +611,8 @@ def redis_command(port, *args, password=REDIS_PASSWORD, timeout=3.0):
 
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         f = s.makefile("rb")
-        payload = (enc("AUTH", password) if password else b"") + enc(*args)
+        auth = (enc("AUTH", user, password) if user else enc("AUTH", password)) if password else b""
+        payload = auth + enc(*args)
         s.sendall(payload)
 
         def read():
@@ -639,7 +648,10 @@ def redis_command(port, *args, password=REDIS_PASSWORD, timeout=3.0):
 
 
 class Redis:
-    """redis-server on loopback with a password and no persistence. `restart()` keeps the port."""
+    """redis-server on loopback with a password and no persistence. `restart()` keeps the port.
+
+    The `default` user (password `password`, the one Webdis uses) is limited by REDIS_DEFAULT_USER_ACL;
+    `command()` runs as the REDIS_ADMIN user."""
 
     def __init__(self, workdir, port=None, password=REDIS_PASSWORD):
         require_redis()
@@ -650,8 +662,10 @@ class Redis:
         self.start()
 
     def start(self, timeout=15.0):
-        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
-                "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]
+        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir), "--daemonize", "no",
+                "--user", "default", "on", ">" + self.password] + REDIS_DEFAULT_USER_ACL + [
+                "--user", REDIS_ADMIN[0], "on", ">" + REDIS_ADMIN[1], "~*", "&*", "+@all"]
         self.proc = Proc("redis", argv, self.workdir / ("redis-%d-%d.log" % (self.port, next(_SEQ))))
         ok = wait_until(lambda: not self.proc.alive() or self.ping(), timeout, interval=0.05)
         if not ok or not self.proc.alive():
@@ -662,11 +676,16 @@ class Redis:
 
     def ping(self):
         try:
-            return self.command("PING") == b"PONG"
+            return redis_command(self.port, "PING", password=self.password) == b"PONG"
         except (OSError, RedisError):
             return False
 
     def command(self, *args):
+        """A command as the admin user (every right)."""
+        return redis_command(self.port, *args, user=REDIS_ADMIN[0], password=REDIS_ADMIN[1])
+
+    def command_as_default(self, *args):
+        """A command as the `default` user, the one Webdis uses."""
         return redis_command(self.port, *args, password=self.password)
 
     def restart(self):

@@ -6,6 +6,7 @@ because of Redis. Requests are spread over (or alternated between) the two Envoy
 
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -303,6 +304,24 @@ def test_lease_takeover_and_fencing(fleet, upstream):
 def test_webdis_acl_refuses_commands_the_filter_does_not_use(redis_stack, command):
     r = redis_stack.webdis.call(command)
     assert r.status == 403, "Webdis let %s through: %s" % (command, describe(r))
+
+
+def test_webdis_credentials_cannot_run_other_commands_through_eval(redis_stack):
+    """Webdis enables EVAL for the filter, and a script can call any command: Redis' own ACL for the
+    user Webdis logs in as must refuse what the filter's scripts never do."""
+    victim = "%svictim-%s" % (PREFIX, uuid.uuid4().hex)
+    redis_stack.redis.command("SET", victim, "1")
+    for script in ("return redis.call('FLUSHALL')", "return redis.call('KEYS','*')",
+                   "return redis.call('CONFIG','SET','requirepass','')"):
+        r = redis_stack.webdis.call("/", method="POST", body="EVAL/%s/0" % urllib.parse.quote(script, safe=""))
+        j = r.json() or {}
+        assert r.status == 403 or (isinstance(j.get("EVAL"), list) and j["EVAL"][0] is False), (
+            "Webdis ran %r: %s" % (script, describe(r)))
+    assert redis_stack.redis.command("EXISTS", victim) == 1, "the key was flushed through Webdis"
+    # Outside the idem key space, not even SET.
+    r = redis_stack.webdis.call("/", method="POST", body="SET/not-idem-%s/1" % uuid.uuid4().hex)
+    j = r.json() or {}
+    assert r.status == 403 or (isinstance(j.get("SET"), list) and j["SET"][0] is False), describe(r)
 
 
 def test_webdis_acl_requires_the_credentials(redis_stack):
