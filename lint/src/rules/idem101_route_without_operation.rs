@@ -12,7 +12,8 @@
 //! or no `match`) pairs with the operation whose `operationId` is the same name ignoring case,
 //! `-` and `_` (`createOrder`).
 //!
-//! The finding points at the route's `path` (or its `name`) in the policy file.
+//! The finding points at the route's `path` (or its `match`) in the policy file; operations on
+//! the same path with another method are related locations (the likely counterpart).
 //!
 //! Bad:
 //!
@@ -28,7 +29,8 @@
 //! match = { method = "POST", path = "/api/order/create" }
 //! ```
 
-use crate::crosscheck::{CrossFinding, PolicyCtx};
+use crate::crosscheck::{same_shape, CrossFinding, PolicyCtx};
+use idem_filter::policy::Matcher;
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
@@ -38,6 +40,17 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
         let s = ctx.spans(ri);
         let primary = ctx.policy_place(ri, &[(&s.path, "match/path"), (&s.matcher, "match")]);
         let route = ctx.routes[ri].route;
+        // The operations on the same path with another method: the likely counterpart.
+        let related = match &route.matcher {
+            Matcher::Request { path, .. } => ctx
+                .ops
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| same_shape(&path.source, o.op.path))
+                .map(|(oi, o)| (ctx.op_place(oi), format!("the spec has {} (another method)", o.label())))
+                .collect(),
+            Matcher::RouteName(_) => Vec::new(),
+        };
         out.push(CrossFinding {
             code: "IDEM101",
             primary,
@@ -47,7 +60,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                 ctx.route_label(ri),
                 ctx.spec_names()
             ),
-            related: Vec::new(),
+            related,
             op: None,
         });
     }

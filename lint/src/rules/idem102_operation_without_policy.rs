@@ -8,7 +8,8 @@
 //! index, a state machine) and the gateway is deliberately not involved, suppress the rule on
 //! that operation with `x-idem-lint-ignore: [IDEM102]`.
 //!
-//! The finding points at the statement's "idempotent" field in the spec.
+//! The finding points at the statement's "idempotent" field in the spec; policy routes on the same
+//! path with another method are related locations (the likely counterpart).
 //!
 //! Bad:
 //!
@@ -28,8 +29,9 @@
 //! match = { method = "POST", path = "/api/internal/transfers" }
 //! ```
 
-use crate::crosscheck::{CrossFinding, Place, PolicyCtx};
+use crate::crosscheck::{same_shape, CrossFinding, Place, PolicyCtx};
 use crate::section::Tri;
+use idem_filter::policy::Matcher;
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (oi, op) in ctx.ops.iter().enumerate() {
@@ -41,6 +43,21 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
         }
         let Some(st) = &op.statement else { continue };
         let loc = st.idempotent.as_ref().map_or_else(|| st.loc.clone(), |f| f.loc.clone());
+        // Policy routes on the same path with another method: the likely counterpart.
+        let related = (0..ctx.routes.len())
+            .filter(|&ri| match &ctx.routes[ri].route.matcher {
+                Matcher::Request { path, .. } => same_shape(&path.source, op.op.path),
+                Matcher::RouteName(_) => false,
+            })
+            .map(|ri| {
+                let s = ctx.spans(ri);
+                let place = ctx.policy_place(ri, &[(&s.method, "match/method"), (&s.path, "match/path")]);
+                (
+                    place,
+                    format!("policy {:?} is on {} (another method)", ctx.routes[ri].route.name, ctx.route_label(ri)),
+                )
+            })
+            .collect();
         out.push(CrossFinding {
             code: "IDEM102",
             primary: Place::Spec { ws: op.ws, loc },
@@ -51,7 +68,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                 op.op.method.to_ascii_uppercase(),
                 op.op.path
             ),
-            related: Vec::new(),
+            related,
             op: Some(oi),
         });
     }
