@@ -105,6 +105,24 @@ struct State {
     log_level: u32,
     /// Tickets (and keys) won by a waiter on the root's tick, picked up by its HTTP context.
     handoff: RefCell<HashMap<u32, (Ticket, String)>>,
+    /// Redis completions, releases and restores waiting to be sent by the root context.
+    outbox: RefCell<Vec<Job>>,
+    /// Root-context Webdis calls finishing a request: callout token → job.
+    finishing: RefCell<HashMap<u32, Job>>,
+    /// This worker's wake-up queue: an HTTP context enqueues, the root's on_queue_ready sends.
+    wake_queue: Option<u32>,
+}
+
+/// Finishing a Redis ticket: sent by the root context, so it completes even though the
+/// request's stream (and with it any callout the stream owns) is gone by then.
+struct Job {
+    route: usize,
+    key: Option<String>,
+    /// The HTTP context whose response is held until this job is done.
+    resume: Option<u32>,
+    cmd: redis::Command,
+    kind: FinishKind,
+    cause: String,
 }
 
 impl State {
@@ -162,6 +180,54 @@ impl State {
             Duration::from_millis(cfg.timeout.millis.max(1)),
         )
         .map_err(|s| StoreError::Host(format!("dispatch_http_call to cluster {}: {s:?}", cfg.cluster)))
+    }
+
+    /// Sends queued finish jobs (root context only: the callouts belong to the root).
+    fn send_outbox(&self) {
+        let jobs: Vec<Job> = self.outbox.borrow_mut().drain(..).collect();
+        for job in jobs {
+            match self.dispatch(&job.cmd) {
+                Ok(token) => {
+                    self.finishing.borrow_mut().insert(token, job);
+                }
+                Err(e) => {
+                    let cause = format!("{}; {e}", job.cause);
+                    self.record_finish(job.route, Some(Outcome::StoreError), job.key.as_deref(), &cause);
+                    if let Some(ctx) = job.resume {
+                        if hostcalls::set_effective_context(ctx).is_ok() {
+                            let _ = hostcalls::resume_http_response();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reply to a finish job.
+    fn finished(&self, job: Job, status: u16, body: &[u8]) {
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        let applied = store.parse_update(status, body);
+        let (outcome, cause) = match job.kind {
+            FinishKind::Release => crate::engine::released(applied, job.cause),
+            FinishKind::Restore => crate::engine::restored(applied, job.cause),
+            FinishKind::Complete { tombstone } => {
+                let done = applied.map(|ok| match (ok, tombstone) {
+                    (false, _) => crate::store::Completion::LostOwnership,
+                    (true, true) => crate::store::Completion::Tombstoned,
+                    (true, false) => crate::store::Completion::Stored,
+                });
+                crate::engine::completed(done, job.cause)
+            }
+        };
+        self.record_finish(job.route, outcome, job.key.as_deref(), &cause);
+        if let Some(ctx) = job.resume {
+            // The client gets its answer only now, so its next retry finds the record written.
+            if hostcalls::set_effective_context(ctx).is_ok() {
+                let _ = hostcalls::resume_http_response();
+            }
+        }
     }
 
     /// A held request's verdict, acted on from the root context.
@@ -229,6 +295,12 @@ impl Context for Root {
         let Some(state) = self.state.clone() else {
             return;
         };
+        let job = state.finishing.borrow_mut().remove(&token);
+        if let Some(job) = job {
+            let (status, body) = call_response(num_headers, body_size);
+            state.finished(job, status, &body);
+            return;
+        }
         let Some((ctx, ticket)) = state.polls.borrow_mut().remove(&token) else {
             return;
         };
@@ -247,6 +319,13 @@ impl Context for Root {
 }
 
 impl RootContext for Root {
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        if let Some(state) = self.state.clone() {
+            state.send_outbox();
+        }
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         let config = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(Some(bytes)) => bytes,
@@ -287,12 +366,21 @@ impl RootContext for Root {
                 return false;
             }
         }
-        if engine.has_waiters() {
+        let uses_redis = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis);
+        if engine.has_waiters() || uses_redis {
+            // Polls held duplicates; for Redis also a backstop that sends queued finish jobs.
             if let Err(s) = hostcalls::set_tick_period(WAIT_POLL) {
-                log(LogLevel::Critical, &format!("idem: cannot start the wait timer: {s:?}"));
+                log(LogLevel::Critical, &format!("idem: cannot start the root timer: {s:?}"));
                 return false;
             }
         }
+        // A queue of this worker's own (unique name): enqueueing wakes this root promptly.
+        let wake_queue = if uses_redis {
+            let name = format!("idem-finish-{:016x}", Envoy.random_u64().unwrap_or(0));
+            hostcalls::register_shared_queue(&name).ok()
+        } else {
+            None
+        };
         let counters = engine
             .bundle
             .routes
@@ -314,6 +402,9 @@ impl RootContext for Root {
             waiters: RefCell::new(HashMap::new()),
             polls: RefCell::new(HashMap::new()),
             handoff: RefCell::new(HashMap::new()),
+            outbox: RefCell::new(Vec::new()),
+            finishing: RefCell::new(HashMap::new()),
+            wake_queue,
         }));
         true
     }
@@ -322,6 +413,7 @@ impl RootContext for Root {
         let Some(state) = self.state.clone() else {
             return;
         };
+        state.send_outbox();
         let due: Vec<(u32, Prepared, u64)> = state
             .waiters
             .borrow()
@@ -373,6 +465,7 @@ impl RootContext for Root {
             key: None,
             pending: None,
             response: None,
+            holding: false,
         }))
     }
 
@@ -392,24 +485,9 @@ struct Capture {
 
 /// A Webdis call this HTTP context is waiting for.
 enum Pending {
-    Claim {
-        prepared: Prepared,
-        ticket: redis::Ticket,
-    },
-    UseToken {
-        prepared: Prepared,
-        ticket: redis::Ticket,
-    },
-    Issue {
-        route: usize,
-        token: String,
-    },
-    /// Finishing a ticket while the response is paused.
-    Finish {
-        route: usize,
-        kind: FinishKind,
-        cause: String,
-    },
+    Claim { prepared: Prepared, ticket: redis::Ticket },
+    UseToken { prepared: Prepared, ticket: redis::Ticket },
+    Issue { route: usize, token: String },
 }
 
 enum FinishKind {
@@ -432,6 +510,8 @@ struct Request {
     key: Option<String>,
     pending: Option<Pending>,
     response: Option<Capture>,
+    /// The response is held until the root context has written the outcome (Redis).
+    holding: bool,
 }
 
 impl RequestView for Request {
@@ -484,6 +564,8 @@ impl Request {
     /// Decides with the key (and body) at hand: synchronously on the shared store, or by
     /// sending one Webdis call and pausing.
     fn decide(&mut self, route: usize) -> Action {
+        // Decided once: body chunks that arrive while a Webdis call is out must not decide again.
+        self.decided = true;
         let Some(begin) = self.state.engine.begin(route, self) else {
             return Action::Continue;
         };
@@ -567,9 +649,10 @@ impl Request {
         }
     }
 
-    /// Reports how the forwarded request ended. Returns `Pause` when a Webdis call must finish
-    /// first (the response is resumed when it answers).
-    fn finish(&mut self, ending: Ending, can_pause: bool) -> Action {
+    /// Reports how the forwarded request ended. On Redis the write is handed to the root
+    /// context (a callout owned by this stream would be cancelled if the client went away).
+    /// Returns `Pause` when the response is held until the root has written the outcome.
+    fn finish(&mut self, ending: Ending) -> Action {
         let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
             return Action::Continue;
         };
@@ -596,32 +679,24 @@ impl Request {
                 (cmd, FinishKind::Complete { tombstone }, cause)
             }
         };
-        match self.state.dispatch(&cmd) {
-            Ok(_) if can_pause => {
-                self.pending = Some(Pending::Finish { route, kind, cause });
-                Action::Pause
-            }
-            Ok(_) => Action::Continue,
-            Err(e) => {
-                self.state.record_finish(
-                    route,
-                    Some(Outcome::StoreError),
-                    self.key.as_deref(),
-                    &format!("{cause}; {e}"),
-                );
-                Action::Continue
-            }
+        let resume = if self.holding { Some(self.context_id) } else { None };
+        self.holding = false;
+        self.state.outbox.borrow_mut().push(Job { route, key: self.key.clone(), resume, cmd, kind, cause });
+        if let Some(q) = self.state.wake_queue {
+            let _ = hostcalls::enqueue_shared_queue(q, Some(b"1"));
+        }
+        if resume.is_some() {
+            Action::Pause
+        } else {
+            Action::Continue
         }
     }
 
-    fn finish_capture(&mut self, can_pause: bool) -> Action {
+    fn finish_capture(&mut self) -> Action {
         match self.response.take() {
             Some(c) => {
                 let body = if c.overflow { None } else { Some(c.body) };
-                self.finish(
-                    Ending::Response { status: c.status, headers: c.headers, body, details: c.details },
-                    can_pause,
-                )
+                self.finish(Ending::Response { status: c.status, headers: c.headers, body, details: c.details })
             }
             None => Action::Continue,
         }
@@ -664,23 +739,6 @@ impl Context for Request {
                 let stored = store.parse_ok(status, &body);
                 let v = self.state.engine.issued(route, &token, now, stored);
                 self.apply(route, v, true);
-            }
-            Some(Pending::Finish { route, kind, cause }) => {
-                let applied = store.parse_update(status, &body);
-                let (outcome, cause) = match kind {
-                    FinishKind::Release => crate::engine::released(applied, cause),
-                    FinishKind::Restore => crate::engine::restored(applied, cause),
-                    FinishKind::Complete { tombstone } => {
-                        let done = applied.map(|ok| match (ok, tombstone) {
-                            (false, _) => crate::store::Completion::LostOwnership,
-                            (true, true) => crate::store::Completion::Tombstoned,
-                            (true, false) => crate::store::Completion::Stored,
-                        });
-                        crate::engine::completed(done, cause)
-                    }
-                };
-                self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
-                let _ = hostcalls::resume_http_response();
             }
             None => {}
         }
@@ -774,15 +832,41 @@ impl HttpContext for Request {
         };
         let headers = hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default();
         self.response = Some(Capture { status, headers, body: Vec::new(), overflow: false, details });
+        // On Redis the response is held (buffered) until the outcome is written, so a retry
+        // after the client got its answer always finds it.
+        self.holding =
+            matches!(self.ticket, Some(Ticket::Claim(StoreTicket::Redis(_)) | Ticket::Token(StoreTicket::Redis(_))));
         if end_of_stream {
-            return self.finish_capture(true);
+            return self.finish_capture();
         }
-        Action::Continue
+        if self.holding {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let limit =
             self.route.and_then(|r| self.state.engine.policy(r)).map(|p| p.max_response_bytes as usize).unwrap_or(0);
+        if self.holding {
+            // Envoy buffers and calls again with the cumulative size; read the whole body once.
+            if body_size > limit {
+                // Too large to remember (a tombstone): stop holding, let it stream.
+                self.holding = false;
+                if let Some(c) = self.response.as_mut() {
+                    c.overflow = true;
+                }
+            } else if !end_of_stream {
+                return Action::Pause;
+            } else {
+                if let Some(c) = self.response.as_mut() {
+                    let body = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size).ok().flatten();
+                    c.body = body.unwrap_or_default();
+                }
+                return self.finish_capture();
+            }
+        }
         if let Some(c) = self.response.as_mut() {
             if !c.overflow && body_size > 0 {
                 // Not pausing: each call carries only the new chunk, and the client is not delayed.
@@ -797,13 +881,13 @@ impl HttpContext for Request {
             }
         }
         if end_of_stream {
-            return self.finish_capture(true);
+            return self.finish_capture();
         }
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.finish_capture(true)
+        self.finish_capture()
     }
 
     fn on_log(&mut self) {
@@ -817,9 +901,10 @@ impl HttpContext for Request {
             if let Some(c) = self.response.as_mut() {
                 c.overflow = true;
             }
-            self.finish_capture(false);
+            self.holding = false;
+            self.finish_capture();
         } else {
-            self.finish(Ending::NoResponse { forwarded: self.forwarded }, false);
+            self.finish(Ending::NoResponse { forwarded: self.forwarded });
         }
     }
 }
