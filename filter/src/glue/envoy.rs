@@ -1,0 +1,57 @@
+//! The host on Envoy: the core's [`Host`] trait on proxy-wasm hostcalls, and logging.
+
+use crate::host::{Host, HostError};
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{LogLevel, Status};
+use std::time::UNIX_EPOCH;
+
+/// [`Host`] on Envoy's hostcalls.
+pub(super) struct Envoy;
+
+impl Host for Envoy {
+    fn now_ms(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+    fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        match hostcalls::get_shared_data(key) {
+            Ok((Some(v), Some(cas))) => Ok(Some((v, cas))),
+            Ok(_) => Ok(None),
+            Err(s) => Err(HostError::Failed(format!("get_shared_data: {s:?}"))),
+        }
+    }
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(HostError::CasMismatch),
+            Err(s) => Err(HostError::Failed(format!("set_shared_data: {s:?}"))),
+        }
+    }
+    /// Owner ids need to be unique across workers, not secret: SplitMix64 seeded once per VM
+    /// from WASI `random_get`, instead of a host call per claim.
+    fn random_u64(&self) -> Result<u64, HostError> {
+        OWNER_SEED.with(|seed| {
+            let mut s = seed.get();
+            if s == 0 {
+                s = getrandom::u64().map_err(|e| HostError::Failed(format!("random_get: {e}")))? | 1;
+            }
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            seed.set(s);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            Ok(z ^ (z >> 31))
+        })
+    }
+}
+
+thread_local! {
+    static OWNER_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+pub(super) fn log(level: LogLevel, msg: &str) {
+    let _ = hostcalls::log(level, msg);
+}

@@ -1,0 +1,452 @@
+//! The HTTP context: one request's way through the filter — find its policy, read the key
+//! (and body), decide on the shared store or through one Webdis call, capture the response,
+//! and report how it ended.
+
+use crate::engine::{
+    Action as Do, Begin, Ending, Finish, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
+};
+use crate::host::Host;
+use crate::key::RequestView;
+use crate::policy::StoreKind;
+use crate::store::redis;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
+use std::rc::Rc;
+
+use super::*;
+
+/// The response being captured for a request that holds a ticket.
+pub(super) struct Capture {
+    pub(super) status: u16,
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) body: Vec<u8>,
+    pub(super) overflow: bool,
+    pub(super) details: String,
+}
+
+/// A Webdis call this HTTP context is waiting for.
+pub(super) enum Pending {
+    Claim { prepared: Prepared, ticket: redis::Ticket },
+    UseToken { prepared: Prepared, ticket: redis::Ticket },
+    Issue { route: usize, token: String },
+}
+
+pub(super) enum FinishKind {
+    Release,
+    Complete { tombstone: bool },
+    Restore,
+}
+
+pub(super) struct Request {
+    pub(super) state: Rc<State>,
+    pub(super) context_id: u32,
+    pub(super) route: Option<usize>,
+    pub(super) method: String,
+    pub(super) path: String,
+    pub(super) body: Option<Vec<u8>>,
+    pub(super) decided: bool,
+    pub(super) forwarded: bool,
+    pub(super) ticket: Option<Ticket>,
+    /// The client's key or token, for log lines when the request finishes.
+    pub(super) key: Option<String>,
+    pub(super) pending: Option<Pending>,
+    pub(super) response: Option<Capture>,
+    /// The response is held until the root context has written the outcome (Redis).
+    pub(super) holding: bool,
+}
+
+impl RequestView for Request {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+    }
+    fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref()
+    }
+}
+
+impl Request {
+    pub(super) fn redis_route(&self, route: usize) -> bool {
+        self.state.engine.policy(route).is_some_and(|p| p.store == StoreKind::Redis)
+    }
+
+    /// Counts, logs and carries out a verdict. `paused` says the request is already paused (a
+    /// callout answered), so forwarding means resuming it.
+    pub(super) fn apply(&mut self, route: usize, v: Verdict, paused: bool) -> Action {
+        self.decided = true;
+        self.state.record(route, &v);
+        self.key = v.key.clone();
+        match v.action {
+            Do::Forward(ticket) => {
+                self.ticket = ticket;
+                self.forwarded = true;
+                if paused {
+                    let _ = hostcalls::resume_http_request();
+                }
+                Action::Continue
+            }
+            Do::Reply(r) => {
+                send(&r);
+                Action::Pause
+            }
+            Do::Wait { prepared, deadline_ms } => {
+                let w = Waiter { prepared: *prepared, deadline_ms, polling: false };
+                self.state.waiters.borrow_mut().insert(self.context_id, w);
+                Action::Pause
+            }
+        }
+    }
+
+    /// Decides with the key (and body) at hand: synchronously on the shared store, or by
+    /// sending one Webdis call and pausing.
+    pub(super) fn decide(&mut self, route: usize) -> Action {
+        // Decided once: body chunks that arrive while a Webdis call is out must not decide again.
+        self.decided = true;
+        let Some(begin) = self.state.engine.begin(route, self) else {
+            return Action::Continue;
+        };
+        let prepared = match begin {
+            Begin::Done(v) => return self.apply(route, v, false),
+            Begin::Store(p) => p,
+        };
+        if !self.redis_route(route) {
+            let v = self.state.engine.run_shared(&Envoy, &prepared, None);
+            return self.apply(route, v, false);
+        }
+        let Some(store) = self.state.engine.redis() else {
+            return Action::Continue;
+        };
+        let now = Envoy.now_ms();
+        let owner = Envoy.random_u64().unwrap_or(now);
+        let (cmd, pending) = match &prepared.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let lock_ttl = self.state.engine.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
+                let (cmd, ticket) = store.claim(id, fingerprint, owner, now, lock_ttl);
+                (cmd, Pending::Claim { prepared: prepared.clone(), ticket })
+            }
+            StoreOp::UseToken { id } => {
+                let (cmd, ticket) = store.use_token(id, owner, now);
+                (cmd, Pending::UseToken { prepared: prepared.clone(), ticket })
+            }
+        };
+        match self.state.dispatch(&cmd) {
+            Ok(_) => {
+                self.pending = Some(pending);
+                Action::Pause
+            }
+            Err(e) => {
+                let v = match prepared.op {
+                    StoreOp::Claim { .. } => self.state.engine.after_claim(&prepared, Err(e), now, None),
+                    StoreOp::UseToken { .. } => self.state.engine.after_token(&prepared, Err(e)),
+                };
+                self.apply(route, v, false)
+            }
+        }
+    }
+
+    /// Serves the token issue endpoint, if this request is for it.
+    pub(super) fn issue(&mut self) -> Option<Action> {
+        let mut random = [0u8; 16];
+        if getrandom::fill(&mut random).is_err() {
+            log(LogLevel::Error, "idem: random_get failed; cannot issue tokens");
+            return None;
+        }
+        match self.state.engine.issue(&self.method, &self.path, self, random)? {
+            Issue::Reply { route, reply, cause } => {
+                if let Some(r) = route {
+                    self.state.count(r, Outcome::TokenRejected);
+                }
+                log(LogLevel::Info, &format!("idem: token_issue_refused path={} cause={cause}", self.path));
+                send(&reply);
+                Some(Action::Pause)
+            }
+            Issue::Token { route, token, id } => {
+                self.route = Some(route);
+                self.decided = true;
+                if !self.redis_route(route) {
+                    let stored = self.state.engine.issue_shared(&Envoy, route, &id);
+                    let v = self.state.engine.issued(route, &token, Envoy.now_ms(), stored);
+                    return Some(self.apply(route, v, false));
+                }
+                let ttl = self.state.engine.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+                let cmd = self.state.engine.redis().map(|s| s.issue_token(&id, Envoy.now_ms(), ttl));
+                match cmd.map(|c| self.state.dispatch(&c)) {
+                    Some(Ok(_)) => {
+                        self.pending = Some(Pending::Issue { route, token });
+                        Some(Action::Pause)
+                    }
+                    Some(Err(e)) => {
+                        let v = self.state.engine.issued(route, &token, Envoy.now_ms(), Err(e));
+                        Some(self.apply(route, v, false))
+                    }
+                    None => None,
+                }
+            }
+        }
+    }
+
+    /// Reports how the forwarded request ended. On Redis the write is handed to the root
+    /// context (a callout owned by this stream would be cancelled if the client went away).
+    /// Returns `Pause` when the response is held until the root has written the outcome.
+    pub(super) fn finish(&mut self, ending: Ending) -> Action {
+        let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
+            return Action::Continue;
+        };
+        let store_ticket = match &ticket {
+            Ticket::Claim(t) | Ticket::Token(t) => t,
+        };
+        let StoreTicket::Redis(rt) = store_ticket else {
+            let (outcome, cause) = self.state.engine.finish_shared(&Envoy, route, &ticket, ending);
+            self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
+            return Action::Continue;
+        };
+        let Some(store) = self.state.engine.redis() else {
+            return Action::Continue;
+        };
+        let (cmd, kind, cause) = match self.state.engine.plan_finish(route, &ticket, &ending) {
+            Finish::Nothing { outcome, cause } => {
+                self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
+                return Action::Continue;
+            }
+            Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause),
+            Finish::RestoreToken { cause } => (store.restore_token(rt), FinishKind::Restore, cause),
+            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
+                let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms);
+                (cmd, FinishKind::Complete { tombstone }, cause)
+            }
+        };
+        let resume = if self.holding { Some(self.context_id) } else { None };
+        self.holding = false;
+        self.state.outbox.borrow_mut().push(Job { route, key: self.key.clone(), resume, cmd, kind, cause });
+        if let Some(q) = self.state.wake_queue {
+            let _ = hostcalls::enqueue_shared_queue(q, Some(b"1"));
+        }
+        if resume.is_some() {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    pub(super) fn finish_capture(&mut self) -> Action {
+        match self.response.take() {
+            Some(c) => {
+                let body = if c.overflow { None } else { Some(c.body) };
+                self.finish(Ending::Response { status: c.status, headers: c.headers, body, details: c.details })
+            }
+            None => Action::Continue,
+        }
+    }
+
+    pub(super) fn take_handoff(&mut self) {
+        if self.ticket.is_none() {
+            if let Some((t, key)) = self.state.handoff.borrow_mut().remove(&self.context_id) {
+                self.ticket = Some(t);
+                self.key = Some(key);
+                self.forwarded = true;
+            }
+        }
+    }
+}
+
+impl Context for Request {
+    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let (status, body) = call_response(num_headers, body_size);
+        let Some(store) = self.state.engine.redis() else {
+            return;
+        };
+        let now = Envoy.now_ms();
+        match self.pending.take() {
+            Some(Pending::Claim { prepared, ticket }) => {
+                let fp = match &prepared.op {
+                    StoreOp::Claim { fingerprint, .. } => *fingerprint,
+                    StoreOp::UseToken { .. } => [0; 32],
+                };
+                let claim = store.parse_claim(ticket, &fp, status, &body).map(|c| c.map(StoreTicket::Redis));
+                let v = self.state.engine.after_claim(&prepared, claim, now, None);
+                self.apply(prepared.route, v, true);
+            }
+            Some(Pending::UseToken { prepared, ticket }) => {
+                let used = store.parse_use_token(ticket, status, &body).map(|u| u.map(StoreTicket::Redis));
+                let v = self.state.engine.after_token(&prepared, used);
+                self.apply(prepared.route, v, true);
+            }
+            Some(Pending::Issue { route, token }) => {
+                let stored = store.parse_ok(status, &body);
+                let v = self.state.engine.issued(route, &token, now, stored);
+                self.apply(route, v, true);
+            }
+            None => {}
+        }
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let header = |n: &str| hostcalls::get_map_value(MapType::HttpRequestHeaders, n).ok().flatten();
+        self.path = header(":path").unwrap_or_default();
+        if self.state.engine.is_issue_path(&self.path) {
+            self.method = header(":method").unwrap_or_default();
+            if let Some(action) = self.issue() {
+                return action;
+            }
+        }
+        let route_name = || {
+            hostcalls::get_property(vec!["xds", "route_name"]).ok().flatten().and_then(|b| String::from_utf8(b).ok())
+        };
+        let method = || header(":method").unwrap_or_default();
+        let Some(route) = self.state.engine.bundle.find(method, &self.path, route_name) else {
+            return Action::Continue;
+        };
+        self.route = Some(route);
+        if self.method.is_empty() {
+            self.method = header(":method").unwrap_or_default();
+        }
+        if let Some(v) = self.state.engine.precheck(route, self) {
+            return self.apply(route, v, false);
+        }
+        let needs_body = self.state.engine.policy(route).is_some_and(|p| p.needs_body());
+        if needs_body && !end_of_stream {
+            // With allow_on_headers_stop_iteration, the body still reaches on_http_request_body.
+            return Action::Pause;
+        }
+        self.decide(route)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(route) = self.route else {
+            return Action::Continue;
+        };
+        if self.decided {
+            return if self.pending.is_some() { Action::Pause } else { Action::Continue };
+        }
+        let limit = self.state.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
+        if body_size > limit {
+            return match self.state.engine.body_too_large(route) {
+                Some(v) => self.apply(route, v, false),
+                None => Action::Continue,
+            };
+        }
+        if !end_of_stream {
+            // Envoy buffers and calls again with the cumulative size.
+            return Action::Pause;
+        }
+        self.body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size).ok().flatten();
+        self.decided = true;
+        self.decide(route)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        match self.route {
+            Some(route) if !self.decided => {
+                self.body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, usize::MAX).ok().flatten();
+                self.decided = true;
+                self.decide(route)
+            }
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.take_handoff();
+        if self.ticket.is_none() {
+            return Action::Continue;
+        }
+        let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        let details = if status >= 500 {
+            hostcalls::get_property(vec!["response", "code_details"])
+                .ok()
+                .flatten()
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let headers = hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default();
+        self.response = Some(Capture { status, headers, body: Vec::new(), overflow: false, details });
+        // On Redis the response is held (buffered) until the outcome is written, so a retry
+        // after the client got its answer always finds it.
+        self.holding =
+            matches!(self.ticket, Some(Ticket::Claim(StoreTicket::Redis(_)) | Ticket::Token(StoreTicket::Redis(_))));
+        if end_of_stream {
+            return self.finish_capture();
+        }
+        if self.holding {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let limit =
+            self.route.and_then(|r| self.state.engine.policy(r)).map(|p| p.max_response_bytes as usize).unwrap_or(0);
+        if self.holding {
+            // Envoy buffers and calls again with the cumulative size; read the whole body once.
+            if body_size > limit {
+                // Too large to remember (a tombstone): stop holding, let it stream.
+                self.holding = false;
+                if let Some(c) = self.response.as_mut() {
+                    c.overflow = true;
+                }
+            } else if !end_of_stream {
+                return Action::Pause;
+            } else {
+                if let Some(c) = self.response.as_mut() {
+                    let body = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size).ok().flatten();
+                    c.body = body.unwrap_or_default();
+                }
+                return self.finish_capture();
+            }
+        }
+        if let Some(c) = self.response.as_mut() {
+            if !c.overflow && body_size > 0 {
+                // Not pausing: each call carries only the new chunk, and the client is not delayed.
+                match hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size) {
+                    Ok(Some(chunk)) if c.body.len() + chunk.len() <= limit => c.body.extend_from_slice(&chunk),
+                    Ok(None) => {}
+                    _ => {
+                        c.overflow = true;
+                        c.body = Vec::new();
+                    }
+                }
+            }
+        }
+        if end_of_stream {
+            return self.finish_capture();
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.finish_capture()
+    }
+
+    fn on_log(&mut self) {
+        self.state.waiters.borrow_mut().remove(&self.context_id);
+        self.take_handoff();
+        if self.ticket.is_none() {
+            return;
+        }
+        if self.response.is_some() {
+            // Headers came back but the body was not seen to the end: the work was done.
+            if let Some(c) = self.response.as_mut() {
+                c.overflow = true;
+            }
+            self.holding = false;
+            self.finish_capture();
+        } else {
+            self.finish(Ending::NoResponse { forwarded: self.forwarded });
+        }
+    }
+}
