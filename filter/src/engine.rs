@@ -219,17 +219,14 @@ impl Engine {
         self.bundle.routes.iter().any(|r| r.mode != Mode::Token && r.key.on_in_flight == OnInFlight::Wait)
     }
 
-    /// Answers what can be answered from the headers alone: a header or query key, or a token,
-    /// that is missing or malformed. `None` means: go on (buffer the body if the policy needs it).
+    /// Before buffering a body: answers a header or query key that is missing or malformed, so
+    /// such a request is refused without waiting for its body. Cheap: reads the key, hashes nothing.
     pub fn precheck(&self, route: usize, req: &dyn RequestView) -> Option<Verdict> {
         let policy = self.policy(route)?;
-        if policy.needs_body() && policy.key.from == crate::policy::KeySource::Body {
+        if policy.mode == Mode::Token || policy.key.from == crate::policy::KeySource::Body {
             return None;
         }
-        match self.begin(route, req)? {
-            Begin::Done(v) => Some(v),
-            Begin::Store(_) => None,
-        }
+        key::extract(&policy.key, req).err().map(|e| key_error(policy, e))
     }
 
     /// The request body is larger than the route allows.

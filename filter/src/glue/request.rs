@@ -300,19 +300,24 @@ impl HttpContext for Request {
         let route_name = || {
             hostcalls::get_property(vec!["xds", "route_name"]).ok().flatten().and_then(|b| String::from_utf8(b).ok())
         };
-        let method = || header(":method").unwrap_or_default();
-        let Some(route) = self.state.engine.bundle.find(method, &self.path, route_name) else {
+        // The method is read only if a policy's path matches, and then only once.
+        let mut method = None;
+        let read_method = || method.insert(header(":method").unwrap_or_default()).clone();
+        let found = self.state.engine.bundle.find(read_method, &self.path, route_name);
+        let Some(route) = found else {
             return Action::Continue;
         };
         self.route = Some(route);
-        if self.method.is_empty() {
-            self.method = header(":method").unwrap_or_default();
-        }
-        if let Some(v) = self.state.engine.precheck(route, self) {
-            return self.apply(route, v, false);
-        }
+        self.method = match method {
+            Some(m) => m,
+            None => header(":method").unwrap_or_default(),
+        };
         let needs_body = self.state.engine.policy(route).is_some_and(|p| p.needs_body());
         if needs_body && !end_of_stream {
+            // Refuse a missing or malformed key now, not after the body arrived.
+            if let Some(v) = self.state.engine.precheck(route, self) {
+                return self.apply(route, v, false);
+            }
             // With allow_on_headers_stop_iteration, the body still reaches on_http_request_body.
             return Action::Pause;
         }
@@ -358,11 +363,8 @@ impl HttpContext for Request {
         if self.ticket.is_none() {
             return Action::Continue;
         }
-        let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u16>().ok())
-            .unwrap_or(0);
+        let headers = hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default();
+        let status = headers.iter().find(|(n, _)| n == ":status").and_then(|(_, v)| v.parse::<u16>().ok()).unwrap_or(0);
         let details = if status >= 500 {
             hostcalls::get_property(vec!["response", "code_details"])
                 .ok()
@@ -372,7 +374,6 @@ impl HttpContext for Request {
         } else {
             String::new()
         };
-        let headers = hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default();
         self.response = Some(Capture { status, headers, body: Vec::new(), overflow: false, details });
         // On Redis the response is held (buffered) until the outcome is written, so a retry
         // after the client got its answer always finds it.
