@@ -392,12 +392,17 @@ def main():
         return 1
     finally:
         demo.stop()
-    if demo.failures:
-        print("\n%s %d check(s) did not behave as expected:" % (c("31", "FAILED"), len(demo.failures)))
-        for f in demo.failures:
+    return report(demo.failures, "every step behaved as expected; everything started was stopped.")
+
+
+def report(failures, ok_message):
+    """The walkthrough's verdict: exit status 1 when any step misbehaved."""
+    if failures:
+        print("\n%s %d check(s) did not behave as expected:" % (c("31", "FAILED"), len(failures)))
+        for f in failures:
             print("  - " + f)
         return 1
-    print("\n%s every step behaved as expected; everything started was stopped." % c("32", "OK"))
+    print("\n%s %s" % (c("32", "OK"), ok_message))
     return 0
 
 

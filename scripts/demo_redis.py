@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack  # noqa: E402
-from demo import Demo, bold, c, dim, with_token_routes  # noqa: E402
+from demo import Demo, bold, c, dim, report, with_token_routes  # noqa: E402
 
 DEFAULT_PORTS = {"redis": 6390, "webdis": 7390, "upstream": 8080,
                  "listen1": 10000, "admin1": 9901, "listen2": 10001, "admin2": 9902}
@@ -95,14 +95,8 @@ def main():
         return 1
     finally:
         demo.stop()
-    if demo.failures:
-        print("\n%s %d check(s) did not behave as expected:" % (c("31", "FAILED"), len(demo.failures)))
-        for f in demo.failures:
-            print("  - " + f)
-        return 1
-    print("\n%s every step behaved as expected on two Envoys sharing one Redis; everything started was stopped."
-          % c("32", "OK"))
-    return 0
+    return report(demo.failures,
+                  "every step behaved as expected on two Envoys sharing one Redis; everything started was stopped.")
 
 
 if __name__ == "__main__":

@@ -34,13 +34,7 @@ use crate::loader::At;
 use crate::node::Node;
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
-    let Some(st) = ctx.merged else {
-        return;
-    };
-    let Some(dup) = &st.duplicate else {
-        return;
-    };
-    let Some(status) = dup.value.status else {
+    let Some((dup, status)) = ctx.duplicate_status() else {
         return;
     };
     let responses = ctx.op.at.node.get("responses").and_then(|r| ctx.ws.resolve(At { file: ctx.op.at.file, node: r }));

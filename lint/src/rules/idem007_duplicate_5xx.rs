@@ -17,13 +17,7 @@
 use super::{Ctx, RawFinding};
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
-    let Some(st) = ctx.merged else {
-        return;
-    };
-    let Some(dup) = &st.duplicate else {
-        return;
-    };
-    let Some(status) = dup.value.status else {
+    let Some((dup, status)) = ctx.duplicate_status() else {
         return;
     };
     if (500..600).contains(&status) {

@@ -47,6 +47,12 @@ impl Ctx<'_> {
         RawFinding { code, file: loc.file, offset: loc.offset, pointer: loc.pointer.clone(), message }
     }
 
+    /// The statement's duplicate response, when it names a status (rules on that status).
+    pub fn duplicate_status(&self) -> Option<(&crate::statement::Field<crate::section::Duplicate>, u16)> {
+        let dup = self.merged?.duplicate.as_ref()?;
+        Some((dup, dup.value.status?))
+    }
+
     pub fn label(&self) -> String {
         self.op.label()
     }
