@@ -550,7 +550,7 @@ impl RawBundle {
                 Some(RawMatch(m)) => m,
                 None => Matcher::RouteName(r.name.clone()),
             };
-            if let Some(other) = routes.iter().find(|p| matchers_conflict(&p.matcher, &matcher)) {
+            if let Some(other) = routes.iter().find(|p| p.matcher.conflicts_with(&matcher)) {
                 return Err(error(format!(
                     "route {:?}: conflicting matchers: it matches the same requests as route {:?}",
                     r.name, other.name
@@ -617,20 +617,6 @@ impl RawBundle {
             });
         }
         Ok(Bundle { shared: self.shared, redis: self.redis, routes })
-    }
-}
-
-fn matchers_conflict(a: &Matcher, b: &Matcher) -> bool {
-    match (a, b) {
-        (Matcher::RouteName(x), Matcher::RouteName(y)) => x == y,
-        (Matcher::Request { method: ma, path: pa }, Matcher::Request { method: mb, path: pb }) => {
-            let methods_overlap = match (ma, mb) {
-                (Some(x), Some(y)) => x == y,
-                _ => true,
-            };
-            methods_overlap && pa.shape() == pb.shape()
-        }
-        _ => false,
     }
 }
 
@@ -823,6 +809,23 @@ impl Bundle {
             }
         }
         None
+    }
+}
+
+impl Matcher {
+    /// Whether two matchers match the same requests (two such routes cannot share a bundle).
+    pub fn conflicts_with(&self, other: &Matcher) -> bool {
+        match (self, other) {
+            (Matcher::RouteName(x), Matcher::RouteName(y)) => x == y,
+            (Matcher::Request { method: ma, path: pa }, Matcher::Request { method: mb, path: pb }) => {
+                let methods_overlap = match (ma, mb) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => true,
+                };
+                methods_overlap && pa.shape() == pb.shape()
+            }
+            _ => false,
+        }
     }
 }
 

@@ -158,13 +158,7 @@ pub fn route_matches(r: &RoutePolicy, op: &Operation<'_>) -> bool {
 }
 
 pub fn same_shape(a: &str, b: &str) -> bool {
-    let (sa, sb) = (shape(a), shape(b));
-    sa.len() == sb.len()
-        && sa.iter().zip(&sb).all(|(x, y)| match (x, y) {
-            (None, None) => true,
-            (Some(x), Some(y)) => x == y,
-            _ => false,
-        })
+    shape(a) == shape(b)
 }
 
 /// Whether a repeat of a completed request is answered with the route's `[route.duplicate]`

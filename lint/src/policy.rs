@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-use idem_filter::policy::{parse_bundle, Bundle, Matcher, PolicyError, RoutePolicy};
+use idem_filter::policy::{parse_bundle, Bundle, PolicyError, RoutePolicy};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -297,7 +297,7 @@ impl PolicySet {
                         ),
                     ));
                 }
-                if matchers_overlap(&o.route.matcher, &r.route.matcher) {
+                if o.route.matcher.conflicts_with(&r.route.matcher) {
                     let s = r.spans.matcher.clone().unwrap_or_else(|| r.spans.name.clone());
                     let os = o.spans.matcher.clone().unwrap_or_else(|| o.spans.name.clone());
                     return Err(fatal_at(
@@ -397,21 +397,6 @@ pub fn shape(path: &str) -> Vec<Option<&str>> {
         .split('/')
         .map(|s| if s.starts_with('{') && s.ends_with('}') && s.len() > 2 { None } else { Some(s) })
         .collect()
-}
-
-/// Whether two matchers match the same requests (what the filter rejects inside one bundle).
-pub fn matchers_overlap(a: &Matcher, b: &Matcher) -> bool {
-    match (a, b) {
-        (Matcher::RouteName(x), Matcher::RouteName(y)) => x == y,
-        (Matcher::Request { method: ma, path: pa }, Matcher::Request { method: mb, path: pb }) => {
-            let methods = match (ma, mb) {
-                (Some(x), Some(y)) => x == y,
-                _ => true,
-            };
-            methods && shape(&pa.source) == shape(&pb.source)
-        }
-        _ => false,
-    }
 }
 
 // ------------------------------------------------------------------------- Envoy entry
