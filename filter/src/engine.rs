@@ -91,8 +91,9 @@ impl Outcome {
         }
     }
 
+    /// Position in [`Outcome::ALL`] (declaration order), for counter ids.
     pub fn index(self) -> usize {
-        Outcome::ALL.iter().position(|o| *o == self).unwrap_or(0)
+        self as usize
     }
 }
 

@@ -7,7 +7,6 @@ use crate::engine::{
 };
 use crate::host::Host;
 use crate::key::RequestView;
-use crate::policy::StoreKind;
 use crate::store::redis;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -72,10 +71,6 @@ impl RequestView for Request {
 }
 
 impl Request {
-    pub(super) fn redis_route(&self, route: usize) -> bool {
-        self.state.engine.policy(route).is_some_and(|p| p.store == StoreKind::Redis)
-    }
-
     /// Counts, logs and carries out a verdict. `paused` says the request is already paused (a
     /// callout answered), so forwarding means resuming it.
     pub(super) fn apply(&mut self, route: usize, v: Verdict, paused: bool) -> Action {
@@ -115,25 +110,17 @@ impl Request {
             Begin::Done(v) => return self.apply(route, v, false),
             Begin::Store(p) => p,
         };
-        if !self.redis_route(route) {
+        if !self.state.redis_route(route) {
             let v = self.state.engine.run_shared(&Envoy, &prepared, None);
             return self.apply(route, v, false);
         }
-        let Some(store) = self.state.engine.redis() else {
+        let now = Envoy.now_ms();
+        let Some((cmd, ticket)) = self.state.redis_op(&prepared, now) else {
             return Action::Continue;
         };
-        let now = Envoy.now_ms();
-        let owner = Envoy.random_u64().unwrap_or(now);
-        let (cmd, pending) = match &prepared.op {
-            StoreOp::Claim { id, fingerprint } => {
-                let lock_ttl = self.state.engine.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
-                let (cmd, ticket) = store.claim(id, fingerprint, owner, now, lock_ttl);
-                (cmd, Pending::Claim { prepared: prepared.clone(), ticket })
-            }
-            StoreOp::UseToken { id } => {
-                let (cmd, ticket) = store.use_token(id, owner, now);
-                (cmd, Pending::UseToken { prepared: prepared.clone(), ticket })
-            }
+        let pending = match prepared.op {
+            StoreOp::Claim { .. } => Pending::Claim { prepared: prepared.clone(), ticket },
+            StoreOp::UseToken { .. } => Pending::UseToken { prepared: prepared.clone(), ticket },
         };
         match self.state.dispatch(&cmd) {
             Ok(_) => {
@@ -169,7 +156,7 @@ impl Request {
             Issue::Token { route, token, id } => {
                 self.route = Some(route);
                 self.decided = true;
-                if !self.redis_route(route) {
+                if !self.state.redis_route(route) {
                     let stored = self.state.engine.issue_shared(&Envoy, route, &id);
                     let v = self.state.engine.issued(route, &token, Envoy.now_ms(), stored);
                     return Some(self.apply(route, v, false));

@@ -149,19 +149,15 @@ impl RootContext for Root {
             .map(|(ctx, w)| (*ctx, w.prepared.clone(), w.deadline_ms))
             .collect();
         for (ctx, prepared, deadline) in due {
-            let redis_route = state.engine.policy(prepared.route).is_some_and(|p| p.store == StoreKind::Redis);
-            if !redis_route {
+            if !state.redis_route(prepared.route) {
                 let v = state.engine.run_shared(&Envoy, &prepared, Some(deadline));
                 state.resolve_waiter(ctx, v);
                 continue;
             }
-            let (Some(store), StoreOp::Claim { id, fingerprint }) = (state.engine.redis(), &prepared.op) else {
+            let now = Envoy.now_ms();
+            let Some((cmd, ticket)) = state.redis_op(&prepared, now) else {
                 continue;
             };
-            let now = Envoy.now_ms();
-            let owner = Envoy.random_u64().unwrap_or(now);
-            let lock_ttl = state.engine.policy(prepared.route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
-            let (cmd, ticket) = store.claim(id, fingerprint, owner, now, lock_ttl);
             match state.dispatch(&cmd) {
                 Ok(token) => {
                     state.polls.borrow_mut().insert(token, (ctx, ticket));

@@ -1,8 +1,10 @@
 //! What one worker's contexts share: the engine, counters, held duplicates, and the Redis
 //! writes the root context sends for finished requests.
 
-use crate::engine::{Action as Do, Engine, Outcome, Prepared, Ticket, Verdict};
+use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
+use crate::host::Host;
 use crate::key::truncated;
+use crate::policy::StoreKind;
 use crate::store::{redis, StoreError};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
@@ -92,6 +94,24 @@ impl State {
                 );
             }
         }
+    }
+
+    /// Whether a route keeps its claims and tokens in Redis.
+    pub(super) fn redis_route(&self, route: usize) -> bool {
+        self.engine.policy(route).is_some_and(|p| p.store == StoreKind::Redis)
+    }
+
+    /// The Webdis call for a prepared claim or token use, with a fresh owner, and its ticket.
+    pub(super) fn redis_op(&self, p: &Prepared, now: u64) -> Option<(redis::Command, redis::Ticket)> {
+        let store = self.engine.redis()?;
+        let owner = Envoy.random_u64().unwrap_or(now);
+        Some(match &p.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let lock_ttl = self.engine.policy(p.route).map(|r| r.key.lock_ttl.millis).unwrap_or(1);
+                store.claim(id, fingerprint, owner, now, lock_ttl)
+            }
+            StoreOp::UseToken { id } => store.use_token(id, owner, now),
+        })
     }
 
     /// Sends a Webdis command through the `[redis]` cluster.

@@ -72,13 +72,7 @@ impl<'a> RedisStore<'a> {
     }
 
     fn key(&self, kind: &str, id: &[u8; 32]) -> String {
-        let mut k = String::with_capacity(self.cfg.prefix.len() + 2 + 64);
-        k.push_str(&self.cfg.prefix);
-        k.push_str(kind);
-        for b in id {
-            k.push_str(&format!("{b:02x}"));
-        }
-        k
+        format!("{}{kind}{}", self.cfg.prefix, hex(id))
     }
 
     /// Claim in one round trip. The returned ticket is valid only if the reply says "claimed".
@@ -190,8 +184,19 @@ fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
     fields.get(i).copied().unwrap_or("")
 }
 
+/// The first half of a fingerprint, as stored in records.
 fn hex16(fp: &[u8; 32]) -> String {
-    fp[..16].iter().map(|b| format!("{b:02x}")).collect()
+    hex(&fp[..16])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
 }
 
 /// `CMD/arg/…` with every byte outside `[A-Za-z0-9_~-]` percent-encoded (Webdis splits on `/`

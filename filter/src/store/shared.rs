@@ -176,6 +176,29 @@ impl SharedStore {
         }
     }
 
+    /// Read → edit → write-with-CAS on bucket `b`, retried while other workers change it: the
+    /// one way every operation changes a bucket.
+    fn modify<T>(
+        &self,
+        host: &dyn Host,
+        b: u32,
+        mut edit: impl FnMut(&mut [Entry], u64) -> Result<Edit<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        for _ in 0..MAX_CAS_RETRIES {
+            let now = host.now_ms();
+            let (mut entries, cas) = self.read(host, b)?;
+            match edit(&mut entries, now)? {
+                Edit::Done(result) => return Ok(result),
+                Edit::Write(result) => {
+                    if self.write(host, b, &entries, cas)? {
+                        return Ok(result);
+                    }
+                }
+            }
+        }
+        Err(StoreError::Contended)
+    }
+
     /// Claims `id` for a request with `fingerprint`, or reports who holds it.
     pub fn claim(
         &self,
@@ -188,13 +211,11 @@ impl SharedStore {
         let mut fp = [0u8; 16];
         fp.copy_from_slice(&fingerprint[..16]);
         let owner = host.random_u64()?;
-        for _ in 0..MAX_CAS_RETRIES {
-            let now = host.now_ms();
-            let (mut entries, cas) = self.read(host, b)?;
+        self.modify(host, b, |entries, now| {
             if let Some(i) = entries.iter().position(|e| e.id == short && e.live(now)) {
                 let e = entries[i];
                 let same_payload = e.fingerprint == fp;
-                return Ok(match e.state {
+                return Ok(Edit::Done(match e.state {
                     State::InFlight => {
                         Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
                     }
@@ -216,14 +237,12 @@ impl SharedStore {
                             Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: now + 1000, same_payload }
                         }
                     },
-                });
+                }));
             }
             // A takeover reuses the position of the expired claim for the same key, so the old
             // owner's late completion finds another owner there and is fenced off.
             let same_key = entries.iter().position(|e| e.id == short && e.state != State::Empty);
-            let Some(i) = same_key.or_else(|| victim(&entries, now)) else {
-                return Err(StoreError::Full);
-            };
+            let i = same_key.or_else(|| victim(entries, now)).ok_or(StoreError::Full)?;
             entries[i] = Entry {
                 id: short,
                 state: State::InFlight,
@@ -233,22 +252,15 @@ impl SharedStore {
                 first_seen_ms: now,
                 until_ms: now.saturating_add(lock_ttl_ms),
             };
-            if self.write(host, b, &entries, cas)? {
-                return Ok(Claim::Claimed(Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now }));
-            }
-        }
-        Err(StoreError::Contended)
+            Ok(Edit::Write(Claim::Claimed(Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now })))
+        })
     }
 
     /// Records a freshly issued token (its scoped id) valid for `ttl_ms`.
     pub fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64) -> Result<(), StoreError> {
         let (b, short) = self.locate(id);
-        for _ in 0..MAX_CAS_RETRIES {
-            let now = host.now_ms();
-            let (mut entries, cas) = self.read(host, b)?;
-            let Some(i) = victim(&entries, now) else {
-                return Err(StoreError::Full);
-            };
+        self.modify(host, b, |entries, now| {
+            let i = victim(entries, now).ok_or(StoreError::Full)?;
             entries[i] = Entry {
                 id: short,
                 state: State::Issued,
@@ -258,37 +270,34 @@ impl SharedStore {
                 first_seen_ms: now,
                 until_ms: now.saturating_add(ttl_ms),
             };
-            if self.write(host, b, &entries, cas)? {
-                return Ok(());
-            }
-        }
-        Err(StoreError::Contended)
+            Ok(Edit::Write(()))
+        })
     }
 
     /// Uses a token atomically: of any number of concurrent presentations, one consumes it.
     pub fn use_token(&self, host: &dyn Host, id: &[u8; 32]) -> Result<TokenUse<Ticket>, StoreError> {
         let (b, short) = self.locate(id);
         let owner = host.random_u64()?;
-        for _ in 0..MAX_CAS_RETRIES {
-            let now = host.now_ms();
-            let (mut entries, cas) = self.read(host, b)?;
+        self.modify(host, b, |entries, now| {
             let Some(i) = entries.iter().position(|e| e.id == short && e.live(now)) else {
-                return Ok(TokenUse::Unknown);
+                return Ok(Edit::Done(TokenUse::Unknown));
             };
             match entries[i].state {
                 State::Issued => {}
-                State::Used => return Ok(TokenUse::Used { used_at_ms: entries[i].first_seen_ms }),
-                _ => return Ok(TokenUse::Unknown),
+                State::Used => return Ok(Edit::Done(TokenUse::Used { used_at_ms: entries[i].first_seen_ms })),
+                _ => return Ok(Edit::Done(TokenUse::Unknown)),
             }
             entries[i].state = State::Used;
             entries[i].owner = owner;
             entries[i].first_seen_ms = now;
-            if self.write(host, b, &entries, cas)? {
-                let t = Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now };
-                return Ok(TokenUse::Consumed(t));
-            }
-        }
-        Err(StoreError::Contended)
+            Ok(Edit::Write(TokenUse::Consumed(Ticket {
+                bucket: b,
+                index: i as u32,
+                id: short,
+                owner,
+                first_seen_ms: now,
+            })))
+        })
     }
 
     /// Puts a used token back (its remaining TTL unchanged), if this ticket still holds it.
@@ -320,14 +329,14 @@ impl SharedStore {
         ttl_ms: u64,
     ) -> Result<Completion, StoreError> {
         let tombstone = response.encoded_len() > max_response_bytes;
-        let state = if tombstone { State::Tombstone } else { State::Completed };
+        let (state, done) =
+            if tombstone { (State::Tombstone, Completion::Tombstoned) } else { (State::Completed, Completion::Stored) };
         let mut slot_written = false;
-        for _ in 0..MAX_CAS_RETRIES {
-            let (mut entries, cas) = self.read(host, t.bucket)?;
+        self.modify(host, t.bucket, |entries, now| {
             // Ownership is checked before the slot is written, so a late writer never clobbers
             // a new owner's slot.
-            if !owns(&entries, t, State::InFlight) {
-                return Ok(Completion::LostOwnership);
+            if !owns(entries, t, State::InFlight) {
+                return Ok(Edit::Done(Completion::LostOwnership));
             }
             if !tombstone && !slot_written {
                 let mut v = Vec::with_capacity(8 + response.encoded_len());
@@ -339,24 +348,17 @@ impl SharedStore {
             let e = &mut entries[t.index as usize];
             e.state = state;
             e.status = response.status;
-            e.until_ms = host.now_ms().saturating_add(ttl_ms);
-            if self.write(host, t.bucket, &entries, cas)? {
-                return Ok(if tombstone { Completion::Tombstoned } else { Completion::Stored });
-            }
-        }
-        Err(StoreError::Contended)
+            e.until_ms = now.saturating_add(ttl_ms);
+            Ok(Edit::Write(done))
+        })
     }
 
     /// Frees a claim whose first attempt definitely failed, so a retry can run. Fenced.
     pub fn release(&self, host: &dyn Host, t: &Ticket) -> Result<bool, StoreError> {
-        self.update(host, t, |e, _| *e = Entry::EMPTY)
+        self.update_entry(host, t, State::InFlight, |e, _| *e = Entry::EMPTY)
     }
 
-    /// Applies `f` to the ticket's entry if the ticket still owns it; `false` if it does not.
-    fn update(&self, host: &dyn Host, t: &Ticket, f: impl Fn(&mut Entry, u64)) -> Result<bool, StoreError> {
-        self.update_entry(host, t, State::InFlight, f)
-    }
-
+    /// Applies `f` to the ticket's entry if the ticket still holds it in `state`; `false` if not.
     fn update_entry(
         &self,
         host: &dyn Host,
@@ -364,18 +366,22 @@ impl SharedStore {
         state: State,
         f: impl Fn(&mut Entry, u64),
     ) -> Result<bool, StoreError> {
-        for _ in 0..MAX_CAS_RETRIES {
-            let (mut entries, cas) = self.read(host, t.bucket)?;
-            if !owns(&entries, t, state) {
-                return Ok(false);
+        self.modify(host, t.bucket, |entries, now| {
+            if !owns(entries, t, state) {
+                return Ok(Edit::Done(false));
             }
-            f(&mut entries[t.index as usize], host.now_ms());
-            if self.write(host, t.bucket, &entries, cas)? {
-                return Ok(true);
-            }
-        }
-        Err(StoreError::Contended)
+            f(&mut entries[t.index as usize], now);
+            Ok(Edit::Write(true))
+        })
     }
+}
+
+/// What one attempt at changing a bucket decided.
+enum Edit<T> {
+    /// Write the edited entries; once the write succeeds, the result is `T`.
+    Write(T),
+    /// Nothing to write: the result is `T`.
+    Done(T),
 }
 
 fn owns(entries: &[Entry], t: &Ticket, state: State) -> bool {
