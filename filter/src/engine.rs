@@ -9,8 +9,8 @@
 use crate::fingerprint::fingerprint;
 use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
-use crate::policy::{Bundle, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind};
-use crate::response::{self, LocalReply, StoredResponse};
+use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
+use crate::response::{self, Header, LocalReply, StoredResponse};
 use crate::store::shared::SharedStore;
 use crate::store::{redis, shared, Claim, Completion, StoreError, TokenUse};
 
@@ -38,10 +38,15 @@ pub enum Outcome {
     TokenConsumed,
     TokenRejected,
     TokenRestored,
+    OutcomeUnknown,
+    MissingScope,
+    WriteRetried,
+    WriteDropped,
+    OrphanReleased,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 21] = [
+    pub const ALL: [Outcome; 26] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::RejectedDuplicate,
@@ -63,6 +68,11 @@ impl Outcome {
         Outcome::TokenConsumed,
         Outcome::TokenRejected,
         Outcome::TokenRestored,
+        Outcome::OutcomeUnknown,
+        Outcome::MissingScope,
+        Outcome::WriteRetried,
+        Outcome::WriteDropped,
+        Outcome::OrphanReleased,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +98,11 @@ impl Outcome {
             Outcome::TokenConsumed => "token_consumed",
             Outcome::TokenRejected => "token_rejected",
             Outcome::TokenRestored => "token_restored",
+            Outcome::OutcomeUnknown => "outcome_unknown",
+            Outcome::MissingScope => "missing_scope",
+            Outcome::WriteRetried => "write_retried",
+            Outcome::WriteDropped => "write_dropped",
+            Outcome::OrphanReleased => "orphan_released",
         }
     }
 
@@ -166,7 +181,7 @@ pub enum Ending {
     /// A response came back. `body` is `None` when it was not seen to the end (client gone) or
     /// grew past the route's `max_response_bytes`. `details` is Envoy's `response.code_details`
     /// (`via_upstream` when the upstream produced it).
-    Response { status: u16, headers: Vec<(String, String)>, body: Option<Vec<u8>>, details: String },
+    Response { status: u16, headers: Vec<Header>, body: Option<Vec<u8>>, details: String },
     /// No response: the client went away, or the stream was reset.
     NoResponse { forwarded: bool },
 }
@@ -182,6 +197,8 @@ pub enum Finish {
     Complete { response: StoredResponse, max_response_bytes: usize, ttl_ms: u64, cause: String },
     /// Put the token back so the user's retry passes.
     RestoreToken { cause: String },
+    /// The outcome is unknown: hold the claim for `hold_ms`, never to be taken over.
+    HoldUnknown { hold_ms: u64, cause: String },
 }
 
 /// A token issue request: which route the token is for, or the answer when it cannot be issued.
@@ -203,7 +220,7 @@ impl Engine {
     }
 
     /// Creates the shared store's bucket keys; call when the plugin configures.
-    pub fn initialise(&self, host: &dyn Host) -> Result<u32, StoreError> {
+    pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
         self.shared.initialise(host)
     }
 
@@ -213,6 +230,26 @@ impl Engine {
 
     pub fn redis(&self) -> Option<redis::RedisStore<'_>> {
         self.bundle.redis.as_ref().map(redis::RedisStore::new)
+    }
+
+    /// Whether any route forwards detached (the root context then sends upstream calls).
+    pub fn has_detached(&self) -> bool {
+        self.bundle.routes.iter().any(|r| r.forward == Forward::Detached)
+    }
+
+    /// The answer to a request on a filter-enabled route that no policy matches: `None` to let
+    /// it pass (`unmatched = "pass"`, or a safe method), else 400 `IDEMPOTENCY_NO_POLICY`.
+    pub fn unmatched(&self, method: &str) -> Option<LocalReply> {
+        let safe = matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE");
+        if self.bundle.unmatched == Unmatched::Pass || safe {
+            return None;
+        }
+        Some(response::json_reply(
+            400,
+            "IDEMPOTENCY_NO_POLICY",
+            "no idempotency policy matches this method and path on a route that requires one",
+            &[],
+        ))
     }
 
     /// Whether any route holds duplicates (the root context then polls on a timer).
@@ -246,10 +283,9 @@ impl Engine {
     pub fn begin(&self, route: usize, req: &dyn RequestView) -> Option<Begin> {
         let policy = self.policy(route)?;
         if policy.mode == Mode::Token {
-            let header = policy.token.header.to_ascii_lowercase();
-            let token = match req.header(&header).map(|t| key::parse_sf_string(&t)) {
-                Some(Ok(t)) if key::validate(&t).is_ok() => t,
-                Some(_) => {
+            let token = match key::single_header(req, &policy.token.header) {
+                Ok(Some(t)) if key::validate(&t).is_ok() => t,
+                Ok(Some(_)) | Err(_) => {
                     let reply = response::json_reply(
                         400,
                         "IDEMPOTENCY_TOKEN_INVALID",
@@ -258,7 +294,7 @@ impl Engine {
                     );
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "invalid_token", None)));
                 }
-                None => {
+                Ok(None) => {
                     let reply = response::json_reply(
                         400,
                         "IDEMPOTENCY_TOKEN_MISSING",
@@ -271,14 +307,20 @@ impl Engine {
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "missing_token", None)));
                 }
             };
-            let id = token_id(policy, &token, req);
+            let id = match token_id(policy, &token, req) {
+                Ok(id) => id,
+                Err(e) => return Some(Begin::Done(key_error(policy, e))),
+            };
             return Some(Begin::Store(Prepared { route, op: StoreOp::UseToken { id }, key: token }));
         }
         let client_key = match key::extract(&policy.key, req) {
             Ok(k) => k,
             Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
-        let id = key::scoped_id(&policy.name, &policy.key.scope, &client_key, req);
+        let id = match key::scoped_id(&policy.name, &policy.key.scope, policy.key.anonymous, &client_key, req) {
+            Ok(id) => id,
+            Err(e) => return Some(Begin::Done(key_error(policy, e))),
+        };
         let fp = fingerprint(&policy.key, req);
         Some(Begin::Store(Prepared { route, op: StoreOp::Claim { id, fingerprint: fp }, key: client_key }))
     }
@@ -333,7 +375,9 @@ impl Engine {
                 cause: if waited { "took_over_after_wait".into() } else { "first".into() },
                 key: k,
             },
-            Claim::InFlight { same_payload: false, .. } | Claim::Completed { same_payload: false, .. } => {
+            Claim::InFlight { same_payload: false, .. }
+            | Claim::Completed { same_payload: false, .. }
+            | Claim::Unknown { same_payload: false, .. } => {
                 let reply = response::json_reply(
                     422,
                     "IDEMPOTENCY_KEY_REUSED",
@@ -342,7 +386,11 @@ impl Engine {
                 );
                 shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
             }
-            Claim::InFlight { first_seen_ms, lease_ends_ms, .. } => {
+            Claim::Unknown { first_seen_ms, held_until_ms, .. } => {
+                let reply = response::outcome_unknown(first_seen_ms, held_until_ms);
+                shadowed(policy, Outcome::OutcomeUnknown, reply, "outcome_unknown".into(), k)
+            }
+            Claim::InFlight { first_seen_ms, .. } => {
                 let wait = policy.key.on_in_flight == OnInFlight::Wait && policy.mode == Mode::Key;
                 let deadline = waiting_until.unwrap_or(now.saturating_add(policy.key.wait_timeout.millis));
                 if wait && now < deadline {
@@ -354,7 +402,7 @@ impl Engine {
                     };
                 }
                 let cause = if waited { "in_flight_wait_timeout" } else { "in_flight" };
-                let reply = response::in_progress(first_seen_ms, now, lease_ends_ms);
+                let reply = response::in_progress(first_seen_ms);
                 shadowed(policy, Outcome::InFlight, reply, cause.into(), k)
             }
             Claim::Completed { response: Some(stored), .. } if policy.key.on_completed == OnCompleted::Replay => {
@@ -427,8 +475,8 @@ impl Engine {
         }
         match (result, ending) {
             (Ended::Failed(cause), _) => Finish::Release { cause },
-            // The service may have done the work: keep the claim until its lease ends.
-            (Ended::Unknown(cause), _) => Finish::Nothing { outcome: Some(Outcome::Held), cause },
+            // The service may have done the work: hold the claim, and never let a retry take it over.
+            (Ended::Unknown(cause), _) => Finish::HoldUnknown { hold_ms: policy.key.unknown_hold_ms(), cause },
             (Ended::Answered, Ending::Response { status, .. }) if !policy.key.remembers(*status) => {
                 Finish::Release { cause: format!("status_{status}") }
             }
@@ -464,6 +512,7 @@ impl Engine {
             Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
                 completed(self.shared.complete(host, t, &response, max_response_bytes, ttl_ms), cause)
             }
+            Finish::HoldUnknown { hold_ms, cause } => held(self.shared.hold_unknown(host, t, hold_ms), cause),
         }
     }
 
@@ -506,8 +555,16 @@ impl Engine {
         };
         let policy = self.policy(route)?;
         let token = redis::token_text(&random);
-        let id = token_id(policy, &token, req);
-        Some(Issue::Token { route, token, id })
+        match token_id(policy, &token, req) {
+            Ok(id) => Some(Issue::Token { route, token, id }),
+            Err(e) => {
+                let v = key_error(policy, e);
+                let Action::Reply(reply) = v.action else {
+                    return None;
+                };
+                Some(Issue::Reply { route: Some(route), reply, cause: v.cause })
+            }
+        }
     }
 
     /// Records an issued token on the shared store.
@@ -542,8 +599,8 @@ impl Engine {
 }
 
 /// The stored identity of a token: route + caller scope + token, as for keys, in its own domain.
-fn token_id(policy: &RoutePolicy, token: &str, req: &dyn RequestView) -> [u8; 32] {
-    key::scoped_id(&format!("token:{}", policy.name), &policy.token.scope, token, req)
+fn token_id(policy: &RoutePolicy, token: &str, req: &dyn RequestView) -> Result<[u8; 32], KeyError> {
+    key::scoped_id(&format!("token:{}", policy.name), &policy.token.scope, policy.token.anonymous, token, req)
 }
 
 fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Option<String>) -> Verdict {
@@ -570,6 +627,10 @@ fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
             let reply = response::json_reply(400, "IDEMPOTENCY_KEY_INVALID", &why, &[]);
             shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
         }
+        KeyError::ScopeMissing(why) => {
+            let reply = response::json_reply(400, "IDEMPOTENCY_SCOPE_MISSING", &why, &[]);
+            shadowed(policy, Outcome::MissingScope, reply, "missing_scope".into(), None)
+        }
     }
 }
 
@@ -579,6 +640,15 @@ pub fn released(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>,
         Ok(true) => (Some(Outcome::Released), cause),
         Ok(false) => (Some(Outcome::LeaseLost), format!("{cause}; lease already taken over")),
         Err(e) => (Some(Outcome::StoreError), format!("{cause}; release failed: {e}")),
+    }
+}
+
+/// The outcome of holding an unknown outcome, on either store.
+pub fn held(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(true) => (Some(Outcome::Held), cause),
+        Ok(false) => (Some(Outcome::LeaseLost), format!("{cause}; lease already taken over")),
+        Err(e) => (Some(Outcome::StoreError), format!("{cause}; hold failed: {e}")),
     }
 }
 

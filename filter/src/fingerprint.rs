@@ -19,7 +19,13 @@ pub fn fingerprint(policy: &KeyPolicy, req: &dyn RequestView) -> [u8; 32] {
             FingerprintPart::Method => put(&mut h, req.method().as_bytes()),
             FingerprintPart::Path => put(&mut h, path.as_bytes()),
             FingerprintPart::Query => put(&mut h, query.as_bytes()),
-            FingerprintPart::Header(name) => put(&mut h, req.header(name).unwrap_or_default().as_bytes()),
+            FingerprintPart::Header(name) => {
+                let values = req.header_values(name);
+                h.update((values.len() as u64).to_le_bytes());
+                for v in values {
+                    put(&mut h, v);
+                }
+            }
             FingerprintPart::Body => {
                 let body = req.body().unwrap_or_default();
                 match policy.fingerprint_body {

@@ -1,7 +1,7 @@
 //! Idempotency keys: where they come from, what a valid one is, and the scoped hash that is the
 //! only form a key ever takes in the store.
 
-use crate::policy::{KeyPolicy, KeySource, ScopePart};
+use crate::policy::{Anonymous, KeyPolicy, KeySource, ScopePart};
 use sha2::{Digest, Sha256};
 
 /// The longest key accepted, in bytes (Stripe and the IETF draft use the same bound).
@@ -11,36 +11,71 @@ pub const MAX_KEY_LEN: usize = 255;
 pub enum KeyError {
     /// No key where the policy says it is.
     Missing(String),
-    /// A key that is present but unusable.
+    /// A key that is present but unusable (also: not UTF-8, sent twice, ambiguous).
     Invalid(String),
+    /// The caller scope the policy names is absent: without it, callers would share keys.
+    ScopeMissing(String),
 }
 
-/// The request as the key and fingerprint code sees it.
+/// The request as the key and fingerprint code sees it. Header values are bytes: Envoy passes
+/// whatever the client sent, and a non-UTF-8 byte must be an answer, not a crash.
 pub trait RequestView {
     fn method(&self) -> &str;
     /// `:path` including the query string.
     fn path(&self) -> &str;
-    /// A request header by lower-case name.
-    fn header(&self, name: &str) -> Option<String>;
+    /// Every value of a request header, in order, by lower-case name.
+    fn header_values(&self, name: &str) -> Vec<&[u8]>;
     /// The whole request body, when buffered.
     fn body(&self) -> Option<&[u8]>;
+    /// A value Envoy computed for this request, by property path (e.g. the `jwt_authn`
+    /// filter's dynamic metadata). `None` when absent or not available.
+    fn property(&self, _path: &[&str]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// The first value of a header, if any.
+pub fn header<'r>(req: &'r dyn RequestView, name: &str) -> Option<&'r [u8]> {
+    req.header_values(name).into_iter().next()
 }
 
 /// Extracts and validates the client's key. Body keys need the body.
 pub fn extract(policy: &KeyPolicy, req: &dyn RequestView) -> Result<String, KeyError> {
     let raw = match policy.from {
-        KeySource::Header => {
-            let v = req
-                .header(&policy.name.to_ascii_lowercase())
-                .ok_or_else(|| KeyError::Missing(format!("header {} is missing", policy.name)))?;
-            parse_sf_string(&v)?
-        }
+        KeySource::Header => single_header(req, &policy.name)?
+            .ok_or_else(|| KeyError::Missing(format!("header {} is missing", policy.name)))?,
         KeySource::Query => query_param(req.path(), &policy.name)
             .ok_or_else(|| KeyError::Missing(format!("query parameter {} is missing", policy.name)))?,
         KeySource::Body => body_key(req.body(), &policy.name)?,
     };
     validate(&raw)?;
     Ok(raw)
+}
+
+/// An Item-typed header (the IETF `Idempotency-Key`, our token header): sent once, UTF-8, a
+/// bare token or an sf-string. Two values are ambiguous — the gateway and the upstream
+/// framework could each pick another one — so they are refused, as is a comma-joined list.
+pub fn single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>, KeyError> {
+    let values = req.header_values(&name.to_ascii_lowercase());
+    let value = match values.as_slice() {
+        [] => return Ok(None),
+        [one] => *one,
+        many => {
+            return Err(KeyError::Invalid(format!(
+                "header {name} was sent {} times; send it exactly once",
+                many.len()
+            )))
+        }
+    };
+    let text = std::str::from_utf8(value)
+        .map_err(|_| KeyError::Invalid(format!("header {name} is not valid UTF-8")))?;
+    let parsed = parse_sf_string(text)?;
+    if !text.trim_start().starts_with('"') && parsed.contains(',') {
+        return Err(KeyError::Invalid(format!(
+            "header {name} holds a list (a comma outside quotes); send one key, or quote it as an sf-string"
+        )));
+    }
+    Ok(Some(parsed))
 }
 
 /// Accepts a bare token or an IETF structured-field string (`"..."` with `\"` and `\\` escapes).
@@ -95,26 +130,86 @@ pub fn query_param(path: &str, name: &str) -> Option<String> {
 fn body_key(body: Option<&[u8]>, pointer: &str) -> Result<String, KeyError> {
     let missing = || KeyError::Missing(format!("the JSON body has no string or number at {pointer}"));
     let body = body.ok_or_else(missing)?;
-    let json: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| KeyError::Missing(format!("the body is not JSON ({e}), so {pointer} cannot be read")))?;
-    match json.pointer(pointer) {
-        Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
-        _ => Err(missing()),
+    match crate::json::at_pointer(body, pointer) {
+        Ok(Some(crate::json::Leaf::String(s))) => Ok(s),
+        Ok(Some(crate::json::Leaf::Number(n))) => Ok(n),
+        Ok(None) => Err(missing()),
+        Err(crate::json::PointerError::NotJson(e)) => {
+            Err(KeyError::Missing(format!("the body is not JSON ({e}), so {pointer} cannot be read")))
+        }
+        Err(crate::json::PointerError::Ambiguous(member)) => Err(KeyError::Invalid(format!(
+            "the JSON body names {member:?} twice on the way to {pointer}; which one is the key is ambiguous"
+        ))),
     }
 }
 
 /// The stored identity of a claim: SHA-256 over the route, the caller scope and the key.
 /// Raw keys never reach the store, and the same key from another caller is another claim.
-pub fn scoped_id(route: &str, scope: &[ScopePart], key: &str, req: &dyn RequestView) -> [u8; 32] {
+///
+/// A scope part the request lacks is an error unless `anonymous` is [`Anonymous::Shared`]: a
+/// missing `Authorization` must not turn every cookie-session user into one caller.
+pub fn scoped_id(
+    route: &str,
+    scope: &[ScopePart],
+    anonymous: Anonymous,
+    key: &str,
+    req: &dyn RequestView,
+) -> Result<[u8; 32], KeyError> {
     let mut h = Sha256::new();
     put(&mut h, route.as_bytes());
-    for ScopePart::Header(name) in scope {
-        put(&mut h, name.as_bytes());
-        put(&mut h, req.header(name).unwrap_or_default().as_bytes());
+    for part in scope {
+        put(&mut h, part.to_string().as_bytes());
+        let values = scope_values(part, req);
+        if values.iter().any(|v| std::str::from_utf8(v).is_err()) {
+            return Err(KeyError::Invalid(format!("the caller scope {part} is not valid UTF-8")));
+        }
+        match (values.is_empty(), anonymous) {
+            (true, Anonymous::Reject) => {
+                return Err(KeyError::ScopeMissing(format!(
+                    "this route keeps keys per caller ({part}), and the request has none; \
+                     send it (or ask the operator to set key.anonymous = \"shared\")"
+                )))
+            }
+            // Absent is hashed apart from every present value (a count of zero).
+            (true, Anonymous::Shared) => h.update(0u64.to_le_bytes()),
+            (false, _) => {
+                h.update((values.len() as u64).to_le_bytes());
+                for v in &values {
+                    put(&mut h, v);
+                }
+            }
+        }
     }
     put(&mut h, key.as_bytes());
-    h.finalize().into()
+    Ok(h.finalize().into())
+}
+
+/// The non-empty values a scope part takes for this request.
+fn scope_values(part: &ScopePart, req: &dyn RequestView) -> Vec<Vec<u8>> {
+    let values = match part {
+        ScopePart::Header(name) => req.header_values(name).into_iter().map(<[u8]>::to_vec).collect(),
+        ScopePart::Cookie(name) => cookies(req, name),
+        ScopePart::Metadata(path) => {
+            let mut full = vec!["metadata", "filter_metadata"];
+            full.extend(path.iter().map(String::as_str));
+            req.property(&full).into_iter().collect()
+        }
+    };
+    values.into_iter().filter(|v: &Vec<u8>| !v.is_empty()).collect()
+}
+
+/// Every value of cookie `name` across the `Cookie` headers (a browser may send two).
+fn cookies(req: &dyn RequestView, name: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for header in req.header_values("cookie") {
+        for pair in header.split(|&b| b == b';') {
+            let pair = pair.trim_ascii();
+            if let Some(value) = pair.strip_prefix(name.as_bytes()).and_then(|rest| rest.strip_prefix(b"=")) {
+                out.push(value.to_vec());
+            }
+        }
+    }
+    out
 }
 
 /// Length-prefixed so that no two different inputs hash the same byte stream.

@@ -8,8 +8,11 @@
 
 pub mod engine;
 pub mod fingerprint;
+pub mod forward;
 pub mod host;
+pub mod json;
 pub mod key;
+pub mod pairs;
 pub mod policy;
 pub mod response;
 pub mod store;

@@ -15,6 +15,19 @@ pub struct Bundle {
     /// The `[redis]` table; required when a route uses `store = "redis"`.
     pub redis: Option<RedisConfig>,
     pub routes: Vec<RoutePolicy>,
+    /// What a request on a filter-enabled Envoy route that no policy matches gets.
+    pub unmatched: Unmatched,
+}
+
+/// `unmatched`: a request the filter sees that no policy matches (an alias path such as
+/// `/api/order/Create/` the upstream framework still routes, or a route nobody wrote a policy for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unmatched {
+    /// Forward it untouched (counted as `idem._unmatched.passed`, logged at debug).
+    Pass,
+    /// Refuse non-safe methods with 400 `IDEMPOTENCY_NO_POLICY` (fail closed).
+    Reject,
 }
 
 /// `[redis]`: how the filter reaches Redis (through Webdis, as an Envoy cluster).
@@ -89,6 +102,21 @@ pub struct RoutePolicy {
     pub key: KeyPolicy,
     pub token: TokenPolicy,
     pub duplicate: DuplicateResponse,
+    pub forward: Forward,
+    /// Timeout of the upstream call when `forward = "detached"`.
+    pub upstream_timeout: Duration,
+}
+
+/// How a claimed request reaches the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Forward {
+    /// Through Envoy's router, as any request: streaming, retries, header mutations.
+    Inline,
+    /// Sent by the filter itself from the worker's root context (`dispatch_http_call` to the
+    /// route's cluster), so a client that leaves cannot cancel it: the answer is always known
+    /// and stored, and the client's retry gets it.
+    Detached,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,7 +184,34 @@ pub enum FingerprintPart {
 /// One entry of the caller scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScopePart {
+    /// `header:<name>`: every value of a request header.
     Header(String),
+    /// `cookie:<name>`: a cookie of the `Cookie` header (session-cookie callers).
+    Cookie(String),
+    /// `metadata:<filter>/<field>/…`: a value an earlier Envoy filter verified and wrote to the
+    /// request's dynamic metadata, e.g. `metadata:envoy.filters.http.jwt_authn/jwt_payload/sub`
+    /// (a JWT's subject stays the same when the client refreshes its token).
+    Metadata(Vec<String>),
+}
+
+impl fmt::Display for ScopePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopePart::Header(h) => write!(f, "header:{h}"),
+            ScopePart::Cookie(c) => write!(f, "cookie:{c}"),
+            ScopePart::Metadata(path) => write!(f, "metadata:{}", path.join("/")),
+        }
+    }
+}
+
+/// What a request lacking its caller scope gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anonymous {
+    /// 400 `IDEMPOTENCY_SCOPE_MISSING`: never let callers without identity share keys.
+    Reject,
+    /// Callers without the scope share one scope, on purpose (apart from every identified caller).
+    Shared,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -167,10 +222,13 @@ pub struct KeyPolicy {
     pub name: String,
     pub required: bool,
     pub scope: Vec<ScopePart>,
+    pub anonymous: Anonymous,
     pub fingerprint: Vec<FingerprintPart>,
     pub fingerprint_body: FingerprintBody,
     pub lock_ttl: Duration,
     pub ttl: Duration,
+    /// How long a claim whose outcome is unknown (forwarded, no answer) is held; `ttl` if unset.
+    pub unknown_outcome_hold: Option<Duration>,
     pub on_in_flight: OnInFlight,
     /// How long a held duplicate waits (`on_in_flight = "wait"`) before it gets 409.
     pub wait_timeout: Duration,
@@ -194,6 +252,7 @@ pub struct TokenPolicy {
     pub restore_on_failure: bool,
     /// Caller identity the token is bound to, besides the route.
     pub scope: Vec<ScopePart>,
+    pub anonymous: Anonymous,
 }
 
 impl Default for TokenPolicy {
@@ -204,6 +263,7 @@ impl Default for TokenPolicy {
             ttl: Duration::from_secs(600),
             restore_on_failure: true,
             scope: vec![ScopePart::Header("authorization".to_string())],
+            anonymous: Anonymous::Reject,
         }
     }
 }
@@ -215,6 +275,7 @@ impl Default for KeyPolicy {
             name: "Idempotency-Key".to_string(),
             required: true,
             scope: vec![ScopePart::Header("authorization".to_string())],
+            anonymous: Anonymous::Reject,
             fingerprint: vec![
                 FingerprintPart::Method,
                 FingerprintPart::Path,
@@ -224,6 +285,7 @@ impl Default for KeyPolicy {
             fingerprint_body: FingerprintBody::Raw,
             lock_ttl: Duration::from_secs(30),
             ttl: Duration::from_secs(24 * 3600),
+            unknown_outcome_hold: None,
             on_in_flight: OnInFlight::Reject,
             wait_timeout: Duration::from_secs(5),
             on_completed: OnCompleted::Replay,
@@ -237,6 +299,11 @@ impl KeyPolicy {
     /// Whether a response with this status is remembered (otherwise the claim is released).
     pub fn remembers(&self, status: u16) -> bool {
         self.remember.iter().any(|s| s.contains(status)) && !self.forget.iter().any(|s| s.contains(status))
+    }
+
+    /// How long an unknown outcome holds the key.
+    pub fn unknown_hold_ms(&self) -> u64 {
+        self.unknown_outcome_hold.unwrap_or(self.ttl).millis
     }
 }
 
@@ -310,7 +377,7 @@ impl PathTemplate {
             return Err(format!("path {source:?} must not contain a query or fragment"));
         }
         let mut segments = Vec::new();
-        for seg in source[1..].split('/') {
+        for seg in source.split('/').filter(|s| !s.is_empty()) {
             if seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2 {
                 segments.push(Segment::Param);
             } else if seg.contains('{') || seg.contains('}') {
@@ -328,32 +395,77 @@ impl PathTemplate {
         self.segments.iter().all(|s| matches!(s, Segment::Literal(_)))
     }
 
-    /// Matches a request path (without the query string).
+    /// Matches a request path (without the query string), after [`normalize_path`]: literal
+    /// segments compare ignoring ASCII case, since many frameworks route `/Create` and `/create/`
+    /// to the same handler, and a policy that such an alias slips past runs the business twice.
     pub fn matches(&self, path: &str) -> bool {
-        let Some(rest) = path.strip_prefix('/') else {
-            return false;
-        };
-        let mut parts = rest.split('/');
-        for seg in &self.segments {
-            match (seg, parts.next()) {
-                (Segment::Literal(lit), Some(p)) if lit == p => {}
-                (Segment::Param, Some(p)) if !p.is_empty() => {}
-                _ => return false,
-            }
-        }
-        parts.next().is_none()
+        let segments = normalize_path(path);
+        segments.len() == self.segments.len()
+            && self.segments.iter().zip(&segments).all(|(seg, p)| match seg {
+                Segment::Literal(lit) => lit.eq_ignore_ascii_case(p),
+                Segment::Param => !p.is_empty(),
+            })
     }
 
     /// The shape used to detect two templates that match the same paths.
-    fn shape(&self) -> Vec<Option<&str>> {
+    fn shape(&self) -> Vec<Option<String>> {
         self.segments
             .iter()
             .map(|s| match s {
-                Segment::Literal(l) => Some(l.as_str()),
+                Segment::Literal(l) => Some(l.to_ascii_lowercase()),
                 Segment::Param => None,
             })
             .collect()
     }
+}
+
+/// A request path as the policy matcher sees it: its segments, with percent-encoded unreserved
+/// characters decoded (`%63reate` is `create`), empty segments dropped (`//` and a trailing `/`)
+/// and `.`/`..` resolved. Envoy's `normalize_path` and `merge_slashes` do the same before routing;
+/// doing it here too keeps a policy from being bypassed where the listener lacks them.
+pub fn normalize_path(path: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for raw in path.split('/') {
+        let seg = decode_unreserved(raw);
+        match seg.as_str() {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            _ => out.push(seg),
+        }
+    }
+    out
+}
+
+/// Decodes `%XX` only where it stands for an unreserved character (RFC 3986 §2.3); other escapes
+/// (`%2F`, `%20`, …) stay as they are, as Envoy's normalisation keeps them.
+fn decode_unreserved(seg: &str) -> String {
+    if !seg.contains('%') {
+        return seg.to_string();
+    }
+    let bytes = seg.as_bytes();
+    let mut out = String::with_capacity(seg.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = (bytes[i] == b'%')
+            .then(|| seg.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .filter(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
+        match decoded {
+            Some(b) => {
+                out.push(char::from(b));
+                i += 3;
+            }
+            None => {
+                let ch_len = seg.get(i..).and_then(|r| r.chars().next()).map_or(1, char::len_utf8);
+                out.push_str(seg.get(i..i + ch_len).unwrap_or(""));
+                i += ch_len;
+            }
+        }
+    }
+    out
 }
 
 /// A policy error, with where it was found.
@@ -458,6 +570,18 @@ struct RawBundle {
     redis: Option<RedisConfig>,
     #[serde(default)]
     route: Vec<RawRoute>,
+    #[serde(default = "default_unmatched")]
+    unmatched: Unmatched,
+}
+
+fn default_unmatched() -> Unmatched {
+    Unmatched::Pass
+}
+fn default_forward() -> Forward {
+    Forward::Inline
+}
+fn default_upstream_timeout() -> Duration {
+    Duration::from_secs(15)
 }
 
 #[derive(Deserialize)]
@@ -477,6 +601,10 @@ struct RawRoute {
     max_response_bytes: Option<u32>,
     #[serde(default)]
     key: Option<KeyPolicy>,
+    #[serde(default = "default_forward")]
+    forward: Forward,
+    #[serde(default = "default_upstream_timeout")]
+    upstream_timeout: Duration,
     #[serde(default)]
     token: Option<TokenPolicy>,
     #[serde(default)]
@@ -598,9 +726,22 @@ impl RawBundle {
                     r.name, key.name
                 )));
             }
-            if key.lock_ttl.millis == 0 || key.ttl.millis == 0 || key.wait_timeout.millis == 0 {
+            if r.forward == Forward::Detached && is_token {
                 return Err(error(format!(
-                    "route {:?}: key.lock_ttl, key.ttl and key.wait_timeout must be positive",
+                    "route {:?}: forward = \"detached\" applies to key routes, not mode = \"token\"",
+                    r.name
+                )));
+            }
+            if r.upstream_timeout.millis == 0 {
+                return Err(error(format!("route {:?}: upstream_timeout must be positive", r.name)));
+            }
+            if key.lock_ttl.millis == 0
+                || key.ttl.millis == 0
+                || key.wait_timeout.millis == 0
+                || key.unknown_outcome_hold.is_some_and(|d| d.millis == 0)
+            {
+                return Err(error(format!(
+                    "route {:?}: key.lock_ttl, key.ttl, key.wait_timeout and key.unknown_outcome_hold must be positive",
                     r.name
                 )));
             }
@@ -614,22 +755,85 @@ impl RawBundle {
                 key,
                 token,
                 duplicate: r.duplicate,
+                forward: r.forward,
+                upstream_timeout: r.upstream_timeout,
             });
         }
-        Ok(Bundle { shared: self.shared, redis: self.redis, routes })
+        Ok(Bundle { shared: self.shared, redis: self.redis, routes, unmatched: self.unmatched })
     }
 }
 
-/// Line and column of the `i`-th `[[route]]` header (TOML) or `"name"` key inside `route` (JSON).
+/// Line and column of the `i`-th `[[route]]` header (TOML), or of the `"name"` member of the
+/// `i`-th object of the `route` array (JSON; a `"name"` nested deeper, such as `key.name`, is not it).
 fn locate_route(source: &str, i: usize) -> (Option<usize>, Option<usize>) {
-    let needle = if source.trim_start().starts_with('{') { "\"name\"" } else { "[[route]]" };
-    match source.match_indices(needle).nth(i) {
-        Some((offset, _)) => {
-            let (l, c) = line_col(source, offset);
+    let offset = if source.trim_start().starts_with('{') {
+        json_route_name_offset(source, i)
+    } else {
+        source.match_indices("[[route]]").nth(i).map(|(o, _)| o)
+    };
+    match offset {
+        Some(o) => {
+            let (l, c) = line_col(source, o);
             (Some(l), Some(c))
         }
         None => (None, None),
     }
+}
+
+/// Byte offset of `"name"` directly inside the `i`-th element of the top-level `"route"` array.
+/// A small scanner over strings and nesting: the document already parsed, so it is valid JSON.
+fn json_route_name_offset(source: &str, i: usize) -> Option<usize> {
+    let bytes = source.as_bytes();
+    let mut depth = 0usize;
+    let mut route_array_depth: Option<usize> = None;
+    let mut element = 0usize;
+    let mut pos = 0;
+    let mut last_string: Option<(usize, usize)> = None;
+    while pos < bytes.len() {
+        match bytes[pos] {
+            b'"' => {
+                let start = pos;
+                pos += 1;
+                while pos < bytes.len() && bytes[pos] != b'"' {
+                    pos += if bytes[pos] == b'\\' { 2 } else { 1 };
+                }
+                last_string = Some((start, pos + 1));
+            }
+            b':' => {
+                if let Some((s, e)) = last_string.take() {
+                    let name = source.get(s..e);
+                    if depth == 1 && name == Some("\"route\"") {
+                        route_array_depth = Some(2);
+                        element = 0;
+                    } else if route_array_depth.is_some_and(|d| depth == d + 1) && name == Some("\"name\"") {
+                        if element == i {
+                            return Some(s);
+                        }
+                    }
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                last_string = None;
+            }
+            b'}' | b']' => {
+                if route_array_depth == Some(depth) {
+                    route_array_depth = None;
+                }
+                depth = depth.saturating_sub(1);
+                last_string = None;
+            }
+            b',' => {
+                if route_array_depth == Some(depth) {
+                    element += 1;
+                }
+                last_string = None;
+            }
+            _ => {}
+        }
+        pos += 1;
+    }
+    None
 }
 
 // ---- field deserializers: each validates and lets the parser attach the position ----
@@ -761,9 +965,23 @@ impl<'de> Deserialize<'de> for FingerprintPart {
 impl<'de> Deserialize<'de> for ScopePart {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        match s.strip_prefix("header:") {
-            Some(h) if !h.is_empty() => Ok(ScopePart::Header(h.to_ascii_lowercase())),
-            _ => Err(de::Error::custom(format!("invalid scope part {s:?}: expected header:<name>"))),
+        let bad = || {
+            de::Error::custom(format!(
+                "invalid scope part {s:?}: expected header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…]"
+            ))
+        };
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        match kind {
+            "header" if !rest.is_empty() => Ok(ScopePart::Header(rest.to_ascii_lowercase())),
+            "cookie" if !rest.is_empty() => Ok(ScopePart::Cookie(rest.to_string())),
+            "metadata" => {
+                let path: Vec<String> = rest.split('/').map(str::to_string).collect();
+                if path.len() < 2 || path.iter().any(String::is_empty) {
+                    return Err(bad());
+                }
+                Ok(ScopePart::Metadata(path))
+            }
+            _ => Err(bad()),
         }
     }
 }
@@ -835,6 +1053,7 @@ impl RoutePolicy {
         if self.mode == Mode::Token {
             return false;
         }
-        self.key.from == KeySource::Body || self.key.fingerprint.contains(&FingerprintPart::Body)
+        self.forward == Forward::Detached
+            || self.key.from == KeySource::Body || self.key.fingerprint.contains(&FingerprintPart::Body)
     }
 }

@@ -3,11 +3,14 @@
 
 use crate::policy::DuplicateResponse;
 
+/// A header: a lower-case name and its value as bytes (an upstream may send Latin-1).
+pub type Header = (String, Vec<u8>);
+
 /// An answer the filter sends instead of forwarding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
     pub status: u16,
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
     pub body: Vec<u8>,
 }
 
@@ -15,7 +18,7 @@ pub struct LocalReply {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
     pub body: Vec<u8>,
 }
 
@@ -43,11 +46,15 @@ pub fn replayable_header(name: &str) -> bool {
 
 impl StoredResponse {
     /// Keeps only replayable headers (also those named by a `Connection` header).
-    pub fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Self {
+    pub fn new(status: u16, headers: Vec<Header>, body: Vec<u8>) -> Self {
         let named_by_connection: Vec<String> = headers
             .iter()
             .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
-            .flat_map(|(_, v)| v.split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+            .flat_map(|(_, v)| {
+                v.split(|&b| b == b',')
+                    .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
             .collect();
         let headers = headers
             .into_iter()
@@ -69,7 +76,7 @@ impl StoredResponse {
             out.extend_from_slice(&(n.len() as u32).to_le_bytes());
             out.extend_from_slice(n.as_bytes());
             out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(v);
         }
         out.extend_from_slice(&self.body);
     }
@@ -80,8 +87,8 @@ impl StoredResponse {
         let count = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
         let mut headers = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            let n = r.string()?;
-            let v = r.string()?;
+            let n = String::from_utf8(r.field()?.to_vec()).ok()?;
+            let v = r.field()?.to_vec();
             headers.push((n, v));
         }
         Some(StoredResponse { status, headers, body: r.0.to_vec() })
@@ -106,9 +113,9 @@ impl<'a> Reader<'a> {
         self.0 = tail;
         Some(head)
     }
-    fn string(&mut self) -> Option<String> {
+    fn field(&mut self) -> Option<&'a [u8]> {
         let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
-        String::from_utf8(self.take(len)?.to_vec()).ok()
+        self.take(len)
     }
 }
 
@@ -122,7 +129,7 @@ pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_
     }
     LocalReply {
         status,
-        headers: vec![("content-type".into(), "application/json".into())],
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
         body: serde_json::to_vec(&body).unwrap_or_default(),
     }
 }
@@ -135,16 +142,41 @@ pub fn duplicate(dup: &DuplicateResponse, first_seen_ms: Option<u64>) -> LocalRe
     }
 }
 
-/// `409 REQUEST_IN_PROGRESS` with `Retry-After` (whole seconds until the lease ends, at least 1).
-pub fn in_progress(first_seen_ms: u64, now_ms: u64, lease_ends_ms: u64) -> LocalReply {
-    let retry_after = lease_ends_ms.saturating_sub(now_ms).div_ceil(1000).max(1);
+/// How long a client should wait before asking again about a request still in progress.
+///
+/// Never the lease end: SDKs that honour `Retry-After` come back exactly then, and a retry that
+/// lands as the lease ends would take the claim over and run the business a second time.
+pub const IN_PROGRESS_RETRY_AFTER_S: u64 = 1;
+
+/// `409 REQUEST_IN_PROGRESS` with a short `Retry-After`: the first request is still waiting for
+/// the upstream, and its answer will be replayed to a later retry.
+pub fn in_progress(first_seen_ms: u64) -> LocalReply {
     let mut reply = json_reply(
         409,
         "REQUEST_IN_PROGRESS",
-        "a request with this idempotency key is still being processed; retry later",
+        "a request with this idempotency key is still being processed; retry shortly",
         &[("first_seen_at", rfc3339(first_seen_ms).into())],
     );
-    reply.headers.push(("retry-after".into(), retry_after.to_string()));
+    reply.headers.push(("retry-after".into(), IN_PROGRESS_RETRY_AFTER_S.to_string().into_bytes()));
+    reply
+}
+
+/// `409 IDEMPOTENCY_OUTCOME_UNKNOWN`: the first attempt was forwarded and no answer came back
+/// (client gone, upstream reset or timeout), so the service may have done the work. Retrying
+/// cannot help — only reconciliation can say — so there is no `Retry-After`, and
+/// `x-should-retry: false` stops SDKs (Stainless-generated ones honour it) from trying again.
+pub fn outcome_unknown(first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
+    let mut reply = json_reply(
+        409,
+        "IDEMPOTENCY_OUTCOME_UNKNOWN",
+        "an earlier request with this idempotency key was forwarded and its outcome is unknown; \
+         it may have been carried out. Check its effect before sending new work with another key",
+        &[
+            ("first_seen_at", rfc3339(first_seen_ms).into()),
+            ("held_until", rfc3339(held_until_ms).into()),
+        ],
+    );
+    reply.headers.push(("x-should-retry".into(), b"false".to_vec()));
     reply
 }
 

@@ -21,6 +21,7 @@ max_body_bytes = 100
 max_response_bytes = 256
 [route.key]
 lock_ttl = "10s"
+unknown_outcome_hold = "60s"
 [route.duplicate]
 message = "请勿重复提交"
 
@@ -29,6 +30,7 @@ name = "reject-completed"
 match = { method = "POST", path = "/api/reject" }
 [route.key]
 on_completed = "reject"
+anonymous = "shared"
 
 [[route]]
 name = "callback"
@@ -49,11 +51,13 @@ required = false
 name = "shadow"
 match = { path = "/api/shadow" }
 mode = "shadow"
+[route.key]
+scope = []
 "#;
 
 fn engine_with(policy: &str) -> (FakeHost, Engine) {
     let host = FakeHost::new(1_764_400_000_000);
-    let engine = Engine::new(parse_bundle(policy, "p").unwrap());
+    let mut engine = Engine::new(parse_bundle(policy, "p").unwrap());
     engine.initialise(&host).unwrap();
     (host, engine)
 }
@@ -127,7 +131,9 @@ fn repeat_in_flight_gets_409_with_retry_after() {
     let (r, body) = reply(&v);
     assert_eq!(r.status, 409);
     assert_eq!(body["code"], "REQUEST_IN_PROGRESS");
-    assert!(r.headers.contains(&("retry-after".into(), "8".into())), "{:?}", r.headers);
+    // A short Retry-After, never the lease end (8 s here): an SDK that sleeps for it and comes
+    // back as the lease ends would take the claim over and run the business twice.
+    assert!(r.headers.contains(&("retry-after".into(), "1".into())), "{:?}", r.headers);
     assert!(body["first_seen_at"].as_str().unwrap().ends_with('Z'));
 }
 
@@ -215,9 +221,9 @@ fn forgotten_statuses_release_too() {
 }
 
 #[test]
-fn unknown_outcome_holds_the_claim_until_the_lease_ends() {
+fn unknown_outcome_holds_the_claim_past_its_lease() {
     let (host, e) = setup();
-    for ending in [
+    for (i, ending) in [
         Ending::NoResponse { forwarded: true },
         Ending::Response {
             status: 504,
@@ -231,14 +237,26 @@ fn unknown_outcome_holds_the_claim_until_the_lease_ends() {
             body: Some(vec![]),
             details: "upstream_reset_before_response_started{connection_termination}".into(),
         },
-    ] {
-        let key = format!("{ending:?}");
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("unknown-{i}");
         let v = decide(&host, &e, &order(&key, "{}"));
         assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ending).0, Some(Outcome::Held));
-        assert_eq!(decide(&host, &e, &order(&key, "{}")).outcome, Outcome::InFlight, "retry must not run twice");
+        let retry = decide(&host, &e, &order(&key, "{}"));
+        assert_eq!(retry.outcome, Outcome::OutcomeUnknown, "retry must not run twice");
+        let (r, body) = reply(&retry);
+        assert_eq!((r.status, body["code"].as_str()), (409, Some("IDEMPOTENCY_OUTCOME_UNKNOWN")));
+        assert!(r.headers.contains(&("x-should-retry".into(), "false".into())), "{:?}", r.headers);
+        assert!(!r.headers.iter().any(|(n, _)| n == "retry-after"), "no Retry-After invites a retry: {:?}", r.headers);
     }
+    // Past the 10 s lease: still held, never taken over.
     host.advance(10_001);
-    assert_eq!(decide(&host, &e, &order("NoResponse { forwarded: true }", "{}")).outcome, Outcome::Forwarded);
+    assert_eq!(decide(&host, &e, &order("unknown-0", "{}")).outcome, Outcome::OutcomeUnknown);
+    // Past unknown_outcome_hold (60 s): the key is free again.
+    host.advance(50_000);
+    assert_eq!(decide(&host, &e, &order("unknown-0", "{}")).outcome, Outcome::Forwarded);
 }
 
 #[test]
@@ -342,6 +360,7 @@ match = { path = "/api/wait" }
 [route.key]
 on_in_flight = "wait"
 wait_timeout = "2s"
+scope = []
 "#;
 
 fn wait_setup() -> (FakeHost, Engine) {

@@ -5,7 +5,7 @@ mod common;
 use common::Req;
 use idem_filter::fingerprint::{canonical_json, fingerprint};
 use idem_filter::key::*;
-use idem_filter::policy::{parse_bundle, KeyPolicy, ScopePart};
+use idem_filter::policy::{parse_bundle, Anonymous, KeyPolicy, ScopePart};
 
 fn policy(key_toml: &str) -> KeyPolicy {
     let src = format!("[[route]]\nname = \"r\"\n[route.key]\n{key_toml}\n");
@@ -57,20 +57,140 @@ fn body_key_by_json_pointer() {
     assert!(extract(&p, &object).is_err());
 }
 
+fn id(route: &str, scope: &[ScopePart], key: &str, req: &Req) -> [u8; 32] {
+    scoped_id(route, scope, Anonymous::Reject, key, req).unwrap()
+}
+
 #[test]
 fn scope_separates_callers_and_routes() {
     let scope = vec![ScopePart::Header("authorization".into())];
     let alice = Req::post("/").header("authorization", "Bearer alice");
     let bob = Req::post("/").header("authorization", "Bearer bob");
-    let a1 = scoped_id("r", &scope, "k", &alice);
-    assert_eq!(a1, scoped_id("r", &scope, "k", &alice.clone()));
-    assert_ne!(a1, scoped_id("r", &scope, "k", &bob));
-    assert_ne!(a1, scoped_id("other", &scope, "k", &alice));
-    assert_ne!(a1, scoped_id("r", &scope, "k2", &alice));
+    let a1 = id("r", &scope, "k", &alice);
+    assert_eq!(a1, id("r", &scope, "k", &alice.clone()));
+    assert_ne!(a1, id("r", &scope, "k", &bob));
+    assert_ne!(a1, id("other", &scope, "k", &alice));
+    assert_ne!(a1, id("r", &scope, "k2", &alice));
     // Global keys (scope = []) are the same for every caller.
-    assert_eq!(scoped_id("r", &[], "k", &alice), scoped_id("r", &[], "k", &bob));
+    assert_eq!(id("r", &[], "k", &alice), id("r", &[], "k", &bob));
     // Length-prefixing: moving bytes between route and key changes the id.
-    assert_ne!(scoped_id("ab", &[], "c", &alice), scoped_id("a", &[], "bc", &alice));
+    assert_ne!(id("ab", &[], "c", &alice), id("a", &[], "bc", &alice));
+}
+
+#[test]
+fn a_missing_scope_never_collapses_into_everyone() {
+    let scope = vec![ScopePart::Header("authorization".into())];
+    let cookie_user = Req::post("/").header("cookie", "session=alice");
+    let err = scoped_id("r", &scope, Anonymous::Reject, "k", &cookie_user).unwrap_err();
+    assert!(matches!(&err, KeyError::ScopeMissing(m) if m.contains("header:authorization")), "{err:?}");
+    // An empty value is no identity either.
+    let empty = Req::post("/").header("authorization", "");
+    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &empty), Err(KeyError::ScopeMissing(_))));
+    // Shared on purpose: anonymous callers share one scope, apart from every identified one.
+    let anon = scoped_id("r", &scope, Anonymous::Shared, "k", &cookie_user).unwrap();
+    assert_eq!(anon, scoped_id("r", &scope, Anonymous::Shared, "k", &Req::post("/")).unwrap());
+    let with_empty_value = Req::post("/").header("authorization", "x");
+    assert_ne!(anon, scoped_id("r", &scope, Anonymous::Shared, "k", &with_empty_value).unwrap());
+}
+
+#[test]
+fn cookie_scope_separates_session_users() {
+    let scope = vec![ScopePart::Cookie("session".into())];
+    let alice = Req::post("/").header("cookie", "theme=dark; session=alice");
+    let bob = Req::post("/").header("cookie", "session=bob;theme=dark");
+    let alice2 = Req::post("/").header("cookie", "session=alice");
+    assert_ne!(id("r", &scope, "k", &alice), id("r", &scope, "k", &bob));
+    assert_eq!(id("r", &scope, "k", &alice), id("r", &scope, "k", &alice2));
+    // `sessionx=` is another cookie.
+    let other = Req::post("/").header("cookie", "sessionx=alice");
+    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &other), Err(KeyError::ScopeMissing(_))));
+}
+
+#[test]
+fn metadata_scope_reads_the_verified_identity() {
+    struct WithSub(Req, &'static str);
+    impl RequestView for WithSub {
+        fn method(&self) -> &str {
+            self.0.method()
+        }
+        fn path(&self) -> &str {
+            self.0.path()
+        }
+        fn header_values(&self, name: &str) -> Vec<&[u8]> {
+            self.0.header_values(name)
+        }
+        fn body(&self) -> Option<&[u8]> {
+            None
+        }
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            let want = ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "sub"];
+            (path == want).then(|| self.1.as_bytes().to_vec())
+        }
+    }
+    let scope = vec![ScopePart::Metadata(vec![
+        "envoy.filters.http.jwt_authn".into(),
+        "jwt_payload".into(),
+        "sub".into(),
+    ])];
+    // A refreshed token (another Authorization value) keeps the subject, so the scope stays.
+    let before = WithSub(Req::post("/").header("authorization", "Bearer old"), "user-1");
+    let after = WithSub(Req::post("/").header("authorization", "Bearer new"), "user-1");
+    let other = WithSub(Req::post("/"), "user-2");
+    let a = scoped_id("r", &scope, Anonymous::Reject, "k", &before).unwrap();
+    assert_eq!(a, scoped_id("r", &scope, Anonymous::Reject, "k", &after).unwrap());
+    assert_ne!(a, scoped_id("r", &scope, Anonymous::Reject, "k", &other).unwrap());
+    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &Req::post("/")), Err(KeyError::ScopeMissing(_))));
+}
+
+#[test]
+fn a_key_header_sent_twice_or_as_a_list_is_ambiguous() {
+    let p = policy("");
+    let twice = Req::post("/").key("a").key("b");
+    assert!(matches!(extract(&p, &twice), Err(KeyError::Invalid(m)) if m.contains("2 times")));
+    let listed = Req::post("/").key("a, b");
+    assert!(matches!(extract(&p, &listed), Err(KeyError::Invalid(m)) if m.contains("list")));
+    // Quoted, a comma is part of the key.
+    assert_eq!(extract(&p, &Req::post("/").key("\"a, b\"")).unwrap(), "a, b");
+}
+
+#[test]
+fn non_utf8_header_bytes_are_invalid_keys_and_scopes() {
+    struct Raw(Vec<(String, Vec<u8>)>);
+    impl RequestView for Raw {
+        fn method(&self) -> &str {
+            "POST"
+        }
+        fn path(&self) -> &str {
+            "/"
+        }
+        fn header_values(&self, name: &str) -> Vec<&[u8]> {
+            self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+        }
+        fn body(&self) -> Option<&[u8]> {
+            None
+        }
+    }
+    let p = policy("");
+    let key = Raw(vec![("idempotency-key".into(), b"caf\xe9".to_vec())]);
+    assert!(matches!(extract(&p, &key), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
+    let scope = vec![ScopePart::Header("authorization".into())];
+    let auth = Raw(vec![("authorization".into(), b"Bearer \xe9".to_vec())]);
+    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &auth), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
+}
+
+#[test]
+fn numeric_body_keys_are_exact() {
+    let p = policy("from = \"body\"\nname = \"/transaction_id\"");
+    let k = |body: &str| extract(&p, &Req::post("/cb").body(body));
+    // Two 20-digit ids that one f64 cannot tell apart stay two keys.
+    assert_eq!(k(r#"{"transaction_id":42000000000000000001}"#).unwrap(), "42000000000000000001");
+    assert_eq!(k(r#"{"transaction_id":42000000000000000002}"#).unwrap(), "42000000000000000002");
+    // One value, one key, however it is written.
+    for same in ["1001", "1001.0", "1.001e3", "10010e-1"] {
+        assert_eq!(k(&format!(r#"{{"transaction_id":{same}}}"#)).unwrap(), "1001", "{same}");
+    }
+    // A member named twice is ambiguous (the upstream's parser may take the other one).
+    assert!(matches!(k(r#"{"transaction_id":1,"transaction_id":2}"#), Err(KeyError::Invalid(_))));
 }
 
 #[test]

@@ -190,7 +190,13 @@ fn other_field_errors_are_precise() {
         ("[[route]]\nname = \"a\"\nmatch = { path = \"x\" }\n", "must start with '/'"),
         ("[[route]]\nname = \"a\"\nmatch = { path = \"/o/x{id}\" }\n", "whole segment"),
         ("[[route]]\nname = \"a\"\n[route.key]\nfrom = \"body\"\nname = \"tx\"\n", "JSON pointer"),
-        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"cookie:x\"]\n", "invalid scope part"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"cookie:\"]\n", "invalid scope part"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"metadata:jwt\"]\n", "metadata:<filter>/<field>"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nanonymous = \"everyone\"\n", "unknown variant `everyone`"),
+        ("[[route]]\nname = \"a\"\nforward = \"detachd\"\n", "unknown variant `detachd`"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nunknown_outcome_hold = \"0s\"\n", "must be positive"),
+        ("unmatched = \"deny\"\n", "unknown variant `deny`"),
+        ("[[route]]\nname = \"a\"\nmode = \"token\"\nforward = \"detached\"\n", "applies to key routes"),
         ("[[route]]\nname = \"a\"\n[route.key]\nfingerprint = [\"bdy\"]\n", "invalid fingerprint part"),
         ("[shared]\nbuckets = 0\n", "buckets must be between 1 and 65536"),
         ("[shared]\nmax_response_bytes = 10\n[[route]]\nname = \"a\"\nmax_response_bytes = 20\n", "exceeds [shared]"),
@@ -246,4 +252,32 @@ fn every_shipped_policy_parses() {
         }
     }
     assert!(n >= 1, "no policy files found in {}", dir.display());
+}
+
+#[test]
+fn json_route_errors_point_at_the_route_name_not_a_nested_name() {
+    // `key.name` comes before the route's own `name`: the error must point at the second route's
+    // `"name"` member, not at the first `"name"` text in the document.
+    let src = "{\"route\": [\n  {\"key\": {\"name\": \"X-Key\"}, \"name\": \"a\"},\n  {\"key\": {\"name\": \"Y\"},\n   \"name\": \"a\"}\n]}";
+    let e = err(src);
+    assert!(e.message.contains("duplicate route name"), "{e}");
+    assert_eq!((e.line, e.column), (Some(4), Some(4)), "{e}");
+}
+
+#[test]
+fn new_scope_parts_parse() {
+    let src = "[[route]]\nname = \"a\"\n[route.key]\nscope = [\"cookie:session\", \"metadata:envoy.filters.http.jwt_authn/jwt_payload/sub\", \"header:X-Tenant\"]\nanonymous = \"shared\"\n";
+    let b = parse_bundle(src, "p").unwrap();
+    let scope: Vec<String> = b.routes[0].key.scope.iter().map(|p| p.to_string()).collect();
+    assert_eq!(scope, ["cookie:session", "metadata:envoy.filters.http.jwt_authn/jwt_payload/sub", "header:x-tenant"]);
+}
+
+#[test]
+fn path_aliases_match_the_policy() {
+    let b = parse_bundle("[[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/api/order/create\" }\n", "p").unwrap();
+    for alias in ["/api/order/create", "/api/order/create/", "/api/order/Create", "/api//order/create", "/api/order/%63reate", "/api/x/../order/./create"] {
+        assert_eq!(b.find(|| "POST".into(), alias, || None), Some(0), "{alias}");
+    }
+    assert_eq!(b.find(|| "POST".into(), "/api/order/create2", || None), None);
+    assert_eq!(b.find(|| "POST".into(), "/api/order/create%2F", || None), None);
 }

@@ -61,7 +61,7 @@ fn completed_records_round_trip_binary_bodies() {
         vec![("content-type".into(), "application/octet-stream".into())],
         vec![0, 159, 255, 10],
     );
-    let (cmd, tombstone) = s.complete(&t, &resp, 1024, 86_400_000);
+    let (cmd, tombstone) = s.complete(&t, &resp, 1024, 86_400_000, 30_000);
     assert!(!tombstone);
     assert_eq!(cmd.name, "EVAL");
     // The record that Redis would now hold, read back by the next claim.
@@ -75,7 +75,7 @@ fn completed_records_round_trip_binary_bodies() {
         }
         other => panic!("{other:?}"),
     }
-    let (_, tombstone) = s.complete(&t, &resp, 3, 1000);
+    let (_, tombstone) = s.complete(&t, &resp, 3, 1000, 30_000);
     assert!(tombstone);
 }
 

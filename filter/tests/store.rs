@@ -16,7 +16,7 @@ const FP: [u8; 32] = [7; 32];
 
 fn store(buckets: u32, entries: u32) -> (FakeHost, SharedStore) {
     let host = FakeHost::new(1_700_000_000_000);
-    let s = SharedStore::new(&SharedConfig { buckets, entries_per_bucket: entries, max_response_bytes: 4096 });
+    let mut s = SharedStore::new(&SharedConfig { buckets, entries_per_bucket: entries, max_response_bytes: 4096 });
     assert_eq!(s.initialise(&host).unwrap(), buckets);
     (host, s)
 }
@@ -72,11 +72,11 @@ fn fake_host_reproduces_envoy_shared_data() {
 
 #[test]
 fn initialise_creates_buckets_once() {
-    let (host, s) = store(8, 4);
+    let (host, mut s) = store(8, 4);
     assert_eq!(s.initialise(&host).unwrap(), 0, "existing buckets are kept");
-    assert_eq!(host.footprint().0, 8);
+    assert_eq!(host.footprint().0, 8 + 1, "8 buckets and the bucket secret");
     // A capacity change resets buckets of the old shape.
-    let bigger = SharedStore::new(&SharedConfig { buckets: 8, entries_per_bucket: 5, max_response_bytes: 1 });
+    let mut bigger = SharedStore::new(&SharedConfig { buckets: 8, entries_per_bucket: 5, max_response_bytes: 1 });
     assert_eq!(bigger.initialise(&host).unwrap(), 8);
 }
 
@@ -96,7 +96,7 @@ fn claim_complete_replay() {
     match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
         Claim::Completed { status: 201, response: Some(r), same_payload: true, first_seen_ms } => {
             assert_eq!(r.body, b"{\"id\":1}");
-            assert_eq!(r.headers, vec![("content-type".to_string(), "application/json".to_string())]);
+            assert_eq!(r.headers, vec![("content-type".to_string(), b"application/json".to_vec())]);
             assert_eq!(first_seen_ms, t.first_seen_ms);
         }
         other => panic!("{other:?}"),
@@ -181,7 +181,7 @@ fn memory_stays_bounded_by_capacity_whatever_the_number_of_keys() {
         }
     }
     let (keys, bytes) = host.footprint();
-    assert!(keys <= 64 + 64 * 8, "{keys} keys");
+    assert!(keys <= 1 + 64 + 64 * 8, "{keys} keys");
     assert_eq!(Some((keys, bytes)), after_first_pass, "no growth between 10k and 100k keys");
 }
 

@@ -1,33 +1,23 @@
-//! The host on Envoy: the core's [`Host`] trait on proxy-wasm hostcalls, and logging.
+//! The host on Envoy: the core's [`Host`] trait on the raw ABI ([`super::abi`]), and logging.
 
+use super::abi;
 use crate::host::{Host, HostError};
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{LogLevel, Status};
-use std::time::UNIX_EPOCH;
 
 /// [`Host`] on Envoy's hostcalls.
 pub(super) struct Envoy;
 
 impl Host for Envoy {
     fn now_ms(&self) -> u64 {
-        hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+        abi::now_ms().unwrap_or(0)
     }
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        match hostcalls::get_shared_data(key) {
-            Ok((Some(v), Some(cas))) => Ok(Some((v, cas))),
-            Ok(_) => Ok(None),
-            Err(s) => Err(HostError::Failed(format!("get_shared_data: {s:?}"))),
-        }
+        abi::shared_get(key).map_err(|s| HostError::Failed(format!("get_shared_data: status {s}")))
     }
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
-        match hostcalls::set_shared_data(key, Some(value), cas) {
+        match abi::shared_set(key, value, cas.unwrap_or(0)) {
             Ok(()) => Ok(()),
-            Err(Status::CasMismatch) => Err(HostError::CasMismatch),
-            Err(s) => Err(HostError::Failed(format!("set_shared_data: {s:?}"))),
+            Err(abi::CAS_MISMATCH) => Err(HostError::CasMismatch),
+            Err(s) => Err(HostError::Failed(format!("set_shared_data: status {s}"))),
         }
     }
     /// Owner ids need to be unique across workers, not secret: SplitMix64 seeded once per VM
@@ -52,6 +42,16 @@ thread_local! {
     static OWNER_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-pub(super) fn log(level: LogLevel, msg: &str) {
-    let _ = hostcalls::log(level, msg);
+/// Envoy's log levels (proxy-wasm numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Level {
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+pub(super) fn log(level: Level, msg: &str) {
+    abi::log(level as u32, msg);
 }

@@ -1,32 +1,31 @@
-//! The proxy-wasm glue: Envoy callbacks in, [`crate::engine::Engine`] decisions out, Webdis calls carried. No
-//! policy logic here.
+//! The proxy-wasm glue: Envoy callbacks in, [`crate::engine::Engine`] decisions out, Webdis calls
+//! carried. No policy logic here.
 //!
-//! Hostcalls go through `proxy_wasm::hostcalls`, which return `Result`; the SDK trait helpers that
-//! `unwrap()` are never used, and clippy denies `unwrap`/`expect`/`panic` in this crate.
+//! Hostcalls go through [`abi`], which reads bytes and returns every status as an error: the
+//! SDK's `hostcalls` panic on unexpected statuses and unwrap UTF-8, and a panic traps the VM for
+//! every later request on the worker. The SDK's trait helpers (which `unwrap()`) are never used,
+//! and clippy denies `unwrap`/`expect`/`panic` in this crate.
 //!
 //! Held duplicates (`on_in_flight = "wait"`) have no timer of their own: the root context polls
 //! the store for them on its tick and acts on the held request with `set_effective_context`.
+//! Redis writes and detached upstream calls are sent by the root context too, so a client that
+//! leaves cannot cancel them.
 
+mod abi;
 mod envoy;
 mod request;
 mod root;
 mod state;
 
-// The glue's pieces see each other through `use super::*`.
-use envoy::*;
-use proxy_wasm::hostcalls;
+use envoy::{log, Level};
 use proxy_wasm::traits::RootContext;
-use proxy_wasm::types::LogLevel;
-use request::*;
-use root::*;
-use state::*;
 use std::time::Duration;
 
 proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
-        let _ = hostcalls::log(LogLevel::Critical, &format!("idem: panic: {info}"));
+        log(Level::Critical, &format!("idem: panic: {info}"));
     }));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { state: None }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root { state: None }) });
 }}
 
 /// How often held duplicates are re-checked (and queued Redis writes, as a backstop).

@@ -2,25 +2,27 @@
 //! (and body), decide on the shared store or through one Webdis call, capture the response,
 //! and report how it ended.
 
-use crate::engine::{
-    Action as Do, Begin, Ending, Finish, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
-};
+use super::abi;
+use super::envoy::{log, Envoy, Level};
+use super::state::{send, After, Detached, State, Waiter};
+use crate::engine::{Action as Do, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::Host;
 use crate::key::RequestView;
+use crate::pairs::Pair;
+use crate::policy::Forward;
+use crate::response::Header;
 use crate::store::redis;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
+use proxy_wasm::types::Action;
 use std::rc::Rc;
-
-use super::*;
 
 /// The response being captured for a request that holds a ticket.
 pub(super) struct Capture {
     pub(super) status: u16,
-    pub(super) headers: Vec<(String, String)>,
+    pub(super) headers: Vec<Header>,
     pub(super) body: Vec<u8>,
-    pub(super) overflow: bool,
+    /// Not storable whole (too large, trailers, not seen to the end): a tombstone is stored.
+    pub(super) incomplete: bool,
     pub(super) details: String,
 }
 
@@ -31,18 +33,14 @@ pub(super) enum Pending {
     Issue { route: usize, token: String },
 }
 
-pub(super) enum FinishKind {
-    Release,
-    Complete { tombstone: bool },
-    Restore,
-}
-
 pub(super) struct Request {
     pub(super) state: Rc<State>,
     pub(super) context_id: u32,
     pub(super) route: Option<usize>,
     pub(super) method: String,
     pub(super) path: String,
+    /// The request headers, read once (as bytes) when a policy matched.
+    pub(super) headers: Vec<Pair>,
     pub(super) body: Option<Vec<u8>>,
     pub(super) decided: bool,
     pub(super) forwarded: bool,
@@ -55,6 +53,27 @@ pub(super) struct Request {
     pub(super) holding: bool,
 }
 
+impl Request {
+    pub(super) fn new(state: Rc<State>, context_id: u32) -> Self {
+        Request {
+            state,
+            context_id,
+            route: None,
+            method: String::new(),
+            path: String::new(),
+            headers: Vec::new(),
+            body: None,
+            decided: false,
+            forwarded: false,
+            ticket: None,
+            key: None,
+            pending: None,
+            response: None,
+            holding: false,
+        }
+    }
+}
+
 impl RequestView for Request {
     fn method(&self) -> &str {
         &self.method
@@ -62,12 +81,19 @@ impl RequestView for Request {
     fn path(&self) -> &str {
         &self.path
     }
-    fn header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v.as_slice()).collect()
     }
     fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
     }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        abi::property(path).ok().flatten()
+    }
+}
+
+fn text(bytes: Option<Vec<u8>>) -> String {
+    bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 impl Request {
@@ -78,11 +104,12 @@ impl Request {
         self.state.record(route, &v);
         self.key = v.key.clone();
         match v.action {
+            Do::Forward(Some(ticket)) if self.detached(route) => self.send_detached(route, ticket),
             Do::Forward(ticket) => {
                 self.ticket = ticket;
                 self.forwarded = true;
                 if paused {
-                    let _ = hostcalls::resume_http_request();
+                    let _ = abi::resume_request();
                 }
                 Action::Continue
             }
@@ -96,6 +123,48 @@ impl Request {
                 Action::Pause
             }
         }
+    }
+
+    fn detached(&self, route: usize) -> bool {
+        self.state.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached)
+    }
+
+    /// Hands a claimed request to the root context, which sends it upstream itself; this
+    /// request stays paused until the root answers it (or its client leaves).
+    fn send_detached(&mut self, route: usize, ticket: Ticket) -> Action {
+        let (Ticket::Claim(st) | Ticket::Token(st)) = &ticket;
+        let first_seen_ms = match st {
+            StoreTicket::Shared(t) => t.first_seen_ms,
+            StoreTicket::Redis(t) => t.first_seen_ms,
+        };
+        let cluster = text(abi::property(&["xds", "cluster_name"]).ok().flatten());
+        let headers = match crate::forward::upstream_headers(&self.headers) {
+            Ok(h) => h,
+            Err(name) => {
+                let reply = crate::response::json_reply(
+                    400,
+                    "IDEMPOTENCY_HEADER_INVALID",
+                    &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
+                    &[],
+                );
+                let ending = Ending::NoResponse { forwarded: false };
+                self.state.finish_ticket(route, &ticket, self.key.clone(), ending, After::Deliver(self.context_id, reply));
+                return Action::Pause;
+            }
+        };
+        let call = Detached {
+            ctx: self.context_id,
+            route,
+            ticket,
+            key: self.key.clone(),
+            cluster,
+            headers,
+            body: self.body.take().unwrap_or_default(),
+            first_seen_ms,
+        };
+        self.state.detached_out.borrow_mut().push(call);
+        self.state.wake();
+        Action::Pause
     }
 
     /// Decides with the key (and body) at hand: synchronously on the shared store, or by
@@ -118,13 +187,12 @@ impl Request {
         let Some((cmd, ticket)) = self.state.redis_op(&prepared, now) else {
             return Action::Continue;
         };
-        let pending = match prepared.op {
-            StoreOp::Claim { .. } => Pending::Claim { prepared: prepared.clone(), ticket },
-            StoreOp::UseToken { .. } => Pending::UseToken { prepared: prepared.clone(), ticket },
-        };
         match self.state.dispatch(&cmd) {
             Ok(_) => {
-                self.pending = Some(pending);
+                self.pending = Some(match prepared.op {
+                    StoreOp::Claim { .. } => Pending::Claim { prepared, ticket },
+                    StoreOp::UseToken { .. } => Pending::UseToken { prepared, ticket },
+                });
                 Action::Pause
             }
             Err(e) => {
@@ -141,15 +209,16 @@ impl Request {
     pub(super) fn issue(&mut self) -> Option<Action> {
         let mut random = [0u8; 16];
         if getrandom::fill(&mut random).is_err() {
-            log(LogLevel::Error, "idem: random_get failed; cannot issue tokens");
+            log(Level::Error, "idem: random_get failed; cannot issue tokens");
             return None;
         }
+        self.headers = abi::headers(abi::map::REQUEST_HEADERS).unwrap_or_default();
         match self.state.engine.issue(&self.method, &self.path, self, random)? {
             Issue::Reply { route, reply, cause } => {
                 if let Some(r) = route {
                     self.state.count(r, Outcome::TokenRejected);
                 }
-                log(LogLevel::Info, &format!("idem: token_issue_refused path={} cause={cause}", self.path));
+                log(Level::Info, &format!("idem: token_issue_refused path={} cause={cause}", self.path));
                 send(&reply);
                 Some(Action::Pause)
             }
@@ -185,36 +254,10 @@ impl Request {
         let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
             return Action::Continue;
         };
-        let store_ticket = match &ticket {
-            Ticket::Claim(t) | Ticket::Token(t) => t,
-        };
-        let StoreTicket::Redis(rt) = store_ticket else {
-            let (outcome, cause) = self.state.engine.finish_shared(&Envoy, route, &ticket, ending);
-            self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
-            return Action::Continue;
-        };
-        let Some(store) = self.state.engine.redis() else {
-            return Action::Continue;
-        };
-        let (cmd, kind, cause) = match self.state.engine.plan_finish(route, &ticket, &ending) {
-            Finish::Nothing { outcome, cause } => {
-                self.state.record_finish(route, outcome, self.key.as_deref(), &cause);
-                return Action::Continue;
-            }
-            Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause),
-            Finish::RestoreToken { cause } => (store.restore_token(rt), FinishKind::Restore, cause),
-            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
-                let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms);
-                (cmd, FinishKind::Complete { tombstone }, cause)
-            }
-        };
-        let resume = if self.holding { Some(self.context_id) } else { None };
+        let after = if self.holding { After::Resume(self.context_id) } else { After::Nothing };
         self.holding = false;
-        self.state.outbox.borrow_mut().push(Job { route, key: self.key.clone(), resume, cmd, kind, cause });
-        if let Some(q) = self.state.wake_queue {
-            let _ = hostcalls::enqueue_shared_queue(q, Some(b"1"));
-        }
-        if resume.is_some() {
+        let held = matches!(after, After::Resume(_));
+        if self.state.finish_ticket(route, &ticket, self.key.clone(), ending, after) && held {
             Action::Pause
         } else {
             Action::Continue
@@ -224,7 +267,7 @@ impl Request {
     pub(super) fn finish_capture(&mut self) -> Action {
         match self.response.take() {
             Some(c) => {
-                let body = if c.overflow { None } else { Some(c.body) };
+                let body = if c.incomplete { None } else { Some(c.body) };
                 self.finish(Ending::Response { status: c.status, headers: c.headers, body, details: c.details })
             }
             None => Action::Continue,
@@ -240,22 +283,45 @@ impl Request {
             }
         }
     }
+
+    /// What the filter does with a request no policy matched (`unmatched` in the bundle).
+    fn unmatched(&mut self) -> Action {
+        let method = text(abi::header(abi::map::REQUEST_HEADERS, ":method").ok().flatten());
+        match self.state.engine.unmatched(&method) {
+            Some(reply) => {
+                self.state.count_unmatched(true);
+                log(Level::Info, &format!("idem: no_policy method={method} path={} cause=unmatched_rejected", self.path));
+                send(&reply);
+                Action::Pause
+            }
+            None => {
+                self.state.count_unmatched(false);
+                if self.state.enabled(Level::Debug) {
+                    log(Level::Debug, &format!("idem: no_policy method={method} path={} cause=unmatched_passed", self.path));
+                }
+                Action::Continue
+            }
+        }
+    }
 }
 
 impl Context for Request {
     fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
-        let (status, body) = call_response(num_headers, body_size);
+        let (status, _, body) = super::state::call_response(num_headers, body_size);
         let Some(store) = self.state.engine.redis() else {
             return;
         };
         let now = Envoy.now_ms();
         match self.pending.take() {
             Some(Pending::Claim { prepared, ticket }) => {
-                let fp = match &prepared.op {
-                    StoreOp::Claim { fingerprint, .. } => *fingerprint,
-                    StoreOp::UseToken { .. } => [0; 32],
+                let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
+                    return;
                 };
-                let claim = store.parse_claim(ticket, &fp, status, &body).map(|c| c.map(StoreTicket::Redis));
+                if status == 0 {
+                    // The SET may still reach Redis after the timeout: free it if it did.
+                    self.state.release_orphan(prepared.route, Some(prepared.key.clone()), &ticket);
+                }
+                let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
                 let v = self.state.engine.after_claim(&prepared, claim, now, None);
                 self.apply(prepared.route, v, true);
             }
@@ -276,28 +342,27 @@ impl Context for Request {
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let header = |n: &str| hostcalls::get_map_value(MapType::HttpRequestHeaders, n).ok().flatten();
-        self.path = header(":path").unwrap_or_default();
+        let header = |n: &str| text(abi::header(abi::map::REQUEST_HEADERS, n).ok().flatten());
+        self.path = header(":path");
         if self.state.engine.is_issue_path(&self.path) {
-            self.method = header(":method").unwrap_or_default();
+            self.method = header(":method");
             if let Some(action) = self.issue() {
                 return action;
             }
         }
-        let route_name = || {
-            hostcalls::get_property(vec!["xds", "route_name"]).ok().flatten().and_then(|b| String::from_utf8(b).ok())
-        };
+        let route_name = || abi::property(&["xds", "route_name"]).ok().flatten().map(|b| text(Some(b)));
         // The method is read only if a policy's path matches, and then only once.
         let mut method = None;
-        let read_method = || method.insert(header(":method").unwrap_or_default()).clone();
+        let read_method = || method.insert(header(":method")).clone();
         let found = self.state.engine.bundle.find(read_method, &self.path, route_name);
         let Some(route) = found else {
-            return Action::Continue;
+            return self.unmatched();
         };
         self.route = Some(route);
+        self.headers = abi::headers(abi::map::REQUEST_HEADERS).unwrap_or_default();
         self.method = match method {
             Some(m) => m,
-            None => header(":method").unwrap_or_default(),
+            None => header(":method"),
         };
         let needs_body = self.state.engine.policy(route).is_some_and(|p| p.needs_body());
         if needs_body && !end_of_stream {
@@ -329,16 +394,14 @@ impl HttpContext for Request {
             // Envoy buffers and calls again with the cumulative size.
             return Action::Pause;
         }
-        self.body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size).ok().flatten();
-        self.decided = true;
+        self.body = abi::buffer(abi::buffer::REQUEST_BODY, 0, body_size).ok().flatten();
         self.decide(route)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         match self.route {
             Some(route) if !self.decided => {
-                self.body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, usize::MAX).ok().flatten();
-                self.decided = true;
+                self.body = abi::buffer(abi::buffer::REQUEST_BODY, 0, usize::MAX).ok().flatten();
                 self.decide(route)
             }
             _ => Action::Continue,
@@ -350,18 +413,17 @@ impl HttpContext for Request {
         if self.ticket.is_none() {
             return Action::Continue;
         }
-        let headers = hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default();
-        let status = headers.iter().find(|(n, _)| n == ":status").and_then(|(_, v)| v.parse::<u16>().ok()).unwrap_or(0);
-        let details = if status >= 500 {
-            hostcalls::get_property(vec!["response", "code_details"])
-                .ok()
-                .flatten()
-                .and_then(|b| String::from_utf8(b).ok())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
-        self.response = Some(Capture { status, headers, body: Vec::new(), overflow: false, details });
+        let pairs = abi::headers(abi::map::RESPONSE_HEADERS).unwrap_or_default();
+        let status = pairs
+            .iter()
+            .find(|(n, _)| n == b":status")
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse::<u16>().ok())
+            .unwrap_or(0);
+        let details =
+            if status >= 500 { text(abi::property(&["response", "code_details"]).ok().flatten()) } else { String::new() };
+        let headers = pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
+        self.response = Some(Capture { status, headers, body: Vec::new(), incomplete: false, details });
         // On Redis the response is held (buffered) until the outcome is written, so a retry
         // after the client got its answer always finds it.
         self.holding =
@@ -385,26 +447,26 @@ impl HttpContext for Request {
                 // Too large to remember (a tombstone): stop holding, let it stream.
                 self.holding = false;
                 if let Some(c) = self.response.as_mut() {
-                    c.overflow = true;
+                    c.incomplete = true;
                 }
             } else if !end_of_stream {
                 return Action::Pause;
             } else {
                 if let Some(c) = self.response.as_mut() {
-                    let body = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size).ok().flatten();
+                    let body = abi::buffer(abi::buffer::RESPONSE_BODY, 0, body_size).ok().flatten();
                     c.body = body.unwrap_or_default();
                 }
                 return self.finish_capture();
             }
         }
         if let Some(c) = self.response.as_mut() {
-            if !c.overflow && body_size > 0 {
+            if !c.incomplete && body_size > 0 {
                 // Not pausing: each call carries only the new chunk, and the client is not delayed.
-                match hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size) {
+                match abi::buffer(abi::buffer::RESPONSE_BODY, 0, body_size) {
                     Ok(Some(chunk)) if c.body.len() + chunk.len() <= limit => c.body.extend_from_slice(&chunk),
                     Ok(None) => {}
                     _ => {
-                        c.overflow = true;
+                        c.incomplete = true;
                         c.body = Vec::new();
                     }
                 }
@@ -417,11 +479,22 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        // An answer with trailers (gRPC's status lives there) is not stored whole: a tombstone
+        // (status only) is stored instead, so a repeat gets the duplicate answer — never a
+        // replay without its trailers.
+        if let Some(c) = self.response.as_mut() {
+            c.incomplete = true;
+            c.details = "trailers".into();
+        }
         self.finish_capture()
     }
 
     fn on_log(&mut self) {
         self.state.waiters.borrow_mut().remove(&self.context_id);
+        if let Some(Pending::Claim { prepared, ticket }) = self.pending.take() {
+            // The client left while its claim was out: the claim may land with nobody to finish it.
+            self.state.release_orphan(prepared.route, Some(prepared.key), &ticket);
+        }
         self.take_handoff();
         if self.ticket.is_none() {
             return;
@@ -429,7 +502,7 @@ impl HttpContext for Request {
         if self.response.is_some() {
             // Headers came back but the body was not seen to the end: the work was done.
             if let Some(c) = self.response.as_mut() {
-                c.overflow = true;
+                c.incomplete = true;
             }
             self.holding = false;
             self.finish_capture();

@@ -1,17 +1,19 @@
 //! The root context: loads the policy bundle, polls held duplicates on its tick, and sends
 //! Redis completions (woken through this worker's shared queue).
 
+use super::abi;
+use super::envoy::{log, Envoy, Level};
+use super::request::Request;
+use super::state::{call_response, State};
+use super::WAIT_POLL;
 use crate::engine::{Engine, Outcome, Prepared, StoreOp, StoreTicket};
 use crate::host::Host;
 use crate::policy::{parse_bundle, StoreKind};
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, LogLevel, MetricType};
+use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
-
-use super::*;
 
 pub(super) struct Root {
     pub(super) state: Option<Rc<State>>,
@@ -22,23 +24,40 @@ impl Context for Root {
         let Some(state) = self.state.clone() else {
             return;
         };
+        let (status, headers, body) = call_response(num_headers, body_size);
         let job = state.finishing.borrow_mut().remove(&token);
         if let Some(job) = job {
-            let (status, body) = call_response(num_headers, body_size);
             state.finished(job, status, &body);
+            state.send_outbox();
             return;
         }
-        let Some((ctx, ticket)) = state.polls.borrow_mut().remove(&token) else {
+        let call = state.detached.borrow_mut().remove(&token);
+        if let Some(call) = call {
+            state.detached_answered(call, status, headers, body);
+            state.send_outbox();
+            return;
+        }
+        let Some((ctx, route, ticket)) = state.polls.borrow_mut().remove(&token) else {
             return;
         };
-        let (status, body) = call_response(num_headers, body_size);
         let pending = state.waiters.borrow().get(&ctx).map(|w| (w.prepared.clone(), w.deadline_ms));
-        let (Some((prepared, deadline)), Some(store)) = (pending, state.engine.redis()) else {
+        let Some(store) = state.engine.redis() else {
+            return;
+        };
+        let Some((prepared, deadline)) = pending else {
+            // The held client left while its poll was out: a claim it won has nobody to finish it.
+            if status == 0 || matches!(store.parse_claim(ticket.clone(), &[0; 32], status, &body), Ok(crate::store::Claim::Claimed(_))) {
+                state.release_orphan(route, None, &ticket);
+                state.send_outbox();
+            }
             return;
         };
         let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
             return;
         };
+        if status == 0 {
+            state.release_orphan(prepared.route, Some(prepared.key.clone()), &ticket);
+        }
         let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
         let v = state.engine.after_claim(&prepared, claim, Envoy.now_ms(), Some(deadline));
         state.resolve_waiter(ctx, v);
@@ -47,39 +66,39 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_queue_ready(&mut self, queue_id: u32) {
-        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        while let Ok(true) = abi::dequeue(queue_id) {}
         if let Some(state) = self.state.clone() {
             state.send_outbox();
         }
     }
 
     fn on_configure(&mut self, _size: usize) -> bool {
-        let config = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+        let config = match abi::buffer(abi::buffer::PLUGIN_CONFIGURATION, 0, usize::MAX) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => Vec::new(),
             Err(s) => {
-                log(LogLevel::Critical, &format!("idem: invalid policy: cannot read plugin configuration: {s:?}"));
+                log(Level::Critical, &format!("idem: invalid policy: cannot read plugin configuration: status {s}"));
                 return false;
             }
         };
         let text = match String::from_utf8(config) {
             Ok(t) => t,
             Err(e) => {
-                log(LogLevel::Critical, &format!("idem: invalid policy: plugin configuration is not UTF-8: {e}"));
+                log(Level::Critical, &format!("idem: invalid policy: plugin configuration is not UTF-8: {e}"));
                 return false;
             }
         };
         let bundle = match parse_bundle(&text, "plugin configuration") {
             Ok(b) => b,
             Err(e) => {
-                log(LogLevel::Critical, &format!("idem: invalid policy: {e}"));
+                log(Level::Critical, &format!("idem: invalid policy: {e}"));
                 return false;
             }
         };
-        let engine = Engine::new(bundle);
+        let mut engine = Engine::new(bundle);
         match engine.initialise(&Envoy) {
             Ok(created) => log(
-                LogLevel::Info,
+                Level::Info,
                 &format!(
                     "idem: loaded {} route policies; shared store {} buckets × {} entries ({} created)",
                     engine.bundle.routes.len(),
@@ -89,22 +108,23 @@ impl RootContext for Root {
                 ),
             ),
             Err(e) => {
-                log(LogLevel::Critical, &format!("idem: cannot initialise the shared store: {e}"));
+                log(Level::Critical, &format!("idem: cannot initialise the shared store: {e}"));
                 return false;
             }
         }
         let uses_redis = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis);
-        if engine.has_waiters() || uses_redis {
-            // Polls held duplicates; for Redis also a backstop that sends queued finish jobs.
-            if let Err(s) = hostcalls::set_tick_period(WAIT_POLL) {
-                log(LogLevel::Critical, &format!("idem: cannot start the root timer: {s:?}"));
+        let uses_root = uses_redis || engine.has_detached();
+        if engine.has_waiters() || uses_root {
+            // Polls held duplicates; also a backstop that sends queued writes and retries them.
+            if let Err(s) = abi::set_tick_period_ms(WAIT_POLL.as_millis() as u32) {
+                log(Level::Critical, &format!("idem: cannot start the root timer: status {s}"));
                 return false;
             }
         }
         // A queue of this worker's own (unique name): enqueueing wakes this root promptly.
-        let wake_queue = if uses_redis {
+        let wake_queue = if uses_root {
             let name = format!("idem-finish-{:016x}", Envoy.random_u64().unwrap_or(0));
-            hostcalls::register_shared_queue(&name).ok()
+            abi::register_queue(&name).ok()
         } else {
             None
         };
@@ -115,22 +135,25 @@ impl RootContext for Root {
             .map(|r| {
                 Outcome::ALL
                     .iter()
-                    .map(|o| {
-                        hostcalls::define_metric(MetricType::Counter, &format!("idem.{}.{}", r.name, o.name())).ok()
-                    })
+                    .map(|o| abi::define_counter(&format!("idem.{}.{}", r.name, o.name())).ok())
                     .collect()
             })
             .collect();
-        let log_level = hostcalls::get_log_level().map(|l| l as u32).unwrap_or(0);
+        let unmatched_counters =
+            [abi::define_counter("idem._unmatched.passed").ok(), abi::define_counter("idem._unmatched.rejected").ok()];
+        let log_level = abi::log_level().unwrap_or(0);
         self.state = Some(Rc::new(State {
             engine,
             counters,
+            unmatched_counters,
             log_level,
             waiters: RefCell::new(HashMap::new()),
             polls: RefCell::new(HashMap::new()),
             handoff: RefCell::new(HashMap::new()),
-            outbox: RefCell::new(Vec::new()),
+            outbox: RefCell::new(VecDeque::new()),
             finishing: RefCell::new(HashMap::new()),
+            detached_out: RefCell::new(Vec::new()),
+            detached: RefCell::new(HashMap::new()),
             wake_queue,
         }));
         true
@@ -160,7 +183,7 @@ impl RootContext for Root {
             };
             match state.dispatch(&cmd) {
                 Ok(token) => {
-                    state.polls.borrow_mut().insert(token, (ctx, ticket));
+                    state.polls.borrow_mut().insert(token, (ctx, prepared.route, ticket));
                     if let Some(w) = state.waiters.borrow_mut().get_mut(&ctx) {
                         w.polling = true;
                     }
@@ -175,21 +198,7 @@ impl RootContext for Root {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let state = self.state.clone()?;
-        Some(Box::new(Request {
-            state,
-            context_id,
-            route: None,
-            method: String::new(),
-            path: String::new(),
-            body: None,
-            decided: false,
-            forwarded: false,
-            ticket: None,
-            key: None,
-            pending: None,
-            response: None,
-            holding: false,
-        }))
+        Some(Box::new(Request::new(state, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -19,6 +19,9 @@ pub enum Claim<T> {
     InFlight { first_seen_ms: u64, lease_ends_ms: u64, same_payload: bool },
     /// The key completed earlier. `response` is `None` for a tombstone (status only).
     Completed { first_seen_ms: u64, status: u16, response: Option<StoredResponse>, same_payload: bool },
+    /// The first attempt was forwarded and no answer came back: it may have run. Held (never
+    /// taken over) until `held_until_ms`, or until an operator releases it.
+    Unknown { first_seen_ms: u64, held_until_ms: u64, same_payload: bool },
 }
 
 impl<T> Claim<T> {
@@ -30,6 +33,9 @@ impl<T> Claim<T> {
             }
             Claim::Completed { first_seen_ms, status, response, same_payload } => {
                 Claim::Completed { first_seen_ms, status, response, same_payload }
+            }
+            Claim::Unknown { first_seen_ms, held_until_ms, same_payload } => {
+                Claim::Unknown { first_seen_ms, held_until_ms, same_payload }
             }
         }
     }

@@ -6,7 +6,8 @@
 //! | operation | Redis command | round trips |
 //! |---|---|---|
 //! | claim | `SET k <in-flight record> NX PX <lock_ttl> GET` (Redis ≥ 7): nil = claimed, else the record | 1 |
-//! | complete | `EVAL`: if `GET k` is still our in-flight record, `SET k <completed record> PX <ttl>` | 1 |
+//! | complete | `EVAL`: if `GET k` is our in-flight record or nothing, `SET k <completed record> PX <ttl>`; if that `SET` fails, `PEXPIRE` our record (lease kept while the write is retried) | 1 |
+//! | hold unknown | `EVAL`: if `GET k` is our in-flight record or nothing, `SET k <unknown record> PX <hold>` | 1 |
 //! | release | `EVAL`: if `GET k` is still our in-flight record, `DEL k` | 1 |
 //! | issue token | `SET t <issued record> PX <ttl>` | 1 |
 //! | use token | `EVAL`: `GET t`; if issued, `SET t <used record> KEEPTTL`; return the old value | 1 |
@@ -14,7 +15,10 @@
 //!
 //! Fencing compares the whole in-flight record, which carries a random owner id, so a request
 //! whose lease expired (the key's `PX` ran out and another request claimed it) can never
-//! overwrite or delete the new owner's record. Records are ASCII (responses base64-encoded)
+//! overwrite or delete the new owner's record. An empty key is written too: the lease ran out
+//! and nobody took over, and the answer in hand must not be thrown away (a retry would run the
+//! business again). Writing the same final record twice returns 1, so a retried write whose
+//! first reply was lost is not mistaken for a lost lease. Records are ASCII (responses base64-encoded)
 //! because Webdis' JSON replies are not binary-safe. Webdis answers HTTP 200 even for Redis
 //! errors (`[false, "ERR …"]`): those are store errors too.
 
@@ -40,8 +44,12 @@ pub struct Ticket {
     pub first_seen_ms: u64,
 }
 
-const COMPLETE: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
-    redis.call('SET',KEYS[1],ARGV[2],'PX',ARGV[3]) return 1 else return 0 end";
+const COMPLETE: &str = "local v=redis.call('GET',KEYS[1]) \
+    if v==ARGV[2] then return 1 end \
+    if v and v~=ARGV[1] then return 0 end \
+    local r=redis.pcall('SET',KEYS[1],ARGV[2],'PX',ARGV[3]) \
+    if type(r)=='table' and r.err then if v then redis.call('PEXPIRE',KEYS[1],ARGV[4]) end return r end \
+    return 1";
 const RELEASE: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 else return 0 end";
 const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return false end \
     if string.sub(v,1,2)=='K|' then redis.call('SET',KEYS[1],ARGV[1],'KEEPTTL') end return v";
@@ -99,13 +107,15 @@ impl<'a> RedisStore<'a> {
     }
 
     /// Completion: the response (or a tombstone when it does not fit in `max_response_bytes`).
-    /// Returns the command and whether it records a tombstone.
+    /// `lease_ms` extends our in-flight record when Redis refuses the write, so the claim stays
+    /// ours while the write is retried. Returns the command and whether it records a tombstone.
     pub fn complete(
         &self,
         t: &Ticket,
         response: &StoredResponse,
         max_response_bytes: usize,
         ttl_ms: u64,
+        lease_ms: u64,
     ) -> (Command, bool) {
         let fields: Vec<&str> = t.record.split('|').collect();
         let (owner, fp, first) = (field(&fields, 1), field(&fields, 2), field(&fields, 3));
@@ -118,7 +128,18 @@ impl<'a> RedisStore<'a> {
             format!("C|{owner}|{fp}|{first}|{}|{}", response.status, STANDARD.encode(enc))
         };
         let ttl = ttl_ms.max(1).to_string();
-        (Command { name: "EVAL", body: command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &ttl]) }, tombstone)
+        let lease = lease_ms.max(1).to_string();
+        let body = command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &ttl, &lease]);
+        (Command { name: "EVAL", body }, tombstone)
+    }
+
+    /// Marks a claim whose outcome is unknown, held for `hold_ms` (same fencing as completion).
+    pub fn hold_unknown(&self, t: &Ticket, hold_ms: u64, now: u64, lease_ms: u64) -> Command {
+        let fields: Vec<&str> = t.record.split('|').collect();
+        let (owner, fp, first) = (field(&fields, 1), field(&fields, 2), field(&fields, 3));
+        let record = format!("U|{owner}|{fp}|{first}|{}", now.saturating_add(hold_ms));
+        let (hold, lease) = (hold_ms.max(1).to_string(), lease_ms.max(1).to_string());
+        Command { name: "EVAL", body: command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &hold, &lease]) }
     }
 
     /// Release of a claim whose first attempt definitely failed.
@@ -225,7 +246,7 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
         return Err(StoreError::Host("webdis callout failed (no response: reset, refused or timed out)".into()));
     }
     if status != 200 {
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+        let text = String::from_utf8_lossy(body.get(..200).unwrap_or(body)).into_owned();
         return Err(StoreError::Host(format!("webdis answered HTTP {status}: {}", text.trim())));
     }
     let v: serde_json::Value =
@@ -245,9 +266,13 @@ fn parse_record(record: &str, fp: &str) -> Result<Claim<Ticket>, StoreError> {
     let f: Vec<&str> = record.splitn(6, '|').collect();
     let num = |i: usize| field(&f, i).parse::<u64>().unwrap_or(0);
     let same_payload = field(&f, 2) == fp;
-    let bad = || StoreError::Host(format!("unreadable claim record {:?}", &record[..record.len().min(40)]));
+    let bad = || {
+        let head: String = record.chars().take(40).collect();
+        StoreError::Host(format!("unreadable claim record {head:?}"))
+    };
     match field(&f, 0) {
         "I" => Ok(Claim::InFlight { first_seen_ms: num(3), lease_ends_ms: num(4), same_payload }),
+        "U" => Ok(Claim::Unknown { first_seen_ms: num(3), held_until_ms: num(4), same_payload }),
         "T" => Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: None, same_payload }),
         "C" => {
             let bytes = STANDARD.decode(field(&f, 5)).map_err(|_| bad())?;

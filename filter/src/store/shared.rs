@@ -17,6 +17,7 @@ use super::{Claim, Completion, StoreError, TokenUse};
 use crate::host::{Host, HostError};
 use crate::policy::SharedConfig;
 use crate::response::StoredResponse;
+use sha2::{Digest, Sha256};
 
 const PREFIX: &str = "idem:v1";
 const ENTRY_LEN: usize = 60;
@@ -34,6 +35,8 @@ enum State {
     Issued = 4,
     /// A token used; `first_seen_ms` is when.
     Used = 5,
+    /// Forwarded, no answer: held until `until_ms`, never taken over.
+    Unknown = 6,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +85,7 @@ impl Entry {
             Some(3) => State::Tombstone,
             Some(4) => State::Issued,
             Some(5) => State::Used,
+            Some(6) => State::Unknown,
             _ => State::Empty,
         };
         Entry {
@@ -109,11 +113,17 @@ pub struct Ticket {
 pub struct SharedStore {
     buckets: u32,
     entries: u32,
+    /// Mixed into the bucket index so a client cannot compute which bucket its keys land in
+    /// (and fill a victim's bucket with abandoned claims). One per Envoy process, in shared data.
+    secret: [u8; 16],
 }
+
+/// Where the per-process bucket secret lives (see [`SharedStore::initialise`]).
+const SECRET_KEY: &str = "idem:v1:secret";
 
 impl SharedStore {
     pub fn new(cfg: &SharedConfig) -> Self {
-        SharedStore { buckets: cfg.buckets, entries: cfg.entries_per_bucket }
+        SharedStore { buckets: cfg.buckets, entries: cfg.entries_per_bucket, secret: [0; 16] }
     }
 
     fn bucket_key(b: u32) -> String {
@@ -133,7 +143,20 @@ impl SharedStore {
     /// Creates every bucket that does not exist yet. Run in `on_configure`, before workers serve:
     /// creation is an unconditional insert, the one moment CAS cannot protect.
     /// A bucket of another shape (capacity changed) is reset.
-    pub fn initialise(&self, host: &dyn Host) -> Result<u32, StoreError> {
+    ///
+    /// The bucket secret is made the same way: the first VM to configure (Envoy's main thread,
+    /// before any worker) writes 16 random bytes; every VM then reads back what is stored.
+    pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
+        if !matches!(host.shared_get(SECRET_KEY)?, Some((v, _)) if v.len() == 16) {
+            let mut fresh = Vec::with_capacity(16);
+            fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
+            fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
+            host.shared_set(SECRET_KEY, &fresh, None)?;
+        }
+        match host.shared_get(SECRET_KEY)? {
+            Some((v, _)) if v.len() == 16 => self.secret.copy_from_slice(&v),
+            _ => return Err(StoreError::Missing(SECRET_KEY.into())),
+        }
         let mut created = 0;
         let expected = self.entries as usize * ENTRY_LEN;
         for b in 0..self.buckets {
@@ -152,7 +175,8 @@ impl SharedStore {
     fn locate(&self, id: &[u8; 32]) -> (u32, [u8; 16]) {
         let mut short = [0u8; 16];
         short.copy_from_slice(&id[..16]);
-        let b = u32::from_le_bytes([id[16], id[17], id[18], id[19]]) % self.buckets;
+        let mixed = Sha256::new().chain_update(self.secret).chain_update(id).finalize();
+        let b = u32::from_le_bytes([mixed[0], mixed[1], mixed[2], mixed[3]]) % self.buckets;
         (b, short)
     }
 
@@ -219,6 +243,11 @@ impl SharedStore {
                     State::InFlight => {
                         Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
                     }
+                    State::Unknown => Claim::Unknown {
+                        first_seen_ms: e.first_seen_ms,
+                        held_until_ms: e.until_ms,
+                        same_payload,
+                    },
                     State::Tombstone | State::Issued | State::Used => Claim::Completed {
                         first_seen_ms: e.first_seen_ms,
                         status: e.status,
@@ -356,6 +385,14 @@ impl SharedStore {
     /// Frees a claim whose first attempt definitely failed, so a retry can run. Fenced.
     pub fn release(&self, host: &dyn Host, t: &Ticket) -> Result<bool, StoreError> {
         self.update_entry(host, t, State::InFlight, |e, _| *e = Entry::EMPTY)
+    }
+
+    /// Marks a claim whose outcome is unknown: held for `hold_ms`, never taken over. Fenced.
+    pub fn hold_unknown(&self, host: &dyn Host, t: &Ticket, hold_ms: u64) -> Result<bool, StoreError> {
+        self.update_entry(host, t, State::InFlight, |e, now| {
+            e.state = State::Unknown;
+            e.until_ms = now.saturating_add(hold_ms);
+        })
     }
 
     /// Applies `f` to the ticket's entry if the ticket still holds it in `state`; `false` if not.

@@ -35,8 +35,8 @@ impl RequestView for Req {
     fn path(&self) -> &str {
         &self.path
     }
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_bytes()).collect()
     }
     fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
