@@ -21,6 +21,8 @@ Behaviour is chosen per request by headers the client sends (Envoy forwards them
     x-demo-fail-first: 1       the first execution for this key answers 500,
                                later ones answer normally
     x-demo-reset: 1            do the work, then drop the connection without answering
+    x-demo-latin1: 1           add a Latin-1 (non-UTF-8) header: filename="r\xe9sum\xe9.pdf"
+    x-demo-trailers: 1         answer chunked, with a trailer (grpc-status: 0)
 
 Introspection (not counted as executions):
 
@@ -205,7 +207,26 @@ class Handler(BaseHTTPRequestHandler):
         cookie = self.headers.get("x-demo-set-cookie")
         if cookie:
             extra.append(("set-cookie", cookie))
+        if self.headers.get("x-demo-latin1"):
+            # http.server writes header values as Latin-1: these are the bytes r\xe9sum\xe9.
+            extra.append(("content-disposition", 'attachment; filename="r\u00e9sum\u00e9.pdf"'))
+        if self.headers.get("x-demo-trailers"):
+            return self._send_chunked_with_trailer(status, answer, extra)
         self._send_json(status, answer, extra)
+
+    def _send_chunked_with_trailer(self, status, obj, extra_headers):
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        try:
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("transfer-encoding", "chunked")
+            self.send_header("trailer", "grpc-status")
+            for name, value in extra_headers:
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(b"%x\r\n%s\r\n0\r\ngrpc-status: 0\r\n\r\n" % (len(body), body))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
 

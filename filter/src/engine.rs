@@ -12,6 +12,7 @@ use crate::key::{self, KeyError, RequestView};
 use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
 use crate::response::{self, Header, LocalReply, StoredResponse};
 use crate::store::shared::SharedStore;
+use sha2::Digest;
 use crate::store::{redis, shared, Claim, Completion, StoreError, TokenUse};
 
 /// Every outcome the filter counts, as `idem.<route>.<name>`.
@@ -232,6 +233,31 @@ impl Engine {
         self.bundle.redis.as_ref().map(redis::RedisStore::new)
     }
 
+    /// Redis routes: whether this Envoy process holds an answer for this key that Redis refused
+    /// so far (marked with [`Engine::mark_unwritten`]). A retry that reaches the process meanwhile
+    /// gets 409 `REQUEST_IN_PROGRESS` instead of claiming a key whose Redis lease may have run out
+    /// during the outage — the one way it could run the business again.
+    pub fn unwritten(&self, host: &dyn Host, p: &Prepared, redis_key: &str) -> Option<Verdict> {
+        let first_seen_ms = self.shared.in_flight(host, &unwritten_id(redis_key)).ok()??;
+        let policy = self.policy(p.route)?;
+        let reply = response::in_progress(first_seen_ms);
+        Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
+    }
+
+    /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
+    pub fn mark_unwritten(&self, host: &dyn Host, redis_key: &str, until_ms: u64) -> Option<shared::Ticket> {
+        let lease = until_ms.saturating_sub(host.now_ms()).max(1);
+        match self.shared.claim(host, &unwritten_id(redis_key), &[0; 32], lease) {
+            Ok(Claim::Claimed(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The answer landed (or was given up): the mark goes.
+    pub fn unmark_unwritten(&self, host: &dyn Host, mark: &shared::Ticket) {
+        let _ = self.shared.release(host, mark);
+    }
+
     /// Whether any route forwards detached (the root context then sends upstream calls).
     pub fn has_detached(&self) -> bool {
         self.bundle.routes.iter().any(|r| r.forward == Forward::Detached)
@@ -321,7 +347,7 @@ impl Engine {
             Ok(id) => id,
             Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
-        let fp = fingerprint(&policy.key, req);
+        let fp = fingerprint(&policy.key, req, &policy.matcher.canonical_path(req.path()));
         Some(Begin::Store(Prepared { route, op: StoreOp::Claim { id, fingerprint: fp }, key: client_key }))
     }
 
@@ -596,6 +622,14 @@ impl Engine {
         reply.headers.push(("cache-control".into(), "no-store".into()));
         verdict(Outcome::TokenIssued, reply, "issued", Some(token.to_string()))
     }
+}
+
+/// Where the shared store marks a Redis key whose answer is not written yet.
+fn unwritten_id(redis_key: &str) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    key::put(&mut h, b"unwritten");
+    key::put(&mut h, redis_key.as_bytes());
+    h.finalize().into()
 }
 
 /// The stored identity of a token: route + caller scope + token, as for keys, in its own domain.

@@ -4,16 +4,15 @@ use crate::key::{put, RequestView};
 use crate::policy::{FingerprintBody, FingerprintPart, KeyPolicy};
 use sha2::{Digest, Sha256};
 
-/// SHA-256 over the configured parts; all zeros when the policy turns the check off.
-pub fn fingerprint(policy: &KeyPolicy, req: &dyn RequestView) -> [u8; 32] {
+/// SHA-256 over the configured parts; all zeros when the policy turns the check off. `path` is
+/// the request path as the route's matcher names it ([`crate::policy::Matcher::canonical_path`]),
+/// so two aliases of one endpoint are one request.
+pub fn fingerprint(policy: &KeyPolicy, req: &dyn RequestView, path: &str) -> [u8; 32] {
     if policy.fingerprint.is_empty() {
         return [0; 32];
     }
     let mut h = Sha256::new();
-    let (path, query) = match req.path().split_once('?') {
-        Some((p, q)) => (p, q),
-        None => (req.path(), ""),
-    };
+    let query = req.path().split_once('?').map(|(_, q)| q).unwrap_or("");
     for part in &policy.fingerprint {
         match part {
             FingerprintPart::Method => put(&mut h, req.method().as_bytes()),

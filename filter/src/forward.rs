@@ -12,7 +12,7 @@
 
 use crate::engine::Ending;
 use crate::pairs::Pair;
-use crate::response::{self, LocalReply, StoredResponse};
+use crate::response::{self, LocalReply};
 
 /// Request headers not sent on the detached call: hop-by-hop (RFC 9110 §7.6.1), the length Envoy
 /// computes from the body, and Envoy's own control headers (a client must not steer the callout).
@@ -81,7 +81,12 @@ pub fn answer(status: u16, headers: &[Pair], body: &[u8], first_seen_ms: u64, he
     if status == 0 {
         return response::outcome_unknown(first_seen_ms, held_until_ms);
     }
-    let headers = headers.iter().map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.clone())).collect();
-    let r = StoredResponse::new(status, headers, body.to_vec());
-    LocalReply { status: r.status, headers: r.headers, body: r.body }
+    // The first caller's own answer keeps its cookies (only replays drop them); what Envoy
+    // recomputes for a local reply (length, date, hop-by-hop) is left out.
+    let headers = headers
+        .iter()
+        .map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.clone()))
+        .filter(|(n, _)| n == "set-cookie" || response::replayable_header(n))
+        .collect();
+    LocalReply { status, headers, body: body.to_vec() }
 }

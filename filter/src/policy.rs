@@ -1031,6 +1031,32 @@ impl Bundle {
 }
 
 impl Matcher {
+    /// The request path as the fingerprint sees it: [`normalize_path`]'s segments, with the
+    /// segments a template names literally written as the template writes them. Aliases of one
+    /// endpoint (`/Create/`, `%63reate`) are the same request; parameter values keep their case.
+    pub fn canonical_path(&self, path: &str) -> String {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        let mut segments = normalize_path(bare);
+        if let Matcher::Request { path: t, .. } = self {
+            if t.matches(bare) {
+                for (seg, lit) in segments.iter_mut().zip(&t.segments) {
+                    if let Segment::Literal(l) = lit {
+                        seg.clone_from(l);
+                    }
+                }
+            }
+        }
+        let mut out = String::with_capacity(bare.len());
+        for seg in &segments {
+            out.push('/');
+            out.push_str(seg);
+        }
+        if out.is_empty() {
+            out.push('/');
+        }
+        out
+    }
+
     /// Whether two matchers match the same requests (two such routes cannot share a bundle).
     pub fn conflicts_with(&self, other: &Matcher) -> bool {
         match (self, other) {

@@ -523,3 +523,46 @@ fn issue_endpoint_refuses_other_methods() {
     }
     assert!(e.issue("POST", "/elsewhere", &req, [0; 16]).is_none());
 }
+
+/// A small deterministic generator (no test dependency needed for a byte sweep).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn bytes(&mut self) -> Vec<u8> {
+        let len = (self.next() % 40) as usize;
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+#[test]
+fn arbitrary_header_bytes_always_get_a_decision() {
+    // Through the fake host, what Envoy may hand over (any byte in the key, the scope, the token
+    // and other headers, repeated or not): every request is decided, none panics.
+    let (host, e) = setup();
+    let mut rng = Lcg(7);
+    for i in 0..5000 {
+        let mut req = Req::post(if i % 2 == 0 { "/api/order/create" } else { "/api/reject" }).body("{}");
+        for _ in 0..(rng.next() % 3) {
+            req = req.raw_header("idempotency-key", &rng.bytes());
+        }
+        for _ in 0..(rng.next() % 3) {
+            req = req.raw_header("authorization", &rng.bytes());
+        }
+        req = req.raw_header("cookie", &rng.bytes());
+        let r = route(&e, &req);
+        let v = match e.precheck(r, &req) {
+            Some(v) => v,
+            None => e.decide_shared(&host, r, &req).unwrap(),
+        };
+        match &v.action {
+            Action::Forward(Some(t)) => {
+                e.finish_shared(&host, r, t, ok(200, "{}"));
+            }
+            Action::Reply(rep) => assert!([400, 409, 422].contains(&rep.status) || rep.status == 200, "{v:?}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -303,3 +303,32 @@ fn ten_thousand_tokens_stay_within_capacity() {
     assert!(matches!(s.use_token(&host, &id("tok-9999")).unwrap(), TokenUse::Consumed(_)));
     assert_eq!(s.use_token(&host, &id("tok-0")).unwrap(), TokenUse::Unknown);
 }
+
+#[test]
+fn a_client_cannot_aim_its_keys_at_one_bucket() {
+    // An attacker who can compute the bucket of a key picks 9 keys of one bucket (8 entries) and
+    // abandons their requests: the bucket is full of in-flight claims and every caller whose key
+    // lands there gets 503 for lock_ttl. The bucket index is keyed by a per-process secret, so
+    // keys that collide in one Envoy process (found by trying them there) spread out in another.
+    let (host, s) = store(64, 8);
+    let other_host = FakeHost::new(1_000);
+    let _ = other_host.random_u64(); // another process draws another secret
+    let mut other = SharedStore::new(&SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 4096 });
+    other.initialise(&other_host).unwrap();
+
+    let target = s.bucket_of(&id("victim"));
+    let colliding: Vec<[u8; 32]> =
+        (0..).map(|i| id(&format!("attacker-{i}"))).filter(|k| s.bucket_of(k) == target).take(9).collect();
+    for k in &colliding[..8] {
+        claimed(s.claim(&host, k, &FP, 60_000).unwrap());
+    }
+    assert_eq!(s.claim(&host, &colliding[8], &FP, 60_000), Err(StoreError::Full), "aimed keys fill a bucket");
+    assert_eq!(s.claim(&host, &id("victim"), &FP, 60_000), Err(StoreError::Full), "and lock its callers out");
+
+    let spread: std::collections::HashSet<u32> = colliding.iter().map(|k| other.bucket_of(k)).collect();
+    assert!(spread.len() >= 6, "the same keys land in {} buckets elsewhere", spread.len());
+    for k in &colliding {
+        claimed(other.claim(&other_host, k, &FP, 60_000).unwrap());
+    }
+    claimed(other.claim(&other_host, &id("victim"), &FP, 60_000).unwrap());
+}

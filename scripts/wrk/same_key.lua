@@ -8,7 +8,8 @@ local req
 function init(args)
   if args[1] then path = args[1] end
   if args[2] then key = args[2] end
-  req = wrk.format("POST", path, {["Idempotency-Key"] = key, ["Content-Type"] = "application/json"}, body)
+  req = wrk.format("POST", path, {["Idempotency-Key"] = key, ["Content-Type"] = "application/json",
+                                  ["Authorization"] = "Bearer bench"}, body)
 end
 
 function request()

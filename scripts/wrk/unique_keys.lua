@@ -22,5 +22,6 @@ function request()
   return wrk.format("POST", path, {
     ["Idempotency-Key"] = prefix .. "-" .. tid .. "-" .. counter,
     ["Content-Type"] = "application/json",
+    ["Authorization"] = "Bearer bench",
   }, body)
 end

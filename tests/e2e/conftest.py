@@ -142,6 +142,7 @@ match = { method = "POST", path = "/t/short-lease" }
 
 [route.key]
 lock_ttl = "2s"
+unknown_outcome_hold = "4s"
 
 [[route]]
 name = "dup-200"

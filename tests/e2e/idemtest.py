@@ -56,6 +56,17 @@ def assert_local(r, status, code, retry_after=False):
     if retry_after:
         ra = r.header("retry-after")
         assert ra is not None and ra.strip().isdigit(), "409 without a numeric Retry-After: %s" % describe(r)
+        # Short, never the lease end (SDKs that honour it would come back exactly then).
+        assert ra.strip() == "1", "Retry-After must be short: %s" % describe(r)
+    return j
+
+
+def assert_outcome_unknown(r):
+    """409 IDEMPOTENCY_OUTCOME_UNKNOWN: held, with nothing that invites a retry."""
+    j = assert_local(r, 409, "IDEMPOTENCY_OUTCOME_UNKNOWN")
+    assert r.header("retry-after") is None, "an unknown outcome must not invite a retry: %s" % describe(r)
+    assert r.header("x-should-retry") == "false", describe(r)
+    assert_first_seen_at(j, r)
     return j
 
 

@@ -25,7 +25,7 @@ proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
         log(Level::Critical, &format!("idem: panic: {info}"));
     }));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root { state: None }) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> { Box::new(root::Root { id, state: None }) });
 }}
 
 /// How often held duplicates are re-checked (and queued Redis writes, as a backstop).

@@ -148,7 +148,8 @@ impl Request {
                     &[],
                 );
                 let ending = Ending::NoResponse { forwarded: false };
-                self.state.finish_ticket(route, &ticket, self.key.clone(), ending, After::Deliver(self.context_id, reply));
+                let _ = self.state.finish_ticket(route, &ticket, self.key.clone(), ending, After::Nothing);
+                send(&reply);
                 return Action::Pause;
             }
         };
@@ -187,6 +188,9 @@ impl Request {
         let Some((cmd, ticket)) = self.state.redis_op(&prepared, now) else {
             return Action::Continue;
         };
+        if let Some(v) = self.state.engine.unwritten(&Envoy, &prepared, &ticket.key) {
+            return self.apply(route, v, false);
+        }
         match self.state.dispatch(&cmd) {
             Ok(_) => {
                 self.pending = Some(match prepared.op {
@@ -254,13 +258,15 @@ impl Request {
         let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
             return Action::Continue;
         };
-        let after = if self.holding { After::Resume(self.context_id) } else { After::Nothing };
+        let held = self.holding;
         self.holding = false;
-        let held = matches!(after, After::Resume(_));
-        if self.state.finish_ticket(route, &ticket, self.key.clone(), ending, after) && held {
-            Action::Pause
-        } else {
-            Action::Continue
+        let after = if held { After::Resume(self.context_id) } else { After::Nothing };
+        match self.state.finish_ticket(route, &ticket, self.key.clone(), ending, after) {
+            // Written (or nothing to write): this callback lets the response go on.
+            Some(_) => Action::Continue,
+            // Queued: a held response waits for the root to resume it.
+            None if held => Action::Pause,
+            None => Action::Continue,
         }
     }
 

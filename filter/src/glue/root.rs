@@ -16,6 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
 pub(super) struct Root {
+    pub(super) id: u32,
     pub(super) state: Option<Rc<State>>,
 }
 
@@ -155,6 +156,7 @@ impl RootContext for Root {
             detached_out: RefCell::new(Vec::new()),
             detached: RefCell::new(HashMap::new()),
             wake_queue,
+            root_id: self.id,
         }));
         true
     }
@@ -181,6 +183,13 @@ impl RootContext for Root {
             let Some((cmd, ticket)) = state.redis_op(&prepared, now) else {
                 continue;
             };
+            if let Some(v) = state.engine.unwritten(&Envoy, &prepared, &ticket.key) {
+                // The first answer is in this process, not yet in Redis: keep holding.
+                if now >= deadline {
+                    state.resolve_waiter(ctx, v);
+                }
+                continue;
+            }
             match state.dispatch(&cmd) {
                 Ok(token) => {
                     state.polls.borrow_mut().insert(token, (ctx, prepared.route, ticket));

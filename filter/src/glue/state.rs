@@ -9,7 +9,7 @@ use crate::key::truncated;
 use crate::pairs::Pair;
 use crate::policy::StoreKind;
 use crate::response::LocalReply;
-use crate::store::{redis, Completion, StoreError};
+use crate::store::{redis, shared, Completion, StoreError};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
@@ -55,6 +55,10 @@ pub(super) struct State {
     pub(super) detached: RefCell<HashMap<u32, Detached>>,
     /// This worker's wake-up queue: an HTTP context enqueues, the root's on_queue_ready sends.
     pub(super) wake_queue: Option<u32>,
+    /// The root context's id: after acting on an HTTP context with `set_effective_context`, the
+    /// root switches back to itself, or its next callout would belong to that request (and be
+    /// cancelled with it — Envoy crashed on exactly that).
+    pub(super) root_id: u32,
 }
 
 /// A Redis write finishing a ticket, sent by the root context so it completes even though the
@@ -71,6 +75,9 @@ pub(super) struct Job {
     pub(super) attempts: u32,
     pub(super) next_at_ms: u64,
     pub(super) deadline_ms: u64,
+    /// The Redis key, marked in this process' shared store while its answer is not written.
+    pub(super) redis_key: String,
+    pub(super) mark: Option<shared::Ticket>,
 }
 
 /// The client side of a finished write.
@@ -188,8 +195,10 @@ impl State {
     }
 
     /// Finishes a ticket with how its request ended: at once on the shared store, through a
-    /// queued Redis write otherwise. `after` is carried out when the outcome is recorded (or the
-    /// first write attempt failed). Returns whether `after` is still pending.
+    /// queued Redis write otherwise. A queued write carries `after` out itself (root context,
+    /// when the first attempt is answered) and `None` is returned; a finish done at once returns
+    /// `after` for the caller, who knows which context it runs in.
+    #[must_use]
     pub(super) fn finish_ticket(
         &self,
         route: usize,
@@ -197,28 +206,25 @@ impl State {
         key: Option<String>,
         ending: Ending,
         after: After,
-    ) -> bool {
+    ) -> Option<After> {
         let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
         let rt = match st {
             StoreTicket::Shared(_) => {
                 let (outcome, cause) = self.engine.finish_shared(&Envoy, route, ticket, ending);
                 self.record_finish(route, outcome, key.as_deref(), &cause);
-                carry_out(after);
-                return false;
+                return Some(after);
             }
             StoreTicket::Redis(rt) => rt,
         };
         let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
-            carry_out(after);
-            return false;
+            return Some(after);
         };
         let now = Envoy.now_ms();
         let lease = policy.key.lock_ttl.millis;
         let (cmd, kind, cause, lasts_ms) = match self.engine.plan_finish(route, ticket, &ending) {
             Finish::Nothing { outcome, cause } => {
                 self.record_finish(route, outcome, key.as_deref(), &cause);
-                carry_out(after);
-                return false;
+                return Some(after);
             }
             Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause, lease),
             Finish::RestoreToken { cause } => (store.restore_token(rt), FinishKind::Restore, cause, policy.token.ttl.millis),
@@ -231,8 +237,9 @@ impl State {
             }
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
-        self.queue(Job { route, key, after, cmd, kind, cause, attempts: 0, next_at_ms: now, deadline_ms });
-        true
+        let redis_key = rt.key.clone();
+        self.queue(Job { route, key, after, cmd, kind, cause, attempts: 0, next_at_ms: now, deadline_ms, redis_key, mark: None });
+        None
     }
 
     /// An owner-checked release of a claim that may have been applied although its request no
@@ -253,6 +260,8 @@ impl State {
             attempts: 0,
             next_at_ms: now,
             deadline_ms: ticket.first_seen_ms.saturating_add(lease),
+            redis_key: ticket.key.clone(),
+            mark: None,
         });
     }
 
@@ -274,7 +283,7 @@ impl State {
         for old in dropped {
             let cause = format!("{}; pending writes over the bound ({MAX_PENDING_WRITES} or {MAX_PENDING_BYTES} bytes)", old.cause);
             self.record_finish(old.route, Some(Outcome::WriteDropped), old.key.as_deref(), &cause);
-            carry_out(old.after);
+            self.carry_out(old.after);
         }
         self.wake();
     }
@@ -329,8 +338,11 @@ impl State {
         };
         let cause = if job.attempts > 0 { format!("{cause}; after {} retries", job.attempts) } else { cause };
         self.record_finish(job.route, outcome, job.key.as_deref(), &cause);
+        if let Some(mark) = &job.mark {
+            self.engine.unmark_unwritten(&Envoy, mark);
+        }
         // The client gets its answer only now, so its next retry finds the record written.
-        carry_out(job.after);
+        self.carry_out(job.after);
     }
 
     /// A write the store refused or did not answer: retried with backoff until its deadline.
@@ -338,10 +350,16 @@ impl State {
     /// a retry from it finds the claim still ours (the write extends the lease) and gets 409.
     fn write_failed(&self, mut job: Job, e: StoreError, now: u64) {
         let after = std::mem::replace(&mut job.after, After::Nothing);
-        carry_out(after);
+        self.carry_out(after);
         if now >= job.deadline_ms {
             let cause = format!("{}; gave up after {} attempts: {e}", job.cause, job.attempts + 1);
+            if let Some(mark) = &job.mark {
+                self.engine.unmark_unwritten(&Envoy, mark);
+            }
             return self.record_finish(job.route, Some(Outcome::StoreError), job.key.as_deref(), &cause);
+        }
+        if job.mark.is_none() && matches!(job.kind, FinishKind::Complete { .. } | FinishKind::HoldUnknown) {
+            job.mark = self.engine.mark_unwritten(&Envoy, &job.redis_key, job.deadline_ms);
         }
         let backoff = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(RETRY_MAX_MS);
         job.attempts += 1;
@@ -370,7 +388,10 @@ impl State {
                         &[],
                     );
                     let ending = Ending::NoResponse { forwarded: false };
-                    self.finish_ticket(call.route, &call.ticket, call.key, ending, After::Deliver(call.ctx, reply));
+                    let after = After::Deliver(call.ctx, reply);
+                    if let Some(after) = self.finish_ticket(call.route, &call.ticket, call.key, ending, after) {
+                        self.carry_out(after);
+                    }
                 }
             }
         }
@@ -384,7 +405,9 @@ impl State {
         let hold_until = Envoy.now_ms().saturating_add(policy.key.unknown_hold_ms());
         let reply = crate::forward::answer(status, &headers, &body, call.first_seen_ms, hold_until);
         let ending = crate::forward::ending(status, headers, body, policy.max_response_bytes as usize);
-        self.finish_ticket(call.route, &call.ticket, call.key, ending, After::Deliver(call.ctx, reply));
+        if let Some(after) = self.finish_ticket(call.route, &call.ticket, call.key, ending, After::Deliver(call.ctx, reply)) {
+            self.carry_out(after);
+        }
     }
 
     /// A held request's verdict, acted on from the root context.
@@ -418,24 +441,29 @@ impl State {
             Do::Reply(r) => send(&r),
             Do::Wait { .. } => {}
         }
+        let _ = abi::set_effective_context(self.root_id);
     }
 }
 
-/// Carries out the client side of a finished write (from the root context).
-fn carry_out(after: After) {
-    match after {
-        After::Nothing => {}
-        After::Resume(ctx) => {
-            if abi::set_effective_context(ctx).is_ok() {
-                let _ = abi::resume_response();
+impl State {
+    /// Carries out the client side of a finished write (root context only), then makes the root
+    /// the effective context again.
+    fn carry_out(&self, after: After) {
+        match after {
+            After::Nothing => return,
+            After::Resume(ctx) => {
+                if abi::set_effective_context(ctx).is_ok() {
+                    let _ = abi::resume_response();
+                }
+            }
+            After::Deliver(ctx, reply) => {
+                // Fails when the client left: its retry will find the stored answer instead.
+                if abi::set_effective_context(ctx).is_ok() {
+                    send(&reply);
+                }
             }
         }
-        After::Deliver(ctx, reply) => {
-            // Fails when the client left: its retry will find the stored answer instead.
-            if abi::set_effective_context(ctx).is_ok() {
-                send(&reply);
-            }
-        }
+        let _ = abi::set_effective_context(self.root_id);
     }
 }
 

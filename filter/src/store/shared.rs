@@ -172,6 +172,11 @@ impl SharedStore {
         Ok(created)
     }
 
+    /// The bucket a key id lands in (diagnostics and tests: it depends on this process' secret).
+    pub fn bucket_of(&self, id: &[u8; 32]) -> u32 {
+        self.locate(id).0
+    }
+
     fn locate(&self, id: &[u8; 32]) -> (u32, [u8; 16]) {
         let mut short = [0u8; 16];
         short.copy_from_slice(&id[..16]);
@@ -283,6 +288,14 @@ impl SharedStore {
             };
             Ok(Edit::Write(Claim::Claimed(Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now })))
         })
+    }
+
+    /// Whether `id` is held in flight right now (read only): when it was first seen.
+    pub fn in_flight(&self, host: &dyn Host, id: &[u8; 32]) -> Result<Option<u64>, StoreError> {
+        let (b, short) = self.locate(id);
+        let now = host.now_ms();
+        let (entries, _) = self.read(host, b)?;
+        Ok(entries.iter().find(|e| e.id == short && e.state == State::InFlight && e.live(now)).map(|e| e.first_seen_ms))
     }
 
     /// Records a freshly issued token (its scoped id) valid for `ttl_ms`.

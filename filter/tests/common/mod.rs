@@ -7,7 +7,7 @@ use idem_filter::key::RequestView;
 pub struct Req {
     pub method: String,
     pub path: String,
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<(String, Vec<u8>)>,
     pub body: Option<Vec<u8>>,
 }
 
@@ -15,8 +15,12 @@ impl Req {
     pub fn post(path: &str) -> Self {
         Req { method: "POST".into(), path: path.into(), ..Default::default() }
     }
-    pub fn header(mut self, name: &str, value: &str) -> Self {
-        self.headers.push((name.to_ascii_lowercase(), value.into()));
+    pub fn header(self, name: &str, value: &str) -> Self {
+        self.raw_header(name, value.as_bytes())
+    }
+    /// A header value as bytes, not necessarily UTF-8 (what Envoy hands over).
+    pub fn raw_header(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.to_vec()));
         self
     }
     pub fn key(self, key: &str) -> Self {
@@ -36,7 +40,7 @@ impl RequestView for Req {
         &self.path
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_bytes()).collect()
+        self.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
     }
     fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()

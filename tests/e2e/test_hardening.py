@@ -1,0 +1,408 @@
+"""Hardening against real Envoy: no input kills a worker, leaks a response, merges two
+transactions or bypasses a route; an answer in hand is never lost to a store hiccup.
+
+Each test is one numbered case of the hardening issue (see the README's "Hardening" table).
+"""
+
+import base64
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+import stack
+from conftest import new_key
+from idemtest import assert_local, assert_replay_of, assert_upstream_answer, counters, describe, post, wait_for
+
+PREFIX = "idem-hard-%s:" % uuid.uuid4().hex[:6]
+
+ROUTES = [
+    {"name": "h-key", "match": {"path": "/h/key"}, "idem": True},
+    {"name": "h-cookie", "match": {"path": "/h/cookie"}, "idem": True},
+    {"name": "h-anon", "match": {"path": "/h/anon"}, "idem": True},
+    {"name": "h-jwt", "match": {"path": "/h/jwt"}, "idem": True},
+    {"name": "h-callback", "match": {"path": "/h/callback"}, "idem": True},
+    # Case-insensitive, prefix: aliases of /h/order/create reach the filter, as they reach a
+    # framework that routes /Create and /create/ to one handler.
+    {"name": "h-orders", "match": {"prefix": "/h/order/", "case_sensitive": False}, "idem": True},
+    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
+]
+
+
+def policy(store="shared", lock_ttl="30s"):
+    # Top-level keys come before the [redis] table (TOML would put them inside it).
+    head = 'unmatched = "reject"\n' + (stack.redis_table(timeout="500ms", prefix=PREFIX) if store == "redis" else "")
+    return head + """
+[[route]]
+name = "h-key"
+match = {{ method = "POST", path = "/h/key" }}
+store = "{store}"
+
+[route.key]
+lock_ttl = "{lock_ttl}"
+
+[[route]]
+name = "h-cookie"
+match = {{ method = "POST", path = "/h/cookie" }}
+store = "{store}"
+
+[route.key]
+scope = ["cookie:session"]
+
+[[route]]
+name = "h-anon"
+match = {{ method = "POST", path = "/h/anon" }}
+store = "{store}"
+
+[route.key]
+anonymous = "shared"
+
+[[route]]
+name = "h-jwt"
+match = {{ method = "POST", path = "/h/jwt" }}
+store = "{store}"
+
+[route.key]
+scope = ["metadata:envoy.filters.http.jwt_authn/jwt_payload/sub"]
+
+[[route]]
+name = "h-callback"
+match = {{ method = "POST", path = "/h/callback" }}
+store = "{store}"
+
+[route.key]
+from = "body"
+name = "/transaction_id"
+scope = []
+fingerprint = []
+
+[[route]]
+name = "h-order-create"
+match = {{ method = "POST", path = "/h/order/create" }}
+store = "{store}"
+""".format(store=store, lock_ttl=lock_ttl)
+
+
+JWT_SECRET = b"idem-e2e-jwt-secret-0123456789abcdef"
+
+
+def b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def jwt(sub, iat):
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "k1"}).encode())
+    payload = b64url(json.dumps({"iss": "idem-e2e", "sub": sub, "iat": iat, "exp": iat + 3600}).encode())
+    sig = hmac.new(JWT_SECRET, ("%s.%s" % (header, payload)).encode(), hashlib.sha256).digest()
+    return "%s.%s.%s" % (header, payload, b64url(sig))
+
+
+JWT_AUTHN = {
+    "name": "envoy.filters.http.jwt_authn",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+        "providers": {"e2e": {
+            "issuer": "idem-e2e",
+            "local_jwks": {"inline_string": json.dumps(
+                {"keys": [{"kty": "oct", "alg": "HS256", "kid": "k1", "k": b64url(JWT_SECRET)}]})},
+            "payload_in_metadata": "jwt_payload",
+        }},
+        "rules": [{"match": {"prefix": "/h/jwt"}, "requires": {"provider_name": "e2e"}}],
+    },
+}
+
+
+@pytest.fixture(params=["shared", "redis"])
+def gateway(request, make_envoy, make_fleet, redis_components):
+    """One Envoy with one worker (so one crash would show on every later request)."""
+    if request.param == "shared":
+        return make_envoy(policy("shared"), ROUTES, concurrency=1, pre_filters=[JWT_AUTHN])
+    rs = request.getfixturevalue("redis_stack")
+    return make_fleet(policy("redis"), ROUTES, rs.webdis.port, n=1, concurrency=1, pre_filters=[JWT_AUTHN])[0]
+
+
+def raw_post(env, path, headers, body=b'{"sku":"A1"}', timeout=10.0):
+    """A POST whose header values are bytes, sent as they are (non-UTF-8 included)."""
+    conn = http.client.HTTPConnection("127.0.0.1", env.listen_port, timeout=timeout)
+    try:
+        conn.putrequest("POST", path, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.putheader("content-type", "application/json")
+        conn.putheader("content-length", str(len(body)))
+        conn.endheaders(body)
+        r = conn.getresponse()
+        return stack.Response(r.status, [(k.lower(), v) for k, v in r.getheaders()], r.read())
+    finally:
+        conn.close()
+
+
+def assert_worker_alive(env):
+    key = new_key("alive")
+    r = post(env, "/h/key", key)
+    assert_upstream_answer(r, key=key, n=1)
+    log = env.log_text()
+    assert "panic" not in log and "unreachable" not in log, "the VM trapped:\n%s" % env.log_tail(40)
+
+
+# ---------------------------------------------------------------- 1. one byte must not kill a worker
+
+def test_non_utf8_key_and_scope_are_400_and_the_worker_lives(gateway):
+    r = raw_post(gateway, "/h/key", [("Idempotency-Key", b"caf\xe9-1"), ("authorization", b"Bearer a")])
+    assert_local(r, 400, "IDEMPOTENCY_KEY_INVALID")
+    assert "UTF-8" in r.json()["message"], describe(r)
+    r = raw_post(gateway, "/h/key", [("Idempotency-Key", b"k-1"), ("authorization", b"Bearer \xe9\xff")])
+    assert_local(r, 400, "IDEMPOTENCY_KEY_INVALID")
+    assert_worker_alive(gateway)
+
+
+def test_latin1_response_header_is_stored_and_replayed_as_bytes(gateway, upstream):
+    key = new_key("latin1")
+    first = post(gateway, "/h/key", key, headers={"x-demo-latin1": "1"})
+    want = 'attachment; filename="r\xe9sum\xe9.pdf"'  # http.client reads header bytes as Latin-1
+    assert_upstream_answer(first, key=key, n=1)
+    assert first.header("content-disposition") == want, describe(first)
+    again = post(gateway, "/h/key", key, headers={"x-demo-latin1": "1"})
+    assert_replay_of(again, first)
+    assert again.header("content-disposition") == want, describe(again)
+    assert upstream.calls(key=key) == 1
+    assert_worker_alive(gateway)
+
+
+def test_arbitrary_header_bytes_never_trap_the_vm(gateway):
+    """A sweep of random bytes in the key, the scope and another header: every answer is a
+    decision (forwarded, 400, 409), never the 503 of a trapped VM."""
+    rng = random.Random(9)
+    statuses = {}
+    for i in range(120):
+        junk = bytes(rng.choice([rng.randrange(0x20, 0x7f), rng.randrange(0x80, 0x100)]) for _ in range(rng.randrange(1, 24)))
+        junk = junk.replace(b"\r", b"x").replace(b"\n", b"x")
+        where = i % 3
+        headers = [("Idempotency-Key", junk if where == 0 else ("k-%d-%s" % (i, uuid.uuid4().hex)).encode()),
+                   ("authorization", junk if where == 1 else b"Bearer sweep"),
+                   ("x-junk", junk if where == 2 else b"ok")]
+        r = raw_post(gateway, "/h/key", headers)
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        assert r.status in (200, 400, 409), "input %r in header %d: %s" % (junk, where, describe(r))
+    assert statuses.get(200) and statuses.get(400), statuses
+    assert_worker_alive(gateway)
+
+
+# ---------------------------------------------------------------- 2. no scope collapses into "everyone"
+
+def test_callers_without_the_scope_header_are_refused_not_merged(gateway, upstream):
+    key = new_key("anon")
+    for cookie in ("session=alice", "session=bob"):
+        r = gateway.request("POST", "/h/key", headers={"Idempotency-Key": key, "cookie": cookie},
+                            body={"sku": "A1"}, anonymous=True)
+        j = assert_local(r, 400, "IDEMPOTENCY_SCOPE_MISSING")
+        assert "authorization" in j["message"], describe(r)
+    assert upstream.calls(key=key) == 0
+
+
+def test_cookie_scope_keeps_session_users_apart(gateway, upstream):
+    key = new_key("cookie")
+    alice = gateway.request("POST", "/h/cookie", headers={"Idempotency-Key": key, "cookie": "session=alice"},
+                            body={"sku": "A1"}, anonymous=True)
+    bob = gateway.request("POST", "/h/cookie", headers={"Idempotency-Key": key, "cookie": "theme=x; session=bob"},
+                          body={"sku": "A1"}, anonymous=True)
+    assert_upstream_answer(alice, key=key, n=1)
+    assert_upstream_answer(bob, key=key, n=2)
+    again = gateway.request("POST", "/h/cookie", headers={"Idempotency-Key": key, "cookie": "session=alice"},
+                            body={"sku": "A1"}, anonymous=True)
+    assert_replay_of(again, alice)
+
+
+def test_anonymous_shared_is_an_explicit_choice(gateway, upstream):
+    key = new_key("shared-anon")
+    first = gateway.request("POST", "/h/anon", headers={"Idempotency-Key": key}, body={"sku": "A1"}, anonymous=True)
+    assert_upstream_answer(first, key=key, n=1)
+    other = gateway.request("POST", "/h/anon", headers={"Idempotency-Key": key}, body={"sku": "A1"}, anonymous=True)
+    assert_replay_of(other, first)
+    # An identified caller is never in the anonymous scope.
+    named = post(gateway, "/h/anon", key, auth="Bearer carol")
+    assert_upstream_answer(named, key=key, n=2)
+
+
+def test_jwt_subject_scope_survives_a_token_refresh(gateway, upstream):
+    key = new_key("jwt")
+    now = int(time.time())
+    first = post(gateway, "/h/jwt", key, auth="Bearer " + jwt("user-1", now - 10))
+    assert_upstream_answer(first, key=key, n=1)
+    # The client refreshed its token (another Authorization value, same subject): still a replay.
+    refreshed = post(gateway, "/h/jwt", key, auth="Bearer " + jwt("user-1", now))
+    assert_replay_of(refreshed, first)
+    # Another subject with the same key is another caller.
+    other = post(gateway, "/h/jwt", key, auth="Bearer " + jwt("user-2", now))
+    assert_upstream_answer(other, key=key, n=2)
+
+
+# ---------------------------------------------------------------- 3. two numeric ids stay two keys
+
+def test_big_numeric_ids_stay_distinct_and_equal_numbers_are_one_key(gateway, upstream):
+    base = random.randrange(10 ** 19, 9 * 10 ** 19)
+    a, b = base * 10 + 1, base * 10 + 2  # 20+ digits; one f64 cannot tell them apart
+    for txn in (a, b):
+        r = gateway.request("POST", "/h/callback", body=('{"transaction_id": %d, "amount": 1}' % txn).encode(),
+                            headers={"content-type": "application/json"})
+        assert r.status == 200 and r.header("idempotent-replayed") is None, "txn %d: %s" % (txn, describe(r))
+        assert upstream.calls(transaction_id=str(txn)) == 1
+    n = random.randrange(1000, 9000)
+    first = gateway.request("POST", "/h/callback", body=('{"transaction_id": %d}' % n).encode(),
+                            headers={"content-type": "application/json"})
+    assert first.status == 200 and first.header("idempotent-replayed") is None, describe(first)
+    for same in ("%d.0" % n, "%de0" % n, "%d0e-1" % n):
+        r = gateway.request("POST", "/h/callback", body=('{"transaction_id": %s}' % same).encode(),
+                            headers={"content-type": "application/json"})
+        assert_replay_of(r, first)
+
+
+# ---------------------------------------------------------------- 6. trailers: never a truncated replay
+
+def test_answer_with_trailers_is_never_replayed_truncated(gateway, upstream):
+    key = new_key("trailers")
+    first = post(gateway, "/h/key", key, headers={"x-demo-trailers": "1"})
+    assert_upstream_answer(first, key=key, n=1)
+    again = post(gateway, "/h/key", key, headers={"x-demo-trailers": "1"})
+    assert_local(again, 409, "DUPLICATE_REQUEST")
+    assert upstream.calls(key=key) == 1
+
+
+# ---------------------------------------------------------------- 7. path aliases, unmatched routes
+
+def test_path_aliases_share_the_policy_and_unmatched_writes_fail_closed(gateway, upstream):
+    key = new_key("alias")
+    first = post(gateway, "/h/order/create", key)
+    assert_upstream_answer(first, key=key, n=1)
+    for alias in ("/h/order/create/", "/h/order/Create", "/h//order/create", "/h/order/%63reate",
+                  "/h/order/x/../create"):
+        r = post(gateway, alias, key)
+        assert_replay_of(r, first)
+    assert upstream.calls(key=key) == 1
+    # A filter-enabled route where no policy matches a write: refused (unmatched = "reject").
+    r = post(gateway, "/h/order/cancel", new_key("unmatched"))
+    assert_local(r, 400, "IDEMPOTENCY_NO_POLICY")
+    # Reads pass.
+    r = gateway.request("GET", "/h/order/cancel")
+    assert r.status == 200, describe(r)
+    stats = gateway.stats("idem._unmatched.")
+    assert stats.get("idem._unmatched.rejected", 0) >= 1 and stats.get("idem._unmatched.passed", 0) >= 1, stats
+
+
+# ---------------------------------------------------------------- 8. the key header twice
+
+def test_two_key_headers_are_ambiguous(gateway, upstream):
+    key = new_key("twice")
+    r = raw_post(gateway, "/h/key", [("Idempotency-Key", key.encode()), ("Idempotency-Key", b"other"),
+                                     ("authorization", b"Bearer a")])
+    j = assert_local(r, 400, "IDEMPOTENCY_KEY_INVALID")
+    assert "2 times" in j["message"], describe(r)
+    r = raw_post(gateway, "/h/key", [("Idempotency-Key", b"a, b"), ("authorization", b"Bearer a")])
+    assert_local(r, 400, "IDEMPOTENCY_KEY_INVALID")
+    assert upstream.calls(key=key) == 0
+
+
+# ---------------------------------------------------------------- 4, 5, 9. the Redis store's hiccups
+
+@pytest.fixture
+def redis_gateway(own_redis_stack, make_fleet):
+    env = make_fleet(policy("redis", lock_ttl="1s"), ROUTES, own_redis_stack.webdis.port, n=1, concurrency=2)[0]
+    return own_redis_stack, env
+
+
+def in_thread(fn):
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=fn()))
+    t.start()
+    return t, box
+
+
+def retry_until_answered(env, key, deadline_s=15.0):
+    """A client retrying the same request: returns every answer until one is not 409/503."""
+    seen = []
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        r = post(env, "/h/key", key, timeout=5)
+        seen.append((r.status, r.code))
+        if r.status not in (409, 503):
+            return r, seen
+        time.sleep(0.3)
+    raise AssertionError("no final answer in %.0fs: %s" % (deadline_s, seen))
+
+
+def test_a_completion_redis_refuses_is_retried_not_lost(redis_gateway, upstream):
+    rs, env = redis_gateway
+    key = new_key("oom")
+    t, box = in_thread(lambda: post(env, "/h/key", key, headers={"x-demo-delay-ms": "1500"}))
+    wait_for(lambda: upstream.calls(key=key) == 1, 10, what="the first request to reach the upstream")
+    rs.redis.command("CONFIG", "SET", "maxmemory", "1")  # every write refused: OOM
+    try:
+        t.join(15)
+        first = box["r"]
+        assert_upstream_answer(first, key=key, n=1)
+        # Redis still refuses: the retry is told to wait, not let through.
+        r = post(env, "/h/key", key)
+        assert r.status in (409, 503), describe(r)
+        time.sleep(1.5)  # past the 1 s lease
+        r = post(env, "/h/key", key)
+        assert r.status in (409, 503), "retry after the lease while the answer is unwritten: %s" % describe(r)
+    finally:
+        rs.redis.command("CONFIG", "SET", "maxmemory", "0")
+    final, seen = retry_until_answered(env, key)
+    assert_replay_of(final, first)
+    assert upstream.calls(key=key) == 1, seen
+    c = counters(env, "h-key")
+    assert c.get("write_retried", 0) >= 1 and c.get("stored", 0) >= 1, c
+
+
+def test_webdis_stopped_during_the_upstream_call_loses_nothing(redis_gateway, upstream):
+    rs, env = redis_gateway
+    key = new_key("sigstop")
+    t, box = in_thread(lambda: post(env, "/h/key", key, headers={"x-demo-delay-ms": "1500"}))
+    wait_for(lambda: upstream.calls(key=key) == 1, 10, what="the first request to reach the upstream")
+    os.kill(rs.webdis.proc.pid, signal.SIGSTOP)
+    try:
+        t.join(15)
+        first = box["r"]
+        assert_upstream_answer(first, key=key, n=1)
+        time.sleep(1.5)  # the 1 s lease ended while Webdis was stopped
+        r = post(env, "/h/key", key)
+        assert r.status in (409, 503), "retry during the outage: %s" % describe(r)
+    finally:
+        os.kill(rs.webdis.proc.pid, signal.SIGCONT)
+    final, seen = retry_until_answered(env, key)
+    assert_replay_of(final, first)
+    assert upstream.calls(key=key) == 1, seen
+
+
+def test_answer_outliving_its_lease_is_stored_when_nobody_took_over(redis_gateway, upstream):
+    rs, env = redis_gateway
+    key = new_key("outlived")
+    first = post(env, "/h/key", key, headers={"x-demo-delay-ms": "2000"})  # lease 1 s
+    assert_upstream_answer(first, key=key, n=1)
+    again = post(env, "/h/key", key)
+    assert_replay_of(again, first)
+    assert upstream.calls(key=key) == 1
+
+
+def test_a_claim_that_lands_after_its_callout_timed_out_is_released(redis_gateway, upstream):
+    rs, env = redis_gateway
+    key = new_key("orphan")
+    os.kill(rs.webdis.proc.pid, signal.SIGSTOP)
+    try:
+        r = post(env, "/h/key", key)  # the claim callout times out after 500 ms
+        assert_local(r, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+    finally:
+        os.kill(rs.webdis.proc.pid, signal.SIGCONT)
+    # Whether or not Webdis still ran the SET, the key must not stay locked by a claim nobody owns.
+    final, seen = retry_until_answered(env, key, deadline_s=8)
+    assert_upstream_answer(final, key=key, n=1)
+    assert upstream.calls(key=key) == 1, seen
