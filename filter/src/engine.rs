@@ -12,8 +12,8 @@ use crate::key::{self, KeyError, RequestView};
 use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
 use crate::response::{self, Header, LocalReply, StoredResponse};
 use crate::store::shared::SharedStore;
-use sha2::Digest;
 use crate::store::{redis, shared, Claim, Completion, StoreError, TokenUse};
+use sha2::Digest;
 
 /// Every outcome the filter counts, as `idem.<route>.<name>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -61,8 +61,7 @@ pub fn ending(status: u16, headers: Vec<Pair>, body: Vec<u8>, max_response_bytes
         (504, b"upstream request timeout") => "upstream_response_timeout".to_string(),
         (503, b) if b.starts_with(b"no healthy upstream") => "no_healthy_upstream".to_string(),
         (503, b) if b.starts_with(b"upstream connect error") => {
-            if b.windows(18).any(|w| w == b"connection failure") || b.windows(17).any(|w| w == b"connection refused")
-            {
+            if b.windows(18).any(|w| w == b"connection failure") || b.windows(17).any(|w| w == b"connection refused") {
                 "upstream_reset_before_response_started{connection_failure}".to_string()
             } else {
                 "upstream_reset_before_response_started{remote_reset}".to_string()

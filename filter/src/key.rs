@@ -61,14 +61,11 @@ pub fn single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>
         [] => return Ok(None),
         [one] => *one,
         many => {
-            return Err(KeyError::Invalid(format!(
-                "header {name} was sent {} times; send it exactly once",
-                many.len()
-            )))
+            return Err(KeyError::Invalid(format!("header {name} was sent {} times; send it exactly once", many.len())))
         }
     };
-    let text = std::str::from_utf8(value)
-        .map_err(|_| KeyError::Invalid(format!("header {name} is not valid UTF-8")))?;
+    let text =
+        std::str::from_utf8(value).map_err(|_| KeyError::Invalid(format!("header {name} is not valid UTF-8")))?;
     let parsed = parse_sf_string(text)?;
     if !text.trim_start().starts_with('"') && parsed.contains(',') {
         return Err(KeyError::Invalid(format!(

@@ -530,19 +530,19 @@ fn name_field(message: String, field: Option<&str>) -> String {
 /// The key of the `key = value` whose value starts at `offset` (TOML, same line, inline tables too).
 fn toml_field_before(source: &str, offset: usize) -> Option<&str> {
     let before = source.get(..offset)?;
-    let line = &before[before.rfind('\n').map(|i| i + 1).unwrap_or(0)..];
+    let line = before.rsplit('\n').next()?;
     let key = line.trim_end().strip_suffix('=')?.trim_end();
-    let start = key.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).map(|i| i + 1).unwrap_or(0);
-    Some(&key[start..]).filter(|k| !k.is_empty())
+    let name = key.rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).next()?;
+    Some(name).filter(|k| !k.is_empty())
 }
 
 /// The last `"key":` before `offset` (JSON).
 fn json_field_before(source: &str, offset: usize) -> Option<&str> {
     let before = source.get(..offset)?;
-    let colon = before.rfind(':')?;
-    let key = before[..colon].trim_end().strip_suffix('"')?;
-    let start = key.rfind('"')? + 1;
-    Some(&key[start..]).filter(|k| !k.is_empty())
+    let (head, _) = before.rsplit_once(':')?;
+    let key = head.trim_end().strip_suffix('"')?;
+    let (_, name) = key.rsplit_once('"')?;
+    Some(name).filter(|k| !k.is_empty())
 }
 
 /// Byte offset of a 1-based line and column (serde_json's position: characters).
@@ -556,8 +556,7 @@ fn offset_of(source: &str, line: usize, column: usize) -> usize {
 pub fn line_col(source: &str, offset: usize) -> (usize, usize) {
     let before = source.get(..offset).unwrap_or(source);
     let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
-    let column = before[line_start..].chars().count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
     (line, column)
 }
 
@@ -805,10 +804,11 @@ fn json_route_name_offset(source: &str, i: usize) -> Option<usize> {
                     if depth == 1 && name == Some("\"route\"") {
                         route_array_depth = Some(2);
                         element = 0;
-                    } else if route_array_depth.is_some_and(|d| depth == d + 1) && name == Some("\"name\"") {
-                        if element == i {
-                            return Some(s);
-                        }
+                    } else if route_array_depth.is_some_and(|d| depth == d + 1)
+                        && name == Some("\"name\"")
+                        && element == i
+                    {
+                        return Some(s);
                     }
                 }
             }
@@ -1080,6 +1080,7 @@ impl RoutePolicy {
             return false;
         }
         self.forward == Forward::Detached
-            || self.key.from == KeySource::Body || self.key.fingerprint.contains(&FingerprintPart::Body)
+            || self.key.from == KeySource::Body
+            || self.key.fingerprint.contains(&FingerprintPart::Body)
     }
 }

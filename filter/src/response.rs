@@ -171,10 +171,7 @@ pub fn outcome_unknown(first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
         "IDEMPOTENCY_OUTCOME_UNKNOWN",
         "an earlier request with this idempotency key was forwarded and its outcome is unknown; \
          it may have been carried out. Check its effect before sending new work with another key",
-        &[
-            ("first_seen_at", rfc3339(first_seen_ms).into()),
-            ("held_until", rfc3339(held_until_ms).into()),
-        ],
+        &[("first_seen_at", rfc3339(first_seen_ms).into()), ("held_until", rfc3339(held_until_ms).into())],
     );
     reply.headers.push(("x-should-retry".into(), b"false".to_vec()));
     reply

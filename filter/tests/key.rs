@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 //! Key extraction, validation and caller scoping.
 
 mod common;
@@ -127,11 +127,8 @@ fn metadata_scope_reads_the_verified_identity() {
             (path == want).then(|| self.1.as_bytes().to_vec())
         }
     }
-    let scope = vec![ScopePart::Metadata(vec![
-        "envoy.filters.http.jwt_authn".into(),
-        "jwt_payload".into(),
-        "sub".into(),
-    ])];
+    let scope =
+        vec![ScopePart::Metadata(vec!["envoy.filters.http.jwt_authn".into(), "jwt_payload".into(), "sub".into()])];
     // A refreshed token (another Authorization value) keeps the subject, so the scope stays.
     let before = WithSub(Req::post("/").header("authorization", "Bearer old"), "user-1");
     let after = WithSub(Req::post("/").header("authorization", "Bearer new"), "user-1");
@@ -175,7 +172,9 @@ fn non_utf8_header_bytes_are_invalid_keys_and_scopes() {
     assert!(matches!(extract(&p, &key), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
     let scope = vec![ScopePart::Header("authorization".into())];
     let auth = Raw(vec![("authorization".into(), b"Bearer \xe9".to_vec())]);
-    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &auth), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
+    assert!(
+        matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &auth), Err(KeyError::Invalid(m)) if m.contains("UTF-8"))
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 //! The Webdis protocol of the Redis store: what is sent and how every reply is read. (The real
 //! Redis + Webdis are exercised end to end in tests/e2e.)
 

@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 //! The shared-data store against a fake host with Envoy's exact shared-data semantics.
 
 use idem_filter::host::{FakeHost, Host, HostError};

@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 //! The built module, checked at the ABI level: what Envoy's loader will see. A module that imports
 //! anything Envoy does not provide (wasm-bindgen shims from getrandom's `js` feature, Higress's
 //! Redis ABI, more WASI than Envoy implements) fails to load, so that is caught here, before e2e.

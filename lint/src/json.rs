@@ -276,6 +276,7 @@ impl Parser<'_> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::string_slice)]
     #![allow(clippy::unwrap_used)]
     use super::*;
 

@@ -550,6 +550,7 @@ pub fn duration_secs(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::string_slice)]
     #![allow(clippy::unwrap_used)]
     use super::*;
 

@@ -371,6 +371,7 @@ fn dump_node(node: &Node, indent: usize, out: &mut String) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::string_slice)]
     #![allow(clippy::unwrap_used)]
     use super::*;
 

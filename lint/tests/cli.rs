@@ -1,5 +1,5 @@
 //! The binary as CI runs it: exit codes, output formats, bad input, config, multi-file specs.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,6 +1,6 @@
 //! Every rule has fixtures that must trigger it (`bad*`, with the expected positions) and
 //! fixtures that must lint clean (`good*`).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! `--policies` (IDEM1xx) and `idem-lint bundle`: fixtures that fire and twins that stay quiet,
 //! policy errors with their position, bundles that parse back with the filter's own parser, and
 //! the example Envoy configs checked against `policies/` so they cannot drift.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

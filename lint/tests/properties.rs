@@ -1,6 +1,6 @@
 //! Property tests: the section parser and the YAML/JSON front ends never panic, keep their
 //! positions inside the input, and the YAML writer/reader round-trips any JSON value.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 
 use idem_lint::config::Config;
 use idem_lint::node::{Entry, Node, Value};

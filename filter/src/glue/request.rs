@@ -82,7 +82,11 @@ impl RequestView for Request {
         &self.path
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v.as_slice()).collect()
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v.as_slice())
+            .collect()
     }
     fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
@@ -296,14 +300,20 @@ impl Request {
         match self.state.engine.unmatched(&method) {
             Some(reply) => {
                 self.state.count_unmatched(true);
-                log(Level::Info, &format!("idem: no_policy method={method} path={} cause=unmatched_rejected", self.path));
+                log(
+                    Level::Info,
+                    &format!("idem: no_policy method={method} path={} cause=unmatched_rejected", self.path),
+                );
                 send(&reply);
                 Action::Pause
             }
             None => {
                 self.state.count_unmatched(false);
                 if self.state.enabled(Level::Debug) {
-                    log(Level::Debug, &format!("idem: no_policy method={method} path={} cause=unmatched_passed", self.path));
+                    log(
+                        Level::Debug,
+                        &format!("idem: no_policy method={method} path={} cause=unmatched_passed", self.path),
+                    );
                 }
                 Action::Continue
             }
@@ -426,8 +436,11 @@ impl HttpContext for Request {
             .and_then(|(_, v)| std::str::from_utf8(v).ok())
             .and_then(|v| v.parse::<u16>().ok())
             .unwrap_or(0);
-        let details =
-            if status >= 500 { text(abi::property(&["response", "code_details"]).ok().flatten()) } else { String::new() };
+        let details = if status >= 500 {
+            text(abi::property(&["response", "code_details"]).ok().flatten())
+        } else {
+            String::new()
+        };
         let headers = pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
         self.response = Some(Capture { status, headers, body: Vec::new(), incomplete: false, details });
         // On Redis the response is held (buffered) until the outcome is written, so a retry

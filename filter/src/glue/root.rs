@@ -47,7 +47,12 @@ impl Context for Root {
         };
         let Some((prepared, deadline)) = pending else {
             // The held client left while its poll was out: a claim it won has nobody to finish it.
-            if status == 0 || matches!(store.parse_claim(ticket.clone(), &[0; 32], status, &body), Ok(crate::store::Claim::Claimed(_))) {
+            if status == 0
+                || matches!(
+                    store.parse_claim(ticket.clone(), &[0; 32], status, &body),
+                    Ok(crate::store::Claim::Claimed(_))
+                )
+            {
                 state.release_orphan(route, None, &ticket);
                 state.send_outbox();
             }

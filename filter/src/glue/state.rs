@@ -3,7 +3,9 @@
 
 use super::abi;
 use super::envoy::{log, Envoy, Level};
-use crate::engine::{self, Action as Do, Engine, Ending, Finish, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::engine::{
+    self, Action as Do, Ending, Engine, Finish, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
+};
 use crate::host::Host;
 use crate::key::truncated;
 use crate::pairs::Pair;
@@ -95,7 +97,9 @@ pub(super) enum FinishKind {
     /// A claim that may have been applied after its request stopped caring (callout timed out,
     /// client gone): released if it is ours.
     ReleaseOrphan,
-    Complete { tombstone: bool },
+    Complete {
+        tombstone: bool,
+    },
     Restore,
     HoldUnknown,
 }
@@ -143,7 +147,10 @@ impl State {
             return;
         }
         let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
-        log(level, &format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause));
+        log(
+            level,
+            &format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause),
+        );
     }
 
     pub(super) fn record_finish(&self, route: usize, outcome: Option<Outcome>, key: Option<&str>, cause: &str) {
@@ -227,7 +234,9 @@ impl State {
                 return Some(after);
             }
             Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause, lease),
-            Finish::RestoreToken { cause } => (store.restore_token(rt), FinishKind::Restore, cause, policy.token.ttl.millis),
+            Finish::RestoreToken { cause } => {
+                (store.restore_token(rt), FinishKind::Restore, cause, policy.token.ttl.millis)
+            }
             Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
                 let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms, lease);
                 (cmd, FinishKind::Complete { tombstone }, cause, ttl_ms)
@@ -238,7 +247,19 @@ impl State {
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
         let redis_key = rt.key.clone();
-        self.queue(Job { route, key, after, cmd, kind, cause, attempts: 0, next_at_ms: now, deadline_ms, redis_key, mark: None });
+        self.queue(Job {
+            route,
+            key,
+            after,
+            cmd,
+            kind,
+            cause,
+            attempts: 0,
+            next_at_ms: now,
+            deadline_ms,
+            redis_key,
+            mark: None,
+        });
         None
     }
 
@@ -281,7 +302,10 @@ impl State {
         }
         drop(outbox);
         for old in dropped {
-            let cause = format!("{}; pending writes over the bound ({MAX_PENDING_WRITES} or {MAX_PENDING_BYTES} bytes)", old.cause);
+            let cause = format!(
+                "{}; pending writes over the bound ({MAX_PENDING_WRITES} or {MAX_PENDING_BYTES} bytes)",
+                old.cause
+            );
             self.record_finish(old.route, Some(Outcome::WriteDropped), old.key.as_deref(), &cause);
             self.carry_out(old.after);
         }
@@ -405,7 +429,9 @@ impl State {
         let hold_until = Envoy.now_ms().saturating_add(policy.key.unknown_hold_ms());
         let reply = crate::forward::answer(status, &headers, &body, call.first_seen_ms, hold_until);
         let ending = crate::forward::ending(status, headers, body, policy.max_response_bytes as usize);
-        if let Some(after) = self.finish_ticket(call.route, &call.ticket, call.key, ending, After::Deliver(call.ctx, reply)) {
+        if let Some(after) =
+            self.finish_ticket(call.route, &call.ticket, call.key, ending, After::Deliver(call.ctx, reply))
+        {
             self.carry_out(after);
         }
     }
@@ -475,7 +501,8 @@ pub(super) fn send(r: &LocalReply) {
 
 /// The callout reply being handled: HTTP status (0 when the callout failed), headers and body.
 pub(super) fn call_response(num_headers: usize, body_size: usize) -> (u16, Vec<Pair>, Vec<u8>) {
-    let headers = if num_headers == 0 { Vec::new() } else { abi::headers(abi::map::CALL_RESPONSE_HEADERS).unwrap_or_default() };
+    let headers =
+        if num_headers == 0 { Vec::new() } else { abi::headers(abi::map::CALL_RESPONSE_HEADERS).unwrap_or_default() };
     let status = headers
         .iter()
         .find(|(n, _)| n == b":status")

@@ -248,11 +248,9 @@ impl SharedStore {
                     State::InFlight => {
                         Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
                     }
-                    State::Unknown => Claim::Unknown {
-                        first_seen_ms: e.first_seen_ms,
-                        held_until_ms: e.until_ms,
-                        same_payload,
-                    },
+                    State::Unknown => {
+                        Claim::Unknown { first_seen_ms: e.first_seen_ms, held_until_ms: e.until_ms, same_payload }
+                    }
                     State::Tombstone | State::Issued | State::Used => Claim::Completed {
                         first_seen_ms: e.first_seen_ms,
                         status: e.status,
