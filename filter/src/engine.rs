@@ -278,6 +278,11 @@ impl Engine {
         ))
     }
 
+    /// The shortest lease of the key routes (the root renews leases a third of it ahead).
+    pub fn min_lock_ttl_ms(&self) -> Option<u64> {
+        self.bundle.routes.iter().filter(|r| r.mode != Mode::Token).map(|r| r.key.lock_ttl.millis).min()
+    }
+
     /// Whether any route holds duplicates (the root context then polls on a timer).
     pub fn has_waiters(&self) -> bool {
         self.bundle.routes.iter().any(|r| r.mode != Mode::Token && r.key.on_in_flight == OnInFlight::Wait)
@@ -540,6 +545,14 @@ impl Engine {
             }
             Finish::HoldUnknown { hold_ms, cause } => held(self.shared.hold_unknown(host, t, hold_ms), cause),
         }
+    }
+
+    /// Extends the lease of a claim on the shared store whose request still waits for the
+    /// upstream: while the gateway lives, a slow request is never taken over. `Ok(false)` when
+    /// the claim is no longer this ticket's.
+    pub fn renew_shared(&self, host: &dyn Host, route: usize, ticket: &shared::Ticket) -> Result<bool, StoreError> {
+        let lease = self.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
+        self.shared.renew(host, ticket, lease)
     }
 
     /// Whether `path` is some token route's issue endpoint (cheap: no allocation).

@@ -153,3 +153,26 @@ fn percent_decode(s: &str) -> String {
     }
     String::from_utf8(out).unwrap()
 }
+
+#[test]
+fn unknown_outcomes_renewals_and_completions_are_fenced_scripts() {
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    let (_, t) = s.claim(&[4; 32], &[1; 32], 9, 1000, 30_000);
+    let hold = percent_decode(&s.hold_unknown(&t, 3_600_000, 5000, 30_000).body);
+    let unknown = format!("U|0000000000000009|{}|1000|3605000", "01".repeat(16));
+    assert!(hold.contains(&unknown), "{hold}");
+    assert!(hold.contains(&t.record), "fenced by our in-flight record: {hold}");
+    let reply = serde_json::json!({ "SET": unknown }).to_string();
+    assert_eq!(
+        s.parse_claim(t.clone(), &[1; 32], 200, reply.as_bytes()).unwrap(),
+        Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, same_payload: true }
+    );
+    let renew = percent_decode(&s.renew(&t, 30_000).body);
+    assert!(renew.contains("PEXPIRE") && renew.contains(&t.record) && renew.ends_with("/30000"), "{renew}");
+    // A refused write extends our lease in the same script, and an empty key is written too.
+    let (cmd, _) = s.complete(&t, &StoredResponse::new(200, vec![], vec![]), 1024, 60_000, 30_000);
+    let complete = percent_decode(&cmd.body);
+    assert!(complete.contains("pcall('SET'") && complete.contains("PEXPIRE"), "{complete}");
+    assert!(complete.contains("if v and v~=ARGV[1] then return 0 end"), "{complete}");
+}

@@ -332,3 +332,34 @@ fn a_client_cannot_aim_its_keys_at_one_bucket() {
     }
     claimed(other.claim(&other_host, &id("victim"), &FP, 60_000).unwrap());
 }
+
+#[test]
+fn a_renewed_lease_is_not_taken_over_and_a_lost_one_cannot_be_renewed() {
+    let (host, s) = store(4, 4);
+    let t = claimed(s.claim(&host, &id("slow"), &FP, 1_000).unwrap());
+    host.advance(900);
+    assert!(s.renew(&host, &t, 1_000).unwrap());
+    host.advance(900); // 1.8 s after the claim: past the first lease, inside the renewed one
+    assert!(matches!(s.claim(&host, &id("slow"), &FP, 1_000).unwrap(), Claim::InFlight { .. }));
+    assert_eq!(s.in_flight(&host, &id("slow")).unwrap(), Some(1_700_000_000_000));
+    // Not renewed (the gateway died): taken over, and the old ticket cannot renew any more.
+    host.advance(1_100);
+    let _new = claimed(s.claim(&host, &id("slow"), &FP, 1_000).unwrap());
+    assert!(!s.renew(&host, &t, 1_000).unwrap());
+    assert_eq!(s.complete(&host, &t, &ok_response("{}"), 4096, 60_000).unwrap(), Completion::LostOwnership);
+}
+
+#[test]
+fn an_unknown_outcome_is_held_past_the_lease_then_freed() {
+    let (host, s) = store(4, 4);
+    let t = claimed(s.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+    assert!(s.hold_unknown(&host, &t, 60_000).unwrap());
+    host.advance(5_000);
+    assert!(matches!(
+        s.claim(&host, &id("gone"), &FP, 1_000).unwrap(),
+        Claim::Unknown { held_until_ms, same_payload: true, .. } if held_until_ms == 1_700_000_060_000
+    ));
+    assert_eq!(s.in_flight(&host, &id("gone")).unwrap(), None, "an unknown outcome is not in flight");
+    host.advance(55_001);
+    claimed(s.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+}

@@ -202,9 +202,10 @@ match = { method = "POST", path = "/api/order/create" }
     assert counters(env, "create-order").get("store_error", 0) >= 1
 
 
-def test_late_answer_of_an_expired_lease_never_overwrites_the_new_owner(idem, upstream):
-    """Fencing: A's lease (2 s) ends while A still runs (5 s); B takes the key over and completes.
-    When A's answer finally arrives it goes to A, but the stored record stays B's."""
+def test_slow_request_keeps_its_lease_while_the_gateway_lives(idem, upstream):
+    """A's lease is 2 s and A runs 5 s: the gateway renews the lease while A waits for the
+    upstream, so B (at 2.8 s, then every second, as Retry-After says) is told "in progress" and
+    finally gets A's answer. A lease ends only when the gateway that holds it died."""
     key = new_key()
     out = {}
     t = threading.Thread(target=lambda: out.setdefault(
@@ -212,15 +213,22 @@ def test_late_answer_of_an_expired_lease_never_overwrites_the_new_owner(idem, up
     t.start()
     try:
         wait_for(lambda: upstream.calls(key) == 1, 10, what="A to reach the upstream")
-        time.sleep(2.8)  # A's lease has ended, A is still running
-        b = post(idem, "/t/short-lease", key)
-        assert_upstream_answer(b, key=key, n=2)
+        time.sleep(2.8)  # past A's first lease, A is still running
+        answers = []
+        while t.is_alive():
+            r = post(idem, "/t/short-lease", key)
+            answers.append(r)
+            if r.status != 409:
+                break
+            assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
+            time.sleep(1.0)
     finally:
         t.join(30)
-    assert_upstream_answer(out["a"], key=key, n=1)  # A still gets its own answer
-    c = post(idem, "/t/short-lease", key)
-    assert_replay_of(c, b)
-    assert upstream.calls(key) == 2
+    a = out["a"]
+    assert_upstream_answer(a, key=key, n=1)
+    assert answers and all(r.status == 409 for r in answers), [describe(r) for r in answers]
+    assert_replay_of(post(idem, "/t/short-lease", key), a)
+    assert upstream.calls(key) == 1
 
 
 def test_completed_key_expires_after_ttl(idem, upstream):

@@ -4,7 +4,7 @@
 
 use super::abi;
 use super::envoy::{log, Envoy, Level};
-use super::state::{send, After, Detached, State, Waiter};
+use super::state::{send, After, Detached, LeaseOwner, State, Waiter};
 use crate::engine::{Action as Do, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::Host;
 use crate::key::RequestView;
@@ -110,6 +110,9 @@ impl Request {
         match v.action {
             Do::Forward(Some(ticket)) if self.detached(route) => self.send_detached(route, ticket),
             Do::Forward(ticket) => {
+                if let Some(t) = &ticket {
+                    self.state.hold_lease(LeaseOwner::Request(self.context_id), route, t);
+                }
                 self.ticket = ticket;
                 self.forwarded = true;
                 if paused {
@@ -262,6 +265,7 @@ impl Request {
         let (Some(route), Some(ticket)) = (self.route, self.ticket.take()) else {
             return Action::Continue;
         };
+        self.state.drop_lease(LeaseOwner::Request(self.context_id));
         let held = self.holding;
         self.holding = false;
         let after = if held { After::Resume(self.context_id) } else { After::Nothing };
@@ -286,7 +290,11 @@ impl Request {
 
     pub(super) fn take_handoff(&mut self) {
         if self.ticket.is_none() {
-            if let Some((t, key)) = self.state.handoff.borrow_mut().remove(&self.context_id) {
+            let handed = self.state.handoff.borrow_mut().remove(&self.context_id);
+            if let Some((t, key)) = handed {
+                if let Some(route) = self.route {
+                    self.state.hold_lease(LeaseOwner::Request(self.context_id), route, &t);
+                }
                 self.ticket = Some(t);
                 self.key = Some(key);
                 self.forwarded = true;
@@ -510,6 +518,7 @@ impl HttpContext for Request {
 
     fn on_log(&mut self) {
         self.state.waiters.borrow_mut().remove(&self.context_id);
+        self.state.drop_lease(LeaseOwner::Request(self.context_id));
         if let Some(Pending::Claim { prepared, ticket }) = self.pending.take() {
             // The client left while its claim was out: the claim may land with nobody to finish it.
             self.state.release_orphan(prepared.route, Some(prepared.key), &ticket);

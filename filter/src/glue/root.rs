@@ -32,6 +32,11 @@ impl Context for Root {
             state.send_outbox();
             return;
         }
+        let renewal = state.renewals.borrow_mut().remove(&token);
+        if let Some(owner) = renewal {
+            state.renewed(owner, status, &body);
+            return;
+        }
         let call = state.detached.borrow_mut().remove(&token);
         if let Some(call) = call {
             state.detached_answered(call, status, headers, body);
@@ -120,9 +125,14 @@ impl RootContext for Root {
         }
         let uses_redis = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis);
         let uses_root = uses_redis || engine.has_detached();
-        if engine.has_waiters() || uses_root {
-            // Polls held duplicates; also a backstop that sends queued writes and retries them.
-            if let Err(s) = abi::set_tick_period_ms(WAIT_POLL.as_millis() as u32) {
+        // The tick polls held duplicates, sends and retries queued writes, and renews leases.
+        let tick_ms = if engine.has_waiters() || uses_root {
+            Some(WAIT_POLL.as_millis() as u64)
+        } else {
+            engine.min_lock_ttl_ms().map(|l| (l / 3).clamp(20, 1000))
+        };
+        if let Some(ms) = tick_ms {
+            if let Err(s) = abi::set_tick_period_ms(ms as u32) {
                 log(Level::Critical, &format!("idem: cannot start the root timer: status {s}"));
                 return false;
             }
@@ -162,6 +172,8 @@ impl RootContext for Root {
             detached: RefCell::new(HashMap::new()),
             wake_queue,
             root_id: self.id,
+            leases: RefCell::new(HashMap::new()),
+            renewals: RefCell::new(HashMap::new()),
         }));
         true
     }
@@ -171,6 +183,7 @@ impl RootContext for Root {
             return;
         };
         state.send_outbox();
+        state.renew_leases();
         let due: Vec<(u32, Prepared, u64)> = state
             .waiters
             .borrow()

@@ -61,6 +61,25 @@ pub(super) struct State {
     /// root switches back to itself, or its next callout would belong to that request (and be
     /// cancelled with it — Envoy crashed on exactly that).
     pub(super) root_id: u32,
+    /// Claims whose requests wait for the upstream, renewed by the root context every third of
+    /// their lease: while this gateway lives, a slow request is never taken over. Only a gateway
+    /// that died stops renewing (the one way left to a second execution).
+    pub(super) leases: RefCell<HashMap<LeaseOwner, Lease>>,
+    /// Root-context Webdis renewals in flight: callout token → whose lease.
+    pub(super) renewals: RefCell<HashMap<u32, LeaseOwner>>,
+}
+
+/// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum LeaseOwner {
+    Request(u32),
+    Detached(u32),
+}
+
+pub(super) struct Lease {
+    pub(super) route: usize,
+    pub(super) ticket: StoreTicket,
+    pub(super) renew_at_ms: u64,
 }
 
 /// A Redis write finishing a ticket, sent by the root context so it completes even though the
@@ -117,6 +136,65 @@ pub(super) struct Detached {
 }
 
 impl State {
+    /// Starts renewing a forwarded claim's lease (key claims only; tokens have no lease).
+    pub(super) fn hold_lease(&self, owner: LeaseOwner, route: usize, ticket: &Ticket) {
+        let Ticket::Claim(st) = ticket else {
+            return;
+        };
+        let renew_at_ms = Envoy.now_ms().saturating_add(self.renew_every(route));
+        self.leases.borrow_mut().insert(owner, Lease { route, ticket: st.clone(), renew_at_ms });
+    }
+
+    pub(super) fn drop_lease(&self, owner: LeaseOwner) {
+        self.leases.borrow_mut().remove(&owner);
+    }
+
+    fn renew_every(&self, route: usize) -> u64 {
+        self.engine.policy(route).map(|p| p.key.lock_ttl.millis / 3).unwrap_or(1000).max(1)
+    }
+
+    /// Renews the leases that are due (root context, on its tick).
+    pub(super) fn renew_leases(&self) {
+        let now = Envoy.now_ms();
+        let due: Vec<(LeaseOwner, usize, StoreTicket)> = self
+            .leases
+            .borrow()
+            .iter()
+            .filter(|(_, l)| l.renew_at_ms <= now)
+            .map(|(o, l)| (*o, l.route, l.ticket.clone()))
+            .collect();
+        for (owner, route, ticket) in due {
+            let next = now.saturating_add(self.renew_every(route));
+            if let Some(l) = self.leases.borrow_mut().get_mut(&owner) {
+                l.renew_at_ms = next;
+            }
+            match &ticket {
+                StoreTicket::Shared(t) => {
+                    if let Ok(false) = self.engine.renew_shared(&Envoy, route, t) {
+                        self.drop_lease(owner); // taken over meanwhile: nothing left to renew
+                    }
+                }
+                StoreTicket::Redis(t) => {
+                    let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+                        continue;
+                    };
+                    if let Ok(token) = self.dispatch(&store.renew(t, policy.key.lock_ttl.millis)) {
+                        self.renewals.borrow_mut().insert(token, owner);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Webdis renewal's reply: a lease that is no longer ours is not renewed again.
+    pub(super) fn renewed(&self, owner: LeaseOwner, status: u16, body: &[u8]) {
+        if let (Some(store), true) = (self.engine.redis(), status != 0) {
+            if let Ok(false) = store.parse_update(status, body) {
+                self.drop_lease(owner);
+            }
+        }
+    }
+
     pub(super) fn count(&self, route: usize, outcome: Outcome) {
         if let Some(Some(id)) = self.counters.get(route).and_then(|c| c.get(outcome.index())) {
             abi::increment(*id, 1);
@@ -400,6 +478,7 @@ impl State {
             let timeout = self.engine.policy(call.route).map(|p| p.upstream_timeout.millis).unwrap_or(15_000);
             match abi::dispatch(&call.cluster, &call.headers, &call.body, timeout) {
                 Ok(token) => {
+                    self.hold_lease(LeaseOwner::Detached(call.ctx), call.route, &call.ticket);
                     self.detached.borrow_mut().insert(token, call);
                 }
                 Err(s) => {
@@ -423,6 +502,7 @@ impl State {
 
     /// A detached call's answer: store it, then give it to the client if it is still there.
     pub(super) fn detached_answered(&self, call: Detached, status: u16, headers: Vec<Pair>, body: Vec<u8>) {
+        self.drop_lease(LeaseOwner::Detached(call.ctx));
         let Some(policy) = self.engine.policy(call.route) else {
             return;
         };

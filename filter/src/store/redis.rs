@@ -9,6 +9,7 @@
 //! | complete | `EVAL`: if `GET k` is our in-flight record or nothing, `SET k <completed record> PX <ttl>`; if that `SET` fails, `PEXPIRE` our record (lease kept while the write is retried) | 1 |
 //! | hold unknown | `EVAL`: if `GET k` is our in-flight record or nothing, `SET k <unknown record> PX <hold>` | 1 |
 //! | release | `EVAL`: if `GET k` is still our in-flight record, `DEL k` | 1 |
+//! | renew lease | `EVAL`: if `GET k` is still our in-flight record, `PEXPIRE k <lock_ttl>` | 1 |
 //! | issue token | `SET t <issued record> PX <ttl>` | 1 |
 //! | use token | `EVAL`: `GET t`; if issued, `SET t <used record> KEEPTTL`; return the old value | 1 |
 //! | restore token | `EVAL`: if `GET t` is our used record, `SET t <issued record> KEEPTTL` | 1 |
@@ -50,6 +51,8 @@ const COMPLETE: &str = "local v=redis.call('GET',KEYS[1]) \
     local r=redis.pcall('SET',KEYS[1],ARGV[2],'PX',ARGV[3]) \
     if type(r)=='table' and r.err then if v then redis.call('PEXPIRE',KEYS[1],ARGV[4]) end return r end \
     return 1";
+const RENEW: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
+    return redis.call('PEXPIRE',KEYS[1],ARGV[2]) else return 0 end";
 const RELEASE: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 else return 0 end";
 const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return false end \
     if string.sub(v,1,2)=='K|' then redis.call('SET',KEYS[1],ARGV[1],'KEEPTTL') end return v";
@@ -140,6 +143,12 @@ impl<'a> RedisStore<'a> {
         let record = format!("U|{owner}|{fp}|{first}|{}", now.saturating_add(hold_ms));
         let (hold, lease) = (hold_ms.max(1).to_string(), lease_ms.max(1).to_string());
         Command { name: "EVAL", body: command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &hold, &lease]) }
+    }
+
+    /// Extends the lease of a claim whose request still waits for the upstream.
+    pub fn renew(&self, t: &Ticket, lease_ms: u64) -> Command {
+        let lease = lease_ms.max(1).to_string();
+        Command { name: "EVAL", body: command(&["EVAL", RENEW, "1", &t.key, &t.record, &lease]) }
     }
 
     /// Release of a claim whose first attempt definitely failed.

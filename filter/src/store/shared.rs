@@ -398,6 +398,11 @@ impl SharedStore {
         self.update_entry(host, t, State::InFlight, |e, _| *e = Entry::EMPTY)
     }
 
+    /// Extends the lease of a claim whose request is still waiting for the upstream. Fenced.
+    pub fn renew(&self, host: &dyn Host, t: &Ticket, lease_ms: u64) -> Result<bool, StoreError> {
+        self.update_entry(host, t, State::InFlight, |e, now| e.until_ms = now.saturating_add(lease_ms))
+    }
+
     /// Marks a claim whose outcome is unknown: held for `hold_ms`, never taken over. Fenced.
     pub fn hold_unknown(&self, host: &dyn Host, t: &Ticket, hold_ms: u64) -> Result<bool, StoreError> {
         self.update_entry(host, t, State::InFlight, |e, now| {
