@@ -13,6 +13,8 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
        configure routes without a policy)                         informational
   (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.70 x (a)
   (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
+  (g)  key mode with `forward = "detached"` (the root context sends
+       the request upstream itself), unique keys: the option's cost  informational
   (e)  key mode on the Redis store (through Webdis), unique keys:
        claim + completion = two Webdis round trips + the upstream  target >= 0.45 x (a)
   (f)  key mode on the Redis store, replays (one Webdis round trip) target >= 0.80 x (a)
@@ -56,6 +58,15 @@ match = { method = "POST", path = "/api/order/create" }
 [route.key]
 lock_ttl = "30s"
 ttl = "24h"
+
+[[route]]
+name = "bench-detached"
+match = { method = "POST", path = "/api/order/detached" }
+forward = "detached"
+
+[route.key]
+lock_ttl = "30s"
+ttl = "24h"
 """
 
 REDIS_POLICY = stack.redis_table(timeout="500ms", prefix="idem-bench:") + """
@@ -71,6 +82,7 @@ ttl = "10m"
 
 ROUTES = [
     {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
+    {"name": "bench-detached", "match": {"path": "/api/order/detached"}, "idem": True},
     {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
     {"name": "bench-disabled", "match": {"prefix": "/"}, "idem": False},
 ]
@@ -82,6 +94,8 @@ CASES = [
     ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None),
     ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.70),
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
+    ("g", "key mode, forward = detached, unique keys", "idem", "/api/order/detached", "unique_keys.lua", "unique",
+     None),
     ("e", "Redis store, unique keys", "redis", "/api/order/create", "unique_keys.lua", "unique", 0.45),
     ("f", "Redis store, replays (same key)", "redis", "/api/order/create", "same_key.lua", "same", 0.80),
     ("w", "wrk -> Webdis `SET NX PX GET` (store ceiling)", "webdis", "/", "webdis_set_nx.lua", "webdis", None),
@@ -157,7 +171,7 @@ def main():
                 sargs = [path, key]
                 # (Re)store the replay key first: the unique-key case churns the store and may have
                 # evicted it, and 32 connections racing for a fresh key would measure 409s, not replays.
-                hdrs = {"Idempotency-Key": key, "Content-Type": "application/json"}
+                hdrs = {"Idempotency-Key": key, "Content-Type": "application/json", "Authorization": "Bearer bench"}
                 r = stack.request(port, "POST", path, hdrs, b'{"sku":"A1","qty":1}')
                 if r.status != 200:
                     raise stack.StackError("priming the replay key failed: %r" % r)
@@ -189,6 +203,7 @@ def main():
                 time.sleep(0.3)
 
         counters = idem.stats("idem.bench-key.")
+        counters.update(idem.stats("idem.bench-detached."))
         redis_counters = redis_env.stats("idem.bench-redis.")
         table = []
         base_runs = results["a"]

@@ -180,3 +180,31 @@ def test_detached_answer_reaches_a_client_that_waits(gateway, upstream):
     assert again.status == 200 and again.header("idempotent-replayed") == "true", describe(again)
     assert again.body == r.body, describe(again)
     assert executions(upstream, key) == 1
+
+
+@pytest.fixture
+def fast_upstream(workdir):
+    """An Envoy answering every request itself at once: detached calls come back within the
+    moment Envoy keeps a reset stream's context around."""
+    env = stack.start_fast_upstream(workdir, concurrency=1)
+    yield env
+    env.stop()
+
+
+def test_clients_leaving_during_detached_calls_never_trap_the_vm(make_envoy, fast_upstream):
+    """wrk's 32 connections close at the end of its run while the root's detached calls are out:
+    the root must not answer a stream whose client reset it (Envoy still accepts the context for
+    a moment, the SDK has deleted it, and a reply there trapped the VM — found by `make bench`).
+    The worker keeps serving."""
+    env = make_envoy(policy("shared"), ROUTES, upstream_port=fast_upstream.listen_port, concurrency=1)
+    for i in range(3):
+        res = stack.run_wrk(env.listen_port, "/sdk/detached", stack.WRK_SCRIPTS / "unique_keys.lua",
+                            ["/sdk/detached", new_key("wrk%d" % i)], duration=1.0, connections=32, threads=1)
+        assert res["requests"] > 0, res["raw"]
+    key = new_key("after")
+    r = env.request("POST", "/sdk/detached", headers={"Idempotency-Key": key}, body={"sku": "A1"})
+    assert r.status == 200, describe(r)
+    again = env.request("POST", "/sdk/detached", headers={"Idempotency-Key": key}, body={"sku": "A1"})
+    assert again.header("idempotent-replayed") == "true", describe(again)
+    log = env.log_text()
+    assert "panic" not in log and "unreachable" not in log, env.log_tail(30)

@@ -517,6 +517,7 @@ impl HttpContext for Request {
     }
 
     fn on_log(&mut self) {
+        self.state.live.borrow_mut().remove(&self.context_id);
         self.state.waiters.borrow_mut().remove(&self.context_id);
         self.state.drop_lease(LeaseOwner::Request(self.context_id));
         if let Some(Pending::Claim { prepared, ticket }) = self.pending.take() {

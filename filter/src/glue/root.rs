@@ -12,7 +12,7 @@ use crate::policy::{parse_bundle, StoreKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 
 pub(super) struct Root {
@@ -174,6 +174,7 @@ impl RootContext for Root {
             root_id: self.id,
             leases: RefCell::new(HashMap::new()),
             renewals: RefCell::new(HashMap::new()),
+            live: RefCell::new(HashSet::new()),
         }));
         true
     }
@@ -225,6 +226,7 @@ impl RootContext for Root {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let state = self.state.clone()?;
+        state.live.borrow_mut().insert(context_id);
         Some(Box::new(Request::new(state, context_id)))
     }
 

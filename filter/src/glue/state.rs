@@ -13,7 +13,7 @@ use crate::policy::StoreKind;
 use crate::response::LocalReply;
 use crate::store::{redis, shared, Completion, StoreError};
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// A held duplicate, polled by the root context.
 pub(super) struct Waiter {
@@ -67,6 +67,11 @@ pub(super) struct State {
     pub(super) leases: RefCell<HashMap<LeaseOwner, Lease>>,
     /// Root-context Webdis renewals in flight: callout token → whose lease.
     pub(super) renewals: RefCell<HashMap<u32, LeaseOwner>>,
+    /// HTTP contexts whose stream has not ended (created, and `on_log` not seen yet). The root
+    /// acts on a request only while it is here: Envoy may still accept `set_effective_context`
+    /// for a stream its client reset, but a local reply sent there calls back into a context the
+    /// SDK has deleted, and the SDK panics ("invalid context_id").
+    pub(super) live: RefCell<HashSet<u32>>,
 }
 
 /// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.
@@ -534,7 +539,7 @@ impl State {
             }
         };
         self.record(route, &v);
-        if abi::set_effective_context(ctx).is_err() {
+        if !self.live.borrow().contains(&ctx) || abi::set_effective_context(ctx).is_err() {
             return;
         }
         match v.action {
@@ -555,16 +560,17 @@ impl State {
     /// Carries out the client side of a finished write (root context only), then makes the root
     /// the effective context again.
     fn carry_out(&self, after: After) {
+        let live = |ctx: &u32| self.live.borrow().contains(ctx);
         match after {
             After::Nothing => return,
             After::Resume(ctx) => {
-                if abi::set_effective_context(ctx).is_ok() {
+                if live(&ctx) && abi::set_effective_context(ctx).is_ok() {
                     let _ = abi::resume_response();
                 }
             }
             After::Deliver(ctx, reply) => {
-                // Fails when the client left: its retry will find the stored answer instead.
-                if abi::set_effective_context(ctx).is_ok() {
+                // Not when the client left: its retry will find the stored answer instead.
+                if live(&ctx) && abi::set_effective_context(ctx).is_ok() {
                     send(&reply);
                 }
             }
