@@ -304,6 +304,11 @@ impl Request {
 
     /// What the filter does with a request no policy matched (`unmatched` in the bundle).
     fn unmatched(&mut self) -> Action {
+        if self.state.engine.bundle.unmatched == crate::policy::Unmatched::Pass {
+            // The cheap common case: one counter, no more host calls.
+            self.state.count_unmatched(false);
+            return Action::Continue;
+        }
         let method = text(abi::header(abi::map::REQUEST_HEADERS, ":method").ok().flatten());
         match self.state.engine.unmatched(&method) {
             Some(reply) => {
