@@ -14,21 +14,10 @@ use crate::engine::Ending;
 use crate::pairs::Pair;
 use crate::response::{self, LocalReply};
 
-/// Request headers not sent on the detached call: hop-by-hop (RFC 9110 §7.6.1), the length Envoy
-/// computes from the body, and Envoy's own control headers (a client must not steer the callout).
+/// Request headers not sent on the detached call: hop-by-hop ones, `expect` (the callout sends
+/// the body at once), and Envoy's own control headers (a client must not steer the callout).
 fn forwardable(name: &str) -> bool {
-    const DROP: &[&str] = &[
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "expect",
-    ];
-    !name.starts_with("x-envoy-") && !DROP.contains(&name)
+    !name.starts_with("x-envoy-") && name != "expect" && !response::HOP_BY_HOP.contains(&name)
 }
 
 /// The detached call's headers: the client's (pseudo-headers `:method`, `:path`, `:authority`

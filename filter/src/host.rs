@@ -1,12 +1,14 @@
-//! The host boundary: everything the core needs from Envoy, as calls that return `Result`.
+//! The host boundary: everything the filter needs from Envoy, as calls that return `Result` or
+//! plain values — never a panic.
 //!
-//! The Wasm glue implements [`Host`] with proxy-wasm hostcalls; [`FakeHost`] implements it in
-//! memory with Envoy's real shared-data semantics (proxy-wasm-cpp-host `src/shared_data.cc`):
-//! one global CAS counter, `set` on an absent key inserts whatever CAS was passed, no delete.
+//! The Wasm glue implements [`Host`] on the proxy-wasm ABI (`glue/abi.rs`, bytes in and out).
+//! [`crate::testing::FakeHost`] implements it in memory with Envoy's real semantics: shared data
+//! with one global CAS counter, `set` on an absent key inserting whatever CAS was passed, no
+//! delete; streams addressed by context id, with the "current" one the context Envoy is calling
+//! (or the effective one a root callback switched to).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use crate::pairs::Pair;
+use crate::response::LocalReply;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostError {
@@ -16,90 +18,70 @@ pub enum HostError {
     Failed(String),
 }
 
+/// Envoy's log levels (proxy-wasm numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
 pub trait Host {
+    // ---- the worker
     /// Wall-clock time in milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
     /// A value and its CAS, or `None` when the key was never written.
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError>;
     /// Writes a value; with `Some(cas)` only if the stored CAS still matches (existing keys only).
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError>;
-    /// 64 random bits (owner ids).
+    /// 64 random bits (owner ids, the bucket secret).
     fn random_u64(&self) -> Result<u64, HostError>;
+    /// 16 bytes from the system's CSPRNG (tokens).
+    fn random_token(&self) -> Result<[u8; 16], HostError>;
+    fn log(&self, level: Level, message: &str);
+    /// Adds one to a counter defined with [`Host::define_counter`].
+    fn count(&self, counter: u32);
+    /// Sends an HTTP call through an Envoy cluster; the answer arrives at the context that is
+    /// current now. Returns the call's token.
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError>;
+    /// Wakes this worker's root context (its shared queue).
+    fn enqueue(&self, queue: u32);
+    /// Makes another context current (the root acting on a held request).
+    fn set_effective_context(&self, context: u32) -> Result<(), HostError>;
+
+    // ---- the current stream
+    /// One request header (the first value when it repeats), as bytes.
+    fn request_header(&self, name: &str) -> Option<Vec<u8>>;
+    fn request_headers(&self) -> Vec<Pair>;
+    /// The buffered request body, `size` bytes from the start.
+    fn request_body(&self, size: usize) -> Option<Vec<u8>>;
+    fn response_headers(&self) -> Vec<Pair>;
+    fn response_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// The answer of the HTTP call being delivered: headers (none when the call failed) and body.
+    fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>);
+    /// A property of the current stream (`xds.route_name`, dynamic metadata, …).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// Answers the current stream with a local reply.
+    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError>;
+    fn resume_request(&self) -> Result<(), HostError>;
+    fn resume_response(&self) -> Result<(), HostError>;
 }
 
-/// Envoy's map for one vm_id: key → (value, cas), plus the global CAS counter.
-#[derive(Default)]
-struct SharedData {
-    map: HashMap<String, (Vec<u8>, u32)>,
-    next_cas: u32,
-}
-
-/// In-memory host for tests. `Sync`, so threads can play Envoy's worker VMs against one store.
-#[derive(Default)]
-pub struct FakeHost {
-    data: Mutex<SharedData>,
-    now: AtomicU64,
-    rng: AtomicU64,
-    /// When set, every shared-data call fails (store outage).
-    pub failing: std::sync::atomic::AtomicBool,
-}
-
-impl FakeHost {
-    pub fn new(now_ms: u64) -> Self {
-        let h = FakeHost::default();
-        h.now.store(now_ms, Ordering::SeqCst);
-        h
-    }
-    pub fn advance(&self, ms: u64) {
-        self.now.fetch_add(ms, Ordering::SeqCst);
-    }
-    /// Number of keys and total bytes held (keys + values), like Envoy's map.
-    pub fn footprint(&self) -> (usize, usize) {
-        match self.data.lock() {
-            Ok(g) => (g.map.len(), g.map.iter().map(|(k, (v, _))| k.len() + v.len()).sum()),
-            Err(_) => (0, 0),
-        }
-    }
-    fn check(&self) -> Result<(), HostError> {
-        if self.failing.load(Ordering::SeqCst) {
-            Err(HostError::Failed("shared data unavailable (fake outage)".into()))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl Host for FakeHost {
-    fn now_ms(&self) -> u64 {
-        self.now.load(Ordering::SeqCst)
-    }
-    fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        self.check()?;
-        let g = self.data.lock().map_err(|_| HostError::Failed("poisoned".into()))?;
-        Ok(g.map.get(key).cloned())
-    }
-    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
-        self.check()?;
-        let mut g = self.data.lock().map_err(|_| HostError::Failed("poisoned".into()))?;
-        let SharedData { map, next_cas: counter } = &mut *g;
-        if let Some((_, stored)) = map.get(key) {
-            if let Some(c) = cas {
-                if c != 0 && c != *stored {
-                    return Err(HostError::CasMismatch);
-                }
-            }
-        }
-        // Envoy: an absent key is inserted whatever CAS was passed.
-        *counter = counter.wrapping_add(1);
-        if *counter == 0 {
-            *counter = 1;
-        }
-        map.insert(key.to_string(), (value.to_vec(), *counter));
-        Ok(())
-    }
-    fn random_u64(&self) -> Result<u64, HostError> {
-        // Distinct, non-zero, and not sequential-looking.
-        let n = self.rng.fetch_add(1, Ordering::SeqCst) + 1;
-        Ok(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
+/// What the root context sets up when the plugin configures: counters, the wake-up queue and
+/// the timer. Separate from [`Host`] because only configuration needs it.
+pub trait Setup {
+    fn define_counter(&self, name: &str) -> Option<u32>;
+    /// Registers a shared queue only this worker's root reads; its id.
+    fn register_queue(&self, name: &str) -> Option<u32>;
+    fn start_ticks(&self, period_ms: u64) -> Result<(), HostError>;
+    /// Envoy's log level for the `wasm` component, as [`Level`]'s number.
+    fn log_level(&self) -> u32;
 }

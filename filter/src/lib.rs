@@ -2,9 +2,10 @@
 //!
 //! The core is host-independent and tested natively: [`policy`] (the policy files), [`key`]
 //! (where keys come from, caller scoping), [`fingerprint`], [`store`] (atomic claims on Envoy's
-//! shared data), [`response`] (stored responses and local replies) and [`engine`] (the decisions),
-//! all talking to Envoy through the [`host::Host`] trait. The proxy-wasm glue in `glue` is
-//! compiled only for `wasm32` and holds no policy logic.
+//! shared data and Redis), [`response`] (stored responses and local replies), [`engine`] (the
+//! decisions) and [`lifecycle`] (what a request does across its callbacks, and what the worker's
+//! root context does for all of them), all talking to Envoy through the [`host::Host`] trait.
+//! The proxy-wasm glue in `glue` is compiled only for `wasm32` and only translates callbacks.
 
 pub mod engine;
 pub mod fingerprint;
@@ -12,10 +13,13 @@ pub mod forward;
 pub mod host;
 pub mod json;
 pub mod key;
+pub mod lifecycle;
 pub mod pairs;
 pub mod policy;
 pub mod response;
 pub mod store;
+#[cfg(any(test, feature = "fake-host"))]
+pub mod testing;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;

@@ -22,26 +22,28 @@ pub struct StoredResponse {
     pub body: Vec<u8>,
 }
 
-/// Headers never replayed: hop-by-hop (RFC 9110 §7.6.1), ones Envoy recomputes, cookies (a replay
-/// must not hand one caller's session to a later request), and Envoy's own diagnostics.
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and the length Envoy computes itself: never copied from
+/// one HTTP message to another (a replay, a detached call, its answer).
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+/// Headers never replayed: [`HOP_BY_HOP`], ones Envoy recomputes, cookies (a replay must not
+/// hand one caller's session to a later request), and Envoy's own diagnostics.
 pub fn replayable_header(name: &str) -> bool {
-    const DROP: &[&str] = &[
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "date",
-        "set-cookie",
-        "server",
-        "idempotent-replayed",
-    ];
-    !name.starts_with(':') && !name.starts_with("x-envoy-") && !DROP.iter().any(|d| name.eq_ignore_ascii_case(d))
+    const ALSO: &[&str] = &["date", "set-cookie", "server", "idempotent-replayed"];
+    !name.starts_with(':')
+        && !name.starts_with("x-envoy-")
+        && !HOP_BY_HOP.iter().chain(ALSO).any(|d| name.eq_ignore_ascii_case(d))
 }
 
 impl StoredResponse {

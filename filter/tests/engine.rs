@@ -4,9 +4,10 @@
 mod common;
 use common::Req;
 use idem_filter::engine::*;
-use idem_filter::host::{FakeHost, Host};
+use idem_filter::host::Host;
 use idem_filter::policy::parse_bundle;
 use idem_filter::response::LocalReply;
+use idem_filter::testing::FakeHost;
 
 const POLICY: &str = r#"
 [shared]

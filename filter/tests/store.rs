@@ -1,11 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
 //! The shared-data store against a fake host with Envoy's exact shared-data semantics.
 
-use idem_filter::host::{FakeHost, Host, HostError};
+use idem_filter::host::{Host, HostError};
 use idem_filter::policy::SharedConfig;
 use idem_filter::response::StoredResponse;
 use idem_filter::store::shared::*;
 use idem_filter::store::{Claim, Completion, StoreError, TokenUse};
+use idem_filter::testing::FakeHost;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 

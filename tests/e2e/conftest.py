@@ -326,3 +326,15 @@ def make_fleet(workdir, upstream, request):
         if _failed(request.node):
             print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
         env.stop()
+
+
+@pytest.fixture
+def make_gateway(request, make_envoy, make_fleet, redis_components):
+    """One Envoy on `store`: the shared-data store, or Redis (a one-Envoy fleet on the module's
+    Redis + Webdis). For tests parametrised over both stores."""
+    def make(store, policy_toml, routes, **kw):
+        if store == "shared":
+            return make_envoy(policy_toml, routes, **kw)
+        rs = request.getfixturevalue("redis_stack")
+        return make_fleet(policy_toml, routes, rs.webdis.port, n=1, **kw)[0]
+    return make

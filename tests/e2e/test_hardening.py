@@ -121,12 +121,9 @@ JWT_AUTHN = {
 
 
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_envoy, make_fleet, redis_components):
+def gateway(request, make_gateway):
     """One Envoy with one worker (so one crash would show on every later request)."""
-    if request.param == "shared":
-        return make_envoy(policy("shared"), ROUTES, concurrency=1, pre_filters=[JWT_AUTHN])
-    rs = request.getfixturevalue("redis_stack")
-    return make_fleet(policy("redis"), ROUTES, rs.webdis.port, n=1, concurrency=1, pre_filters=[JWT_AUTHN])[0]
+    return make_gateway(request.param, policy(request.param), ROUTES, concurrency=1, pre_filters=[JWT_AUTHN])
 
 
 def raw_post(env, path, headers, body=b'{"sku":"A1"}', timeout=10.0):

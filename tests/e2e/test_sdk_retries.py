@@ -70,11 +70,8 @@ lock_ttl = "2s"
 
 
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_envoy, make_fleet, redis_components):
-    if request.param == "shared":
-        return make_envoy(policy("shared"), ROUTES)
-    rs = request.getfixturevalue("redis_stack")
-    return make_fleet(policy("redis"), ROUTES, rs.webdis.port, n=1)[0]
+def gateway(request, make_gateway):
+    return make_gateway(request.param, policy(request.param), ROUTES)
 
 
 def run_sdk(lang, env, path, body):

@@ -1,23 +1,29 @@
-//! The host on Envoy: the core's [`Host`] trait on the raw ABI ([`super::abi`]), and logging.
+//! The host on Envoy: the core's [`Host`] and [`Setup`] on the raw ABI ([`super::abi`]).
 
 use super::abi;
-use crate::host::{Host, HostError};
+use crate::host::{Host, HostError, Level, Setup};
+use crate::pairs::Pair;
+use crate::response::LocalReply;
 
 /// [`Host`] on Envoy's hostcalls.
 pub(super) struct Envoy;
+
+fn failed(call: &str) -> impl Fn(abi::Status) -> HostError + '_ {
+    move |s| HostError::Failed(format!("{call}: status {s}"))
+}
 
 impl Host for Envoy {
     fn now_ms(&self) -> u64 {
         abi::now_ms().unwrap_or(0)
     }
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        abi::shared_get(key).map_err(|s| HostError::Failed(format!("get_shared_data: status {s}")))
+        abi::shared_get(key).map_err(failed("get_shared_data"))
     }
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
         match abi::shared_set(key, value, cas.unwrap_or(0)) {
             Ok(()) => Ok(()),
             Err(abi::CAS_MISMATCH) => Err(HostError::CasMismatch),
-            Err(s) => Err(HostError::Failed(format!("set_shared_data: status {s}"))),
+            Err(s) => Err(failed("set_shared_data")(s)),
         }
     }
     /// Owner ids need to be unique across workers, not secret: SplitMix64 seeded once per VM
@@ -36,22 +42,87 @@ impl Host for Envoy {
             Ok(z ^ (z >> 31))
         })
     }
+    /// Tokens must be unguessable: straight from WASI `random_get` (Envoy: BoringSSL `RAND_bytes`).
+    fn random_token(&self) -> Result<[u8; 16], HostError> {
+        let mut out = [0u8; 16];
+        getrandom::fill(&mut out).map_err(|e| HostError::Failed(format!("random_get: {e}")))?;
+        Ok(out)
+    }
+    fn log(&self, level: Level, message: &str) {
+        abi::log(level as u32, message);
+    }
+    fn count(&self, counter: u32) {
+        abi::increment(counter, 1);
+    }
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        abi::dispatch(cluster, headers, body, timeout_ms).map_err(failed("dispatch_http_call"))
+    }
+    fn enqueue(&self, queue: u32) {
+        let _ = abi::enqueue(queue, b"1");
+    }
+    fn set_effective_context(&self, context: u32) -> Result<(), HostError> {
+        abi::set_effective_context(context).map_err(failed("set_effective_context"))
+    }
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        abi::header(abi::map::REQUEST_HEADERS, name).ok().flatten()
+    }
+    fn request_headers(&self) -> Vec<Pair> {
+        abi::headers(abi::map::REQUEST_HEADERS).unwrap_or_default()
+    }
+    fn request_body(&self, size: usize) -> Option<Vec<u8>> {
+        abi::buffer(abi::buffer::REQUEST_BODY, 0, size).ok().flatten()
+    }
+    fn response_headers(&self) -> Vec<Pair> {
+        abi::headers(abi::map::RESPONSE_HEADERS).unwrap_or_default()
+    }
+    fn response_body(&self, size: usize) -> Option<Vec<u8>> {
+        abi::buffer(abi::buffer::RESPONSE_BODY, 0, size).ok().flatten()
+    }
+    fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>) {
+        // A failed call (reset, timeout, no cluster) has no headers at all.
+        let headers = if num_headers == 0 {
+            Vec::new()
+        } else {
+            abi::headers(abi::map::CALL_RESPONSE_HEADERS).unwrap_or_default()
+        };
+        let body = abi::buffer(abi::buffer::CALL_RESPONSE_BODY, 0, body_size).ok().flatten().unwrap_or_default();
+        (headers, body)
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        abi::property(path).ok().flatten()
+    }
+    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
+        abi::send_response(reply.status, &reply.headers, &reply.body).map_err(failed("send_local_response"))
+    }
+    fn resume_request(&self) -> Result<(), HostError> {
+        abi::resume_request().map_err(failed("continue_stream"))
+    }
+    fn resume_response(&self) -> Result<(), HostError> {
+        abi::resume_response().map_err(failed("continue_stream"))
+    }
+}
+
+impl Setup for Envoy {
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        abi::define_counter(name).ok()
+    }
+    fn register_queue(&self, name: &str) -> Option<u32> {
+        abi::register_queue(name).ok()
+    }
+    fn start_ticks(&self, period_ms: u64) -> Result<(), HostError> {
+        abi::set_tick_period_ms(period_ms.min(u64::from(u32::MAX)) as u32).map_err(failed("set_tick_period"))
+    }
+    fn log_level(&self) -> u32 {
+        abi::log_level().unwrap_or(0)
+    }
 }
 
 thread_local! {
     static OWNER_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Envoy's log levels (proxy-wasm numbering).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Level {
-    Debug = 1,
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-    Critical = 5,
-}
-
-pub(super) fn log(level: Level, msg: &str) {
-    abi::log(level as u32, msg);
 }

@@ -1,0 +1,80 @@
+//! Detached forwarding on the root context: the claimed request is sent upstream by the root,
+//! so a client that leaves cannot cancel it; the answer is stored and given to the client if it
+//! is still there (see [`crate::forward`] for what the option gives up).
+
+use super::leases::LeaseOwner;
+use super::worker::Worker;
+use super::writes::After;
+use crate::engine::{Ending, Ticket};
+use crate::host::{Host, Level};
+use crate::pairs::Pair;
+
+/// A claimed request the root context sends upstream (`forward = "detached"`).
+pub(super) struct Detached {
+    pub(super) ctx: u32,
+    pub(super) route: usize,
+    pub(super) ticket: Ticket,
+    pub(super) key: Option<String>,
+    pub(super) cluster: String,
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) body: Vec<u8>,
+    pub(super) first_seen_ms: u64,
+}
+
+impl Worker {
+    /// Queues a detached call for the root context.
+    pub(super) fn detach(&self, host: &dyn Host, call: Detached) {
+        self.detached_out.borrow_mut().push(call);
+        self.wake(host);
+    }
+
+    /// Sends queued detached upstream calls (root context).
+    pub(super) fn send_detached(&self, host: &dyn Host) {
+        let calls: Vec<Detached> = self.detached_out.borrow_mut().drain(..).collect();
+        for call in calls {
+            let timeout = self.engine.policy(call.route).map(|p| p.upstream_timeout.millis).unwrap_or(15_000);
+            match host.dispatch(&call.cluster, &call.headers, &call.body, timeout) {
+                Ok(token) => {
+                    self.hold_lease(host, LeaseOwner::Detached(call.ctx), call.route, &call.ticket);
+                    self.detached.borrow_mut().insert(token, call);
+                }
+                Err(e) => {
+                    host.log(Level::Error, &format!("idem: detached call to cluster {} not sent: {e:?}", call.cluster));
+                    let reply = crate::response::json_reply(
+                        503,
+                        "IDEMPOTENCY_UPSTREAM_UNAVAILABLE",
+                        "the request could not be sent upstream; retry later",
+                        &[],
+                    );
+                    let ending = Ending::NoResponse { forwarded: false };
+                    let after = After::Deliver(call.ctx, reply);
+                    if let Some(after) = self.finish_ticket(host, call.route, &call.ticket, call.key, ending, after) {
+                        self.carry_out(host, after);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A detached call's answer: store it, then give it to the client if it is still there.
+    pub(super) fn detached_answered(
+        &self,
+        host: &dyn Host,
+        call: Detached,
+        status: u16,
+        headers: Vec<Pair>,
+        body: Vec<u8>,
+    ) {
+        self.drop_lease(LeaseOwner::Detached(call.ctx));
+        let Some(policy) = self.engine.policy(call.route) else {
+            return;
+        };
+        let hold_until = host.now_ms().saturating_add(policy.key.unknown_hold_ms());
+        let reply = crate::forward::answer(status, &headers, &body, call.first_seen_ms, hold_until);
+        let ending = crate::forward::ending(status, headers, body, policy.max_response_bytes as usize);
+        let after = After::Deliver(call.ctx, reply);
+        if let Some(after) = self.finish_ticket(host, call.route, &call.ticket, call.key, ending, after) {
+            self.carry_out(host, after);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Lease renewal: while a request waits for the upstream, the root context renews its claim's
+//! lease every third of `lock_ttl`, so a slow request is never taken over while its gateway
+//! lives. Only a gateway that died (or froze) stops renewing — the one way left to a second
+//! execution.
+
+use super::worker::Worker;
+use crate::engine::{StoreTicket, Ticket};
+use crate::host::Host;
+
+/// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum LeaseOwner {
+    Stream(u32),
+    Detached(u32),
+}
+
+pub(super) struct Lease {
+    route: usize,
+    ticket: StoreTicket,
+    renew_at_ms: u64,
+}
+
+impl Worker {
+    /// Starts renewing a forwarded claim's lease (key claims only; tokens have no lease).
+    pub(super) fn hold_lease(&self, host: &dyn Host, owner: LeaseOwner, route: usize, ticket: &Ticket) {
+        let Ticket::Claim(st) = ticket else {
+            return;
+        };
+        let renew_at_ms = host.now_ms().saturating_add(self.renew_every(route));
+        self.leases.borrow_mut().insert(owner, Lease { route, ticket: st.clone(), renew_at_ms });
+    }
+
+    pub(super) fn drop_lease(&self, owner: LeaseOwner) {
+        self.leases.borrow_mut().remove(&owner);
+    }
+
+    fn renew_every(&self, route: usize) -> u64 {
+        self.engine.policy(route).map(|p| p.key.lock_ttl.millis / 3).unwrap_or(1000).max(1)
+    }
+
+    /// Renews the leases that are due (root context, on its tick).
+    pub(super) fn renew_leases(&self, host: &dyn Host) {
+        let now = host.now_ms();
+        let due: Vec<(LeaseOwner, usize, StoreTicket)> = self
+            .leases
+            .borrow()
+            .iter()
+            .filter(|(_, l)| l.renew_at_ms <= now)
+            .map(|(o, l)| (*o, l.route, l.ticket.clone()))
+            .collect();
+        for (owner, route, ticket) in due {
+            let next = now.saturating_add(self.renew_every(route));
+            if let Some(l) = self.leases.borrow_mut().get_mut(&owner) {
+                l.renew_at_ms = next;
+            }
+            match &ticket {
+                StoreTicket::Shared(t) => {
+                    if let Ok(false) = self.engine.renew_shared(host, route, t) {
+                        self.drop_lease(owner); // taken over meanwhile: nothing left to renew
+                    }
+                }
+                StoreTicket::Redis(t) => {
+                    let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+                        continue;
+                    };
+                    if let Ok(token) = self.dispatch(host, &store.renew(t, policy.key.lock_ttl.millis)) {
+                        self.renewals.borrow_mut().insert(token, owner);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Webdis renewal's reply: a lease that is no longer ours is not renewed again.
+    pub(super) fn renewed(&self, owner: LeaseOwner, status: u16, body: &[u8]) {
+        if let (Some(store), true) = (self.engine.redis(), status != 0) {
+            if let Ok(false) = store.parse_update(status, body) {
+                self.drop_lease(owner);
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The request lifecycle: what a request does across its callbacks, and what one worker's
+//! root context does for all of them — host-independent, driven by events, tested with
+//! [`crate::testing::FakeHost`].
+//!
+//! - [`Stream`]: one request, a state machine over [`stream::Phase`] (reading the body, waiting
+//!   for a store reply, held as a duplicate, forwarded, capturing the answer, handed to the root).
+//!   Each callback Envoy makes is an event (`on_request_headers`, `on_call_response`, …) that
+//!   moves the phase and carries out its actions through the host (send a reply, resume,
+//!   dispatch a call), and says whether the stream continues or pauses ([`Flow`]).
+//! - [`Worker`]: what the streams of one worker share, and the root context's events: its
+//!   tick (held duplicates, retried writes, lease renewals), its wake-up queue, and the answers
+//!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
+//!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
+//!
+//! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
+
+mod detached;
+mod leases;
+mod stream;
+mod worker;
+mod writes;
+
+pub use stream::Stream;
+pub use worker::Worker;
+
+/// What a stream callback tells Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Pause,
+}
+
+/// How often held duplicates are re-checked and queued writes sent, when any route needs it.
+pub const POLL_MS: u64 = 20;

@@ -1,0 +1,566 @@
+//! One request's way through the filter, as a state machine: find its policy, read the key (and
+//! body), decide on the shared store or through one Webdis call, capture the response, and
+//! report how it ended.
+
+use super::detached::Detached;
+use super::leases::LeaseOwner;
+use super::worker::{send, status_of, Waiter, Worker};
+use super::writes::After;
+use super::Flow;
+use crate::engine::{Action as Do, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::host::Host;
+use crate::key::RequestView;
+use crate::pairs::Pair;
+use crate::policy::{Forward, Unmatched};
+use crate::response::Header;
+use crate::store::redis;
+use std::rc::Rc;
+
+/// Where a request is. Each phase holds only what that phase needs.
+pub(super) enum Phase {
+    /// No request headers yet.
+    Start,
+    /// Nothing more to do: no policy, answered locally, or finished.
+    Idle,
+    /// A policy matched; the body is being buffered for the decision.
+    ReadingBody { route: usize },
+    /// A Webdis call decides (claim, token use, token issue); the request is paused.
+    AwaitingStore(Pending),
+    /// Held as a duplicate (`on_in_flight = "wait"`); the root polls for it and resumes it.
+    Held { route: usize },
+    /// Sent upstream by the root context (`forward = "detached"`); the root answers it.
+    Detached,
+    /// Forwarded with a ticket: its response is awaited.
+    Forwarded { route: usize, ticket: Ticket, key: Option<String> },
+    /// Response headers seen: the answer is being captured.
+    Capturing { route: usize, ticket: Ticket, key: Option<String>, capture: Capture },
+}
+
+/// A Webdis call the stream waits for.
+pub(super) enum Pending {
+    Claim { prepared: Prepared, ticket: redis::Ticket },
+    UseToken { prepared: Prepared, ticket: redis::Ticket },
+    Issue { route: usize, token: String },
+}
+
+/// The response being captured for a forwarded request.
+pub(super) struct Capture {
+    status: u16,
+    headers: Vec<Header>,
+    body: Vec<u8>,
+    /// Not storable whole (too large, trailers, not seen to the end): a tombstone is stored.
+    incomplete: bool,
+    details: String,
+    /// Held (buffered) until the root has written the outcome (Redis), so a retry after the
+    /// client got its answer always finds it.
+    holding: bool,
+}
+
+/// The request as the key and fingerprint code reads it.
+#[derive(Default)]
+struct Request {
+    method: String,
+    path: String,
+    headers: Vec<Pair>,
+    body: Option<Vec<u8>>,
+}
+
+impl RequestView for Request {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v.as_slice())
+            .collect()
+    }
+    fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref()
+    }
+}
+
+/// A request view that also reads properties from the host (dynamic metadata for scopes).
+struct WithHost<'a> {
+    req: &'a Request,
+    host: &'a dyn Host,
+}
+
+impl RequestView for WithHost<'_> {
+    fn method(&self) -> &str {
+        self.req.method()
+    }
+    fn path(&self) -> &str {
+        self.req.path()
+    }
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.req.header_values(name)
+    }
+    fn body(&self) -> Option<&[u8]> {
+        self.req.body()
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.host.property(path)
+    }
+}
+
+fn text(bytes: Option<Vec<u8>>) -> String {
+    bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+}
+
+/// One request's state machine.
+pub struct Stream {
+    worker: Rc<Worker>,
+    context: u32,
+    phase: Phase,
+    request: Request,
+}
+
+impl Stream {
+    pub fn new(worker: Rc<Worker>, context: u32) -> Self {
+        worker.stream_started(context);
+        Stream { worker, context, phase: Phase::Start, request: Request::default() }
+    }
+
+    /// The request headers arrived.
+    pub fn on_request_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let header = |n: &str| text(host.request_header(n));
+        self.request.path = header(":path");
+        if w.engine.is_issue_path(&self.request.path) {
+            self.request.method = header(":method");
+            if let Some(flow) = self.issue(host) {
+                return flow;
+            }
+        }
+        let route_name = || host.property(&["xds", "route_name"]).map(|b| text(Some(b)));
+        // The method is read only if a policy's path matches, and then only once.
+        let mut method = None;
+        let read_method = || method.insert(header(":method")).clone();
+        let Some(route) = w.engine.bundle.find(read_method, &self.request.path, route_name) else {
+            self.phase = Phase::Idle;
+            return self.unmatched(host);
+        };
+        self.request.headers = host.request_headers();
+        self.request.method = method.unwrap_or_else(|| header(":method"));
+        let needs_body = w.engine.policy(route).is_some_and(|p| p.needs_body());
+        if needs_body && !end_of_stream {
+            // Refuse a missing or malformed key now, not after the body arrived.
+            if let Some(v) = w.engine.precheck(route, &self.request) {
+                return self.apply(host, route, v, false);
+            }
+            // With allow_on_headers_stop_iteration, the body still reaches on_request_body.
+            self.phase = Phase::ReadingBody { route };
+            return Flow::Pause;
+        }
+        self.decide(host, route)
+    }
+
+    /// A request body chunk arrived; `size` is what Envoy has buffered so far.
+    pub fn on_request_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        let route = match self.phase {
+            Phase::ReadingBody { route } => route,
+            // Chunks that arrive while a Webdis call is out must not decide again.
+            Phase::AwaitingStore(_) => return Flow::Pause,
+            _ => return Flow::Continue,
+        };
+        let limit = self.worker.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
+        if size > limit {
+            return match self.worker.engine.body_too_large(route) {
+                Some(v) => self.apply(host, route, v, false),
+                None => Flow::Continue,
+            };
+        }
+        if !end_of_stream {
+            // Envoy buffers and calls again with the cumulative size.
+            return Flow::Pause;
+        }
+        self.request.body = host.request_body(size);
+        self.decide(host, route)
+    }
+
+    /// Request trailers arrived (the body is complete).
+    pub fn on_request_trailers(&mut self, host: &dyn Host) -> Flow {
+        match self.phase {
+            Phase::ReadingBody { route } => {
+                self.request.body = host.request_body(usize::MAX);
+                self.decide(host, route)
+            }
+            _ => Flow::Continue,
+        }
+    }
+
+    /// The answer of this stream's Webdis call.
+    pub fn on_call_response(&mut self, host: &dyn Host, num_headers: usize, body_size: usize) {
+        let Phase::AwaitingStore(pending) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return;
+        };
+        let w = Rc::clone(&self.worker);
+        let Some(store) = w.engine.redis() else {
+            return;
+        };
+        let (headers, body) = host.call_response(num_headers, body_size);
+        let status = status_of(&headers);
+        let now = host.now_ms();
+        match pending {
+            Pending::Claim { prepared, ticket } => {
+                let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
+                    return;
+                };
+                if status == 0 {
+                    // The SET may still reach Redis after the timeout: free it if it did.
+                    w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
+                }
+                let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
+                let v = w.engine.after_claim(&prepared, claim, now, None);
+                self.apply(host, prepared.route, v, true);
+            }
+            Pending::UseToken { prepared, ticket } => {
+                let used = store.parse_use_token(ticket, status, &body).map(|u| u.map(StoreTicket::Redis));
+                let v = w.engine.after_token(&prepared, used);
+                self.apply(host, prepared.route, v, true);
+            }
+            Pending::Issue { route, token } => {
+                let v = w.engine.issued(route, &token, now, store.parse_ok(status, &body));
+                self.apply(host, route, v, true);
+            }
+        }
+    }
+
+    /// The upstream's response headers arrived.
+    pub fn on_response_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Flow {
+        self.take_handoff(host);
+        let Phase::Forwarded { route, ticket, key } = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return Flow::Continue;
+        };
+        let pairs = host.response_headers();
+        let status = status_of(&pairs);
+        let details = if status >= 500 { text(host.property(&["response", "code_details"])) } else { String::new() };
+        let headers = pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
+        let holding = matches!(ticket, Ticket::Claim(StoreTicket::Redis(_)) | Ticket::Token(StoreTicket::Redis(_)));
+        let capture = Capture { status, headers, body: Vec::new(), incomplete: false, details, holding };
+        self.phase = Phase::Capturing { route, ticket, key, capture };
+        if end_of_stream {
+            return self.finish_capture(host);
+        }
+        if holding {
+            Flow::Pause
+        } else {
+            Flow::Continue
+        }
+    }
+
+    /// A response body chunk arrived; `size` is the chunk (streaming) or everything buffered
+    /// so far (while holding).
+    pub fn on_response_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        let Phase::Capturing { route, capture, .. } = &mut self.phase else {
+            return Flow::Continue;
+        };
+        let limit = self.worker.engine.policy(*route).map(|p| p.max_response_bytes as usize).unwrap_or(0);
+        if capture.holding {
+            // Envoy buffers and calls again with the cumulative size; read the whole body once.
+            if size > limit {
+                // Too large to remember (a tombstone): stop holding, let it stream.
+                capture.holding = false;
+                capture.incomplete = true;
+            } else if !end_of_stream {
+                return Flow::Pause;
+            } else {
+                capture.body = host.response_body(size).unwrap_or_default();
+                return self.finish_capture(host);
+            }
+        }
+        if !capture.incomplete && size > 0 {
+            // Not pausing: each call carries only the new chunk, and the client is not delayed.
+            match host.response_body(size) {
+                Some(chunk) if capture.body.len() + chunk.len() <= limit => capture.body.extend_from_slice(&chunk),
+                Some(_) => {
+                    capture.incomplete = true;
+                    capture.body = Vec::new();
+                }
+                None => {}
+            }
+        }
+        if end_of_stream {
+            return self.finish_capture(host);
+        }
+        Flow::Continue
+    }
+
+    /// Response trailers arrived. An answer with trailers (gRPC's status lives there) is not
+    /// stored whole: a tombstone (status only) is, so a repeat gets the duplicate answer —
+    /// never a replay without its trailers.
+    pub fn on_response_trailers(&mut self, host: &dyn Host) -> Flow {
+        if let Phase::Capturing { capture, .. } = &mut self.phase {
+            capture.incomplete = true;
+            capture.details = "trailers".into();
+        }
+        self.finish_capture(host)
+    }
+
+    /// The stream ended (Envoy's `on_log`): whatever it still holds is finished.
+    pub fn on_log(&mut self, host: &dyn Host) {
+        let w = Rc::clone(&self.worker);
+        w.live.borrow_mut().remove(&self.context);
+        w.waiters.borrow_mut().remove(&self.context);
+        w.drop_lease(LeaseOwner::Stream(self.context));
+        self.take_handoff(host);
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::AwaitingStore(Pending::Claim { prepared, ticket }) => {
+                // The client left while its claim was out: the claim may land with nobody to finish it.
+                w.release_orphan(host, prepared.route, Some(prepared.key), &ticket);
+            }
+            Phase::Capturing { route, ticket, key, mut capture } => {
+                // Headers came back but the body was not seen to the end: the work was done.
+                capture.incomplete = true;
+                capture.holding = false;
+                self.finish(host, route, ticket, key, capture.into_ending(), false);
+            }
+            Phase::Forwarded { route, ticket, key } => {
+                self.finish(host, route, ticket, key, Ending::NoResponse { forwarded: true }, false);
+            }
+            _ => {}
+        }
+    }
+
+    // ---- decisions
+
+    /// Counts, logs and carries out a verdict. `paused` says the request is already paused (a
+    /// callout answered), so forwarding means resuming it.
+    fn apply(&mut self, host: &dyn Host, route: usize, v: Verdict, paused: bool) -> Flow {
+        let w = Rc::clone(&self.worker);
+        w.record(host, route, &v);
+        let key = v.key.clone();
+        match v.action {
+            Do::Forward(Some(ticket)) if w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached) => {
+                self.send_detached(host, route, ticket, key)
+            }
+            Do::Forward(ticket) => {
+                self.phase = match ticket {
+                    Some(ticket) => {
+                        w.hold_lease(host, LeaseOwner::Stream(self.context), route, &ticket);
+                        Phase::Forwarded { route, ticket, key }
+                    }
+                    None => Phase::Idle,
+                };
+                if paused {
+                    let _ = host.resume_request();
+                }
+                Flow::Continue
+            }
+            Do::Reply(r) => {
+                send(host, &r);
+                self.phase = Phase::Idle;
+                Flow::Pause
+            }
+            Do::Wait { prepared, deadline_ms } => {
+                let waiter = Waiter { prepared: *prepared, deadline_ms, polling: false };
+                w.waiters.borrow_mut().insert(self.context, waiter);
+                self.phase = Phase::Held { route };
+                Flow::Pause
+            }
+        }
+    }
+
+    /// Decides with the key (and body) at hand: synchronously on the shared store, or by
+    /// sending one Webdis call and pausing.
+    fn decide(&mut self, host: &dyn Host, route: usize) -> Flow {
+        let w = Rc::clone(&self.worker);
+        self.phase = Phase::Idle;
+        let view = WithHost { req: &self.request, host };
+        let Some(begin) = w.engine.begin(route, &view) else {
+            return Flow::Continue;
+        };
+        let prepared = match begin {
+            Begin::Done(v) => return self.apply(host, route, v, false),
+            Begin::Store(p) => p,
+        };
+        if !w.redis_route(route) {
+            let v = w.engine.run_shared(host, &prepared, None);
+            return self.apply(host, route, v, false);
+        }
+        let now = host.now_ms();
+        let Some((cmd, ticket)) = w.redis_op(host, &prepared, now) else {
+            return Flow::Continue;
+        };
+        if let Some(v) = w.engine.unwritten(host, &prepared, &ticket.key) {
+            return self.apply(host, route, v, false);
+        }
+        match w.dispatch(host, &cmd) {
+            Ok(_) => {
+                self.phase = Phase::AwaitingStore(match prepared.op {
+                    StoreOp::Claim { .. } => Pending::Claim { prepared, ticket },
+                    StoreOp::UseToken { .. } => Pending::UseToken { prepared, ticket },
+                });
+                Flow::Pause
+            }
+            Err(e) => {
+                let v = match prepared.op {
+                    StoreOp::Claim { .. } => w.engine.after_claim(&prepared, Err(e), now, None),
+                    StoreOp::UseToken { .. } => w.engine.after_token(&prepared, Err(e)),
+                };
+                self.apply(host, route, v, false)
+            }
+        }
+    }
+
+    /// Serves the token issue endpoint, if this request is for it.
+    fn issue(&mut self, host: &dyn Host) -> Option<Flow> {
+        let w = Rc::clone(&self.worker);
+        let random = match host.random_token() {
+            Ok(r) => r,
+            Err(e) => {
+                host.log(crate::host::Level::Error, &format!("idem: random_get failed; cannot issue tokens: {e:?}"));
+                return None;
+            }
+        };
+        self.request.headers = host.request_headers();
+        let view = WithHost { req: &self.request, host };
+        match w.engine.issue(&self.request.method, &self.request.path, &view, random)? {
+            Issue::Reply { route, reply, cause } => {
+                if let Some(r) = route {
+                    w.count(host, r, Outcome::TokenRejected);
+                }
+                let line = format!("idem: token_issue_refused path={} cause={cause}", self.request.path);
+                host.log(crate::host::Level::Info, &line);
+                send(host, &reply);
+                self.phase = Phase::Idle;
+                Some(Flow::Pause)
+            }
+            Issue::Token { route, token, id } => {
+                if !w.redis_route(route) {
+                    let stored = w.engine.issue_shared(host, route, &id);
+                    let v = w.engine.issued(route, &token, host.now_ms(), stored);
+                    return Some(self.apply(host, route, v, false));
+                }
+                let ttl = w.engine.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+                let cmd = w.engine.redis().map(|s| s.issue_token(&id, host.now_ms(), ttl))?;
+                match w.dispatch(host, &cmd) {
+                    Ok(_) => {
+                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token });
+                        Some(Flow::Pause)
+                    }
+                    Err(e) => {
+                        let v = w.engine.issued(route, &token, host.now_ms(), Err(e));
+                        Some(self.apply(host, route, v, false))
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the filter does with a request no policy matched (`unmatched` in the bundle).
+    fn unmatched(&mut self, host: &dyn Host) -> Flow {
+        let w = &self.worker;
+        if w.engine.bundle.unmatched == Unmatched::Pass {
+            // The cheap common case: one counter, no more host calls.
+            w.count_unmatched(host, false);
+            return Flow::Continue;
+        }
+        let method = text(host.request_header(":method"));
+        let Some(reply) = w.engine.unmatched(&method) else {
+            w.count_unmatched(host, false);
+            return Flow::Continue;
+        };
+        w.count_unmatched(host, true);
+        let line = format!("idem: no_policy method={method} path={} cause=unmatched_rejected", self.request.path);
+        host.log(crate::host::Level::Info, &line);
+        send(host, &reply);
+        Flow::Pause
+    }
+
+    /// Hands a claimed request to the root context, which sends it upstream itself; this
+    /// request stays paused until the root answers it (or its client leaves).
+    fn send_detached(&mut self, host: &dyn Host, route: usize, ticket: Ticket, key: Option<String>) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let (Ticket::Claim(st) | Ticket::Token(st)) = &ticket;
+        let first_seen_ms = match st {
+            StoreTicket::Shared(t) => t.first_seen_ms,
+            StoreTicket::Redis(t) => t.first_seen_ms,
+        };
+        let headers = match crate::forward::upstream_headers(&self.request.headers) {
+            Ok(h) => h,
+            Err(name) => {
+                let reply = crate::response::json_reply(
+                    400,
+                    "IDEMPOTENCY_HEADER_INVALID",
+                    &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
+                    &[],
+                );
+                let ending = Ending::NoResponse { forwarded: false };
+                let _ = w.finish_ticket(host, route, &ticket, key, ending, After::Nothing);
+                send(host, &reply);
+                self.phase = Phase::Idle;
+                return Flow::Pause;
+            }
+        };
+        let cluster = text(host.property(&["xds", "cluster_name"]));
+        let body = self.request.body.take().unwrap_or_default();
+        w.detach(host, Detached { ctx: self.context, route, ticket, key, cluster, headers, body, first_seen_ms });
+        self.phase = Phase::Detached;
+        Flow::Pause
+    }
+
+    // ---- finishing
+
+    fn finish_capture(&mut self, host: &dyn Host) -> Flow {
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Capturing { route, ticket, key, capture } => {
+                let held = capture.holding;
+                self.finish(host, route, ticket, key, capture.into_ending(), held)
+            }
+            other => {
+                self.phase = other;
+                Flow::Continue
+            }
+        }
+    }
+
+    /// Reports how the forwarded request ended. On Redis the write is handed to the root
+    /// context (a callout owned by this stream would be cancelled if the client went away).
+    /// Pauses when the response is held until the root has written the outcome.
+    fn finish(
+        &mut self,
+        host: &dyn Host,
+        route: usize,
+        ticket: Ticket,
+        key: Option<String>,
+        ending: Ending,
+        held: bool,
+    ) -> Flow {
+        let w = Rc::clone(&self.worker);
+        w.drop_lease(LeaseOwner::Stream(self.context));
+        self.phase = Phase::Idle;
+        let after = if held { After::Resume(self.context) } else { After::Nothing };
+        match w.finish_ticket(host, route, &ticket, key, ending, after) {
+            // Written (or nothing to write): this callback lets the response go on.
+            Some(_) => Flow::Continue,
+            // Queued: a held response waits for the root to resume it.
+            None if held => Flow::Pause,
+            None => Flow::Continue,
+        }
+    }
+
+    /// A waiter that won the claim on the root's tick: its ticket, picked up here.
+    fn take_handoff(&mut self, host: &dyn Host) {
+        let Phase::Held { route } = self.phase else {
+            return;
+        };
+        let handed = self.worker.handoff.borrow_mut().remove(&self.context);
+        if let Some((ticket, key)) = handed {
+            self.worker.hold_lease(host, LeaseOwner::Stream(self.context), route, &ticket);
+            self.phase = Phase::Forwarded { route, ticket, key: Some(key) };
+        }
+    }
+}
+
+impl Capture {
+    fn into_ending(self) -> Ending {
+        let body = if self.incomplete { None } else { Some(self.body) };
+        Ending::Response { status: self.status, headers: self.headers, body, details: self.details }
+    }
+}

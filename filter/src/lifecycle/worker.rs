@@ -1,0 +1,388 @@
+//! What one worker's contexts share, how it is set up when the plugin configures, and the root
+//! context's events.
+
+use super::detached::Detached;
+use super::leases::{Lease, LeaseOwner};
+use super::writes::Job;
+use super::POLL_MS;
+use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::host::{Host, Level, Setup};
+use crate::key::truncated;
+use crate::policy::{parse_bundle, StoreKind};
+use crate::response::LocalReply;
+use crate::store::{redis, Claim, StoreError};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// A held duplicate, polled by the root context.
+pub(super) struct Waiter {
+    pub(super) prepared: Prepared,
+    pub(super) deadline_ms: u64,
+    /// A Webdis poll is on its way (Redis routes).
+    pub(super) polling: bool,
+}
+
+/// What every context of one worker shares.
+pub struct Worker {
+    pub engine: Engine,
+    /// `counters[route][outcome.index()]`
+    counters: Vec<Vec<Option<u32>>>,
+    /// `idem._unmatched.passed` and `idem._unmatched.rejected`.
+    unmatched_counters: [Option<u32>; 2],
+    /// Envoy's log level for the `wasm` component when the plugin configured, so debug lines
+    /// are not even formatted when they would be dropped.
+    log_level: u32,
+    /// The root context's id: after acting on a stream with `set_effective_context`, the root
+    /// switches back to itself, or its next callout would belong to that stream (and be
+    /// cancelled with it — Envoy crashed on exactly that).
+    root_id: u32,
+    /// This worker's wake-up queue: a stream enqueues, the root's queue event sends.
+    wake_queue: Option<u32>,
+    /// Held duplicates by stream context id.
+    pub(super) waiters: RefCell<HashMap<u32, Waiter>>,
+    /// Root-context Webdis polls: callout token → (stream, route, the poll's claim ticket).
+    pub(super) polls: RefCell<HashMap<u32, (u32, usize, redis::Ticket)>>,
+    /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
+    pub(super) handoff: RefCell<HashMap<u32, (Ticket, String)>>,
+    /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
+    pub(super) outbox: RefCell<VecDeque<Job>>,
+    /// Root-context Webdis writes in flight: callout token → job.
+    pub(super) finishing: RefCell<HashMap<u32, Job>>,
+    /// Detached upstream calls waiting to be sent by the root context.
+    pub(super) detached_out: RefCell<Vec<Detached>>,
+    /// Detached upstream calls in flight: callout token → call.
+    pub(super) detached: RefCell<HashMap<u32, Detached>>,
+    /// Claims whose requests wait for the upstream, renewed by the root every third of their
+    /// lease: while this gateway lives, a slow request is never taken over.
+    pub(super) leases: RefCell<HashMap<LeaseOwner, Lease>>,
+    /// Root-context Webdis renewals in flight: callout token → whose lease.
+    pub(super) renewals: RefCell<HashMap<u32, LeaseOwner>>,
+    /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
+    /// only while it is here: Envoy may still accept `set_effective_context` for a stream whose
+    /// client reset it, but a local reply sent there calls back into a context the SDK has
+    /// deleted, and the SDK panics ("invalid context_id") — found by `make bench`.
+    pub(super) live: RefCell<HashSet<u32>>,
+}
+
+impl Worker {
+    /// Sets the worker up from the plugin configuration: parses and validates the policy bundle,
+    /// creates the shared store's buckets, defines the counters, starts the timer and the
+    /// wake-up queue. `Err` is the log line for a plugin that must refuse to load.
+    pub fn configure(setup: &dyn Setup, host: &dyn Host, root_id: u32, config: &[u8]) -> Result<Worker, String> {
+        let text = std::str::from_utf8(config)
+            .map_err(|e| format!("idem: invalid policy: plugin configuration is not UTF-8: {e}"))?;
+        let bundle = parse_bundle(text, "plugin configuration").map_err(|e| format!("idem: invalid policy: {e}"))?;
+        let mut engine = Engine::new(bundle);
+        let created = engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?;
+        host.log(
+            Level::Info,
+            &format!(
+                "idem: loaded {} route policies; shared store {} buckets × {} entries ({} created)",
+                engine.bundle.routes.len(),
+                engine.bundle.shared.buckets,
+                engine.bundle.shared.entries_per_bucket,
+                created
+            ),
+        );
+        let uses_root = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis) || engine.has_detached();
+        // The tick polls held duplicates, sends and retries queued writes, and renews leases.
+        let tick_ms = if engine.has_waiters() || uses_root {
+            Some(POLL_MS)
+        } else {
+            engine.min_lock_ttl_ms().map(|l| (l / 3).clamp(POLL_MS, 1000))
+        };
+        if let Some(ms) = tick_ms {
+            setup.start_ticks(ms).map_err(|e| format!("idem: cannot start the root timer: {e:?}"))?;
+        }
+        // A queue of this worker's own (unique name): enqueueing wakes this root promptly.
+        let wake_queue = match uses_root {
+            true => setup.register_queue(&format!("idem-finish-{:016x}", host.random_u64().unwrap_or(0))),
+            false => None,
+        };
+        let counters = engine
+            .bundle
+            .routes
+            .iter()
+            .map(|r| {
+                Outcome::ALL.iter().map(|o| setup.define_counter(&format!("idem.{}.{}", r.name, o.name()))).collect()
+            })
+            .collect();
+        let unmatched_counters =
+            [setup.define_counter("idem._unmatched.passed"), setup.define_counter("idem._unmatched.rejected")];
+        Ok(Worker {
+            engine,
+            counters,
+            unmatched_counters,
+            log_level: setup.log_level(),
+            root_id,
+            wake_queue,
+            waiters: RefCell::new(HashMap::new()),
+            polls: RefCell::new(HashMap::new()),
+            handoff: RefCell::new(HashMap::new()),
+            outbox: RefCell::new(VecDeque::new()),
+            finishing: RefCell::new(HashMap::new()),
+            detached_out: RefCell::new(Vec::new()),
+            detached: RefCell::new(HashMap::new()),
+            leases: RefCell::new(HashMap::new()),
+            renewals: RefCell::new(HashMap::new()),
+            live: RefCell::new(HashSet::new()),
+        })
+    }
+
+    /// A stream begins (Envoy created its context).
+    pub fn stream_started(&self, context: u32) {
+        self.live.borrow_mut().insert(context);
+    }
+
+    // ---- counting and logging
+
+    pub(super) fn count(&self, host: &dyn Host, route: usize, outcome: Outcome) {
+        if let Some(Some(id)) = self.counters.get(route).and_then(|c| c.get(outcome.index())) {
+            host.count(*id);
+        }
+    }
+
+    pub(super) fn count_unmatched(&self, host: &dyn Host, rejected: bool) {
+        if let Some(id) = self.unmatched_counters[usize::from(rejected)] {
+            host.count(id);
+        }
+    }
+
+    pub(super) fn route_name(&self, route: usize) -> &str {
+        self.engine.policy(route).map(|p| p.name.as_str()).unwrap_or("?")
+    }
+
+    pub(super) fn enabled(&self, level: Level) -> bool {
+        level as u32 >= self.log_level
+    }
+
+    /// Counts and logs a verdict (one log line per interception).
+    pub(super) fn record(&self, host: &dyn Host, route: usize, v: &Verdict) {
+        self.count(host, route, v.outcome);
+        let quiet = matches!(v.outcome, Outcome::Forwarded | Outcome::TokenConsumed | Outcome::TokenIssued)
+            || matches!(v.action, Do::Wait { .. });
+        let level = if quiet { Level::Debug } else { Level::Info };
+        if !self.enabled(level) {
+            return;
+        }
+        let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
+        let line = format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause);
+        host.log(level, &line);
+    }
+
+    pub(super) fn record_finish(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        outcome: Option<Outcome>,
+        key: Option<&str>,
+        cause: &str,
+    ) {
+        let Some(o) = outcome else {
+            return;
+        };
+        self.count(host, route, o);
+        let level = match o {
+            Outcome::Stored => return,
+            Outcome::StoreError | Outcome::WriteDropped => Level::Error,
+            Outcome::WriteRetried | Outcome::LeaseLost => Level::Warn,
+            _ => Level::Info,
+        };
+        let key = key.map(truncated).unwrap_or_else(|| "-".into());
+        host.log(level, &format!("idem: {} route={} key={} cause={}", o.name(), self.route_name(route), key, cause));
+    }
+
+    // ---- the store
+
+    /// Whether a route keeps its claims and tokens in Redis.
+    pub(super) fn redis_route(&self, route: usize) -> bool {
+        self.engine.policy(route).is_some_and(|p| p.store == StoreKind::Redis)
+    }
+
+    /// The Webdis call for a prepared claim or token use, with a fresh owner, and its ticket.
+    pub(super) fn redis_op(&self, host: &dyn Host, p: &Prepared, now: u64) -> Option<(redis::Command, redis::Ticket)> {
+        let store = self.engine.redis()?;
+        let owner = host.random_u64().unwrap_or(now);
+        Some(match &p.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let lock_ttl = self.engine.policy(p.route).map(|r| r.key.lock_ttl.millis).unwrap_or(1);
+                store.claim(id, fingerprint, owner, now, lock_ttl)
+            }
+            StoreOp::UseToken { id } => store.use_token(id, owner, now),
+        })
+    }
+
+    /// Sends a Webdis command through the `[redis]` cluster.
+    pub(super) fn dispatch(&self, host: &dyn Host, cmd: &redis::Command) -> Result<u32, StoreError> {
+        let (Some(cfg), Some(store)) = (self.engine.bundle.redis.as_ref(), self.engine.redis()) else {
+            return Err(StoreError::Host("no [redis] table".into()));
+        };
+        host.dispatch(&cfg.cluster, &store.headers(), cmd.body.as_bytes(), cfg.timeout.millis.max(1))
+            .map_err(|e| StoreError::Host(format!("dispatch_http_call to cluster {}: {e:?}", cfg.cluster)))
+    }
+
+    /// Wakes the root context (it sends what was queued for it).
+    pub(super) fn wake(&self, host: &dyn Host) {
+        if let Some(q) = self.wake_queue {
+            host.enqueue(q);
+        }
+    }
+
+    // ---- acting on streams from the root
+
+    /// Acts on a stream from the root context, if it is still live, then makes the root the
+    /// effective context again.
+    pub(super) fn on_stream(&self, host: &dyn Host, context: u32, act: impl FnOnce()) {
+        if self.live.borrow().contains(&context) && host.set_effective_context(context).is_ok() {
+            act();
+            let _ = host.set_effective_context(self.root_id);
+        }
+    }
+
+    // ---- the root context's events
+
+    /// The root's queue was signalled: send what streams queued.
+    pub fn on_queue_ready(&self, host: &dyn Host) {
+        self.send_outbox(host);
+    }
+
+    /// The root's timer: queued writes, lease renewals, held duplicates.
+    pub fn on_tick(&self, host: &dyn Host) {
+        self.send_outbox(host);
+        self.renew_leases(host);
+        let due: Vec<(u32, Prepared, u64)> = self
+            .waiters
+            .borrow()
+            .iter()
+            .filter(|(_, w)| !w.polling)
+            .map(|(ctx, w)| (*ctx, w.prepared.clone(), w.deadline_ms))
+            .collect();
+        for (ctx, prepared, deadline) in due {
+            if !self.redis_route(prepared.route) {
+                let v = self.engine.run_shared(host, &prepared, Some(deadline));
+                self.resolve_waiter(host, ctx, v);
+                continue;
+            }
+            let now = host.now_ms();
+            let Some((cmd, ticket)) = self.redis_op(host, &prepared, now) else {
+                continue;
+            };
+            if let Some(v) = self.engine.unwritten(host, &prepared, &ticket.key) {
+                // The first answer is in this process, not yet in Redis: keep holding.
+                if now >= deadline {
+                    self.resolve_waiter(host, ctx, v);
+                }
+                continue;
+            }
+            match self.dispatch(host, &cmd) {
+                Ok(token) => {
+                    self.polls.borrow_mut().insert(token, (ctx, prepared.route, ticket));
+                    if let Some(w) = self.waiters.borrow_mut().get_mut(&ctx) {
+                        w.polling = true;
+                    }
+                }
+                Err(e) => {
+                    let v = self.engine.after_claim(&prepared, Err(e), now, Some(deadline));
+                    self.resolve_waiter(host, ctx, v);
+                }
+            }
+        }
+    }
+
+    /// The answer of a call the root owns (a write, a renewal, a detached call, a poll).
+    pub fn on_call_response(&self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
+        let (headers, body) = host.call_response(num_headers, body_size);
+        let status = status_of(&headers);
+        let job = self.finishing.borrow_mut().remove(&token);
+        if let Some(job) = job {
+            self.finished(host, job, status, &body);
+            self.send_outbox(host);
+            return;
+        }
+        let renewal = self.renewals.borrow_mut().remove(&token);
+        if let Some(owner) = renewal {
+            self.renewed(owner, status, &body);
+            return;
+        }
+        let call = self.detached.borrow_mut().remove(&token);
+        if let Some(call) = call {
+            self.detached_answered(host, call, status, headers, body);
+            self.send_outbox(host);
+            return;
+        }
+        let poll = self.polls.borrow_mut().remove(&token);
+        if let Some((ctx, route, ticket)) = poll {
+            self.polled(host, ctx, route, ticket, status, &body);
+        }
+    }
+
+    /// A held duplicate's poll answered.
+    fn polled(&self, host: &dyn Host, ctx: u32, route: usize, ticket: redis::Ticket, status: u16, body: &[u8]) {
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        let pending = self.waiters.borrow().get(&ctx).map(|w| (w.prepared.clone(), w.deadline_ms));
+        let Some((prepared, deadline)) = pending else {
+            // The held client left while its poll was out: a claim it won has nobody to finish it.
+            if status == 0 || matches!(store.parse_claim(ticket.clone(), &[0; 32], status, body), Ok(Claim::Claimed(_)))
+            {
+                self.release_orphan(host, route, None, &ticket);
+                self.send_outbox(host);
+            }
+            return;
+        };
+        let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
+            return;
+        };
+        if status == 0 {
+            self.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
+        }
+        let claim = store.parse_claim(ticket, fingerprint, status, body).map(|c| c.map(StoreTicket::Redis));
+        let v = self.engine.after_claim(&prepared, claim, host.now_ms(), Some(deadline));
+        self.resolve_waiter(host, ctx, v);
+    }
+
+    /// A held request's verdict, acted on from the root context.
+    pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
+        let route = {
+            let mut waiters = self.waiters.borrow_mut();
+            if let Do::Wait { .. } = &v.action {
+                if let Some(w) = waiters.get_mut(&ctx) {
+                    w.polling = false;
+                }
+                return;
+            }
+            match waiters.remove(&ctx) {
+                Some(w) => w.prepared.route,
+                None => return, // the client went away meanwhile
+            }
+        };
+        self.record(host, route, &v);
+        self.on_stream(host, ctx, || match v.action {
+            Do::Forward(ticket) => {
+                if let Some(t) = ticket {
+                    self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
+                }
+                let _ = host.resume_request();
+            }
+            Do::Reply(r) => send(host, &r),
+            Do::Wait { .. } => {}
+        });
+    }
+}
+
+pub(super) fn send(host: &dyn Host, r: &LocalReply) {
+    if let Err(e) = host.send_reply(r) {
+        host.log(Level::Error, &format!("idem: send_local_response failed: {e:?}"));
+    }
+}
+
+/// `:status` of a header map, 0 when absent (a failed callout has no headers).
+pub(super) fn status_of(headers: &[crate::pairs::Pair]) -> u16 {
+    headers
+        .iter()
+        .find(|(n, _)| n == b":status")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,264 @@
+//! Finishing a claim or token: at once on the shared store; on Redis, a write the root context
+//! sends, retries with backoff while the store refuses it, and bounds per worker.
+
+use super::worker::{send, Worker};
+use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
+use crate::host::Host;
+use crate::response::LocalReply;
+use crate::store::{redis, shared, Completion, StoreError};
+use std::collections::VecDeque;
+
+/// Pending Redis writes per worker are bounded: a long Redis outage must not grow a worker's
+/// memory without limit. Past either bound the oldest queued write is dropped (counted, logged).
+const MAX_PENDING_WRITES: usize = 1024;
+const MAX_PENDING_BYTES: usize = 16 << 20;
+/// Backoff of a refused write: 100 ms, doubling, at most 2 s between attempts.
+const RETRY_FIRST_MS: u64 = 100;
+const RETRY_MAX_MS: u64 = 2000;
+
+/// A Redis write finishing a ticket, sent by the root context so it completes even though the
+/// request's stream (and any callout the stream owns) is gone by then. A write the store refuses
+/// is retried with backoff until it lands, is fenced out, or `deadline_ms` passes.
+pub(super) struct Job {
+    route: usize,
+    key: Option<String>,
+    /// What to do for the client once the first attempt is answered (landed or not).
+    after: After,
+    cmd: redis::Command,
+    kind: FinishKind,
+    cause: String,
+    attempts: u32,
+    next_at_ms: u64,
+    deadline_ms: u64,
+    /// The Redis key, marked in this process' shared store while its answer is not written.
+    redis_key: String,
+    mark: Option<shared::Ticket>,
+}
+
+/// The client side of a finish.
+pub(super) enum After {
+    Nothing,
+    /// Resume the held response of this stream.
+    Resume(u32),
+    /// Answer this (paused) stream with a local reply: a detached call's answer.
+    Deliver(u32, LocalReply),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FinishKind {
+    Release,
+    /// A claim that may have been applied after its request stopped caring (callout timed out,
+    /// client gone): released if it is ours.
+    ReleaseOrphan,
+    Complete {
+        tombstone: bool,
+    },
+    Restore,
+    HoldUnknown,
+}
+
+impl Worker {
+    /// Finishes a ticket with how its request ended: at once on the shared store, through a
+    /// queued Redis write otherwise. A queued write carries `after` out itself (root context,
+    /// when the first attempt is answered) and `None` is returned; a finish done at once returns
+    /// `after` for the caller, who knows which context it runs in.
+    #[must_use]
+    pub(super) fn finish_ticket(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        ticket: &Ticket,
+        key: Option<String>,
+        ending: Ending,
+        after: After,
+    ) -> Option<After> {
+        let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
+        let rt = match st {
+            StoreTicket::Shared(_) => {
+                let (outcome, cause) = self.engine.finish_shared(host, route, ticket, ending);
+                self.record_finish(host, route, outcome, key.as_deref(), &cause);
+                return Some(after);
+            }
+            StoreTicket::Redis(rt) => rt,
+        };
+        let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+            return Some(after);
+        };
+        let now = host.now_ms();
+        let lease = policy.key.lock_ttl.millis;
+        let (cmd, kind, cause, lasts_ms) = match self.engine.plan_finish(route, ticket, &ending) {
+            Finish::Nothing { outcome, cause } => {
+                self.record_finish(host, route, outcome, key.as_deref(), &cause);
+                return Some(after);
+            }
+            Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause, lease),
+            Finish::RestoreToken { cause } => {
+                (store.restore_token(rt), FinishKind::Restore, cause, policy.token.ttl.millis)
+            }
+            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
+                let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms, lease);
+                (cmd, FinishKind::Complete { tombstone }, cause, ttl_ms)
+            }
+            Finish::HoldUnknown { hold_ms, cause } => {
+                (store.hold_unknown(rt, hold_ms, now, lease), FinishKind::HoldUnknown, cause, hold_ms)
+            }
+        };
+        let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
+        let redis_key = rt.key.clone();
+        let job = Job {
+            route,
+            key,
+            after,
+            cmd,
+            kind,
+            cause,
+            attempts: 0,
+            next_at_ms: now,
+            deadline_ms,
+            redis_key,
+            mark: None,
+        };
+        self.queue(host, job);
+        None
+    }
+
+    /// An owner-checked release of a claim that may have been applied although its request no
+    /// longer waits for it (a timed-out callout, a client gone while the claim was out).
+    pub(super) fn release_orphan(&self, host: &dyn Host, route: usize, key: Option<String>, ticket: &redis::Ticket) {
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        let now = host.now_ms();
+        let lease = self.engine.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
+        let job = Job {
+            route,
+            key,
+            after: After::Nothing,
+            cmd: store.release(ticket),
+            kind: FinishKind::ReleaseOrphan,
+            cause: "orphaned_claim".into(),
+            attempts: 0,
+            next_at_ms: now,
+            deadline_ms: ticket.first_seen_ms.saturating_add(lease),
+            redis_key: ticket.key.clone(),
+            mark: None,
+        };
+        self.queue(host, job);
+    }
+
+    /// Queues a write for the root context, within the per-worker bounds.
+    fn queue(&self, host: &dyn Host, job: Job) {
+        let mut outbox = self.outbox.borrow_mut();
+        outbox.push_back(job);
+        let in_flight = self.finishing.borrow().len();
+        let mut bytes: usize = outbox.iter().map(|j| j.cmd.body.len()).sum();
+        let mut dropped = Vec::new();
+        while outbox.len() + in_flight > MAX_PENDING_WRITES || bytes > MAX_PENDING_BYTES {
+            let Some(old) = outbox.pop_front() else {
+                break;
+            };
+            bytes -= old.cmd.body.len();
+            dropped.push(old);
+        }
+        drop(outbox);
+        for old in dropped {
+            let cause = format!(
+                "{}; pending writes over the bound ({MAX_PENDING_WRITES} or {MAX_PENDING_BYTES} bytes)",
+                old.cause
+            );
+            self.record_finish(host, old.route, Some(Outcome::WriteDropped), old.key.as_deref(), &cause);
+            self.carry_out(host, old.after);
+        }
+        self.wake(host);
+    }
+
+    /// Sends the writes and detached calls that are due (root context only: the callouts then
+    /// belong to the root and survive the request).
+    pub(super) fn send_outbox(&self, host: &dyn Host) {
+        self.send_detached(host);
+        let now = host.now_ms();
+        let due: Vec<Job> = {
+            let mut outbox = self.outbox.borrow_mut();
+            let (due, later): (VecDeque<Job>, VecDeque<Job>) = outbox.drain(..).partition(|j| j.next_at_ms <= now);
+            *outbox = later;
+            due.into()
+        };
+        for job in due {
+            match self.dispatch(host, &job.cmd) {
+                Ok(token) => {
+                    self.finishing.borrow_mut().insert(token, job);
+                }
+                Err(e) => self.write_failed(host, job, e, now),
+            }
+        }
+    }
+
+    /// The reply to a write.
+    pub(super) fn finished(&self, host: &dyn Host, job: Job, status: u16, body: &[u8]) {
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        let applied = match store.parse_update(status, body) {
+            Ok(applied) => applied,
+            Err(e) => return self.write_failed(host, job, e, host.now_ms()),
+        };
+        let ok = Ok(applied);
+        let (outcome, cause) = match job.kind {
+            FinishKind::Release => engine::released(ok, job.cause),
+            FinishKind::ReleaseOrphan => (applied.then_some(Outcome::OrphanReleased), job.cause),
+            FinishKind::Restore => engine::restored(ok, job.cause),
+            FinishKind::HoldUnknown => engine::held(ok, job.cause),
+            FinishKind::Complete { tombstone } => {
+                let done = match (applied, tombstone) {
+                    (false, _) => Completion::LostOwnership,
+                    (true, true) => Completion::Tombstoned,
+                    (true, false) => Completion::Stored,
+                };
+                engine::completed(Ok(done), job.cause)
+            }
+        };
+        let cause = if job.attempts > 0 { format!("{cause}; after {} retries", job.attempts) } else { cause };
+        self.record_finish(host, job.route, outcome, job.key.as_deref(), &cause);
+        if let Some(mark) = &job.mark {
+            self.engine.unmark_unwritten(host, mark);
+        }
+        // The client gets its answer only now, so its next retry finds the record written.
+        self.carry_out(host, job.after);
+    }
+
+    /// A write the store refused or did not answer: retried with backoff until its deadline.
+    /// The client is not kept waiting meanwhile (its answer goes out after the first attempt);
+    /// a retry from it finds the key marked unwritten in this process and gets 409.
+    fn write_failed(&self, host: &dyn Host, mut job: Job, e: StoreError, now: u64) {
+        let after = std::mem::replace(&mut job.after, After::Nothing);
+        self.carry_out(host, after);
+        if now >= job.deadline_ms {
+            let cause = format!("{}; gave up after {} attempts: {e}", job.cause, job.attempts + 1);
+            if let Some(mark) = &job.mark {
+                self.engine.unmark_unwritten(host, mark);
+            }
+            return self.record_finish(host, job.route, Some(Outcome::StoreError), job.key.as_deref(), &cause);
+        }
+        if job.mark.is_none() && matches!(job.kind, FinishKind::Complete { .. } | FinishKind::HoldUnknown) {
+            job.mark = self.engine.mark_unwritten(host, &job.redis_key, job.deadline_ms);
+        }
+        let backoff = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(RETRY_MAX_MS);
+        job.attempts += 1;
+        job.next_at_ms = now.saturating_add(backoff);
+        let cause = format!("{}; attempt {} refused ({e}); retrying in {backoff} ms", job.cause, job.attempts);
+        self.record_finish(host, job.route, Some(Outcome::WriteRetried), job.key.as_deref(), &cause);
+        self.outbox.borrow_mut().push_back(job);
+    }
+
+    /// Carries out the client side of a finish (root context only).
+    pub(super) fn carry_out(&self, host: &dyn Host, after: After) {
+        match after {
+            After::Nothing => {}
+            After::Resume(ctx) => self.on_stream(host, ctx, || {
+                let _ = host.resume_response();
+            }),
+            // Not when the client left: its retry will find the stored answer instead.
+            After::Deliver(ctx, reply) => self.on_stream(host, ctx, || send(host, &reply)),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! [`FakeHost`]: the host boundary in memory, with Envoy's real semantics, for the core's tests
+//! (feature `fake-host`; not part of the shipped module).
+//!
+//! - Shared data as `proxy-wasm-cpp-host` `src/shared_data.cc` has it: one global CAS counter,
+//!   `set` on an absent key inserts whatever CAS was passed, nothing is ever deleted.
+//! - Streams by context id, like Envoy's contexts: a test opens a stream with its request, says
+//!   which context Envoy is calling ([`FakeHost::enter`]), and reads what the filter did to it
+//!   ([`FakeHost::acts`]: local replies, resumes, dispatched calls). A callout's answer is
+//!   delivered with [`FakeHost::deliver`] before calling the context it belongs to.
+//! - `set_effective_context` fails for a context that was never opened or was closed.
+
+use crate::host::{Host, HostError, Level, Setup};
+use crate::pairs::Pair;
+use crate::response::LocalReply;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Envoy's map for one vm_id: key → (value, cas), plus the global CAS counter.
+#[derive(Default)]
+struct SharedData {
+    map: HashMap<String, (Vec<u8>, u32)>,
+    next_cas: u32,
+}
+
+/// One stream's data as Envoy holds it.
+#[derive(Debug, Clone, Default)]
+pub struct FakeStream {
+    pub request_headers: Vec<Pair>,
+    pub request_body: Vec<u8>,
+    pub response_headers: Vec<Pair>,
+    pub response_body: Vec<u8>,
+    /// Properties by path joined with `.` (`xds.route_name`).
+    pub properties: HashMap<String, Vec<u8>>,
+}
+
+impl FakeStream {
+    /// A request with `:method`, `:path` and the given headers.
+    pub fn request(method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Self {
+        let mut h: Vec<Pair> = vec![(b":method".to_vec(), method.into()), (b":path".to_vec(), path.into())];
+        h.extend(headers.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec())));
+        FakeStream { request_headers: h, request_body: body.to_vec(), ..Default::default() }
+    }
+    /// The upstream's answer (`:status` first).
+    pub fn with_response(mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]) -> Self {
+        self.response_headers = vec![(b":status".to_vec(), status.to_string().into_bytes())];
+        self.response_headers.extend(headers.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec())));
+        self.response_body = body.to_vec();
+        self
+    }
+}
+
+/// What the filter did, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Act {
+    Reply { context: u32, reply: LocalReply },
+    ResumeRequest { context: u32 },
+    ResumeResponse { context: u32 },
+    Dispatch { context: u32, token: u32, cluster: String, body: Vec<u8> },
+    Enqueue { queue: u32 },
+}
+
+/// In-memory host for tests. `Sync`, so threads can play Envoy's worker VMs against one store.
+#[derive(Default)]
+pub struct FakeHost {
+    data: Mutex<SharedData>,
+    now: AtomicU64,
+    rng: AtomicU64,
+    /// When set, every shared-data call fails (store outage).
+    pub failing: AtomicBool,
+    streams: Mutex<HashMap<u32, FakeStream>>,
+    closed: Mutex<HashSet<u32>>,
+    current: AtomicU32,
+    call: Mutex<(Vec<Pair>, Vec<u8>)>,
+    acts: Mutex<Vec<Act>>,
+    next_token: AtomicU32,
+    counters: Mutex<Vec<(String, u64)>>,
+    logs: Mutex<Vec<(Level, String)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl FakeHost {
+    pub fn new(now_ms: u64) -> Self {
+        let h = FakeHost::default();
+        h.now.store(now_ms, Ordering::SeqCst);
+        h.next_token.store(100, Ordering::SeqCst);
+        h
+    }
+    pub fn advance(&self, ms: u64) {
+        self.now.fetch_add(ms, Ordering::SeqCst);
+    }
+    /// Number of keys and total bytes held (keys + values), like Envoy's map.
+    pub fn footprint(&self) -> (usize, usize) {
+        let g = lock(&self.data);
+        (g.map.len(), g.map.iter().map(|(k, (v, _))| k.len() + v.len()).sum())
+    }
+    fn check(&self) -> Result<(), HostError> {
+        if self.failing.load(Ordering::SeqCst) {
+            Err(HostError::Failed("shared data unavailable (fake outage)".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Opens a stream (Envoy created the context) and makes it current.
+    pub fn open(&self, context: u32, stream: FakeStream) {
+        lock(&self.streams).insert(context, stream);
+        self.enter(context);
+    }
+    /// The client reset the stream: the context is gone.
+    pub fn close(&self, context: u32) {
+        lock(&self.streams).remove(&context);
+        lock(&self.closed).insert(context);
+    }
+    /// Envoy calls this context now (a stream's callback, or the root's: any id).
+    pub fn enter(&self, context: u32) {
+        self.current.store(context, Ordering::SeqCst);
+    }
+    pub fn current(&self) -> u32 {
+        self.current.load(Ordering::SeqCst)
+    }
+    /// Changes a stream's data (e.g. the upstream's answer arrives).
+    pub fn update(&self, context: u32, f: impl FnOnce(&mut FakeStream)) {
+        if let Some(s) = lock(&self.streams).get_mut(&context) {
+            f(s);
+        }
+    }
+    /// The answer of an HTTP call, readable during the next callback.
+    pub fn deliver(&self, status: u16, body: &[u8]) {
+        let headers = if status == 0 { vec![] } else { vec![(b":status".to_vec(), status.to_string().into_bytes())] };
+        *lock(&self.call) = (headers, body.to_vec());
+    }
+    /// Everything done so far, and forgets it.
+    pub fn take_acts(&self) -> Vec<Act> {
+        std::mem::take(&mut *lock(&self.acts))
+    }
+    pub fn logs(&self) -> Vec<(Level, String)> {
+        lock(&self.logs).clone()
+    }
+    /// A counter's value, by the name it was defined with.
+    pub fn counter(&self, name: &str) -> u64 {
+        lock(&self.counters).iter().find(|(n, _)| n == name).map(|(_, v)| *v).unwrap_or(0)
+    }
+    fn act(&self, a: Act) {
+        lock(&self.acts).push(a);
+    }
+    fn with_stream<T>(&self, f: impl FnOnce(&FakeStream) -> T) -> Option<T> {
+        lock(&self.streams).get(&self.current()).map(f)
+    }
+}
+
+impl Host for FakeHost {
+    fn now_ms(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+    fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        self.check()?;
+        Ok(lock(&self.data).map.get(key).cloned())
+    }
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
+        self.check()?;
+        let mut g = lock(&self.data);
+        let SharedData { map, next_cas: counter } = &mut *g;
+        if let Some((_, stored)) = map.get(key) {
+            if let Some(c) = cas {
+                if c != 0 && c != *stored {
+                    return Err(HostError::CasMismatch);
+                }
+            }
+        }
+        // Envoy: an absent key is inserted whatever CAS was passed.
+        *counter = counter.wrapping_add(1);
+        if *counter == 0 {
+            *counter = 1;
+        }
+        map.insert(key.to_string(), (value.to_vec(), *counter));
+        Ok(())
+    }
+    fn random_u64(&self) -> Result<u64, HostError> {
+        // Distinct, non-zero, and not sequential-looking.
+        let n = self.rng.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn random_token(&self) -> Result<[u8; 16], HostError> {
+        let a = self.random_u64()?.to_le_bytes();
+        let b = self.random_u64()?.to_le_bytes();
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&a);
+        out[8..].copy_from_slice(&b);
+        Ok(out)
+    }
+    fn log(&self, level: Level, message: &str) {
+        lock(&self.logs).push((level, message.to_string()));
+    }
+    fn count(&self, counter: u32) {
+        if let Some(c) = lock(&self.counters).get_mut(counter as usize) {
+            c.1 += 1;
+        }
+    }
+    fn dispatch(
+        &self,
+        cluster: &str,
+        _headers: &[(String, String)],
+        body: &[u8],
+        _timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        let token = self.next_token.fetch_add(1, Ordering::SeqCst);
+        self.act(Act::Dispatch { context: self.current(), token, cluster: cluster.into(), body: body.to_vec() });
+        Ok(token)
+    }
+    fn enqueue(&self, queue: u32) {
+        self.act(Act::Enqueue { queue });
+    }
+    fn set_effective_context(&self, context: u32) -> Result<(), HostError> {
+        if lock(&self.closed).contains(&context) {
+            return Err(HostError::Failed(format!("context {context} is gone")));
+        }
+        self.enter(context);
+        Ok(())
+    }
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.with_stream(|s| s.request_headers.iter().find(|(n, _)| n == name.as_bytes()).map(|(_, v)| v.clone()))
+            .flatten()
+    }
+    fn request_headers(&self) -> Vec<Pair> {
+        self.with_stream(|s| s.request_headers.clone()).unwrap_or_default()
+    }
+    fn request_body(&self, size: usize) -> Option<Vec<u8>> {
+        self.with_stream(|s| s.request_body.get(..size.min(s.request_body.len())).map(<[u8]>::to_vec))
+            .flatten()
+            .filter(|b| !b.is_empty())
+    }
+    fn response_headers(&self) -> Vec<Pair> {
+        self.with_stream(|s| s.response_headers.clone()).unwrap_or_default()
+    }
+    fn response_body(&self, size: usize) -> Option<Vec<u8>> {
+        self.with_stream(|s| s.response_body.get(..size.min(s.response_body.len())).map(<[u8]>::to_vec))
+            .flatten()
+            .filter(|b| !b.is_empty())
+    }
+    fn call_response(&self, _num_headers: usize, _body_size: usize) -> (Vec<Pair>, Vec<u8>) {
+        lock(&self.call).clone()
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.with_stream(|s| s.properties.get(&path.join(".")).cloned()).flatten()
+    }
+    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
+        self.act(Act::Reply { context: self.current(), reply: reply.clone() });
+        Ok(())
+    }
+    fn resume_request(&self) -> Result<(), HostError> {
+        self.act(Act::ResumeRequest { context: self.current() });
+        Ok(())
+    }
+    fn resume_response(&self) -> Result<(), HostError> {
+        self.act(Act::ResumeResponse { context: self.current() });
+        Ok(())
+    }
+}
+
+impl Setup for FakeHost {
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        let mut c = lock(&self.counters);
+        c.push((name.to_string(), 0));
+        Some(c.len() as u32 - 1)
+    }
+    fn register_queue(&self, _name: &str) -> Option<u32> {
+        Some(7)
+    }
+    fn start_ticks(&self, _period_ms: u64) -> Result<(), HostError> {
+        Ok(())
+    }
+    fn log_level(&self) -> u32 {
+        0
+    }
+}
