@@ -1,0 +1,348 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
+//! The request lifecycle through the fake host: the Redis, hold, wait, detached and token paths,
+//! including the orders of events an end-to-end test cannot force (a store reply after the client
+//! left, a body chunk during a callout, a completion reply after the lease ended, a refused
+//! completion and a retry meanwhile).
+
+use idem_filter::lifecycle::{Flow, Stream, Worker};
+use idem_filter::testing::{Act, FakeHost, FakeStream};
+use std::rc::Rc;
+
+const ROOT: u32 = 1;
+const WEBDIS: &str = r#"
+[redis]
+cluster = "webdis"
+timeout = "500ms"
+prefix = "t:"
+"#;
+
+fn setup(policy: &str) -> (FakeHost, Rc<Worker>) {
+    let host = FakeHost::new(1_800_000_000_000);
+    host.enter(ROOT);
+    let w = Worker::configure(&host, &host, ROOT, policy.as_bytes()).unwrap();
+    host.take_acts();
+    (host, Rc::new(w))
+}
+
+fn redis_policy(extra: &str) -> String {
+    format!(
+        "{WEBDIS}\n[[route]]\nname = \"r\"\nmatch = {{ method = \"POST\", path = \"/r\" }}\nstore = \"redis\"\n{extra}"
+    )
+}
+
+const BODY: &[u8] = br#"{"sku":"A1"}"#;
+
+/// A request with a key and a caller, opened as context `ctx`, headers and whole body delivered.
+fn send(host: &FakeHost, w: &Rc<Worker>, ctx: u32, path: &str, key: &str) -> (Stream, Flow) {
+    let req =
+        FakeStream::request("POST", path, &[("idempotency-key", key.as_bytes()), ("authorization", b"Bearer a")], BODY);
+    host.open(ctx, req);
+    let mut s = Stream::new(Rc::clone(w), ctx);
+    assert_eq!(s.on_request_headers(host, false), Flow::Pause, "the body is needed for the fingerprint");
+    let flow = s.on_request_body(host, BODY.len(), true);
+    (s, flow)
+}
+
+/// The single Webdis command dispatched by `context`, and its token.
+fn dispatched(acts: &[Act], context: u32) -> (u32, String) {
+    let calls: Vec<(u32, String)> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Act::Dispatch { context: c, token, body, .. } if *c == context => {
+                Some((*token, String::from_utf8(body.clone()).unwrap()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 1, "expected one call from context {context}: {acts:?}");
+    calls.into_iter().next().unwrap()
+}
+
+fn replies(acts: &[Act], context: u32) -> Vec<(u16, serde_json::Value)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Act::Reply { context: c, reply } if *c == context => {
+                Some((reply.status, serde_json::from_slice(&reply.body).unwrap_or(serde_json::Value::Null)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The root's queue is signalled: it sends what streams queued.
+fn root_sends(host: &FakeHost, w: &Worker) -> Vec<Act> {
+    host.enter(ROOT);
+    w.on_queue_ready(host);
+    host.take_acts()
+}
+
+fn answer_root(host: &FakeHost, w: &Worker, token: u32, status: u16, body: &[u8]) -> Vec<Act> {
+    host.enter(ROOT);
+    host.deliver(status, body);
+    w.on_call_response(host, token, 1, body.len());
+    host.take_acts()
+}
+
+fn answer_stream(host: &FakeHost, s: &mut Stream, ctx: u32, status: u16, body: &[u8]) -> Vec<Act> {
+    host.enter(ctx);
+    host.deliver(status, body);
+    s.on_call_response(host, 1, body.len());
+    host.take_acts()
+}
+
+/// The upstream answers `ctx` with 201 and a JSON body, as Envoy delivers it.
+fn upstream_answers(host: &FakeHost, s: &mut Stream, ctx: u32) -> (Flow, Flow) {
+    let body = br#"{"order":1}"#;
+    host.update(ctx, |st| *st = st.clone().with_response(201, &[("content-type", b"application/json")], body));
+    host.enter(ctx);
+    let h = s.on_response_headers(host, false);
+    let b = s.on_response_body(host, body.len(), true);
+    (h, b)
+}
+
+#[test]
+fn redis_claim_forward_and_the_response_held_until_written() {
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, flow) = send(&host, &w, 10, "/r", "k1");
+    assert_eq!(flow, Flow::Pause, "paused while the claim is out");
+    let (_, claim) = dispatched(&host.take_acts(), 10);
+    assert!(claim.starts_with("SET/t%3Ak%3A") && claim.ends_with("/NX/PX/30000/GET"), "{claim}");
+
+    let acts = answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
+    assert_eq!(acts, vec![Act::ResumeRequest { context: 10 }]);
+
+    let (h, b) = upstream_answers(&host, &mut s, 10);
+    assert_eq!((h, b), (Flow::Pause, Flow::Pause), "held until the record is written");
+    let acts = host.take_acts();
+    assert!(acts.contains(&Act::Enqueue { queue: 7 }), "{acts:?}");
+
+    let (token, complete) = dispatched(&root_sends(&host, &w), ROOT);
+    assert!(complete.starts_with("EVAL/"), "{complete}");
+    let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the answer goes out only now");
+    assert_eq!(host.counter("idem.r.stored"), 1);
+    s.on_log(&host);
+}
+
+#[test]
+fn a_body_chunk_during_the_claim_never_claims_twice() {
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    dispatched(&host.take_acts(), 10);
+    // Envoy delivers one more body callback while the Webdis call is out.
+    assert_eq!(s.on_request_body(&host, BODY.len(), true), Flow::Pause);
+    assert_eq!(s.on_request_trailers(&host), Flow::Continue);
+    assert!(host.take_acts().is_empty(), "no second claim");
+}
+
+#[test]
+fn a_claim_reply_after_the_client_left_is_released() {
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    let (_, claim) = dispatched(&host.take_acts(), 10);
+    // The client leaves; Envoy cancels the stream's callout, so the reply never comes — but the
+    // SET may have reached Redis. The root releases it, owner-checked.
+    host.close(10);
+    s.on_log(&host);
+    let (token, release) = dispatched(&root_sends(&host, &w), ROOT);
+    assert!(release.contains("DEL"), "{release}");
+    let record = claim.split('/').nth(2).unwrap();
+    assert!(release.contains(record), "fenced by the claim's own record: {release}");
+    answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert_eq!(host.counter("idem.r.orphan_released"), 1);
+}
+
+#[test]
+fn a_completion_reply_after_the_lease_ended_is_lease_lost() {
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    host.take_acts();
+    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
+    upstream_answers(&host, &mut s, 10);
+    host.take_acts();
+    let (token, _) = dispatched(&root_sends(&host, &w), ROOT);
+    // Another owner holds the key now (our gateway froze past the lease): fenced off.
+    let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":0}"#);
+    assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the client still gets its own answer");
+    assert_eq!(host.counter("idem.r.lease_lost"), 1);
+    assert_eq!(host.counter("idem.r.stored"), 0);
+}
+
+#[test]
+fn a_refused_completion_is_retried_and_a_retry_meanwhile_waits() {
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    host.take_acts();
+    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
+    upstream_answers(&host, &mut s, 10);
+    host.take_acts();
+    let (token, complete) = dispatched(&root_sends(&host, &w), ROOT);
+    let oom = br#"{"EVAL":[false,"OOM command not allowed when used memory > 'maxmemory'."]}"#;
+    let acts = answer_root(&host, &w, token, 200, oom);
+    assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the client is not kept waiting");
+    assert_eq!(host.counter("idem.r.write_retried"), 1);
+
+    // The client's retry reaches this Envoy meanwhile: in progress, without touching Redis.
+    let (_, flow) = send(&host, &w, 11, "/r", "k1");
+    assert_eq!(flow, Flow::Pause);
+    let acts = host.take_acts();
+    assert!(!acts.iter().any(|a| matches!(a, Act::Dispatch { .. })), "no claim while the answer is unwritten");
+    let r = replies(&acts, 11);
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].0, r[0].1["code"].as_str()), (409, Some("REQUEST_IN_PROGRESS")));
+
+    // Backoff, then the same write again.
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert!(!host.take_acts().iter().any(|a| matches!(a, Act::Dispatch { .. })), "not before its backoff");
+    host.advance(150);
+    w.on_tick(&host);
+    let (token, again) = dispatched(&host.take_acts(), ROOT);
+    assert_eq!(again, complete);
+    answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert_eq!(host.counter("idem.r.stored"), 1);
+    // Written: the next retry asks Redis again (and would be replayed).
+    let (_, _) = send(&host, &w, 12, "/r", "k1");
+    dispatched(&host.take_acts(), 12);
+}
+
+#[test]
+fn an_unknown_outcome_is_held_not_released() {
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    host.take_acts();
+    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
+    // Forwarded, and the client leaves before any answer: outcome unknown.
+    host.close(10);
+    s.on_log(&host);
+    host.take_acts();
+    let (token, hold) = dispatched(&root_sends(&host, &w), ROOT);
+    assert!(percent_decoded(&hold).contains("U|"), "{hold}");
+    answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert_eq!(host.counter("idem.r.held"), 1);
+}
+
+#[test]
+fn leases_are_renewed_while_the_upstream_works() {
+    let (host, w) = setup(&redis_policy("[route.key]\nlock_ttl = \"3s\"\n"));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    host.take_acts();
+    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
+    host.enter(ROOT);
+    host.advance(1_001);
+    w.on_tick(&host);
+    let (token, renew) = dispatched(&host.take_acts(), ROOT);
+    assert!(percent_decoded(&renew).contains("PEXPIRE"), "{renew}");
+    answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    // Once the request finished, no more renewals.
+    upstream_answers(&host, &mut s, 10);
+    host.take_acts();
+    root_sends(&host, &w);
+    host.advance(5_000);
+    w.on_tick(&host);
+    assert!(!host
+        .take_acts()
+        .iter()
+        .any(|a| matches!(a, Act::Dispatch { body, .. } if String::from_utf8_lossy(body).contains("PEXPIRE"))));
+}
+
+const SHARED: &str = r#"
+[[route]]
+name = "s"
+match = { method = "POST", path = "/s" }
+[route.key]
+on_in_flight = "wait"
+wait_timeout = "5s"
+
+[[route]]
+name = "d"
+match = { method = "POST", path = "/d" }
+forward = "detached"
+"#;
+
+#[test]
+fn a_held_duplicate_is_answered_from_the_root_once_the_first_completes() {
+    let (host, w) = setup(SHARED);
+    let (mut first, flow) = send(&host, &w, 10, "/s", "k1");
+    assert_eq!(flow, Flow::Continue, "claimed on the shared store at once");
+    let (mut second, flow) = send(&host, &w, 11, "/s", "k1");
+    assert_eq!(flow, Flow::Pause, "held");
+    host.take_acts();
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert!(host.take_acts().is_empty(), "still in flight: keep holding");
+    let (h, b) = upstream_answers(&host, &mut first, 10);
+    assert_eq!((h, b), (Flow::Continue, Flow::Continue), "the shared store writes at once");
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    let r = replies(&acts, 11);
+    assert_eq!(r.len(), 1, "{acts:?}");
+    assert_eq!((r[0].0, r[0].1["order"].as_i64()), (201, Some(1)), "the first answer, replayed");
+    assert_eq!(host.current(), ROOT, "the root switches back to itself after acting on a stream");
+    second.on_log(&host);
+    first.on_log(&host);
+}
+
+#[test]
+fn a_detached_answer_for_a_client_that_left_is_stored_not_sent() {
+    let (host, w) = setup(SHARED);
+    let (mut s, flow) = send(&host, &w, 10, "/d", "k1");
+    assert_eq!(flow, Flow::Pause, "the root sends it");
+    host.update(10, |st| {
+        st.properties.insert("xds.cluster_name".into(), b"backend".to_vec());
+    });
+    host.take_acts();
+    let acts = root_sends(&host, &w);
+    let call = acts.iter().find_map(|a| match a {
+        Act::Dispatch { context: ROOT, token, cluster, body } => Some((*token, cluster.clone(), body.clone())),
+        _ => None,
+    });
+    let (token, _, body) = call.expect("a detached call from the root");
+    assert_eq!(body, BODY);
+    // The client leaves (an SDK timeout); Envoy would still accept the context for a moment.
+    s.on_log(&host);
+    let acts = answer_root(&host, &w, token, 200, br#"{"order":7}"#);
+    assert!(replies(&acts, 10).is_empty(), "never a reply into a stream that ended: {acts:?}");
+    assert_eq!(host.counter("idem.d.stored"), 1);
+    // The retry gets the first execution's answer.
+    let (_, flow) = send(&host, &w, 11, "/d", "k1");
+    assert_eq!(flow, Flow::Pause);
+    let r = replies(&host.take_acts(), 11);
+    assert_eq!((r[0].0, r[0].1["order"].as_i64()), (200, Some(7)));
+}
+
+#[test]
+fn token_issue_and_use_on_redis() {
+    let policy = format!(
+        "{WEBDIS}\n[[route]]\nname = \"t\"\nmatch = {{ method = \"POST\", path = \"/form\" }}\nmode = \"token\"\nstore = \"redis\"\n"
+    );
+    let (host, w) = setup(&policy);
+    host.open(10, FakeStream::request("POST", "/api/idempotent/token", &[("authorization", b"Bearer a")], b""));
+    let mut s = Stream::new(Rc::clone(&w), 10);
+    assert_eq!(s.on_request_headers(&host, true), Flow::Pause);
+    let (_, set) = dispatched(&host.take_acts(), 10);
+    assert!(set.starts_with("SET/t%3At%3A"), "{set}");
+    let acts = answer_stream(&host, &mut s, 10, 200, br#"{"SET":[true,"OK"]}"#);
+    let r = replies(&acts, 10);
+    assert_eq!((r[0].0, r[0].1["code"].as_str()), (200, Some("TOKEN_ISSUED")));
+    assert!(r[0].1["token"].as_str().is_some_and(|t| t.len() >= 22));
+}
+
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() + 1 {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
