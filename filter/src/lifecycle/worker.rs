@@ -205,7 +205,7 @@ impl Worker {
         let owner = host.random_u64().unwrap_or(now);
         Some(match &p.op {
             StoreOp::Claim { id, fingerprint } => {
-                let lock_ttl = self.engine.policy(p.route).map(|r| r.key.lock_ttl.millis).unwrap_or(1);
+                let lock_ttl = self.engine.lock_ttl_ms(p.route);
                 store.claim(id, fingerprint, owner, now, lock_ttl)
             }
             StoreOp::UseToken { id } => store.use_token(id, owner, now),

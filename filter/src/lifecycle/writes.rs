@@ -129,7 +129,7 @@ impl Worker {
             return;
         };
         let now = host.now_ms();
-        let lease = self.engine.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1);
+        let lease = self.engine.lock_ttl_ms(route);
         let job = Job {
             route,
             key,

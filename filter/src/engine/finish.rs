@@ -1,0 +1,184 @@
+//! What a forwarded request's ending does to its claim (complete, release, hold as unknown), on
+//! either store; lease renewal; and the mark of a Redis answer not written yet.
+
+use super::verdict::{Ending, Finish, StoreTicket, Ticket};
+use super::{shadowed, Engine, Outcome, Prepared, Verdict};
+use crate::host::Host;
+use crate::key;
+use crate::response::{self, StoredResponse};
+use crate::store::{shared, Claim, Completion, StoreError};
+use sha2::Digest;
+
+impl Engine {
+    /// Redis routes: whether this Envoy process holds an answer for this key that Redis refused
+    /// so far (marked with [`Engine::mark_unwritten`]). A retry that reaches the process meanwhile
+    /// gets 409 `REQUEST_IN_PROGRESS` instead of claiming a key whose Redis lease may have run out
+    /// during the outage — the one way it could run the business again.
+    pub fn unwritten(&self, host: &dyn Host, p: &Prepared, redis_key: &str) -> Option<Verdict> {
+        let first_seen_ms = self.shared.in_flight(host, &unwritten_id(redis_key)).ok()??;
+        let policy = self.policy(p.route)?;
+        let reply = response::in_progress(first_seen_ms);
+        Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
+    }
+
+    /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
+    pub fn mark_unwritten(&self, host: &dyn Host, redis_key: &str, until_ms: u64) -> Option<shared::Ticket> {
+        let lease = until_ms.saturating_sub(host.now_ms()).max(1);
+        match self.shared.claim(host, &unwritten_id(redis_key), &[0; 32], lease) {
+            Ok(Claim::Claimed(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The answer landed (or was given up): the mark goes.
+    pub fn unmark_unwritten(&self, host: &dyn Host, mark: &shared::Ticket) {
+        let _ = self.shared.release(host, mark);
+    }
+
+    /// What finishing a ticket must do, whatever the store.
+    pub fn plan_finish(&self, route: usize, ticket: &Ticket, ending: &Ending) -> Finish {
+        let Some(policy) = self.policy(route) else {
+            return Finish::Nothing { outcome: None, cause: "unknown route".into() };
+        };
+        let result = classify(ending);
+        if let Ticket::Token(_) = ticket {
+            return match result {
+                Ended::Failed(cause) if policy.token.restore_on_failure => Finish::RestoreToken { cause },
+                Ended::Failed(cause) | Ended::Unknown(cause) => Finish::Nothing { outcome: None, cause },
+                Ended::Answered => Finish::Nothing { outcome: None, cause: String::new() },
+            };
+        }
+        match (result, ending) {
+            (Ended::Failed(cause), _) => Finish::Release { cause },
+            // The service may have done the work: hold the claim, and never let a retry take it over.
+            (Ended::Unknown(cause), _) => Finish::HoldUnknown { hold_ms: policy.key.unknown_hold_ms(), cause },
+            (Ended::Answered, Ending::Response { status, .. }) if !policy.key.remembers(*status) => {
+                Finish::Release { cause: format!("status_{status}") }
+            }
+            (Ended::Answered, Ending::Response { status, headers, body, .. }) => {
+                // A body we did not see whole is remembered as a tombstone: status only.
+                let limit = if body.is_some() { policy.max_response_bytes as usize } else { 0 };
+                Finish::Complete {
+                    response: StoredResponse::new(*status, headers.clone(), body.clone().unwrap_or_default()),
+                    max_response_bytes: limit,
+                    ttl_ms: policy.key.ttl.millis,
+                    cause: format!("status_{status}"),
+                }
+            }
+            (Ended::Answered, Ending::NoResponse { .. }) => Finish::Nothing { outcome: None, cause: String::new() },
+        }
+    }
+
+    /// Finishes a ticket on the shared store. Returns the outcome to count (if any) and its cause.
+    pub fn finish_shared(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        ticket: &Ticket,
+        ending: Ending,
+    ) -> (Option<Outcome>, String) {
+        let (Ticket::Claim(StoreTicket::Shared(t)) | Ticket::Token(StoreTicket::Shared(t))) = ticket else {
+            return (Some(Outcome::StoreError), "not a shared-store ticket".into());
+        };
+        match self.plan_finish(route, ticket, &ending) {
+            Finish::Nothing { outcome, cause } => (outcome, cause),
+            Finish::Release { cause } => released(self.shared.release(host, t), cause),
+            Finish::RestoreToken { cause } => restored(self.shared.restore_token(host, t), cause),
+            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
+                completed(self.shared.complete(host, t, &response, max_response_bytes, ttl_ms), cause)
+            }
+            Finish::HoldUnknown { hold_ms, cause } => held(self.shared.hold_unknown(host, t, hold_ms), cause),
+        }
+    }
+
+    /// Extends the lease of a claim on the shared store whose request still waits for the
+    /// upstream: while the gateway lives, a slow request is never taken over. `Ok(false)` when
+    /// the claim is no longer this ticket's.
+    pub fn renew_shared(&self, host: &dyn Host, route: usize, ticket: &shared::Ticket) -> Result<bool, StoreError> {
+        let lease = self.lock_ttl_ms(route);
+        self.shared.renew(host, ticket, lease)
+    }
+}
+
+/// Where the shared store marks a Redis key whose answer is not written yet.
+fn unwritten_id(redis_key: &str) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    key::put(&mut h, b"unwritten");
+    key::put(&mut h, redis_key.as_bytes());
+    h.finalize().into()
+}
+
+/// The outcome of a release, on either store.
+pub fn released(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(true) => (Some(Outcome::Released), cause),
+        Ok(false) => (Some(Outcome::LeaseLost), format!("{cause}; lease already taken over")),
+        Err(e) => (Some(Outcome::StoreError), format!("{cause}; release failed: {e}")),
+    }
+}
+
+/// The outcome of holding an unknown outcome, on either store.
+pub fn held(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(true) => (Some(Outcome::Held), cause),
+        Ok(false) => (Some(Outcome::LeaseLost), format!("{cause}; lease already taken over")),
+        Err(e) => (Some(Outcome::StoreError), format!("{cause}; hold failed: {e}")),
+    }
+}
+
+/// The outcome of a token restore, on either store.
+pub fn restored(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(true) => (Some(Outcome::TokenRestored), cause),
+        Ok(false) => (None, format!("{cause}; token no longer ours")),
+        Err(e) => (Some(Outcome::StoreError), format!("{cause}; restore failed: {e}")),
+    }
+}
+
+/// The outcome of a completion, on either store.
+pub fn completed(r: Result<Completion, StoreError>, cause: String) -> (Option<Outcome>, String) {
+    match r {
+        Ok(Completion::Stored) => (Some(Outcome::Stored), cause),
+        Ok(Completion::Tombstoned) => (Some(Outcome::Tombstoned), cause),
+        Ok(Completion::LostOwnership) => (Some(Outcome::LeaseLost), "lease_expired".into()),
+        Err(e) => (Some(Outcome::StoreError), format!("complete failed: {e}")),
+    }
+}
+
+/// How a forwarded request ended, for the claim.
+enum Ended {
+    /// Definitely failed: the upstream answered 5xx, or the request never reached it.
+    Failed(String),
+    /// Forwarded, and no answer: the service may have done the work.
+    Unknown(String),
+    /// The upstream answered below 500.
+    Answered,
+}
+
+fn classify(ending: &Ending) -> Ended {
+    match ending {
+        Ending::NoResponse { forwarded: false } => Ended::Failed("not_forwarded".into()),
+        Ending::NoResponse { forwarded: true } => Ended::Unknown("no_response".into()),
+        Ending::Response { status, details, .. } if *status >= 500 && !is_upstream_answer(details) => {
+            if never_reached_upstream(details) {
+                Ended::Failed(format!("upstream_unreachable:{details}"))
+            } else {
+                Ended::Unknown(format!("outcome_unknown:{details}"))
+            }
+        }
+        Ending::Response { status, .. } if *status >= 500 => Ended::Failed(format!("status_{status}")),
+        Ending::Response { .. } => Ended::Answered,
+    }
+}
+
+/// Envoy's `response.code_details` for a response the upstream itself sent.
+fn is_upstream_answer(details: &str) -> bool {
+    details.is_empty() || details == "via_upstream"
+}
+
+/// Local replies that prove the request never reached the upstream service.
+fn never_reached_upstream(details: &str) -> bool {
+    ["connection_failure", "no_healthy_upstream", "cluster_not_found", "route_not_found", "overflow", "no_route"]
+        .iter()
+        .any(|d| details.contains(d))
+}

@@ -1,0 +1,350 @@
+//! The decision engine: for a request on a policy route, forward it (with a claim) or answer it;
+//! for a forwarded request, decide what its outcome does to the claim.
+//!
+//! Host-independent and store-independent: a decision is split around the one store operation it
+//! needs ([`Engine::begin`] → store → [`Engine::after_claim`] / [`Engine::after_token`]), so the
+//! shared store runs it in one call ([`Engine::decide_shared`]) and the Redis store across a Webdis
+//! callout, with the same answers.
+//!
+//! - [`outcome`]: what is counted; [`verdict`]: the vocabulary of decisions (verdicts, tickets,
+//!   endings); `finish`: what a forwarded request's ending does to its claim; `tokens`: the
+//!   token mechanism's issue endpoint.
+
+mod finish;
+pub mod outcome;
+mod tokens;
+pub mod verdict;
+
+pub use finish::{completed, held, released, restored};
+pub use outcome::Outcome;
+pub use verdict::*;
+
+use crate::fingerprint::fingerprint;
+use crate::host::Host;
+use crate::key::{self, KeyError, RequestView};
+use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
+use crate::response::{self, LocalReply};
+use crate::store::shared::SharedStore;
+use crate::store::{redis, Claim, StoreError, TokenUse};
+use tokens::token_id;
+
+pub struct Engine {
+    pub bundle: Bundle,
+    shared: SharedStore,
+}
+
+impl Engine {
+    pub fn new(bundle: Bundle) -> Self {
+        let shared = SharedStore::new(&bundle.shared);
+        Engine { bundle, shared }
+    }
+
+    /// Creates the shared store's bucket keys; call when the plugin configures.
+    pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
+        self.shared.initialise(host)
+    }
+
+    pub fn policy(&self, route: usize) -> Option<&RoutePolicy> {
+        self.bundle.routes.get(route)
+    }
+
+    /// The policy of a route index the engine handed out (`Bundle::find`, a `Prepared`), or, for
+    /// one it never did (a bug), the 503 answer instead of a panic.
+    fn checked(&self, route: usize) -> Result<&RoutePolicy, Verdict> {
+        self.policy(route).ok_or_else(|| verdict(Outcome::StoreError, store_unavailable(), "unknown route", None))
+    }
+
+    /// A route's lease (`lock_ttl`), in milliseconds.
+    pub fn lock_ttl_ms(&self, route: usize) -> u64 {
+        self.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1)
+    }
+
+    pub fn redis(&self) -> Option<redis::RedisStore<'_>> {
+        self.bundle.redis.as_ref().map(redis::RedisStore::new)
+    }
+
+    /// Whether any route forwards detached (the root context then sends upstream calls).
+    pub fn has_detached(&self) -> bool {
+        self.bundle.routes.iter().any(|r| r.forward == Forward::Detached)
+    }
+
+    /// The answer to a request on a filter-enabled route that no policy matches: `None` to let
+    /// it pass (`unmatched = "pass"`, or a safe method), else 400 `IDEMPOTENCY_NO_POLICY`.
+    pub fn unmatched(&self, method: &str) -> Option<LocalReply> {
+        let safe = matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE");
+        if self.bundle.unmatched == Unmatched::Pass || safe {
+            return None;
+        }
+        Some(response::json_reply(
+            400,
+            "IDEMPOTENCY_NO_POLICY",
+            "no idempotency policy matches this method and path on a route that requires one",
+            &[],
+        ))
+    }
+
+    /// The shortest lease of the key routes (the root renews leases a third of it ahead).
+    pub fn min_lock_ttl_ms(&self) -> Option<u64> {
+        self.bundle.routes.iter().filter(|r| r.mode != Mode::Token).map(|r| r.key.lock_ttl.millis).min()
+    }
+
+    /// Whether any route holds duplicates (the root context then polls on a timer).
+    pub fn has_waiters(&self) -> bool {
+        self.bundle.routes.iter().any(|r| r.mode != Mode::Token && r.key.on_in_flight == OnInFlight::Wait)
+    }
+
+    /// Before buffering a body: answers a header or query key that is missing or malformed, so
+    /// such a request is refused without waiting for its body. Cheap: reads the key, hashes nothing.
+    pub fn precheck(&self, route: usize, req: &dyn RequestView) -> Option<Verdict> {
+        let policy = self.policy(route)?;
+        if policy.mode == Mode::Token || policy.key.from == crate::policy::KeySource::Body {
+            return None;
+        }
+        key::extract(&policy.key, req).err().map(|e| key_error(policy, e))
+    }
+
+    /// The request body is larger than the route allows.
+    pub fn body_too_large(&self, route: usize) -> Option<Verdict> {
+        let policy = self.policy(route)?;
+        let reply = response::json_reply(
+            413,
+            "IDEMPOTENCY_BODY_TOO_LARGE",
+            &format!("the request body exceeds {} bytes", policy.max_body_bytes),
+            &[],
+        );
+        Some(shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None))
+    }
+
+    /// Reads the key (or token) and prepares the store operation.
+    pub fn begin(&self, route: usize, req: &dyn RequestView) -> Option<Begin> {
+        let policy = self.policy(route)?;
+        if policy.mode == Mode::Token {
+            let token = match key::single_header(req, &policy.token.header) {
+                Ok(Some(t)) if key::validate(&t).is_ok() => t,
+                Ok(Some(_)) | Err(_) => {
+                    let reply = response::json_reply(
+                        400,
+                        "IDEMPOTENCY_TOKEN_INVALID",
+                        &format!("header {} is not a valid token", policy.token.header),
+                        &[],
+                    );
+                    return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "invalid_token", None)));
+                }
+                Ok(None) => {
+                    let reply = response::json_reply(
+                        400,
+                        "IDEMPOTENCY_TOKEN_MISSING",
+                        &format!(
+                            "header {} is missing; get a token from POST {}",
+                            policy.token.header, policy.token.issue_path
+                        ),
+                        &[],
+                    );
+                    return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "missing_token", None)));
+                }
+            };
+            let id = match token_id(policy, &token, req) {
+                Ok(id) => id,
+                Err(e) => return Some(Begin::Done(key_error(policy, e))),
+            };
+            return Some(Begin::Store(Prepared { route, op: StoreOp::UseToken { id }, key: token }));
+        }
+        let client_key = match key::extract(&policy.key, req) {
+            Ok(k) => k,
+            Err(e) => return Some(Begin::Done(key_error(policy, e))),
+        };
+        let id = match key::scoped_id(&policy.name, &policy.key.scope, policy.key.anonymous, &client_key, req) {
+            Ok(id) => id,
+            Err(e) => return Some(Begin::Done(key_error(policy, e))),
+        };
+        let fp = fingerprint(&policy.key, req, &policy.matcher.canonical_path(req.path()));
+        Some(Begin::Store(Prepared { route, op: StoreOp::Claim { id, fingerprint: fp }, key: client_key }))
+    }
+
+    /// The whole decision on the shared store (synchronous).
+    pub fn decide_shared(&self, host: &dyn Host, route: usize, req: &dyn RequestView) -> Option<Verdict> {
+        match self.begin(route, req)? {
+            Begin::Done(v) => Some(v),
+            Begin::Store(p) => Some(self.run_shared(host, &p, None)),
+        }
+    }
+
+    /// Runs a prepared operation on the shared store. `waiting_until` is set when polling for a
+    /// held duplicate.
+    pub fn run_shared(&self, host: &dyn Host, p: &Prepared, waiting_until: Option<u64>) -> Verdict {
+        let now = host.now_ms();
+        match &p.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let lock_ttl = self.lock_ttl_ms(p.route);
+                let claim = self.shared.claim(host, id, fingerprint, lock_ttl);
+                let claim = claim.map(|c| c.map(StoreTicket::Shared));
+                self.after_claim(p, claim, now, waiting_until)
+            }
+            StoreOp::UseToken { id } => {
+                let used = self.shared.use_token(host, id).map(|u| u.map(StoreTicket::Shared));
+                self.after_token(p, used)
+            }
+        }
+    }
+
+    /// The verdict for what a claim found.
+    pub fn after_claim(
+        &self,
+        p: &Prepared,
+        claim: Result<Claim<StoreTicket>, StoreError>,
+        now: u64,
+        waiting_until: Option<u64>,
+    ) -> Verdict {
+        let policy = match self.checked(p.route) {
+            Ok(policy) => policy,
+            Err(v) => return v,
+        };
+        let k = Some(p.key.clone());
+        let claim = match claim {
+            Ok(c) => c,
+            Err(e) => return self.store_error(policy, e, k),
+        };
+        let waited = waiting_until.is_some();
+        match claim {
+            Claim::Claimed(ticket) => Verdict {
+                outcome: if waited { Outcome::Waited } else { Outcome::Forwarded },
+                action: Action::Forward(Some(Ticket::Claim(ticket))),
+                cause: if waited { "took_over_after_wait".into() } else { "first".into() },
+                key: k,
+            },
+            Claim::InFlight { same_payload: false, .. }
+            | Claim::Completed { same_payload: false, .. }
+            | Claim::Unknown { same_payload: false, .. } => {
+                let reply = response::json_reply(
+                    422,
+                    "IDEMPOTENCY_KEY_REUSED",
+                    "this idempotency key was already used with a different request",
+                    &[],
+                );
+                shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
+            }
+            Claim::Unknown { first_seen_ms, held_until_ms, .. } => {
+                let reply = response::outcome_unknown(first_seen_ms, held_until_ms);
+                shadowed(policy, Outcome::OutcomeUnknown, reply, "outcome_unknown".into(), k)
+            }
+            Claim::InFlight { first_seen_ms, .. } => {
+                let wait = policy.key.on_in_flight == OnInFlight::Wait && policy.mode == Mode::Key;
+                let deadline = waiting_until.unwrap_or(now.saturating_add(policy.key.wait_timeout.millis));
+                if wait && now < deadline {
+                    return Verdict {
+                        outcome: Outcome::InFlight,
+                        action: Action::Wait { prepared: Box::new(p.clone()), deadline_ms: deadline },
+                        cause: "in_flight_waiting".into(),
+                        key: k,
+                    };
+                }
+                let cause = if waited { "in_flight_wait_timeout" } else { "in_flight" };
+                let reply = response::in_progress(first_seen_ms);
+                shadowed(policy, Outcome::InFlight, reply, cause.into(), k)
+            }
+            Claim::Completed { response: Some(stored), .. } if policy.key.on_completed == OnCompleted::Replay => {
+                let cause = if waited { "completed_while_waiting" } else { "completed" };
+                shadowed(policy, Outcome::Replayed, stored.replay(), cause.into(), k)
+            }
+            Claim::Completed { first_seen_ms, response, .. } => {
+                let cause = if response.is_none() { "tombstone" } else { "completed" };
+                let reply = response::duplicate(&policy.duplicate, Some(first_seen_ms));
+                shadowed(policy, Outcome::RejectedDuplicate, reply, cause.into(), k)
+            }
+        }
+    }
+
+    /// The verdict for what presenting a token found.
+    pub fn after_token(&self, p: &Prepared, used: Result<TokenUse<StoreTicket>, StoreError>) -> Verdict {
+        let policy = match self.checked(p.route) {
+            Ok(policy) => policy,
+            Err(v) => return v,
+        };
+        let k = Some(p.key.clone());
+        match used {
+            Err(e) => self.store_error(policy, e, k),
+            Ok(TokenUse::Consumed(t)) => Verdict {
+                outcome: Outcome::TokenConsumed,
+                action: Action::Forward(Some(Ticket::Token(t))),
+                cause: "token_valid".into(),
+                key: k,
+            },
+            Ok(TokenUse::Used { used_at_ms }) => Verdict {
+                outcome: Outcome::TokenRejected,
+                action: Action::Reply(response::duplicate(&policy.duplicate, Some(used_at_ms))),
+                cause: "token_used".into(),
+                key: k,
+            },
+            Ok(TokenUse::Unknown) => Verdict {
+                outcome: Outcome::TokenRejected,
+                action: Action::Reply(response::duplicate(&policy.duplicate, None)),
+                cause: "token_unknown_or_expired".into(),
+                key: k,
+            },
+        }
+    }
+
+    fn store_error(&self, policy: &RoutePolicy, e: StoreError, key: Option<String>) -> Verdict {
+        let allow = policy.store == StoreKind::Redis
+            && self.bundle.redis.as_ref().is_some_and(|r| r.on_store_error == OnStoreError::Allow);
+        if allow {
+            return Verdict {
+                outcome: Outcome::StoreError,
+                action: Action::Forward(None),
+                cause: format!("allowed_unprotected: {e}"),
+                key,
+            };
+        }
+        shadowed(policy, Outcome::StoreError, store_unavailable(), e.to_string(), key)
+    }
+}
+
+pub(super) fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Option<String>) -> Verdict {
+    Verdict { outcome, action: Action::Reply(reply), cause: cause.into(), key }
+}
+
+pub(super) fn store_unavailable() -> LocalReply {
+    response::json_reply(503, "IDEMPOTENCY_STORE_UNAVAILABLE", "the idempotency store is unavailable; retry later", &[])
+}
+
+pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
+    match e {
+        KeyError::Missing(_) if !policy.key.required => Verdict {
+            outcome: Outcome::NoKey,
+            action: Action::Forward(None),
+            cause: "no_key_not_required".into(),
+            key: None,
+        },
+        KeyError::Missing(why) => {
+            let reply = response::json_reply(400, "IDEMPOTENCY_KEY_MISSING", &why, &[]);
+            shadowed(policy, Outcome::MissingKey, reply, "missing_key".into(), None)
+        }
+        KeyError::Invalid(why) => {
+            let reply = response::json_reply(400, "IDEMPOTENCY_KEY_INVALID", &why, &[]);
+            shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
+        }
+        KeyError::ScopeMissing(why) => {
+            let reply = response::json_reply(400, "IDEMPOTENCY_SCOPE_MISSING", &why, &[]);
+            shadowed(policy, Outcome::MissingScope, reply, "missing_scope".into(), None)
+        }
+    }
+}
+
+/// In shadow mode nothing is blocked: the would-be answer is only counted and logged.
+pub(super) fn shadowed(
+    policy: &RoutePolicy,
+    outcome: Outcome,
+    reply: LocalReply,
+    cause: String,
+    key: Option<String>,
+) -> Verdict {
+    match policy.mode {
+        Mode::Key | Mode::Token => Verdict { outcome, action: Action::Reply(reply), cause, key },
+        Mode::Shadow => Verdict {
+            outcome: Outcome::ShadowWouldBlock,
+            action: Action::Forward(None),
+            cause: format!("would_{}:{}", outcome.name(), cause),
+            key,
+        },
+    }
+}

@@ -1,0 +1,99 @@
+//! Every outcome the filter counts.
+
+/// Every outcome the filter counts, as `idem.<route>.<name>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Forwarded,
+    Replayed,
+    RejectedDuplicate,
+    InFlight,
+    KeyReused,
+    MissingKey,
+    InvalidKey,
+    BodyTooLarge,
+    StoreError,
+    Stored,
+    Released,
+    Held,
+    Tombstoned,
+    LeaseLost,
+    NoKey,
+    ShadowWouldBlock,
+    Waited,
+    TokenIssued,
+    TokenConsumed,
+    TokenRejected,
+    TokenRestored,
+    OutcomeUnknown,
+    MissingScope,
+    WriteRetried,
+    WriteDropped,
+    OrphanReleased,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 26] = [
+        Outcome::Forwarded,
+        Outcome::Replayed,
+        Outcome::RejectedDuplicate,
+        Outcome::InFlight,
+        Outcome::KeyReused,
+        Outcome::MissingKey,
+        Outcome::InvalidKey,
+        Outcome::BodyTooLarge,
+        Outcome::StoreError,
+        Outcome::Stored,
+        Outcome::Released,
+        Outcome::Held,
+        Outcome::Tombstoned,
+        Outcome::LeaseLost,
+        Outcome::NoKey,
+        Outcome::ShadowWouldBlock,
+        Outcome::Waited,
+        Outcome::TokenIssued,
+        Outcome::TokenConsumed,
+        Outcome::TokenRejected,
+        Outcome::TokenRestored,
+        Outcome::OutcomeUnknown,
+        Outcome::MissingScope,
+        Outcome::WriteRetried,
+        Outcome::WriteDropped,
+        Outcome::OrphanReleased,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Replayed => "replayed",
+            Outcome::RejectedDuplicate => "rejected_duplicate",
+            Outcome::InFlight => "in_flight",
+            Outcome::KeyReused => "key_reused",
+            Outcome::MissingKey => "missing_key",
+            Outcome::InvalidKey => "invalid_key",
+            Outcome::BodyTooLarge => "body_too_large",
+            Outcome::StoreError => "store_error",
+            Outcome::Stored => "stored",
+            Outcome::Released => "released",
+            Outcome::Held => "held",
+            Outcome::Tombstoned => "tombstoned",
+            Outcome::LeaseLost => "lease_lost",
+            Outcome::NoKey => "no_key",
+            Outcome::ShadowWouldBlock => "shadow_would_block",
+            Outcome::Waited => "waited",
+            Outcome::TokenIssued => "token_issued",
+            Outcome::TokenConsumed => "token_consumed",
+            Outcome::TokenRejected => "token_rejected",
+            Outcome::TokenRestored => "token_restored",
+            Outcome::OutcomeUnknown => "outcome_unknown",
+            Outcome::MissingScope => "missing_scope",
+            Outcome::WriteRetried => "write_retried",
+            Outcome::WriteDropped => "write_dropped",
+            Outcome::OrphanReleased => "orphan_released",
+        }
+    }
+
+    /// Position in [`Outcome::ALL`] (declaration order), for counter ids.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}

@@ -1,0 +1,97 @@
+//! The token mechanism's issue endpoint and the stored identity of a token.
+
+use super::{key_error, store_unavailable, verdict, Action, Engine, Issue, Outcome, Verdict};
+use crate::host::Host;
+use crate::key::{self, KeyError, RequestView};
+use crate::policy::{Mode, RoutePolicy};
+use crate::response;
+use crate::store::{redis, StoreError};
+
+impl Engine {
+    /// Whether `path` is some token route's issue endpoint (cheap: no allocation).
+    pub fn is_issue_path(&self, path: &str) -> bool {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        self.bundle.routes.iter().any(|r| r.mode == Mode::Token && r.token.issue_path == bare)
+    }
+
+    /// The token issue endpoint: which route, a fresh token, or the answer when none is issued.
+    /// `random` supplies 16 random bytes.
+    pub fn issue(&self, method: &str, path: &str, req: &dyn RequestView, random: [u8; 16]) -> Option<Issue> {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        let routes: Vec<usize> = (0..self.bundle.routes.len())
+            .filter(|&i| self.bundle.routes[i].mode == Mode::Token && self.bundle.routes[i].token.issue_path == bare)
+            .collect();
+        let first = *routes.first()?;
+        if method != "POST" {
+            let mut reply = response::json_reply(405, "METHOD_NOT_ALLOWED", "tokens are issued with POST", &[]);
+            reply.headers.push(("allow".into(), "POST".into()));
+            return Some(Issue::Reply { route: Some(first), reply, cause: "method_not_allowed".into() });
+        }
+        let route = if routes.len() == 1 {
+            first
+        } else {
+            let wanted = key::query_param(path, "route");
+            match routes.iter().find(|&&i| Some(&self.bundle.routes[i].name) == wanted.as_ref()) {
+                Some(&i) => i,
+                None => {
+                    let names: Vec<&str> = routes.iter().map(|&i| self.bundle.routes[i].name.as_str()).collect();
+                    let reply = response::json_reply(
+                        400,
+                        "IDEMPOTENCY_TOKEN_ROUTE_REQUIRED",
+                        &format!("several routes issue tokens here; add ?route= one of: {}", names.join(", ")),
+                        &[],
+                    );
+                    return Some(Issue::Reply { route: None, reply, cause: "route_required".into() });
+                }
+            }
+        };
+        let policy = self.policy(route)?;
+        let token = redis::token_text(&random);
+        match token_id(policy, &token, req) {
+            Ok(id) => Some(Issue::Token { route, token, id }),
+            Err(e) => {
+                let v = key_error(policy, e);
+                let Action::Reply(reply) = v.action else {
+                    return None;
+                };
+                Some(Issue::Reply { route: Some(route), reply, cause: v.cause })
+            }
+        }
+    }
+
+    /// Records an issued token on the shared store.
+    pub fn issue_shared(&self, host: &dyn Host, route: usize, id: &[u8; 32]) -> Result<(), StoreError> {
+        let ttl = self.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+        self.shared.issue_token(host, id, ttl)
+    }
+
+    /// The answer to a successful issue (or the store's failure).
+    pub fn issued(&self, route: usize, token: &str, now: u64, stored: Result<(), StoreError>) -> Verdict {
+        let policy = match self.checked(route) {
+            Ok(policy) => policy,
+            Err(v) => return v,
+        };
+        if let Err(e) = stored {
+            return verdict(Outcome::StoreError, store_unavailable(), &e.to_string(), None);
+        }
+        let ttl = policy.token.ttl.millis;
+        let mut reply = response::json_reply(
+            200,
+            "TOKEN_ISSUED",
+            "send this token once, in the named header",
+            &[
+                ("token", token.into()),
+                ("header", policy.token.header.clone().into()),
+                ("expires_at", response::rfc3339(now.saturating_add(ttl)).into()),
+                ("ttl_seconds", (ttl / 1000).into()),
+            ],
+        );
+        reply.headers.push(("cache-control".into(), "no-store".into()));
+        verdict(Outcome::TokenIssued, reply, "issued", Some(token.to_string()))
+    }
+}
+
+/// The stored identity of a token: route + caller scope + token, as for keys, in its own domain.
+pub(super) fn token_id(policy: &RoutePolicy, token: &str, req: &dyn RequestView) -> Result<[u8; 32], KeyError> {
+    key::scoped_id(&format!("token:{}", policy.name), &policy.token.scope, policy.token.anonymous, token, req)
+}

@@ -1,0 +1,102 @@
+//! The vocabulary of decisions: what to do with a request, what a forwarded request holds, and
+//! how it ended.
+
+use super::Outcome;
+use crate::response::{Header, LocalReply, StoredResponse};
+use crate::store::{redis, shared};
+
+/// A store's proof of ownership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreTicket {
+    Shared(shared::Ticket),
+    Redis(redis::Ticket),
+}
+
+/// What a forwarded request holds until it finishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ticket {
+    /// A key claim: complete it with the response, or release it.
+    Claim(StoreTicket),
+    /// A consumed token: restore it if the upstream failed (and the route says so).
+    Token(StoreTicket),
+}
+
+/// What to do with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Let it through; with a ticket, its outcome must be reported when it ends.
+    Forward(Option<Ticket>),
+    Reply(LocalReply),
+    /// Hold it (`on_in_flight = "wait"`) and run `prepared` again until `deadline_ms`.
+    Wait {
+        prepared: Box<Prepared>,
+        deadline_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub outcome: Outcome,
+    pub action: Action,
+    /// Why, for the log line (e.g. `completed`, `in_flight`, `fingerprint_mismatch`).
+    pub cause: String,
+    /// The client's key or token, for the (truncated) log line.
+    pub key: Option<String>,
+}
+
+/// A request ready for its store operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub route: usize,
+    pub op: StoreOp,
+    /// The client's key or token (for logs only; never stored).
+    pub key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreOp {
+    Claim { id: [u8; 32], fingerprint: [u8; 32] },
+    UseToken { id: [u8; 32] },
+}
+
+/// The first step of a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// Decided without the store.
+    Done(Verdict),
+    /// Needs one store operation.
+    Store(Prepared),
+}
+
+/// How a forwarded request ended, as the glue observed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// A response came back. `body` is `None` when it was not seen to the end (client gone) or
+    /// grew past the route's `max_response_bytes`. `details` is Envoy's `response.code_details`
+    /// (`via_upstream` when the upstream produced it).
+    Response { status: u16, headers: Vec<Header>, body: Option<Vec<u8>>, details: String },
+    /// No response: the client went away, or the stream was reset.
+    NoResponse { forwarded: bool },
+}
+
+/// The store operation that finishing a ticket needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// Nothing to write; count `outcome` (if any).
+    Nothing { outcome: Option<Outcome>, cause: String },
+    /// Free the claim so a retry runs.
+    Release { cause: String },
+    /// Remember the response (a tombstone when over `max_response_bytes`).
+    Complete { response: StoredResponse, max_response_bytes: usize, ttl_ms: u64, cause: String },
+    /// Put the token back so the user's retry passes.
+    RestoreToken { cause: String },
+    /// The outcome is unknown: hold the claim for `hold_ms`, never to be taken over.
+    HoldUnknown { hold_ms: u64, cause: String },
+}
+
+/// A token issue request: which route the token is for, or the answer when it cannot be issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Issue {
+    Token { route: usize, token: String, id: [u8; 32] },
+    Reply { route: Option<usize>, reply: LocalReply, cause: String },
+}

@@ -1,0 +1,153 @@
+//! Field deserializers: each field validates its value, so the parser attaches the position
+//! (line, column, field) to the error.
+
+use super::{Duration, FingerprintPart, ScopePart, StatusSet};
+use serde::{de, Deserialize, Deserializer};
+
+pub(super) fn de_route_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if ok {
+        Ok(s)
+    } else {
+        Err(de::Error::custom(format!("invalid route name {s:?}: use 1 to 64 lower-case letters, digits, '-' or '_'")))
+    }
+}
+
+pub(super) fn de_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        Err(de::Error::custom("must not be empty"))
+    } else {
+        Ok(s)
+    }
+}
+
+pub(super) fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {
+    let v = u64::deserialize(d)?;
+    if (min..=max).contains(&v) {
+        Ok(v as u32)
+    } else {
+        Err(de::Error::custom(format!("{what} must be between {min} and {max}, got {v}")))
+    }
+}
+
+pub(super) fn de_buckets<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, 1, 65536, "buckets")
+}
+pub(super) fn de_entries<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, 1, 64, "entries_per_bucket")
+}
+pub(super) fn de_response_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, 0, 16 << 20, "max_response_bytes")
+}
+pub(super) fn de_opt_body_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    ranged(d, 0, 16 << 20, "max_body_bytes").map(Some)
+}
+pub(super) fn de_opt_response_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    de_response_bytes(d).map(Some)
+}
+
+pub(super) fn de_duplicate_status<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+    let v = u64::deserialize(d)?;
+    if (200..=499).contains(&v) {
+        Ok(v as u16)
+    } else {
+        Err(de::Error::custom(format!(
+            "invalid duplicate status {v}: a duplicate is a business outcome, use 200-499 (never a 5xx)"
+        )))
+    }
+}
+
+impl<'de> Deserialize<'de> for Duration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map_err(de::Error::custom)
+    }
+}
+
+/// Parses `"250ms"`, `"30s"`, `"10m"`, `"24h"`, `"7d"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!(
+            "invalid duration {s:?}: expected a number and a unit, like \"250ms\", \"30s\", \"10m\", \"24h\" or \"7d\""
+        )
+    };
+    let digits = s.bytes().take_while(|b| b.is_ascii_digit()).count();
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(factor).map(|millis| Duration { millis }).ok_or_else(bad)
+}
+
+impl<'de> Deserialize<'de> for StatusSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Code(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Code(c) if (100..=599).contains(&c) => Ok(StatusSet::Code(c as u16)),
+            Raw::Code(c) => Err(de::Error::custom(format!("invalid status {c}: expected 100-599"))),
+            Raw::Text(t) => match t.as_bytes() {
+                [c @ b'1'..=b'5', b'x', b'x'] => Ok(StatusSet::Class(u16::from(c - b'0'))),
+                _ => Err(de::Error::custom(format!(
+                    "invalid status {t:?}: expected a code like 404 or a class like \"2xx\""
+                ))),
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FingerprintPart {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "method" => Ok(FingerprintPart::Method),
+            "path" => Ok(FingerprintPart::Path),
+            "query" => Ok(FingerprintPart::Query),
+            "body" => Ok(FingerprintPart::Body),
+            _ => match s.strip_prefix("header:") {
+                Some(h) if !h.is_empty() => Ok(FingerprintPart::Header(h.to_ascii_lowercase())),
+                _ => Err(de::Error::custom(format!(
+                    "invalid fingerprint part {s:?}: expected method, path, query, body or header:<name>"
+                ))),
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ScopePart {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let bad = || {
+            de::Error::custom(format!(
+                "invalid scope part {s:?}: expected header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…]"
+            ))
+        };
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        match kind {
+            "header" if !rest.is_empty() => Ok(ScopePart::Header(rest.to_ascii_lowercase())),
+            "cookie" if !rest.is_empty() => Ok(ScopePart::Cookie(rest.to_string())),
+            "metadata" => {
+                let path: Vec<String> = rest.split('/').map(str::to_string).collect();
+                if path.len() < 2 || path.iter().any(String::is_empty) {
+                    return Err(bad());
+                }
+                Ok(ScopePart::Metadata(path))
+            }
+            _ => Err(bad()),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! How a request finds its policy: Envoy route names, path templates, and the path as
+//! frameworks route it (normalised, aliases folded).
+
+use super::Bundle;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matcher {
+    /// Matches the Envoy route whose `name` is this (`xds.route_name`).
+    RouteName(String),
+    /// Matches a method (or any) and a path template.
+    Request { method: Option<String>, path: PathTemplate },
+}
+
+/// A path template: literal segments and `{param}` segments that match one non-empty segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathTemplate {
+    pub source: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+impl PathTemplate {
+    pub fn parse(source: &str) -> Result<Self, String> {
+        if !source.starts_with('/') {
+            return Err(format!("path {source:?} must start with '/'"));
+        }
+        if source.contains('?') || source.contains('#') {
+            return Err(format!("path {source:?} must not contain a query or fragment"));
+        }
+        let mut segments = Vec::new();
+        for seg in source.split('/').filter(|s| !s.is_empty()) {
+            if seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2 {
+                segments.push(Segment::Param);
+            } else if seg.contains('{') || seg.contains('}') {
+                return Err(format!(
+                    "path {source:?}: a template parameter must be a whole segment, like /orders/{{id}}"
+                ));
+            } else {
+                segments.push(Segment::Literal(seg.to_string()));
+            }
+        }
+        Ok(PathTemplate { source: source.to_string(), segments })
+    }
+
+    pub fn is_exact(&self) -> bool {
+        self.segments.iter().all(|s| matches!(s, Segment::Literal(_)))
+    }
+
+    /// Matches a request path (without the query string), after [`normalize_path`]: literal
+    /// segments compare ignoring ASCII case, since many frameworks route `/Create` and `/create/`
+    /// to the same handler, and a policy that such an alias slips past runs the business twice.
+    pub fn matches(&self, path: &str) -> bool {
+        let segments = normalize_path(path);
+        segments.len() == self.segments.len()
+            && self.segments.iter().zip(&segments).all(|(seg, p)| match seg {
+                Segment::Literal(lit) => lit.eq_ignore_ascii_case(p),
+                Segment::Param => !p.is_empty(),
+            })
+    }
+
+    /// The shape used to detect two templates that match the same paths.
+    fn shape(&self) -> Vec<Option<String>> {
+        self.segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => Some(l.to_ascii_lowercase()),
+                Segment::Param => None,
+            })
+            .collect()
+    }
+}
+
+/// A request path as the policy matcher sees it: its segments, with percent-encoded unreserved
+/// characters decoded (`%63reate` is `create`), empty segments dropped (`//` and a trailing `/`)
+/// and `.`/`..` resolved. Envoy's `normalize_path` and `merge_slashes` do the same before routing;
+/// doing it here too keeps a policy from being bypassed where the listener lacks them.
+pub fn normalize_path(path: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for raw in path.split('/') {
+        let seg = decode_unreserved(raw);
+        match seg.as_str() {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            _ => out.push(seg),
+        }
+    }
+    out
+}
+
+/// Decodes `%XX` only where it stands for an unreserved character (RFC 3986 §2.3); other escapes
+/// (`%2F`, `%20`, …) stay as they are, as Envoy's normalisation keeps them.
+fn decode_unreserved(seg: &str) -> String {
+    if !seg.contains('%') {
+        return seg.to_string();
+    }
+    let bytes = seg.as_bytes();
+    let mut out = String::with_capacity(seg.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = (bytes[i] == b'%')
+            .then(|| seg.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .filter(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
+        match decoded {
+            Some(b) => {
+                out.push(char::from(b));
+                i += 3;
+            }
+            None => {
+                let ch_len = seg.get(i..).and_then(|r| r.chars().next()).map_or(1, char::len_utf8);
+                out.push_str(seg.get(i..i + ch_len).unwrap_or(""));
+                i += ch_len;
+            }
+        }
+    }
+    out
+}
+
+impl Bundle {
+    /// The policy for a request, by Envoy route name first, then exact paths, then templates.
+    /// `method` and `route_name` are only asked for when a candidate needs them: a request that
+    /// no policy can match costs one look at its path.
+    pub fn find(
+        &self,
+        method: impl FnOnce() -> String,
+        path: &str,
+        route_name: impl FnOnce() -> Option<String>,
+    ) -> Option<usize> {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        if self.routes.iter().any(|r| matches!(r.matcher, Matcher::RouteName(_))) {
+            if let Some(name) = route_name() {
+                let hit = self.routes.iter().position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
+                if hit.is_some() {
+                    return hit;
+                }
+            }
+        }
+        let mut method = Some(method);
+        let mut actual: Option<String> = None;
+        for exact in [true, false] {
+            for (i, r) in self.routes.iter().enumerate() {
+                let Matcher::Request { method: wanted, path: t } = &r.matcher else {
+                    continue;
+                };
+                if t.is_exact() != exact || !t.matches(path) {
+                    continue;
+                }
+                let Some(wanted) = wanted else {
+                    return Some(i);
+                };
+                if actual.is_none() {
+                    actual = method.take().map(|f| f());
+                }
+                if actual.as_deref() == Some(wanted.as_str()) {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Matcher {
+    /// The request path as the fingerprint sees it: [`normalize_path`]'s segments, with the
+    /// segments a template names literally written as the template writes them. Aliases of one
+    /// endpoint (`/Create/`, `%63reate`) are the same request; parameter values keep their case.
+    pub fn canonical_path(&self, path: &str) -> String {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        let mut segments = normalize_path(bare);
+        if let Matcher::Request { path: t, .. } = self {
+            if t.matches(bare) {
+                for (seg, lit) in segments.iter_mut().zip(&t.segments) {
+                    if let Segment::Literal(l) = lit {
+                        seg.clone_from(l);
+                    }
+                }
+            }
+        }
+        let mut out = String::with_capacity(bare.len());
+        for seg in &segments {
+            out.push('/');
+            out.push_str(seg);
+        }
+        if out.is_empty() {
+            out.push('/');
+        }
+        out
+    }
+
+    /// Whether two matchers match the same requests (two such routes cannot share a bundle).
+    pub fn conflicts_with(&self, other: &Matcher) -> bool {
+        match (self, other) {
+            (Matcher::RouteName(x), Matcher::RouteName(y)) => x == y,
+            (Matcher::Request { method: ma, path: pa }, Matcher::Request { method: mb, path: pb }) => {
+                let methods_overlap = match (ma, mb) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => true,
+                };
+                methods_overlap && pa.shape() == pb.shape()
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The policy model: the `[[route]]` schema of `policies/README.md` (this file), parsed from TOML
+//! or JSON and validated with errors that name the file, line, column and field ([`parse`]),
+//! and how a request finds its route ([`matcher`]).
+//!
+//! Field-level checks (durations, statuses, names, matcher shape) live in the `Deserialize` impls
+//! so that the parser attaches the position; checks across routes (duplicate names, conflicting
+//! matchers) locate the offending route in the source text afterwards.
+
+mod fields;
+mod matcher;
+mod parse;
+
+pub use fields::parse_duration;
+pub use matcher::{normalize_path, Matcher, PathTemplate};
+pub use parse::{line_col, parse_bundle, PolicyError};
+
+use serde::Deserialize;
+use std::fmt;
+
+/// A validated bundle: the filter's whole plugin configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bundle {
+    pub shared: SharedConfig,
+    /// The `[redis]` table; required when a route uses `store = "redis"`.
+    pub redis: Option<RedisConfig>,
+    pub routes: Vec<RoutePolicy>,
+    /// What a request on a filter-enabled Envoy route that no policy matches gets.
+    pub unmatched: Unmatched,
+}
+
+/// `unmatched`: a request the filter sees that no policy matches (an alias path such as
+/// `/api/order/Create/` the upstream framework still routes, or a route nobody wrote a policy for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unmatched {
+    /// Forward it untouched (counted as `idem._unmatched.passed`, logged at debug).
+    Pass,
+    /// Refuse non-safe methods with 400 `IDEMPOTENCY_NO_POLICY` (fail closed).
+    Reject,
+}
+
+/// `[redis]`: how the filter reaches Redis (through Webdis, as an Envoy cluster).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// The Envoy cluster name of Webdis.
+    #[serde(deserialize_with = "fields::de_nonempty")]
+    pub cluster: String,
+    /// `:authority` of the callouts.
+    #[serde(default = "default_authority")]
+    pub authority: String,
+    /// `user:password` for Webdis HTTP basic auth (its ACL), if set.
+    #[serde(default)]
+    pub basic_auth: Option<String>,
+    /// Callout timeout.
+    #[serde(default = "default_redis_timeout")]
+    pub timeout: Duration,
+    /// Prefix of every Redis key the filter writes.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// What to do when Redis or Webdis fails: `reject` (503) or `allow` (forward unprotected).
+    #[serde(default = "default_on_store_error")]
+    pub on_store_error: OnStoreError,
+}
+
+fn default_authority() -> String {
+    "webdis".into()
+}
+fn default_redis_timeout() -> Duration {
+    Duration { millis: 500 }
+}
+fn default_prefix() -> String {
+    "idem:".into()
+}
+fn default_on_store_error() -> OnStoreError {
+    OnStoreError::Reject
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    Reject,
+    Allow,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedConfig {
+    #[serde(deserialize_with = "fields::de_buckets")]
+    pub buckets: u32,
+    #[serde(deserialize_with = "fields::de_entries")]
+    pub entries_per_bucket: u32,
+    #[serde(deserialize_with = "fields::de_response_bytes")]
+    pub max_response_bytes: u32,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        SharedConfig { buckets: 1024, entries_per_bucket: 8, max_response_bytes: 65536 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutePolicy {
+    pub name: String,
+    pub matcher: Matcher,
+    pub mode: Mode,
+    pub store: StoreKind,
+    pub max_body_bytes: u32,
+    pub max_response_bytes: u32,
+    pub key: KeyPolicy,
+    pub token: TokenPolicy,
+    pub duplicate: DuplicateResponse,
+    pub forward: Forward,
+    /// Timeout of the upstream call when `forward = "detached"`.
+    pub upstream_timeout: Duration,
+}
+
+/// How a claimed request reaches the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Forward {
+    /// Through Envoy's router, as any request: streaming, retries, header mutations.
+    Inline,
+    /// Sent by the filter itself from the worker's root context (`dispatch_http_call` to the
+    /// route's cluster), so a client that leaves cannot cancel it: the answer is always known
+    /// and stored, and the client's retry gets it.
+    Detached,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Key,
+    Token,
+    Shadow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Shared,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    Header,
+    Query,
+    Body,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInFlight {
+    Reject,
+    Wait,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnCompleted {
+    Replay,
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FingerprintBody {
+    Raw,
+    CanonicalJson,
+}
+
+/// One input to the request fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FingerprintPart {
+    Method,
+    Path,
+    Query,
+    Body,
+    Header(String),
+}
+
+/// One entry of the caller scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopePart {
+    /// `header:<name>`: every value of a request header.
+    Header(String),
+    /// `cookie:<name>`: a cookie of the `Cookie` header (session-cookie callers).
+    Cookie(String),
+    /// `metadata:<filter>/<field>/…`: a value an earlier Envoy filter verified and wrote to the
+    /// request's dynamic metadata, e.g. `metadata:envoy.filters.http.jwt_authn/jwt_payload/sub`
+    /// (a JWT's subject stays the same when the client refreshes its token).
+    Metadata(Vec<String>),
+}
+
+impl fmt::Display for ScopePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopePart::Header(h) => write!(f, "header:{h}"),
+            ScopePart::Cookie(c) => write!(f, "cookie:{c}"),
+            ScopePart::Metadata(path) => write!(f, "metadata:{}", path.join("/")),
+        }
+    }
+}
+
+/// What a request lacking its caller scope gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anonymous {
+    /// 400 `IDEMPOTENCY_SCOPE_MISSING`: never let callers without identity share keys.
+    Reject,
+    /// Callers without the scope share one scope, on purpose (apart from every identified caller).
+    Shared,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyPolicy {
+    pub from: KeySource,
+    #[serde(deserialize_with = "fields::de_nonempty")]
+    pub name: String,
+    pub required: bool,
+    pub scope: Vec<ScopePart>,
+    pub anonymous: Anonymous,
+    pub fingerprint: Vec<FingerprintPart>,
+    pub fingerprint_body: FingerprintBody,
+    pub lock_ttl: Duration,
+    pub ttl: Duration,
+    /// How long a claim whose outcome is unknown (forwarded, no answer) is held; `ttl` if unset.
+    pub unknown_outcome_hold: Option<Duration>,
+    pub on_in_flight: OnInFlight,
+    /// How long a held duplicate waits (`on_in_flight = "wait"`) before it gets 409.
+    pub wait_timeout: Duration,
+    pub on_completed: OnCompleted,
+    pub remember: Vec<StatusSet>,
+    pub forget: Vec<StatusSet>,
+}
+
+/// `[route.token]`: the article's token mechanism, served and enforced by the filter.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenPolicy {
+    /// The request header that carries the token.
+    #[serde(deserialize_with = "fields::de_nonempty")]
+    pub header: String,
+    /// `POST` here issues a token for this route; the upstream never sees these requests.
+    pub issue_path: String,
+    /// How long an issued token stays valid.
+    pub ttl: Duration,
+    /// An upstream 5xx puts the token back (with its remaining TTL) so the user's retry can pass.
+    pub restore_on_failure: bool,
+    /// Caller identity the token is bound to, besides the route.
+    pub scope: Vec<ScopePart>,
+    pub anonymous: Anonymous,
+}
+
+impl Default for TokenPolicy {
+    fn default() -> Self {
+        TokenPolicy {
+            header: "Idempotency-Token".into(),
+            issue_path: "/api/idempotent/token".into(),
+            ttl: Duration::from_secs(600),
+            restore_on_failure: true,
+            scope: vec![ScopePart::Header("authorization".to_string())],
+            anonymous: Anonymous::Reject,
+        }
+    }
+}
+
+impl Default for KeyPolicy {
+    fn default() -> Self {
+        KeyPolicy {
+            from: KeySource::Header,
+            name: "Idempotency-Key".to_string(),
+            required: true,
+            scope: vec![ScopePart::Header("authorization".to_string())],
+            anonymous: Anonymous::Reject,
+            fingerprint: vec![
+                FingerprintPart::Method,
+                FingerprintPart::Path,
+                FingerprintPart::Query,
+                FingerprintPart::Body,
+            ],
+            fingerprint_body: FingerprintBody::Raw,
+            lock_ttl: Duration::from_secs(30),
+            ttl: Duration::from_secs(24 * 3600),
+            unknown_outcome_hold: None,
+            on_in_flight: OnInFlight::Reject,
+            wait_timeout: Duration::from_secs(5),
+            on_completed: OnCompleted::Replay,
+            remember: vec![StatusSet::Class(2), StatusSet::Class(3), StatusSet::Class(4)],
+            forget: [408, 409, 425, 429].into_iter().map(StatusSet::Code).collect(),
+        }
+    }
+}
+
+impl KeyPolicy {
+    /// Whether a response with this status is remembered (otherwise the claim is released).
+    pub fn remembers(&self, status: u16) -> bool {
+        self.remember.iter().any(|s| s.contains(status)) && !self.forget.iter().any(|s| s.contains(status))
+    }
+
+    /// How long an unknown outcome holds the key.
+    pub fn unknown_hold_ms(&self) -> u64 {
+        self.unknown_outcome_hold.unwrap_or(self.ttl).millis
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DuplicateResponse {
+    #[serde(deserialize_with = "fields::de_duplicate_status")]
+    pub status: u16,
+    #[serde(deserialize_with = "fields::de_nonempty")]
+    pub code: String,
+    pub message: String,
+}
+
+impl Default for DuplicateResponse {
+    fn default() -> Self {
+        DuplicateResponse {
+            status: 409,
+            code: "DUPLICATE_REQUEST".to_string(),
+            message: "duplicate request".to_string(),
+        }
+    }
+}
+
+/// A status class (`"2xx"`) or one status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusSet {
+    Class(u16),
+    Code(u16),
+}
+
+impl StatusSet {
+    pub fn contains(&self, status: u16) -> bool {
+        match *self {
+            StatusSet::Class(c) => status / 100 == c,
+            StatusSet::Code(c) => status == c,
+        }
+    }
+}
+
+/// A duration in milliseconds, written `"250ms"`, `"30s"`, `"10m"`, `"24h"`, `"7d"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Duration {
+    pub millis: u64,
+}
+
+impl Duration {
+    pub const fn from_secs(s: u64) -> Self {
+        Duration { millis: s * 1000 }
+    }
+}
+
+impl RoutePolicy {
+    /// Whether the decision needs the request body (a body key or a body fingerprint).
+    pub fn needs_body(&self) -> bool {
+        if self.mode == Mode::Token {
+            return false;
+        }
+        self.forward == Forward::Detached
+            || self.key.from == KeySource::Body
+            || self.key.fingerprint.contains(&FingerprintPart::Body)
+    }
+}

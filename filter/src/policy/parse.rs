@@ -1,0 +1,377 @@
+//! Parsing a bundle (TOML, or JSON when it starts with `{`) and the checks across routes, with
+//! errors that name the line, column and field.
+
+use super::{
+    Bundle, DuplicateResponse, Duration, Forward, KeyPolicy, KeySource, Matcher, Mode, PathTemplate, RedisConfig,
+    RoutePolicy, SharedConfig, StoreKind, TokenPolicy, Unmatched,
+};
+use serde::{de, Deserialize, Deserializer};
+use std::fmt;
+
+/// A policy error, with where it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub origin: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{}:{}: {}", self.origin, l, c, self.message),
+            (Some(l), None) => write!(f, "{}:{}: {}", self.origin, l, self.message),
+            _ => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// Parses a bundle from TOML, or from JSON when the document starts with `{`.
+/// `origin` names the source in errors (a file path, or "plugin configuration").
+pub fn parse_bundle(source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+    let raw: RawBundle = if source.trim_start().starts_with('{') {
+        serde_json::from_str(source).map_err(|e| {
+            let message = e.to_string().split(" at line ").next().unwrap_or("").to_string();
+            let offset = offset_of(source, e.line(), e.column());
+            PolicyError {
+                origin: origin.to_string(),
+                line: Some(e.line()),
+                column: Some(e.column()),
+                message: name_field(message, json_field_before(source, offset)),
+            }
+        })?
+    } else {
+        toml::from_str(source).map_err(|e| {
+            let (line, column, field) = match e.span() {
+                Some(span) => {
+                    let (l, c) = line_col(source, span.start);
+                    (Some(l), Some(c), toml_field_before(source, span.start))
+                }
+                None => (None, None, None),
+            };
+            let message = name_field(e.message().trim().to_string(), field);
+            PolicyError { origin: origin.to_string(), line, column, message }
+        })?
+    };
+    raw.validate(source, origin)
+}
+
+/// Prefixes a value error with the field it belongs to, unless the message names it already.
+fn name_field(message: String, field: Option<&str>) -> String {
+    match field {
+        Some(f) if !message.contains(&format!("`{f}`")) => format!("`{f}`: {message}"),
+        _ => message,
+    }
+}
+
+/// The key of the `key = value` whose value starts at `offset` (TOML, same line, inline tables too).
+fn toml_field_before(source: &str, offset: usize) -> Option<&str> {
+    let before = source.get(..offset)?;
+    let line = before.rsplit('\n').next()?;
+    let key = line.trim_end().strip_suffix('=')?.trim_end();
+    let name = key.rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).next()?;
+    Some(name).filter(|k| !k.is_empty())
+}
+
+/// The last `"key":` before `offset` (JSON).
+fn json_field_before(source: &str, offset: usize) -> Option<&str> {
+    let before = source.get(..offset)?;
+    let (head, _) = before.rsplit_once(':')?;
+    let key = head.trim_end().strip_suffix('"')?;
+    let (_, name) = key.rsplit_once('"')?;
+    Some(name).filter(|k| !k.is_empty())
+}
+
+/// Byte offset of a 1-based line and column (serde_json's position: characters).
+fn offset_of(source: &str, line: usize, column: usize) -> usize {
+    let line_start: usize = source.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+    let rest = source.get(line_start..).unwrap_or("");
+    line_start + rest.char_indices().nth(column.saturating_sub(1)).map(|(i, _)| i).unwrap_or(rest.len())
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub fn line_col(source: &str, offset: usize) -> (usize, usize) {
+    let before = source.get(..offset).unwrap_or(source);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    (line, column)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBundle {
+    #[serde(default)]
+    shared: SharedConfig,
+    #[serde(default)]
+    redis: Option<RedisConfig>,
+    #[serde(default)]
+    route: Vec<RawRoute>,
+    #[serde(default = "default_unmatched")]
+    unmatched: Unmatched,
+}
+
+fn default_unmatched() -> Unmatched {
+    Unmatched::Pass
+}
+fn default_forward() -> Forward {
+    Forward::Inline
+}
+fn default_upstream_timeout() -> Duration {
+    Duration::from_secs(15)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    #[serde(deserialize_with = "super::fields::de_route_name")]
+    name: String,
+    #[serde(rename = "match", default)]
+    matcher: Option<RawMatch>,
+    #[serde(default = "default_mode")]
+    mode: Mode,
+    #[serde(default = "default_store")]
+    store: StoreKind,
+    #[serde(default, deserialize_with = "super::fields::de_opt_body_bytes")]
+    max_body_bytes: Option<u32>,
+    #[serde(default, deserialize_with = "super::fields::de_opt_response_bytes")]
+    max_response_bytes: Option<u32>,
+    #[serde(default)]
+    key: Option<KeyPolicy>,
+    #[serde(default = "default_forward")]
+    forward: Forward,
+    #[serde(default = "default_upstream_timeout")]
+    upstream_timeout: Duration,
+    #[serde(default)]
+    token: Option<TokenPolicy>,
+    #[serde(default)]
+    duplicate: DuplicateResponse,
+}
+
+fn default_mode() -> Mode {
+    Mode::Key
+}
+fn default_store() -> StoreKind {
+    StoreKind::Shared
+}
+
+/// `match = { route = … }` or `match = { method = …, path = … }`, validated as a whole.
+struct RawMatch(Matcher);
+
+impl<'de> Deserialize<'de> for RawMatch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            route: Option<String>,
+            method: Option<String>,
+            path: Option<String>,
+        }
+        let f = Fields::deserialize(d)?;
+        match (f.route, f.method, f.path) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                Err(de::Error::custom("conflicting matchers: `route` cannot be combined with `method` or `path`"))
+            }
+            (Some(route), None, None) if !route.is_empty() => Ok(RawMatch(Matcher::RouteName(route))),
+            (Some(_), None, None) => Err(de::Error::custom("`route` must not be empty")),
+            (None, _, None) => Err(de::Error::custom("`match` needs `route`, or `path` (with an optional `method`)")),
+            (None, method, Some(path)) => {
+                let method = match method {
+                    Some(m) if is_method(&m) => Some(m),
+                    Some(m) => {
+                        return Err(de::Error::custom(format!(
+                            "invalid method {m:?}: expected an upper-case HTTP method such as \"POST\""
+                        )))
+                    }
+                    None => None,
+                };
+                let path = PathTemplate::parse(&path).map_err(de::Error::custom)?;
+                Ok(RawMatch(Matcher::Request { method, path }))
+            }
+        }
+    }
+}
+
+fn is_method(m: &str) -> bool {
+    !m.is_empty() && m.len() <= 16 && m.bytes().all(|b| b.is_ascii_uppercase())
+}
+
+impl RawBundle {
+    fn validate(self, source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+        let mut routes: Vec<RoutePolicy> = Vec::with_capacity(self.route.len());
+        for (i, r) in self.route.into_iter().enumerate() {
+            let error = |message: String| {
+                let (line, column) = locate_route(source, i);
+                PolicyError { origin: origin.to_string(), line, column, message }
+            };
+            if let Some(first) = routes.iter().position(|p| p.name == r.name) {
+                return Err(error(format!(
+                    "route {:?}: duplicate route name (route #{} already uses it)",
+                    r.name,
+                    first + 1
+                )));
+            }
+            let matcher = match r.matcher {
+                Some(RawMatch(m)) => m,
+                None => Matcher::RouteName(r.name.clone()),
+            };
+            if let Some(other) = routes.iter().find(|p| p.matcher.conflicts_with(&matcher)) {
+                return Err(error(format!(
+                    "route {:?}: conflicting matchers: it matches the same requests as route {:?}",
+                    r.name, other.name
+                )));
+            }
+            let max_response_bytes = r.max_response_bytes.unwrap_or(self.shared.max_response_bytes);
+            if max_response_bytes > self.shared.max_response_bytes {
+                return Err(error(format!(
+                    "route {:?}: max_response_bytes = {} exceeds [shared] max_response_bytes = {}",
+                    r.name, max_response_bytes, self.shared.max_response_bytes
+                )));
+            }
+            let is_token = r.mode == Mode::Token;
+            if is_token && r.key.is_some() {
+                return Err(error(format!(
+                    "route {:?}: mode = \"token\" takes [route.token], not [route.key]",
+                    r.name
+                )));
+            }
+            if !is_token && r.token.is_some() {
+                return Err(error(format!("route {:?}: [route.token] needs mode = \"token\"", r.name)));
+            }
+            if r.store == StoreKind::Redis && self.redis.is_none() {
+                return Err(error(format!(
+                    "route {:?}: store = \"redis\" needs a top-level [redis] table naming the Webdis cluster",
+                    r.name
+                )));
+            }
+            let key = r.key.unwrap_or_default();
+            let token = r.token.unwrap_or_default();
+            if is_token {
+                if !token.issue_path.starts_with('/') || token.issue_path.contains('?') {
+                    return Err(error(format!(
+                        "route {:?}: token.issue_path {:?} must be a path starting with '/'",
+                        r.name, token.issue_path
+                    )));
+                }
+                if token.ttl.millis == 0 {
+                    return Err(error(format!("route {:?}: token.ttl must be positive", r.name)));
+                }
+            }
+            if key.from == KeySource::Body && !key.name.starts_with('/') {
+                return Err(error(format!(
+                    "route {:?}: key.name {:?} must be a JSON pointer like \"/transaction_id\" when key.from = \"body\"",
+                    r.name, key.name
+                )));
+            }
+            if r.forward == Forward::Detached && is_token {
+                return Err(error(format!(
+                    "route {:?}: forward = \"detached\" applies to key routes, not mode = \"token\"",
+                    r.name
+                )));
+            }
+            if r.upstream_timeout.millis == 0 {
+                return Err(error(format!("route {:?}: upstream_timeout must be positive", r.name)));
+            }
+            if key.lock_ttl.millis == 0
+                || key.ttl.millis == 0
+                || key.wait_timeout.millis == 0
+                || key.unknown_outcome_hold.is_some_and(|d| d.millis == 0)
+            {
+                return Err(error(format!(
+                    "route {:?}: key.lock_ttl, key.ttl, key.wait_timeout and key.unknown_outcome_hold must be positive",
+                    r.name
+                )));
+            }
+            routes.push(RoutePolicy {
+                name: r.name,
+                matcher,
+                mode: r.mode,
+                store: r.store,
+                max_body_bytes: r.max_body_bytes.unwrap_or(65536),
+                max_response_bytes,
+                key,
+                token,
+                duplicate: r.duplicate,
+                forward: r.forward,
+                upstream_timeout: r.upstream_timeout,
+            });
+        }
+        Ok(Bundle { shared: self.shared, redis: self.redis, routes, unmatched: self.unmatched })
+    }
+}
+
+/// Line and column of the `i`-th `[[route]]` header (TOML), or of the `"name"` member of the
+/// `i`-th object of the `route` array (JSON; a `"name"` nested deeper, such as `key.name`, is not it).
+fn locate_route(source: &str, i: usize) -> (Option<usize>, Option<usize>) {
+    let offset = if source.trim_start().starts_with('{') {
+        json_route_name_offset(source, i)
+    } else {
+        source.match_indices("[[route]]").nth(i).map(|(o, _)| o)
+    };
+    match offset {
+        Some(o) => {
+            let (l, c) = line_col(source, o);
+            (Some(l), Some(c))
+        }
+        None => (None, None),
+    }
+}
+
+/// Byte offset of `"name"` directly inside the `i`-th element of the top-level `"route"` array.
+/// A small scanner over strings and nesting: the document already parsed, so it is valid JSON.
+fn json_route_name_offset(source: &str, i: usize) -> Option<usize> {
+    let bytes = source.as_bytes();
+    let mut depth = 0usize;
+    let mut route_array_depth: Option<usize> = None;
+    let mut element = 0usize;
+    let mut pos = 0;
+    let mut last_string: Option<(usize, usize)> = None;
+    while pos < bytes.len() {
+        match bytes[pos] {
+            b'"' => {
+                let start = pos;
+                pos += 1;
+                while pos < bytes.len() && bytes[pos] != b'"' {
+                    pos += if bytes[pos] == b'\\' { 2 } else { 1 };
+                }
+                last_string = Some((start, pos + 1));
+            }
+            b':' => {
+                if let Some((s, e)) = last_string.take() {
+                    let name = source.get(s..e);
+                    if depth == 1 && name == Some("\"route\"") {
+                        route_array_depth = Some(2);
+                        element = 0;
+                    } else if route_array_depth.is_some_and(|d| depth == d + 1)
+                        && name == Some("\"name\"")
+                        && element == i
+                    {
+                        return Some(s);
+                    }
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                last_string = None;
+            }
+            b'}' | b']' => {
+                if route_array_depth == Some(depth) {
+                    route_array_depth = None;
+                }
+                depth = depth.saturating_sub(1);
+                last_string = None;
+            }
+            b',' => {
+                if route_array_depth == Some(depth) {
+                    element += 1;
+                }
+                last_string = None;
+            }
+            _ => {}
+        }
+        pos += 1;
+    }
+    None
+}
