@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # idem-lint vs Spectral and Redocly, one equivalent rule each, on the GitHub spec (JSON and a
-# YAML conversion) and the 20 MB MS Graph spec, in one run (issue 3, item 9).
+# YAML conversion) and the 20 MB MS Graph spec, in one run.
 #
 #   bash scripts/bench-lint.sh            # BENCH_RUNS=3 by default
 #
@@ -12,7 +12,7 @@
 # - Redocly CLI 2.77: a configurable rule (Operation, filterInParentKeys, pattern), extends: [].
 # Every tool writes JSON to a file. Wall time is the median of BENCH_RUNS runs, peak memory
 # the median of the runs' max RSS (/usr/bin/time -v). Finding counts are printed so that
-# parity can be checked. Exits 1 when a target of issue 3 is missed.
+# parity can be checked. Exits 1 when a speed target is missed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

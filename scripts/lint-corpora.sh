@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# idem-lint on real specs nobody here wrote (issue 3, item 8), plus the example spec.
+# idem-lint on real specs nobody here wrote, plus the example spec.
 #
 #   bash scripts/lint-corpora.sh
 #

@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
-//! Every row of DESIGN.md's outcome table, through the engine with the fake host.
+//! Every row of the README's outcome table, through the engine with the fake host.
 
 mod common;
 use common::Req;

@@ -13,28 +13,14 @@
 //! line and column.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::Deserialize;
 
 use crate::rules;
 use crate::source::FatalError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Warning,
-    Error,
-}
-
-impl fmt::Display for Severity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Severity::Warning => "warning",
-            Severity::Error => "error",
-        })
-    }
-}
+/// Defined with the rules (each has a default severity); the config overrides it per rule.
+pub use crate::rules::Severity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -9,133 +9,44 @@
 //! `createOrder`). Paths are compared as written in `paths` (no `servers` base path).
 //!
 //! Findings carry two places: the primary location, and a related one (the other side).
+//!
+//! Dependency direction: this module depends on `crate::rules` (the rule registry `RULES` and
+//! the context the IDEM1xx rules see, `crate::rules::cross`); `crate::rules` never depends on
+//! this module. It builds that context, runs the rules and positions their findings.
 
-use std::ops::Range;
-
-use idem_filter::policy::{Matcher, Mode, OnCompleted, RoutePolicy};
+use idem_filter::policy::{Matcher, RoutePolicy};
 
 use crate::config::Config;
 use crate::lint::{ignored, snippet, Finding, Related};
 use crate::loader::Workspace;
 use crate::model::{operations, Operation, METHODS};
-use crate::node::pointer;
-use crate::policy::{shape, PolicySet, RouteRef, RouteSpans};
+use crate::policy::{PolicySet, RouteRef};
+use crate::rules::cross::{same_shape, Op, Place, PolicyCtx};
 use crate::rules::RULES;
-use crate::statement::{statements, Loc, Statement};
+use crate::statement::statements;
 
-/// One operation of one spec, with its merged statement.
-pub struct Op<'a> {
-    pub ws: usize,
-    pub op: Operation<'a>,
-    pub statement: Option<Statement>,
-}
-
-impl Op<'_> {
-    pub fn label(&self) -> String {
-        self.op.label()
-    }
-
-    pub fn idempotent(&self) -> Option<&crate::section::Tri> {
-        self.statement.as_ref().and_then(|s| s.idempotent.as_ref()).map(|f| &f.value)
-    }
-}
-
-/// A place a finding points at.
-#[derive(Debug, Clone)]
-pub enum Place {
-    /// In a spec: the workspace index and the location.
-    Spec { ws: usize, loc: Loc },
-    /// In a policy file: the file's index in the set, the byte range and a JSON pointer into it.
-    Policy { file: usize, span: Range<usize>, pointer: String },
-}
-
-/// A cross-check finding before severities, suppressions and positions.
-#[derive(Debug, Clone)]
-pub struct CrossFinding {
-    pub code: &'static str,
-    pub primary: Place,
-    pub message: String,
-    pub related: Vec<(Place, String)>,
-    /// The operation concerned, for `x-idem-lint-ignore`.
-    pub op: Option<usize>,
-}
-
-/// What a cross-check rule sees.
-pub struct PolicyCtx<'a> {
-    pub workspaces: &'a [Workspace],
-    pub ops: Vec<Op<'a>>,
-    pub policies: &'a PolicySet,
-    pub routes: Vec<RouteRef<'a>>,
-    /// For each route (index into `routes`), the operations it matches (indexes into `ops`).
-    pub matches: Vec<Vec<usize>>,
-    /// The file names given to `--policies`, for messages.
-    pub policy_args: &'a [String],
-}
-
-pub type CrossCheck = fn(&PolicyCtx<'_>, &mut Vec<CrossFinding>);
-
-impl<'a> PolicyCtx<'a> {
-    pub fn new(workspaces: &'a [Workspace], policies: &'a PolicySet, policy_args: &'a [String], cfg: &Config) -> Self {
-        let all: Vec<String> = METHODS.iter().map(|m| m.to_string()).collect();
-        let mut ops = Vec::new();
-        for (wi, ws) in workspaces.iter().enumerate() {
-            for op in operations(ws, &all) {
-                let statement = statements(ws, &op, &cfg.section_titles, true).merged();
-                ops.push(Op { ws: wi, op, statement });
-            }
-        }
-        let routes: Vec<RouteRef<'a>> = policies.routes().collect();
-        let matches = routes
-            .iter()
-            .map(|r| ops.iter().enumerate().filter(|(_, o)| route_matches(r.route, &o.op)).map(|(i, _)| i).collect())
-            .collect();
-        PolicyCtx { workspaces, ops, policies, routes, matches, policy_args }
-    }
-
-    /// The index of a route's file in the set.
-    pub fn file_index(&self, r: &RouteRef<'_>) -> usize {
-        self.policies.files.iter().position(|f| std::ptr::eq(f, r.file)).unwrap_or(0)
-    }
-
-    /// A place in a route's policy file: the first field span present, else the route name.
-    pub fn policy_place(&self, ri: usize, candidates: &[(&Option<Range<usize>>, &str)]) -> Place {
-        let r = &self.routes[ri];
-        let (span, field) = candidates
-            .iter()
-            .find_map(|(s, f)| (*s).clone().map(|s| (s, *f)))
-            .unwrap_or_else(|| (r.spans.name.clone(), "name"));
-        let mut segs = vec!["route".to_string(), r.index.to_string()];
-        segs.extend(field.split('/').filter(|s| !s.is_empty()).map(str::to_string));
-        Place::Policy { file: self.file_index(r), span, pointer: pointer(segs.iter().map(String::as_str)) }
-    }
-
-    pub fn spans(&self, ri: usize) -> &RouteSpans {
-        self.routes[ri].spans
-    }
-
-    /// A place in a spec: where the operation's `post:` key is.
-    pub fn op_place(&self, oi: usize) -> Place {
-        let o = &self.ops[oi];
-        Place::Spec {
-            ws: o.ws,
-            loc: Loc { file: o.op.key_file, offset: o.op.key_offset, pointer: o.op.pointer.clone() },
+/// The context of the cross-check rules: every operation of the specs (any method), every
+/// route of the set, and the operations each route matches.
+pub fn context<'a>(
+    workspaces: &'a [Workspace],
+    policies: &'a PolicySet,
+    policy_args: &'a [String],
+    cfg: &Config,
+) -> PolicyCtx<'a> {
+    let all: Vec<String> = METHODS.iter().map(|m| m.to_string()).collect();
+    let mut ops = Vec::new();
+    for (wi, ws) in workspaces.iter().enumerate() {
+        for op in operations(ws, &all) {
+            let statement = statements(ws, &op, &cfg.section_titles, true).merged();
+            ops.push(Op { ws: wi, op, statement });
         }
     }
-
-    /// `POST /api/order/create` or `route create-order` — how a route matches, for messages.
-    pub fn route_label(&self, ri: usize) -> String {
-        let r = self.routes[ri].route;
-        match &r.matcher {
-            Matcher::Request { method: Some(m), path } => format!("{m} {}", path.source),
-            Matcher::Request { method: None, path } => format!("any method {}", path.source),
-            Matcher::RouteName(n) => format!("Envoy route {n:?}"),
-        }
-    }
-
-    pub fn spec_names(&self) -> String {
-        let names: Vec<&str> = self.workspaces.iter().map(|w| w.file(0).name.as_str()).collect();
-        names.join(", ")
-    }
+    let routes: Vec<RouteRef<'a>> = policies.routes().collect();
+    let matches = routes
+        .iter()
+        .map(|r| ops.iter().enumerate().filter(|(_, o)| route_matches(r.route, &o.op)).map(|(i, _)| i).collect())
+        .collect();
+    PolicyCtx { workspaces, ops, policies, routes, matches, policy_args }
 }
 
 fn normalize_id(s: &str) -> String {
@@ -157,23 +68,6 @@ pub fn route_matches(r: &RoutePolicy, op: &Operation<'_>) -> bool {
     }
 }
 
-pub fn same_shape(a: &str, b: &str) -> bool {
-    shape(a) == shape(b)
-}
-
-/// Whether a repeat of a completed request is answered with the route's `[route.duplicate]`
-/// for a response of this status (see IDEM104).
-pub fn answers_with_duplicate(r: &RoutePolicy, spec_status: u16) -> bool {
-    match r.mode {
-        Mode::Token => true,
-        Mode::Shadow => false,
-        Mode::Key => match r.key.on_completed {
-            OnCompleted::Reject => true,
-            OnCompleted::Replay => !r.key.remembers(spec_status),
-        },
-    }
-}
-
 /// Runs the enabled IDEM1xx rules and positions their findings.
 pub fn cross_check(
     workspaces: &[Workspace],
@@ -181,7 +75,7 @@ pub fn cross_check(
     policy_args: &[String],
     cfg: &Config,
 ) -> Vec<Finding> {
-    let ctx = PolicyCtx::new(workspaces, policies, policy_args, cfg);
+    let ctx = context(workspaces, policies, policy_args, cfg);
     let mut out = Vec::new();
     for rule in &RULES {
         let Some(check) = rule.cross else { continue };

@@ -1,4 +1,4 @@
-//! idem-lint: the 幂等性说明 gate for OpenAPI specs (see issue 3).
+//! idem-lint: the 幂等性说明 gate for OpenAPI specs (user documentation: `lint/README.md`).
 //!
 //! Pipeline: [`loader`] reads a spec (JSON via [`json`], YAML via [`yaml`]) into a positioned
 //! [`node`] tree and checks every `$ref`; [`model`] lists the operations with merged

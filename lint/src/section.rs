@@ -2,7 +2,7 @@
 //! it (also used for string values of `x-idempotency`). Pure functions over `&str`, no panics
 //! on any input (property-tested).
 //!
-//! Accepted forms (DESIGN.md, "The linter: contract"):
+//! Accepted forms (listed for users in `lint/README.md`, "The statement"):
 //! - a title as an ATX heading of any level (`# 幂等性说明` … `###### 幂等性说明`), a setext
 //!   heading (`幂等性说明` underlined with `===`/`---`), or a line in bold (`**幂等性说明**`,
 //!   `__幂等性说明__`), optionally numbered (`3. 幂等性说明`) and followed by `:`/`：`;

@@ -68,10 +68,6 @@ pub struct Statements {
 }
 
 impl Statements {
-    pub fn any(&self) -> Option<&Statement> {
-        self.extension.as_ref().or(self.section.as_ref())
-    }
-
     /// Field-wise merge: `x-idempotency` wins, the section fills gaps. Disagreements are
     /// IDEM009's business.
     pub fn merged(&self) -> Option<Statement> {

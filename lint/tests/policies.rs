@@ -126,7 +126,7 @@ fn the_example_spec_and_the_project_policies_agree() {
     let o = run_in(&repo(), &["--color", "never", "examples/openapi.yaml", "--policies", "policies/"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(stdout(&o).trim(), "idem-lint: no findings in 1 spec");
-    // One policy per row of the article's scenario table (§5.1), each on an operation of the spec.
+    // One policy per row of the scenario table in lint/POLICIES.md, each on an operation of the spec.
     let set = idem_lint::policy::PolicySet::load(&[repo().join("policies").to_string_lossy().into_owned()]).unwrap();
     let names: Vec<&str> = set.routes().map(|r| r.route.name.as_str()).collect();
     for n in [

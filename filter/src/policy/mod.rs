@@ -238,7 +238,8 @@ pub struct KeyPolicy {
     pub forget: Vec<StatusSet>,
 }
 
-/// `[route.token]`: the article's token mechanism, served and enforced by the filter.
+/// `[route.token]`: the token mechanism (issue a one-time token, consume it once), served and
+/// enforced by the filter.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TokenPolicy {

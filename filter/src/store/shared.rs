@@ -1,6 +1,6 @@
 //! The shared-data store: atomic claims on Envoy's proxy-wasm shared data, bounded in memory.
 //!
-//! Envoy's shared data has three traps (reference §1, §9): CAS does not protect a key that does
+//! Envoy's shared data has three traps (proxy-wasm-cpp-host `src/shared_data.cc`): CAS does not protect a key that does
 //! not exist yet, keys cannot be deleted, and every get/set copies the whole value under one
 //! process-wide mutex. So:
 //! - a fixed number of *bucket* keys is created when the plugin configures, and every claim is a

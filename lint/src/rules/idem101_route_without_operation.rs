@@ -29,7 +29,7 @@
 //! match = { method = "POST", path = "/api/order/create" }
 //! ```
 
-use crate::crosscheck::{same_shape, CrossFinding, PolicyCtx};
+use super::cross::{same_shape, CrossFinding, PolicyCtx};
 use idem_filter::policy::Matcher;
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

@@ -29,7 +29,7 @@
 //! match = { method = "POST", path = "/api/internal/transfers" }
 //! ```
 
-use crate::crosscheck::{same_shape, CrossFinding, Place, PolicyCtx};
+use super::cross::{same_shape, CrossFinding, Place, PolicyCtx};
 use crate::section::Tri;
 use idem_filter::policy::Matcher;
 

@@ -36,7 +36,7 @@
 //! name = "/transaction_id"
 //! ```
 
-use crate::crosscheck::{CrossFinding, Place, PolicyCtx};
+use super::cross::{CrossFinding, Place, PolicyCtx};
 use crate::section::KeyIn;
 use idem_filter::policy::{KeySource, Mode};
 

@@ -11,11 +11,11 @@
 //!   always compared;
 //! - key mode with `on_completed = "replay"` (the default): a completed repeat gets the *first
 //!   response replayed*, so the spec's duplicate describes that original answer — the payment
-//!   callback's `200 SUCCESS` (article §2.1) — and is not compared, as long as the policy
-//!   remembers responses of that status (`remember`/`forget`; by default 2xx–4xx except
-//!   408/409/425/429). When the policy never remembers the spec's status, the only answer with
-//!   that status a repeat can get is `[route.duplicate]` (the answer for a response too large to
-//!   store, a tombstone), and it is compared;
+//!   callback's `200 SUCCESS`, which stops the provider's retries — and is not compared, as
+//!   long as the policy remembers responses of that status (`remember`/`forget`; by default
+//!   2xx–4xx except 408/409/425/429). When the policy never remembers the spec's status, the
+//!   only answer with that status a repeat can get is `[route.duplicate]` (the answer for a
+//!   response too large to store, a tombstone), and it is compared;
 //! - shadow mode never answers a repeat: not compared.
 //!
 //! The finding points at the policy's `duplicate.status` or `duplicate.code` (or, when the
@@ -40,7 +40,7 @@
 //! code = "RECONCILE_ALREADY_RUNNING"
 //! ```
 
-use crate::crosscheck::{answers_with_duplicate, CrossFinding, Place, PolicyCtx};
+use super::cross::{answers_with_duplicate, CrossFinding, Place, PolicyCtx};
 use idem_filter::policy::{Mode, OnCompleted};
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

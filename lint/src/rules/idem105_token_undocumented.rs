@@ -32,7 +32,7 @@
 //!         - { name: Idempotency-Token, in: header, required: true, schema: { type: string } }
 //! ```
 
-use crate::crosscheck::{same_shape, CrossFinding, PolicyCtx};
+use super::cross::{same_shape, CrossFinding, PolicyCtx};
 use idem_filter::policy::Mode;
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

@@ -22,7 +22,7 @@
 //! Good: no policy on that operation, or a statement that says `是否幂等：是` with its key and
 //! duplicate response.
 
-use crate::crosscheck::{CrossFinding, Place, PolicyCtx};
+use super::cross::{CrossFinding, Place, PolicyCtx};
 use crate::section::Tri;
 use idem_filter::policy::Mode;
 

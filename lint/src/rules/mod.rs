@@ -1,12 +1,16 @@
 //! The rule catalogue. One rule per file; each file's `//!` comment is its documentation,
 //! printed by `idem-lint --explain CODE` and shown as SARIF help text.
 
-use crate::config::Severity;
+use std::fmt;
+
+use serde::Deserialize;
+
 use crate::loader::{At, FileId, Workspace};
 use crate::model::Operation;
 use crate::node::{Node, Value};
 use crate::statement::{Loc, Statement, Statements};
 
+pub mod cross;
 pub mod idem001_missing_statement;
 pub mod idem002_idempotent_unstated;
 pub mod idem003_missing_key;
@@ -60,6 +64,23 @@ impl Ctx<'_> {
 
 pub type Check = fn(&Ctx<'_>, &mut Vec<RawFinding>);
 
+/// How bad a finding is: a rule's default, overridden per rule by `idem-lint.toml`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        })
+    }
+}
+
 pub struct Rule {
     pub code: &'static str,
     pub name: &'static str,
@@ -69,7 +90,7 @@ pub struct Rule {
     /// The per-operation check (spec rules).
     pub check: Check,
     /// The spec ↔ policy check (`--policies`, IDEM1xx); these rules have a no-op `check`.
-    pub cross: Option<crate::crosscheck::CrossCheck>,
+    pub cross: Option<cross::CrossCheck>,
 }
 
 /// The per-operation check of a cross-check rule: nothing (it runs only with `--policies`).
