@@ -1,6 +1,6 @@
 """End-to-end fixtures: a real demo upstream and real Envoy 1.40 running the built idem filter.
 
-Every Envoy is started on free loopback ports from a generated config (scripts/stack.py) and
+Every Envoy is started on free loopback ports from a generated config (scripts/stack/) and
 the policy TOML given by the test, waited for until it serves, and stopped after the test
 (also when it fails; its log tail is then printed). A missing Envoy or filter is a failure
 with a message saying how to get it, never a skip.

@@ -97,6 +97,24 @@ def wait_for(predicate, timeout, interval=0.05, what="condition"):
     assert predicate(), "timed out after %.1fs waiting for %s" % (timeout, what)
 
 
+def listener_stats(env):
+    """Envoy's own stats of the HTTP listener (stat prefix `ingress`) without that prefix, e.g.
+    {"downstream_rq_active": 0, "downstream_rq_total": 12, ...}."""
+    prefix = "http.ingress."
+    return {k[len(prefix):]: v for k, v in env.stats(prefix).items()}
+
+
+def wait_idle(env, timeout=10.0):
+    """Wait until Envoy is quiet: no client connection or request open (e.g. a wrk run's, after it
+    ended) and no upstream request out on any cluster (forwarded requests, Redis store callouts)."""
+    def idle():
+        s = listener_stats(env)
+        if s.get("downstream_cx_active", 0) or s.get("downstream_rq_active", 0):
+            return False
+        return not any(v for k, v in env.stats("cluster.").items() if k.endswith(".upstream_rq_active"))
+    wait_for(idle, timeout, what="%s to have no client connection and no request open" % env.name)
+
+
 def dumps(obj, **kw):
     return json.dumps(obj, **kw).encode()
 

@@ -1,8 +1,8 @@
 """`idem-lint bundle policies/ --envoy-filter` loads in real Envoy and every policy of policies/ answers.
 
 The http_filters entry is the command's output, byte for byte (only indented to its place in the
-HTTP connection manager); the rest of the bootstrap comes from scripts/stack.py. The built linter
-is target/release/idem-lint (`make build`); a missing binary is a failure, never a skip.
+HTTP connection manager); the rest of the bootstrap comes from scripts/stack/envoy_config.py. The
+built linter is target/release/idem-lint (`make build`); a missing binary is a failure, never a skip.
 """
 
 import json

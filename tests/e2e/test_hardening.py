@@ -331,7 +331,7 @@ def retry_until_answered(env, key, deadline_s=15.0):
         seen.append((r.status, r.code))
         if r.status not in (409, 503):
             return r, seen
-        time.sleep(0.3)
+        time.sleep(0.3)  # the retrying client's pace
     raise AssertionError("no final answer in %.0fs: %s" % (deadline_s, seen))
 
 
@@ -348,7 +348,7 @@ def test_a_completion_redis_refuses_is_retried_not_lost(redis_gateway, upstream)
         # Redis still refuses: the retry is told to wait, not let through.
         r = post(env, "/h/key", key)
         assert r.status in (409, 503), describe(r)
-        time.sleep(1.5)  # past the 1 s lease
+        time.sleep(1.5)  # a duration: past the 1 s lease, which ends by the clock
         r = post(env, "/h/key", key)
         assert r.status in (409, 503), "retry after the lease while the answer is unwritten: %s" % describe(r)
     finally:
@@ -370,7 +370,7 @@ def test_webdis_stopped_during_the_upstream_call_loses_nothing(redis_gateway, up
         t.join(15)
         first = box["r"]
         assert_upstream_answer(first, key=key, n=1)
-        time.sleep(1.5)  # the 1 s lease ended while Webdis was stopped
+        time.sleep(1.5)  # a duration: the 1 s lease ends (by the clock) while Webdis is stopped
         r = post(env, "/h/key", key)
         assert r.status in (409, 503), "retry during the outage: %s" % describe(r)
     finally:

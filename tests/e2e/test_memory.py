@@ -7,7 +7,7 @@ import pytest
 
 import stack
 from conftest import new_key
-from idemtest import assert_replay_of, counters, describe, post
+from idemtest import assert_replay_of, counters, describe, post, wait_idle
 
 BUCKETS, ENTRIES, MAX_RESPONSE = 64, 8, 1024
 POLICY = """
@@ -62,7 +62,7 @@ def test_100k_distinct_keys_keep_memory_bounded(make_envoy, fast_upstream):
             sent["non_2xx"] += res["non_2xx"]
 
     def measure():
-        time.sleep(0.5)
+        wait_idle(env)  # measured with nothing in flight (wrk's last requests, store callouts)
         return env.memory()["allocated"], stack.rss_bytes(env.proc.pid)
 
     send_until(20_000)

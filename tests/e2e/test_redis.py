@@ -260,7 +260,7 @@ def test_client_disconnect_holds_the_key_past_its_lease_on_every_envoy(fleet, up
     while time.monotonic() - gave_up < 4.5:
         for env in (a, b):
             assert_outcome_unknown(post(env, "/r/disconnect", key))
-        time.sleep(0.5)
+        time.sleep(0.5)  # the retrying clients' pace
     assert upstream.calls(key) == 1
 
 
@@ -272,7 +272,7 @@ def test_slow_request_keeps_its_lease_on_every_envoy(fleet, upstream):
     with ThreadPoolExecutor(max_workers=1) as pool:
         first_f = pool.submit(post, a, "/r/lease", key, None, {"x-demo-delay-ms": "3000"}, None, 30)
         wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
-        time.sleep(1.5)
+        time.sleep(1.5)  # a duration: past the 1 s lease, which would end by the clock without renewal
         assert_local(post(b, "/r/lease", key), 409, "REQUEST_IN_PROGRESS", retry_after=True)
         first = first_f.result()
     assert_upstream_answer(first, key=key, n=1)
@@ -364,7 +364,7 @@ def _load(env, path, stop, results, prefix):
             results.append((k, r))
         except OSError as e:
             results.append((k, e))
-        time.sleep(0.01)
+        time.sleep(0.01)  # the load's pace
 
 
 def test_webdis_killed_mid_run_reject_gives_503_and_forwards_nothing(make_fleet, own_redis_stack, upstream):
@@ -449,7 +449,8 @@ def test_redis_restart_recovers_without_restarting_envoy(make_fleet, own_redis_s
 def test_missing_redis_or_webdis_is_a_failure_with_the_setup_hint(monkeypatch):
     for name in ("REDIS_SERVER", "WEBDIS"):
         with monkeypatch.context() as m:
-            m.setattr(stack, name, "/nonexistent/%s" % name.lower())
+            # (require_redis reads the binaries' paths from the module that defines them.)
+            m.setattr(stack.redis, name, "/nonexistent/%s" % name.lower())
             with pytest.raises(stack.StackError) as err:
                 stack.require_redis()
             assert "make setup" in str(err.value) and "scripts/setup.sh" in str(err.value), str(err.value)

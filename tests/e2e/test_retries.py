@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import stack
 from conftest import new_key
 from idemtest import (assert_local, assert_outcome_unknown, assert_replay_of, assert_upstream_answer, counters, delta,
-                      describe, post, wait_for)
+                      describe, listener_stats, post, wait_for)
 
 CREATE = "/api/order/create"
 
@@ -89,6 +89,7 @@ def _client_gives_up(env, upstream, path, key, delay_ms, client_timeout):
                    "Authorization: %s\r\nIdempotency-Key: %s\r\nx-demo-delay-ms: %d\r\nContent-Length: %d\r\n\r\n"
                    % (path, stack.DEFAULT_AUTH, key, delay_ms, len(body))).encode() + body)
         wait_for(lambda: upstream.calls(key) == 1, 10, what="the abandoned request to reach the upstream")
+        # A duration, not a state: the client's own timeout runs out.
         time.sleep(max(0.0, client_timeout - (time.monotonic() - started)))
         s.setblocking(False)
         try:
@@ -112,8 +113,10 @@ def test_client_timeout_and_retries_never_execute_twice(idem, upstream):
         r = post(idem, CREATE, key, headers={"x-demo-delay-ms": "3000"}, timeout=10)
         assert_outcome_unknown(r)
         statuses.append(r.status)
-        time.sleep(0.3)
-    # ... and after it finished (its answer went nowhere): held, never taken over.
+        time.sleep(0.3)  # the retrying client's pace
+    # ... and after it finished (its answer went nowhere): held, never taken over. A duration: the
+    # upstream's 3 s run cannot be observed ending (the demo upstream counts a call when it starts,
+    # and its answer goes to a reset connection), so its run time is waited out.
     time.sleep(max(0.0, 3.8 - (time.monotonic() - started)))
     r = post(idem, CREATE, key, headers={"x-demo-delay-ms": "3000"}, timeout=10)
     assert_outcome_unknown(r)
@@ -127,11 +130,14 @@ def test_upstream_timeout_holds_the_claim(idem, upstream):
     """Envoy's route timeout (1 s) fires while the upstream works (2.5 s): 504, outcome unknown."""
     key = new_key()
     before = counters(idem, "timeouts")
+    started = time.monotonic()
     first = post(idem, "/t/timeouts", key, headers={"x-demo-delay-ms": "2500"})
     assert first.status == 504, describe(first)
     r = post(idem, "/t/timeouts", key, headers={"x-demo-delay-ms": "10"})
     assert_outcome_unknown(r)
-    time.sleep(2.0)  # the upstream has finished its (first and only) execution
+    # The upstream has finished its (first and only) execution. A duration: its 2.5 s run cannot be
+    # observed ending (the demo upstream counts a call when it starts; Envoy reset that request).
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
     r = post(idem, "/t/timeouts", key, headers={"x-demo-delay-ms": "10"})
     assert_outcome_unknown(r)
     assert upstream.calls(key) == 1
@@ -155,6 +161,7 @@ def test_unknown_outcome_is_held_past_the_lease_until_its_hold_ends(idem, upstre
     key = new_key()
     started = _client_gives_up(idem, upstream, "/t/short-lease", key, 1000, 0.5)
     assert_outcome_unknown(post(idem, "/t/short-lease", key))
+    # Durations are the scenario here: the lease and the hold end by the clock.
     time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))  # past the 2 s lease
     assert_outcome_unknown(post(idem, "/t/short-lease", key))
     time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))  # past the 4 s hold
@@ -213,7 +220,7 @@ def test_slow_request_keeps_its_lease_while_the_gateway_lives(idem, upstream):
     t.start()
     try:
         wait_for(lambda: upstream.calls(key) == 1, 10, what="A to reach the upstream")
-        time.sleep(2.8)  # past A's first lease, A is still running
+        time.sleep(2.8)  # a duration: past A's first lease (by the clock), A is still running
         answers = []
         while t.is_alive():
             r = post(idem, "/t/short-lease", key)
@@ -221,7 +228,7 @@ def test_slow_request_keeps_its_lease_while_the_gateway_lives(idem, upstream):
             if r.status != 409:
                 break
             assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
-            time.sleep(1.0)
+            time.sleep(1.0)  # B's pace: Retry-After says 1 s
     finally:
         t.join(30)
     a = out["a"]
@@ -236,7 +243,7 @@ def test_completed_key_expires_after_ttl(idem, upstream):
     first = post(idem, "/t/short-ttl", key)
     assert_upstream_answer(first, key=key, n=1)
     assert_replay_of(post(idem, "/t/short-ttl", key), first)
-    time.sleep(3.0)  # ttl = 2s
+    time.sleep(3.0)  # a duration: past the 2 s ttl, the record expires by the clock
     assert_upstream_answer(post(idem, "/t/short-ttl", key), key=key, n=2)
 
 
@@ -254,11 +261,15 @@ def test_client_gone_while_body_buffered_releases_the_claim(idem, upstream):
     """The request never reached the upstream (client left mid-body): a retry must run."""
     key = new_key()
     body = b'{"sku": "A1", "qty": 1, "note": "' + b"x" * 200 + b'"}'
+    before = listener_stats(idem)
     with socket.create_connection(("127.0.0.1", idem.listen_port), timeout=5) as s:
         s.sendall(b"POST /api/order/create HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Idempotency-Key: " + key.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:40])
-        time.sleep(0.3)
-    time.sleep(0.5)
+        wait_for(lambda: listener_stats(idem)["downstream_rq_total"] > before["downstream_rq_total"], 5,
+                 what="Envoy to start on the request (headers and the first 40 bytes of the body)")
+    # The client left with its request open: Envoy counts that once it has dropped the stream.
+    wait_for(lambda: listener_stats(idem)["downstream_cx_destroy_remote_active_rq"]
+             > before["downstream_cx_destroy_remote_active_rq"], 5, what="Envoy to drop the abandoned request")
     assert upstream.calls(key) == 0
     r = idem.request("POST", CREATE, headers={"Idempotency-Key": key, "content-type": "application/json"}, body=body)
     assert_upstream_answer(r, key=key, n=1)

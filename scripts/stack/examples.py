@@ -1,0 +1,37 @@
+"""The shipped example configs (examples/envoy.yaml, examples/envoy-redis.yaml) with their ports and
+optionally their .wasm path rewritten, so the very files users start can run on free loopback ports."""
+
+from .common import REPO, StackError
+
+EXAMPLE_YAML = REPO / "examples" / "envoy.yaml"
+EXAMPLE_PORTS = {"listen": 10000, "admin": 9901, "upstream": 8080}
+EXAMPLE_WASM = "target/wasm32-wasip1/release/idem_filter.wasm"
+EXAMPLE_REDIS_YAML = REPO / "examples" / "envoy-redis.yaml"
+
+
+def _rewrite_example(path, ports, wasm_path):
+    """An example Envoy config with its ports ({old: new}, each present exactly once) and
+    optionally its .wasm path rewritten."""
+    text = path.read_text()
+    name = "examples/" + path.name
+    for old, new in ports.items():
+        needle = "port_value: %d }" % old
+        if text.count(needle) != 1:
+            raise StackError("%s: expected exactly one `%s`" % (name, needle))
+        text = text.replace(needle, "port_value: %d }" % new)
+    if wasm_path is not None:
+        if text.count("filename: " + EXAMPLE_WASM) != 1:
+            raise StackError("%s: expected exactly one `filename: %s`" % (name, EXAMPLE_WASM))
+        text = text.replace("filename: " + EXAMPLE_WASM, "filename: %s" % wasm_path)
+    return text
+
+
+def example_config_text(listen_port=10000, admin_port=9901, upstream_port=8080, wasm_path=None):
+    """examples/envoy.yaml with its three ports (and optionally the .wasm path) rewritten."""
+    return _rewrite_example(EXAMPLE_YAML, {10000: listen_port, 9901: admin_port, 8080: upstream_port}, wasm_path)
+
+
+def example_redis_config_text(listen_port, admin_port, upstream_port, webdis_port, wasm_path=None):
+    """examples/envoy-redis.yaml with its four ports (and optionally the .wasm path) rewritten."""
+    ports = {10000: listen_port, 9901: admin_port, 8080: upstream_port, 7390: webdis_port}
+    return _rewrite_example(EXAMPLE_REDIS_YAML, ports, wasm_path)
