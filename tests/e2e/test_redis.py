@@ -1,4 +1,4 @@
-"""The Redis store through Webdis (issue 4): real redis-server + real webdis + two Envoy processes.
+"""The Redis store through Webdis: real redis-server + real webdis + two Envoy processes.
 
 Every Envoy of a fleet has its own shared data, so anything that holds across the fleet holds
 because of Redis. Requests are spread over (or alternated between) the two Envoys.

@@ -1,4 +1,4 @@
-"""Token mode (issue 5) against real Envoy, on both stores.
+"""Token mode against real Envoy, on both stores.
 
 `shared`: one Envoy (its shared data is the store). `redis`: two Envoys sharing one Redis through
 Webdis; tokens are issued on one and submitted (alternately) on both, so every check also proves
