@@ -4,6 +4,8 @@
 //! left, a body chunk during a callout, a completion reply after the lease ended, a refused
 //! completion and a retry meanwhile).
 
+mod common;
+use common::percent_decode;
 use idem_filter::lifecycle::{Flow, Stream, Worker};
 use idem_filter::testing::{Act, FakeHost, FakeStream};
 use std::rc::Rc;
@@ -100,6 +102,18 @@ fn upstream_answers(host: &FakeHost, s: &mut Stream, ctx: u32) -> (Flow, Flow) {
     (h, b)
 }
 
+/// A Redis request claimed, forwarded and answered by the upstream: its completion is queued,
+/// and the root has sent it. Returns the stream, the write's token and its command.
+fn completion_sent(host: &FakeHost, w: &Rc<Worker>) -> (Stream, u32, String) {
+    let (mut s, _) = send(host, w, 10, "/r", "k1");
+    host.take_acts();
+    answer_stream(host, &mut s, 10, 200, br#"{"SET":null}"#);
+    upstream_answers(host, &mut s, 10);
+    host.take_acts();
+    let (token, complete) = dispatched(&root_sends(host, w), ROOT);
+    (s, token, complete)
+}
+
 #[test]
 fn redis_claim_forward_and_the_response_held_until_written() {
     let (host, w) = setup(&redis_policy(""));
@@ -155,12 +169,7 @@ fn a_claim_reply_after_the_client_left_is_released() {
 #[test]
 fn a_completion_reply_after_the_lease_ended_is_lease_lost() {
     let (host, w) = setup(&redis_policy(""));
-    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
-    host.take_acts();
-    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
-    upstream_answers(&host, &mut s, 10);
-    host.take_acts();
-    let (token, _) = dispatched(&root_sends(&host, &w), ROOT);
+    let (_s, token, _) = completion_sent(&host, &w);
     // Another owner holds the key now (our gateway froze past the lease): fenced off.
     let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":0}"#);
     assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the client still gets its own answer");
@@ -171,12 +180,7 @@ fn a_completion_reply_after_the_lease_ended_is_lease_lost() {
 #[test]
 fn a_refused_completion_is_retried_and_a_retry_meanwhile_waits() {
     let (host, w) = setup(&redis_policy(""));
-    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
-    host.take_acts();
-    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
-    upstream_answers(&host, &mut s, 10);
-    host.take_acts();
-    let (token, complete) = dispatched(&root_sends(&host, &w), ROOT);
+    let (_s, token, complete) = completion_sent(&host, &w);
     let oom = br#"{"EVAL":[false,"OOM command not allowed when used memory > 'maxmemory'."]}"#;
     let acts = answer_root(&host, &w, token, 200, oom);
     assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the client is not kept waiting");
@@ -217,7 +221,7 @@ fn an_unknown_outcome_is_held_not_released() {
     s.on_log(&host);
     host.take_acts();
     let (token, hold) = dispatched(&root_sends(&host, &w), ROOT);
-    assert!(percent_decoded(&hold).contains("U|"), "{hold}");
+    assert!(percent_decode(&hold).contains("U|"), "{hold}");
     answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
     assert_eq!(host.counter("idem.r.held"), 1);
 }
@@ -232,7 +236,7 @@ fn leases_are_renewed_while_the_upstream_works() {
     host.advance(1_001);
     w.on_tick(&host);
     let (token, renew) = dispatched(&host.take_acts(), ROOT);
-    assert!(percent_decoded(&renew).contains("PEXPIRE"), "{renew}");
+    assert!(percent_decode(&renew).contains("PEXPIRE"), "{renew}");
     answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
     // Once the request finished, no more renewals.
     upstream_answers(&host, &mut s, 10);
@@ -327,22 +331,4 @@ fn token_issue_and_use_on_redis() {
     let r = replies(&acts, 10);
     assert_eq!((r[0].0, r[0].1["code"].as_str()), (200, Some("TOKEN_ISSUED")));
     assert!(r[0].1["token"].as_str().is_some_and(|t| t.len() >= 22));
-}
-
-fn percent_decoded(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() + 1 {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -2,6 +2,8 @@
 //! The Webdis protocol of the Redis store: what is sent and how every reply is read. (The real
 //! Redis + Webdis are exercised end to end in tests/e2e.)
 
+mod common;
+use common::percent_decode;
 use idem_filter::policy::parse_bundle;
 use idem_filter::response::StoredResponse;
 use idem_filter::store::redis::*;
@@ -136,22 +138,6 @@ fn tokens_are_128_bit_url_safe() {
     let t = token_text(&[0xff; 16]);
     assert_eq!(t.len(), 22);
     assert!(t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{t}");
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            out.push(u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap(), 16).unwrap());
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap()
 }
 
 #[test]

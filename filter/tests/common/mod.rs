@@ -46,3 +46,20 @@ impl RequestView for Req {
         self.body.as_deref()
     }
 }
+
+/// Decodes a Webdis command (`CMD/arg/…`, each argument percent-encoded) for reading in asserts.
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap(), 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
