@@ -74,6 +74,10 @@ def gateway(request, make_gateway):
     return make_gateway(request.param, policy(request.param), ROUTES)
 
 
+def store_of(env):
+    return "redis" if env.name.startswith("envoy-fleet") else "shared"
+
+
 def run_sdk(lang, env, path, body):
     if lang == "python":
         argv = [str(stack.REPO / ".venv" / "bin" / "python"), str(SDK_DIR / "py_client.py")]
@@ -118,7 +122,7 @@ def test_sdk_timeout_retry_never_runs_twice_and_gets_a_clear_error(gateway, upst
     assert last["x_should_retry"] == "false" and last["retry_after"] is None, json.dumps(result)
     # The SDK stopped there instead of sleeping until the lease ended and retrying.
     assert len(result["attempts"]) == 2, json.dumps(result)
-    print("\n%s SDK, default forwarding, %s store:\n%s" % (lang, gateway.name, json.dumps(result, indent=1)))
+    print("\n%s SDK, default forwarding, %s store:\n%s" % (lang, store_of(gateway), json.dumps(result, indent=1)))
 
 
 @pytest.mark.parametrize("lang", ["python", "node"])
@@ -133,7 +137,7 @@ def test_sdk_timeout_retry_gets_the_first_answer_with_detached_forwarding(gatewa
     assert all(s == 409 for s in statuses[1:-1]), json.dumps(result)
     assert all(a["retry_after"] in (None, "1") for a in result["attempts"]), json.dumps(result)
     assert settle(upstream, key) == 1, "the business ran twice: %s" % json.dumps(result)
-    print("\n%s SDK, detached forwarding, %s store:\n%s" % (lang, gateway.name, json.dumps(result, indent=1)))
+    print("\n%s SDK, detached forwarding, %s store:\n%s" % (lang, store_of(gateway), json.dumps(result, indent=1)))
 
 
 def scripted_client(env, path, key, body, attempts=6):
@@ -164,7 +168,7 @@ def test_scripted_client_with_the_same_timing(gateway, upstream):
     assert r is not None and r.status == 200, log
     assert r.json()["n"] == 1 and r.header("idempotent-replayed") == "true", describe(r)
     assert settle(upstream, key) == 1, log
-    print("\nscripted client, %s: %s" % (gateway.name, log))
+    print("\nscripted client, %s store: %s" % (store_of(gateway), log))
 
 
 def test_detached_answer_reaches_a_client_that_waits(gateway, upstream):
