@@ -5,11 +5,13 @@
 //! Accepted forms (listed for users in `lint/README.md`, "The statement"):
 //! - a title as an ATX heading of any level (`# 幂等性说明` … `###### 幂等性说明`), a setext
 //!   heading (`幂等性说明` underlined with `===`/`---`), or a line in bold (`**幂等性说明**`,
-//!   `__幂等性说明__`), optionally numbered (`3. 幂等性说明`) and followed by `:`/`：`;
+//!   `__幂等性说明__`), optionally numbered (`3. 幂等性说明`) and followed by `:`/`：`, or a
+//!   plain line `幂等性说明：` directly followed by list items;
 //! - the English alias `Idempotency` (plus aliases from the config file);
 //! - items as list lines, numbered lines, plain `label: value` lines or two-column table rows,
-//!   labels optionally bold: 是否幂等 / Idempotent, 幂等键 / Key, 重复请求 / Duplicate,
-//!   有效期 / Expiry; full- or half-width colons and parentheses.
+//!   labels optionally bold and recognised by meaning ([`LABEL_FORMS`]: `重复…` is the
+//!   duplicate line, `…幂等键…` the key, `…是否…幂等…` the yes/no line, …); full- or
+//!   half-width colons and parentheses; a bracketed remark after a value changes nothing.
 //!
 //! The section ends at the next heading of the same or a higher level (an ATX-titled section)
 //! or at the next heading or bold title line (a bold-titled section).
@@ -177,6 +179,9 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
             (lv, inner, i + 1)
         } else if let (Some(lv), false) = (setext_level(ls.get(i + 1)), l.text.trim().is_empty()) {
             (lv, l.text.trim(), i + 2)
+        } else if l.text.trim_end().ends_with([':', '：']) {
+            // A plain title line `幂等性说明：`: a section only when list items follow it.
+            (PLAIN, l.text.trim(), i + 1)
         } else {
             i += 1;
             continue;
@@ -188,11 +193,24 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
         let (title, title_range) = trimmed_range(l);
         let mut items = Vec::new();
         let mut j = body_from;
+        let mut started = false;
         while j < ls.len() {
             let lj = &ls[j];
             if fenced[j] {
                 j += 1;
                 continue;
+            }
+            if level == PLAIN {
+                // The section is the block of lines right after the title (blank lines
+                // before it allowed), up to the next blank line or heading.
+                let blank = lj.text.trim().is_empty();
+                if blank && started {
+                    break;
+                }
+                started |= !blank;
+                if heading(lj.text).is_some_and(|_| label_of(lj.text).is_none()) {
+                    break;
+                }
             }
             if let Some((lv, _)) = heading(lj.text) {
                 // `**是否幂等：是**` is a bold item, not the next title.
@@ -211,9 +229,27 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
             }
             j += 1;
         }
+        if level == PLAIN && items.is_empty() {
+            i += 1;
+            continue;
+        }
         return Some(Section { title, title_range, items });
     }
     None
+}
+
+/// Level of a plain title line `幂等性说明：` (no `#`, no bold).
+const PLAIN: u8 = 8;
+
+/// A line that names the section (`幂等性说明：`, `#幂等性说明`, `- 幂等性说明`) but was not
+/// recognised as its title, for IDEM001's message when [`find_section`] found nothing.
+pub fn unrecognised_title<'a>(desc: &'a str, extra_titles: &[String]) -> Option<&'a str> {
+    let ls = lines(desc);
+    let fenced = fences(&ls);
+    ls.iter().zip(fenced).filter(|(_, f)| !f).map(|(l, _)| l.text.trim()).find(|t| {
+        let bare = strip_list_marker(t.trim_start_matches('#'));
+        is_title(bare, extra_titles) || heading(bare).is_some_and(|(_, inner)| is_title(inner, extra_titles))
+    })
 }
 
 /// Byte offset of `inner` in `outer` when `inner` is a subslice of it, else 0.
@@ -246,7 +282,50 @@ fn strip_list_marker(t: &str) -> &str {
     t
 }
 
-fn label_kind(raw: &str) -> Option<Label> {
+/// The accepted item labels, by meaning: the first row whose pattern matches the label wins.
+/// A label is compared after removing emphasis, spaces, `-`, `_` and backticks and lowering
+/// the case (`Idempotency-Key` → `idempotencykey`); in a pattern `…` stands for any text, so
+/// `重复…` is "starts with 重复" and `…幂等键…` is "contains 幂等键". Printed in
+/// `lint/README.md` ("Item labels"); a test checks that the two agree.
+pub const LABEL_FORMS: &[(&str, Label)] = &[
+    ("重复…", Label::Duplicate),
+    ("duplicate…", Label::Duplicate),
+    ("…有效期…", Label::Expiry),
+    ("expiry…", Label::Expiry),
+    ("ttl", Label::Expiry),
+    ("…幂等键…", Label::Key),
+    ("…幂等标识…", Label::Key),
+    ("…idempotencykey…", Label::Key),
+    ("key", Label::Key),
+    ("…是否…幂等…", Label::Idempotent),
+    ("…idempotent…", Label::Idempotent),
+    ("幂等", Label::Idempotent),
+    ("幂等性", Label::Idempotent),
+];
+
+/// Does `text` match `pattern`, where `…` in the pattern stands for any text?
+fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('…').collect();
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return false;
+    };
+    if parts.len() == 1 {
+        return text == pattern;
+    }
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    for mid in parts.get(1..parts.len() - 1).unwrap_or(&[]) {
+        match rest.find(mid) {
+            Some(i) => rest = rest.get(i + mid.len()..).unwrap_or(""),
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// The meaning of an item label (see [`LABEL_FORMS`]).
+pub fn label_kind(raw: &str) -> Option<Label> {
     let n: String = raw
         .replace("**", "")
         .replace("__", "")
@@ -254,15 +333,10 @@ fn label_kind(raw: &str) -> Option<Label> {
         .filter(|c| !matches!(c, ' ' | '\t' | '-' | '_' | '`' | '*'))
         .flat_map(char::to_lowercase)
         .collect();
-    match n.as_str() {
-        "是否幂等" | "幂等" | "幂等性" | "idempotent" | "isidempotent" => Some(Label::Idempotent),
-        "幂等键" | "key" | "idempotencykey" => Some(Label::Key),
-        "重复请求" | "重复提交" | "duplicate" | "duplicaterequest" | "duplicateresponse" => {
-            Some(Label::Duplicate)
-        }
-        "有效期" | "expiry" | "ttl" => Some(Label::Expiry),
-        _ => None,
+    if n.is_empty() {
+        return None;
     }
+    LABEL_FORMS.iter().find(|(p, _)| glob(p, &n)).map(|(_, l)| *l)
 }
 
 /// `label: value` (any colon width), `| label | value |`, with list markers and bold.
@@ -278,6 +352,11 @@ fn label_of(line: &str) -> Option<(Label, &str)> {
     let (idx, colon_len) = t.char_indices().find(|(_, c)| *c == ':' || *c == '：').map(|(i, c)| (i, c.len_utf8()))?;
     let label = label_kind(t.get(..idx)?)?;
     let value = clean_value(t.get(idx + colon_len..)?);
+    // `写清楚该接口是否支持幂等、幂等键是什么、重复请求会返回什么错误码：` introduces a list;
+    // a line with nothing after the colon is not an item.
+    if value.is_empty() {
+        return None;
+    }
     Some((label, value))
 }
 
@@ -303,12 +382,12 @@ pub enum Tri {
 
 pub fn parse_bool(v: &str) -> Tri {
     let t = v.trim().trim_matches('`').to_lowercase();
-    for p in ["否", "非幂等", "不幂等", "不是", "no", "false", "not "] {
+    for p in ["否", "非幂等", "不幂等", "不是", "不支持", "no", "false", "not "] {
         if t.starts_with(p) {
             return Tri::No;
         }
     }
-    for p in ["是", "幂等", "yes", "true", "idempotent"] {
+    for p in ["是", "幂等", "支持", "yes", "true", "idempotent"] {
         if t.starts_with(p) {
             return Tri::Yes;
         }
@@ -390,34 +469,73 @@ fn trailing_location(v: &str) -> Option<(KeyIn, &str)> {
     Some((loc, rest))
 }
 
+/// Words in brackets that try to name a key location idem-lint does not accept (`cookie`):
+/// reported by IDEM004 rather than taken as a remark.
+fn is_location_like(inner: &str) -> bool {
+    let t = inner.trim().to_lowercase();
+    ["cookie", "form", "multipart", "表单"].iter().any(|w| t.contains(w))
+}
+
+/// Split a value into its text and its bracketed parts: `a（x） + b（y）` gives the text
+/// `a + b` (remarks cut out) and `["x", "y"]`. An unclosed bracket runs to the end.
+fn brackets(v: &str) -> (String, Vec<&str>) {
+    let mut text = String::new();
+    let mut inner = Vec::new();
+    let mut rest = v;
+    while let Some((i, c)) = rest.char_indices().find(|(_, c)| *c == '(' || *c == '（') {
+        text.push_str(rest.get(..i).unwrap_or(""));
+        let after = rest.get(i + c.len_utf8()..).unwrap_or("");
+        match after.char_indices().find(|(_, c)| *c == ')' || *c == '）') {
+            Some((j, cc)) => {
+                inner.push(after.get(..j).unwrap_or(""));
+                rest = after.get(j + cc.len_utf8()..).unwrap_or("");
+            }
+            None => {
+                inner.push(after);
+                rest = "";
+            }
+        }
+    }
+    text.push_str(rest);
+    (text, inner)
+}
+
+/// The value without bracketed remarks: `无（只读接口）` → `无`.
+fn without_remarks(v: &str) -> String {
+    brackets(v).0.trim().to_string()
+}
+
 pub fn parse_key(v: &str) -> KeySpec {
     let v = v.trim();
-    if v.is_empty() || is_none_word(v) {
+    let (text, inner) = brackets(v);
+    let text = text.trim();
+    if text.is_empty() || is_none_word(text) {
         return KeySpec { location: None, names: Vec::new() };
     }
-    let mut name_part = v;
-    let mut location = None;
-    // "Name（header）" / "Name (header)": the first parenthetical names the location.
-    let open = v.char_indices().find(|(_, c)| *c == '(' || *c == '（').map(|(i, c)| (i, c.len_utf8()));
-    if let Some((i, len)) = open {
-        let inner_all = v.get(i + len..).unwrap_or("");
-        let close = inner_all.char_indices().find(|(_, c)| *c == ')' || *c == '）').map_or(inner_all.len(), |(j, _)| j);
-        let inner = inner_all.get(..close).unwrap_or("");
-        location = Some(KeyIn::parse(inner));
-        name_part = v.get(..i).unwrap_or("");
-    } else if let Some((loc, rest)) = trailing_location(v) {
-        // "`Idempotency-Key` header" / "X-Request-Id in header"
-        location = Some(loc);
-        name_part = rest;
-    } else {
-        // "header Idempotency-Key" / "header: Idempotency-Key" / "请求头 Idempotency-Key"
-        let first_end = v.char_indices().find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：').map(|(i, _)| i);
-        if let Some(e) = first_end {
-            let first = v.get(..e).unwrap_or("");
-            let loc = KeyIn::parse(first);
-            if !matches!(loc, KeyIn::Other(_)) {
-                location = Some(loc);
-                name_part = v.get(e..).unwrap_or("").trim_start_matches([':', '：', ' ', '\t']);
+    let mut name_part = text;
+    // "Name（header）" / "Name (header)": a bracket naming a location gives it; any other
+    // bracket is a remark (`out_trade_no（商户订单号）`) and changes nothing, except one that
+    // tries to name an unsupported location (`token（cookie）`), which IDEM004 reports.
+    let mut location = inner.iter().map(|i| KeyIn::parse(i)).find(|l| !matches!(l, KeyIn::Other(_)));
+    if location.is_none() {
+        location = inner.iter().find(|i| is_location_like(i)).map(|i| KeyIn::Other(i.trim().to_string()));
+    }
+    if location.is_none() {
+        if let Some((loc, rest)) = trailing_location(text) {
+            // "`Idempotency-Key` header" / "X-Request-Id in header"
+            location = Some(loc);
+            name_part = rest;
+        } else {
+            // "header Idempotency-Key" / "header: Idempotency-Key" / "请求头 Idempotency-Key"
+            let first_end =
+                text.char_indices().find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：').map(|(i, _)| i);
+            if let Some(e) = first_end {
+                let first = text.get(..e).unwrap_or("");
+                let loc = KeyIn::parse(first);
+                if !matches!(loc, KeyIn::Other(_)) {
+                    location = Some(loc);
+                    name_part = text.get(e..).unwrap_or("").trim_start_matches([':', '：', ' ', '\t']);
+                }
             }
         }
     }
@@ -435,13 +553,35 @@ pub fn parse_key(v: &str) -> KeySpec {
 pub struct Duplicate {
     pub status: Option<u16>,
     pub code: Option<String>,
+    /// A status class written as `5XX` / `4xx` (its first digit), when no exact status is.
+    pub class: Option<u8>,
+}
+
+impl Duplicate {
+    pub fn new(status: Option<u16>, code: Option<String>) -> Duplicate {
+        Duplicate { status, code, class: None }
+    }
+}
+
+/// Full-width ASCII (`５００`, `ＸＸ`) as ASCII.
+fn half_width(v: &str) -> String {
+    v.chars()
+        .map(|c| match c {
+            '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFF01 + 0x21).unwrap_or(c),
+            '\u{3000}' => ' ',
+            c => c,
+        })
+        .collect()
 }
 
 pub fn parse_duplicate(v: &str) -> Duplicate {
-    if v.trim().is_empty() || is_none_word(v) {
-        return Duplicate { status: None, code: None };
+    let norm = half_width(v);
+    let v = norm.as_str();
+    if v.trim().is_empty() || is_none_word(v) || is_none_word(&without_remarks(v)) {
+        return Duplicate::new(None, None);
     }
     let mut status = None;
+    let mut class = None;
     let chars: Vec<(usize, char)> = v.char_indices().collect();
     let mut k = 0;
     let mut after_status = 0;
@@ -466,9 +606,27 @@ pub fn parse_duplicate(v: &str) -> Duplicate {
             k += 1;
         }
     }
+    if status.is_none() {
+        // `5XX` / `5xx`: a status class, as a word of its own.
+        let is_word = |c: Option<&(usize, char)>| c.is_none_or(|(_, c)| !c.is_ascii_alphanumeric());
+        for k in 0..chars.len() {
+            let d = chars[k].1;
+            let x = |o: usize| chars.get(k + o).is_some_and(|(_, c)| matches!(c, 'x' | 'X'));
+            if ('1'..='5').contains(&d)
+                && x(1)
+                && x(2)
+                && (k == 0 || is_word(chars.get(k - 1)))
+                && is_word(chars.get(k + 3))
+            {
+                class = d.to_digit(10).and_then(|n| u8::try_from(n).ok());
+                after_status = chars.get(k + 3).map_or(v.len(), |c| c.0);
+                break;
+            }
+        }
+    }
     let rest = v.get(after_status..).unwrap_or("");
     let code = backticked(rest).or_else(|| caps_token(rest));
-    Duplicate { status, code }
+    Duplicate { status, code, class }
 }
 
 fn backticked(s: &str) -> Option<String> {
@@ -658,5 +816,116 @@ mod tests {
         assert_eq!(duration_secs("forever"), None);
         assert_eq!(duration_secs("24 小时（之后同一个键视为新请求）"), Some(86400));
         assert_eq!(duration_secs("30m, then the key may be reused"), Some(1800));
+    }
+
+    #[test]
+    fn label_forms_by_meaning() {
+        let forms = [
+            ("是否幂等", Label::Idempotent),
+            ("是否支持幂等", Label::Idempotent),
+            ("该接口是否支持幂等", Label::Idempotent),
+            ("幂等", Label::Idempotent),
+            ("幂等性", Label::Idempotent),
+            ("Idempotent", Label::Idempotent),
+            ("Is idempotent", Label::Idempotent),
+            ("**Idempotent**", Label::Idempotent),
+            ("幂等键", Label::Key),
+            ("幂等键（Idempotency Key）", Label::Key),
+            ("幂等键是什么", Label::Key),
+            ("幂等标识", Label::Key),
+            ("Idempotency-Key", Label::Key),
+            ("Idempotency key", Label::Key),
+            ("Key", Label::Key),
+            ("重复请求", Label::Duplicate),
+            ("重复提交", Label::Duplicate),
+            ("重复请求错误码", Label::Duplicate),
+            ("重复请求返回", Label::Duplicate),
+            ("重复请求响应", Label::Duplicate),
+            ("重复请求会返回什么错误码", Label::Duplicate),
+            ("Duplicate", Label::Duplicate),
+            ("Duplicate request", Label::Duplicate),
+            ("Duplicate response", Label::Duplicate),
+            ("有效期", Label::Expiry),
+            ("幂等键有效期", Label::Expiry),
+            ("Expiry", Label::Expiry),
+            ("TTL", Label::Expiry),
+        ];
+        for (label, want) in forms {
+            assert_eq!(label_kind(label), Some(want), "{label}");
+        }
+        for label in ["说明", "备注", "幂等性说明", "Notes", "keys", "", "…"] {
+            assert_eq!(label_kind(label), None, "{label}");
+        }
+        // The source article's wording: each of its three phrases is a label of its own.
+        let article = "写清楚该接口是否支持幂等、幂等键是什么、重复请求会返回什么错误码";
+        let phrases: Vec<&str> = article.trim_start_matches("写清楚").split('、').collect();
+        let got: Vec<Option<Label>> = phrases.iter().map(|p| label_kind(p)).collect();
+        assert_eq!(got, vec![Some(Label::Idempotent), Some(Label::Key), Some(Label::Duplicate)]);
+        let d = "### 幂等性说明\n写清楚该接口是否支持幂等、幂等键是什么、重复请求会返回什么错误码：\n- 该接口是否支持幂等：支持\n- 幂等键是什么：K（header）\n- 重复请求会返回什么错误码：409 DUPLICATE_REQUEST\n";
+        let s = find_section(d, &[]).unwrap();
+        let labels: Vec<Label> = s.items.iter().map(|i| i.label).collect();
+        assert_eq!(labels, vec![Label::Idempotent, Label::Key, Label::Duplicate]);
+        assert_eq!(parse_bool(s.items[0].value), Tri::Yes);
+        assert_eq!(parse_bool("支持"), Tri::Yes);
+        assert_eq!(parse_bool("不支持（每次新建）"), Tri::No);
+    }
+
+    #[test]
+    fn readme_prints_the_label_table() {
+        let readme = include_str!("../README.md");
+        for (pattern, label) in LABEL_FORMS {
+            let row = format!("| `{pattern}` | {label:?} |");
+            assert!(readme.contains(&row), "README.md lacks the row {row}");
+        }
+    }
+
+    #[test]
+    fn bracketed_remarks_change_nothing() {
+        let k = parse_key("out_trade_no（商户订单号）");
+        assert_eq!((k.location, k.names), (None, vec!["out_trade_no".to_string()]));
+        let k = parse_key("out_trade_no（商户订单号）（body）");
+        assert_eq!((k.location, k.names), (Some(KeyIn::Body), vec!["out_trade_no".to_string()]));
+        let k = parse_key("out_trade_no (merchant order number) in body");
+        assert_eq!((k.location, k.names), (Some(KeyIn::Body), vec!["out_trade_no".to_string()]));
+        assert_eq!(parse_key("无（只读接口）"), KeySpec { location: None, names: Vec::new() });
+        assert_eq!(parse_key("none (read-only)").names, Vec::<String>::new());
+        // an attempt at an unsupported location is still one
+        assert_eq!(parse_key("token（cookie jar）").location, Some(KeyIn::Other("cookie jar".into())));
+        assert_eq!(parse_duplicate("无（只读接口）"), Duplicate::new(None, None));
+    }
+
+    #[test]
+    fn full_width_digits_and_status_classes() {
+        let d = parse_duplicate("５００ DUPLICATE_REQUEST");
+        assert_eq!((d.status, d.code.as_deref()), (Some(500), Some("DUPLICATE_REQUEST")));
+        let d = parse_duplicate("5XX DUPLICATE_REQUEST");
+        assert_eq!((d.status, d.class, d.code.as_deref()), (None, Some(5), Some("DUPLICATE_REQUEST")));
+        assert_eq!(parse_duplicate("返回 5xx").class, Some(5));
+        assert_eq!(parse_duplicate("５ｘｘ").class, Some(5));
+        assert_eq!(parse_duplicate("409, never 5xx").status, Some(409));
+        assert_eq!(parse_duplicate("A5XX").class, None);
+        assert_eq!(parse_duplicate("5XXL").class, None);
+    }
+
+    #[test]
+    fn plain_title_line() {
+        for colon in [":", "："] {
+            let d = format!(
+                "创建订单。\n\n幂等性说明{colon}\n- 是否幂等：是\n- 幂等键：K（header）\n\n其他：\n- 幂等键：ignored\n"
+            );
+            let s = find_section(&d, &[]).unwrap();
+            assert_eq!(s.title, format!("幂等性说明{colon}"));
+            assert_eq!(s.items.len(), 2);
+            assert_eq!(s.items[1].value, "K（header）");
+        }
+        let d = "Idempotency:\n\n- Idempotent: no\n";
+        assert_eq!(find_section(d, &[]).unwrap().items.len(), 1);
+        // seen, but not followed by items: no section, and the line is reported
+        let d = "幂等性说明：\n该接口会新建订单。\n";
+        assert!(find_section(d, &[]).is_none());
+        assert_eq!(unrecognised_title(d, &[]), Some("幂等性说明："));
+        assert_eq!(unrecognised_title("#幂等性说明\n", &[]), Some("#幂等性说明"));
+        assert_eq!(unrecognised_title("创建订单，没有幂等性说明。\n", &[]), None);
+        assert_eq!(unrecognised_title("```\n幂等性说明：\n```\n", &[]), None);
     }
 }

@@ -4,7 +4,9 @@
 use crate::loader::{FileId, Workspace};
 use crate::model::Operation;
 use crate::node::{Node, Value};
-use crate::section::{find_section, parse_bool, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Label, Tri};
+use crate::section::{
+    find_section, parse_bool, parse_duplicate, parse_key, unrecognised_title, Duplicate, KeyIn, KeySpec, Label, Tri,
+};
 
 /// Where a finding points: file, byte offset, logical JSON pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,18 +31,6 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// How to write a missing field in this form of the statement.
-    pub fn hint(self, field: &str) -> &'static str {
-        match (self, field) {
-            (Origin::Section, "idempotent") => "add `是否幂等：是` or `是否幂等：否`",
-            (Origin::Extension, "idempotent") => "add `idempotent: true` or `idempotent: false`",
-            (Origin::Section, "key") => "add e.g. `幂等键：Idempotency-Key（header）`",
-            (Origin::Extension, "key") => "add e.g. `key: { in: header, name: Idempotency-Key }`",
-            (Origin::Section, _) => "add e.g. `重复请求：409 DUPLICATE_REQUEST`",
-            (Origin::Extension, _) => "add e.g. `duplicate: { status: 409, code: DUPLICATE_REQUEST }`",
-        }
-    }
-
     pub fn describe(self) -> &'static str {
         match self {
             Origin::Section => "the 幂等性说明 section",
@@ -58,6 +48,47 @@ pub struct Statement {
     pub key: Option<Field<KeySpec>>,
     pub duplicate: Option<Field<Duplicate>>,
     pub expiry: Option<Field<String>>,
+    /// The section is written in English (its title has no CJK characters): hints follow it.
+    pub english: bool,
+}
+
+impl Statement {
+    /// How to write a missing field in this form of the statement, in its language.
+    pub fn hint(&self, field: &str) -> &'static str {
+        match (self.origin, self.english, field) {
+            (Origin::Extension, _, "idempotent") => "add `idempotent: true` or `idempotent: false`",
+            (Origin::Extension, _, "key") => "add e.g. `key: { in: header, name: Idempotency-Key }`",
+            (Origin::Extension, _, _) => "add e.g. `duplicate: { status: 409, code: DUPLICATE_REQUEST }`",
+            (Origin::Section, false, "idempotent") => "add `是否幂等：是` or `是否幂等：否`",
+            (Origin::Section, false, "key") => "add e.g. `幂等键：Idempotency-Key（header）`",
+            (Origin::Section, false, _) => "add e.g. `重复请求：409 DUPLICATE_REQUEST`",
+            (Origin::Section, true, "idempotent") => "add `Idempotent: yes` or `Idempotent: no`",
+            (Origin::Section, true, "key") => "add e.g. `Key: Idempotency-Key (header)`",
+            (Origin::Section, true, _) => "add e.g. `Duplicate: 409 DUPLICATE_REQUEST`",
+        }
+    }
+
+    /// Where the statement is, as named in messages.
+    pub fn describe(&self) -> &'static str {
+        match (self.origin, self.english) {
+            (Origin::Section, true) => "the Idempotency section",
+            (origin, _) => origin.describe(),
+        }
+    }
+
+    /// How to write yes/no, in the statement's language.
+    pub fn yes_no(&self) -> &'static str {
+        if self.english || self.origin == Origin::Extension {
+            "yes/no"
+        } else {
+            "是/否 (yes/no)"
+        }
+    }
+}
+
+/// Is `s` free of CJK characters (so a section titled with it is English)?
+fn is_english(s: &str) -> bool {
+    !s.chars().any(|c| matches!(c as u32, 0x2E80..=0x9FFF | 0xF900..=0xFAFF | 0xFF00..=0xFFEF | 0x20000..=0x3FFFF))
 }
 
 /// Both statements of an operation (either may be absent).
@@ -65,6 +96,9 @@ pub struct Statement {
 pub struct Statements {
     pub section: Option<Statement>,
     pub extension: Option<Statement>,
+    /// A line naming the section that was not recognised as its title (only when there is
+    /// no section), for IDEM001's message.
+    pub unrecognised_title: Option<String>,
 }
 
 impl Statements {
@@ -82,6 +116,7 @@ impl Statements {
                 key: e.key.clone().or_else(|| s.key.clone()),
                 duplicate: e.duplicate.clone().or_else(|| s.duplicate.clone()),
                 expiry: e.expiry.clone().or_else(|| s.expiry.clone()),
+                english: false,
             }),
         }
     }
@@ -123,6 +158,7 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                         key: None,
                         duplicate: None,
                         expiry: None,
+                        english: is_english(sec.title),
                     };
                     for item in &sec.items {
                         // Point at the value when the line was found verbatim, else at
@@ -147,6 +183,8 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                         }
                     }
                     out.section = Some(st);
+                } else {
+                    out.unrecognised_title = unrecognised_title(desc, extra_titles).map(str::to_string);
                 }
             }
         }
@@ -171,6 +209,7 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
         key: None,
         duplicate: None,
         expiry: None,
+        english: false,
     };
     match &node.value {
         Value::Bool(b) => {
@@ -222,12 +261,12 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
     if let Some(n) = node.get("duplicate") {
         let value = match &n.value {
             Value::String(s) => parse_duplicate(s),
-            Value::Number(s) => Duplicate { status: s.parse().ok(), code: None },
-            Value::Map(_) => Duplicate {
-                status: n.get("status").and_then(Node::scalar_text).and_then(|s| s.trim().parse().ok()),
-                code: n.get("code").and_then(Node::scalar_text),
-            },
-            _ => Duplicate { status: None, code: None },
+            Value::Number(s) => Duplicate::new(s.parse().ok(), None),
+            Value::Map(_) => Duplicate::new(
+                n.get("status").and_then(Node::scalar_text).and_then(|s| s.trim().parse().ok()),
+                n.get("code").and_then(Node::scalar_text),
+            ),
+            _ => Duplicate::new(None, None),
         };
         st.duplicate = Some(Field { value, loc: loc_at(n, "duplicate"), raw: n.scalar_text().unwrap_or_default() });
     }

@@ -156,8 +156,27 @@ fn junit_and_github_formats() {
     assert!(x.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>"));
     assert_eq!(x.matches("<testcase ").count(), 3, "{x}");
     assert_eq!(x.matches("<failure ").count(), 2, "{x}");
-    assert!(x.contains("<testsuites name=\"idem-lint\" tests=\"3\" failures=\"2\">"), "{x}");
+    assert!(x.contains("<testsuites name=\"idem-lint\" tests=\"3\" failures=\"2\" errors=\"0\">"), "{x}");
     assert_eq!(x.matches("<testsuite ").count(), x.matches("</testsuite>").count());
+    assert_eq!(x.matches(" errors=\"0\">").count(), 3, "every suite carries errors=\"N\": {x}");
+
+    // A spec that cannot be parsed is an error of its suite, not a failure.
+    let o = run(&["--format", "junit", &fx("bad-input/malformed.yaml"), &fx("IDEM001/bad.yaml")]);
+    assert_eq!(o.status.code(), Some(2));
+    let x = stdout(&o);
+    assert!(x.contains("<testsuites name=\"idem-lint\" tests=\"3\" failures=\"2\" errors=\"1\">"), "{x}");
+    assert!(
+        x.contains(&format!(
+            "<testsuite name=\"{}\" tests=\"1\" failures=\"0\" errors=\"1\">",
+            fx("bad-input/malformed.yaml")
+        )),
+        "{x}"
+    );
+    assert!(
+        x.contains(&format!("<testsuite name=\"{}\" tests=\"2\" failures=\"2\" errors=\"0\">", fx("IDEM001/bad.yaml"))),
+        "{x}"
+    );
+    assert_eq!(x.matches("<error type=\"fatal\"").count(), 1, "{x}");
 
     let o = run(&["--format", "github", &fx("IDEM008/bad.yaml")]);
     let g = stdout(&o);

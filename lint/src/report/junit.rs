@@ -1,5 +1,6 @@
-//! The JUnit XML format: one test suite per file, one failing test case per finding or fatal
-//! error, one passing test case for a clean spec.
+//! The JUnit XML format: one test suite per file, one failing test case per finding, one
+//! erroring test case per fatal (parse) error, one passing test case for a clean spec. Each
+//! suite counts them in `failures="N"` and `errors="N"`.
 
 use std::fmt::Write as _;
 
@@ -34,7 +35,9 @@ pub fn junit(run: &Run<'_>) -> String {
             files.push(&f.file);
         }
     }
-    let total_fail = run.findings.len() + run.errors.len();
+    // A finding is a failure; a spec that could not be read is an error.
+    let total_fail = run.findings.len();
+    let total_err = run.errors.len();
     let total_tests: usize = files
         .iter()
         .map(|file| {
@@ -43,12 +46,22 @@ pub fn junit(run: &Run<'_>) -> String {
             n.max(1)
         })
         .sum();
-    let _ = writeln!(out, "<testsuites name=\"idem-lint\" tests=\"{total_tests}\" failures=\"{total_fail}\">");
+    let _ = writeln!(
+        out,
+        "<testsuites name=\"idem-lint\" tests=\"{total_tests}\" failures=\"{total_fail}\" errors=\"{total_err}\">"
+    );
     for file in files {
         let fs: Vec<&Finding> = run.findings.iter().filter(|f| f.file == file).collect();
         let es: Vec<&FatalError> = run.errors.iter().filter(|e| e.file == file).collect();
         let n = fs.len() + es.len();
-        let _ = writeln!(out, "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">", xml_escape(file), n.max(1), n);
+        let _ = writeln!(
+            out,
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\">",
+            xml_escape(file),
+            n.max(1),
+            fs.len(),
+            es.len()
+        );
         if n == 0 {
             let _ = writeln!(out, "    <testcase classname=\"{}\" name=\"idem-lint\"/>", xml_escape(file));
         }

@@ -15,8 +15,9 @@
 //! - 有效期：24h
 //! ```
 //!
-//! (any heading level or a bold line; `Idempotency` / `Idempotent` / `Key` / `Duplicate` /
-//! `Expiry` in English; `:` or `：`, `()` or `（）`), or as the structured extension:
+//! (any heading level, a bold line, or a plain `幂等性说明：` line directly followed by list
+//! items; `Idempotency` / `Idempotent` / `Key` / `Duplicate` / `Expiry` in English; `:` or
+//! `：`, `()` or `（）`), or as the structured extension:
 //!
 //! ```text
 //! x-idempotency:
@@ -27,7 +28,9 @@
 //! ```
 //!
 //! An operation that is deliberately not idempotent still needs a statement: `是否幂等：否`.
-//! The finding points at the operation's method key.
+//! The finding points at the operation's method key. When the description has a line that
+//! names the section but is not a title (`幂等性说明：` followed by prose, `#幂等性说明`), the
+//! message quotes it.
 
 use super::{Ctx, RawFinding};
 use crate::statement::Loc;
@@ -37,12 +40,15 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         return;
     }
     let loc = Loc { file: ctx.op.key_file, offset: ctx.op.key_offset, pointer: ctx.op.pointer.clone() };
-    out.push(ctx.at(
-        "IDEM001",
-        &loc,
-        format!(
+    let message = match &ctx.statements.unrecognised_title {
+        Some(line) => format!(
+            "{} has no 幂等性说明 (idempotency statement): the line \"{line}\" was seen but not recognised as a section title; write it as a heading (`### 幂等性说明`) or as `幂等性说明：` directly followed by list items (`- 是否幂等：是`)",
+            ctx.label()
+        ),
+        None => format!(
             "{} has no 幂等性说明 (idempotency statement): add a `### 幂等性说明` section to its description or an `x-idempotency` extension",
             ctx.label()
         ),
-    ));
+    };
+    out.push(ctx.at("IDEM001", &loc, message));
 }

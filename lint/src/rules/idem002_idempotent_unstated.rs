@@ -19,7 +19,9 @@
 //! - 幂等键：Idempotency-Key（header）
 //! ```
 //!
-//! Accepted values: 是 / 否, yes / no, true / false (x-idempotency: `idempotent: true`).
+//! Accepted values: 是 / 否, 支持 / 不支持, yes / no, true / false (x-idempotency:
+//! `idempotent: true`). Hints are in the section's language: an English section
+//! (`**Idempotency**`) gets `Idempotent: yes`.
 
 use super::{Ctx, RawFinding};
 use crate::section::Tri;
@@ -34,9 +36,9 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             &st.loc,
             format!(
                 "{} of {} does not say whether the operation is idempotent ({})",
-                st.origin.describe(),
+                st.describe(),
                 ctx.label(),
-                st.origin.hint("idempotent")
+                st.hint("idempotent")
             ),
         )),
         Some(f) => {
@@ -44,7 +46,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
                 out.push(ctx.at(
                     "IDEM002",
                     &f.loc,
-                    format!("cannot tell whether {} is idempotent from \"{raw}\"; write 是/否 (yes/no)", ctx.label()),
+                    format!("cannot tell whether {} is idempotent from \"{raw}\"; write {}", ctx.label(), st.yes_no()),
                 ));
             }
         }

@@ -40,8 +40,8 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             format!(
                 "{} is declared idempotent but {} names no idempotency key ({})",
                 ctx.label(),
-                st.origin.describe(),
-                st.origin.hint("key")
+                st.describe(),
+                st.hint("key")
             ),
         )),
         Some(f) if f.value.names.is_empty() => out.push(ctx.at(

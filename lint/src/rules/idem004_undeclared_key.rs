@@ -6,7 +6,9 @@
 //! property of the request body schema (any media type), followed through `$ref`, `allOf`,
 //! `oneOf` and `anyOf`; a plain name is a top-level property, a JSON pointer such as
 //! `/data/id` walks nested properties (`/items/0/sku` walks array items). A key without a
-//! location may be declared anywhere.
+//! location may be declared anywhere. A bracket that names no location is a remark
+//! (`out_trade_no（商户订单号）` is the key `out_trade_no`, without location); one that names an
+//! unsupported location (`（cookie）`, `（form）`) is reported as an unknown location.
 //!
 //! Bad (the header is never declared):
 //!

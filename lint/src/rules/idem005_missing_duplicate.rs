@@ -39,11 +39,11 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             format!(
                 "{} is declared idempotent but {} does not name the duplicate response ({})",
                 ctx.label(),
-                st.origin.describe(),
-                st.origin.hint("duplicate")
+                st.describe(),
+                st.hint("duplicate")
             ),
         )),
-        Some(f) if f.value.status.is_none() => out.push(ctx.at(
+        Some(f) if f.value.status.is_none() && f.value.class.is_none() => out.push(ctx.at(
             "IDEM005",
             &f.loc,
             format!("the duplicate response of {} (\"{}\") names no HTTP status", ctx.label(), f.raw),

@@ -11,23 +11,28 @@
 //! - 重复请求：500 DUPLICATE_REQUEST
 //! ```
 //!
+//! Full-width digits (`５００`) and a status class (`5XX`, `5xx`) are read too.
+//!
 //! Good: `409 DUPLICATE_REQUEST` (reject the repeat), `200` with the first result replayed, or
 //! `409 REQUEST_IN_PROGRESS` with `Retry-After` while the first attempt is still running.
 
 use super::{Ctx, RawFinding};
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
-    let Some((dup, status)) = ctx.duplicate_status() else {
+    let Some(dup) = ctx.merged.and_then(|st| st.duplicate.as_ref()) else {
         return;
     };
-    if (500..600).contains(&status) {
-        out.push(ctx.at(
-            "IDEM007",
-            &dup.loc,
-            format!(
-                "{} answers a duplicate with {status}: a duplicate is an expected outcome, use 409 (reject) or 200 (replay the first result), never a 5xx",
-                ctx.label()
-            ),
-        ));
-    }
+    let status = match (dup.value.status, dup.value.class) {
+        (Some(s), _) if (500..600).contains(&s) => s.to_string(),
+        (None, Some(5)) => "5XX".to_string(),
+        _ => return,
+    };
+    out.push(ctx.at(
+        "IDEM007",
+        &dup.loc,
+        format!(
+            "{} answers a duplicate with {status}: a duplicate is an expected outcome, use 409 (reject) or 200 (replay the first result), never a 5xx",
+            ctx.label()
+        ),
+    ));
 }

@@ -4,8 +4,12 @@
 //!
 //! - a user id alone (`user_id`, `uid`, `member_id`, `customer_id`, `account_id`): every request
 //!   of that user becomes "the same request", so the second legitimate order is rejected;
-//! - a timestamp (`timestamp`, `ts`, `time`, `created_at`, `request_time`): a retry sent a
-//!   second later carries a different value, so it is not recognised as a repeat;
+//! - a timestamp (`timestamp`, `ts`, `time`, `created_at`, `request_time`, and any name whose
+//!   last word is time/date/timestamp/ts, ends in `_at`/`At`, or starts with `gmt_`:
+//!   `notify_time`, `reqTime`, `createDate`, `gmt_create`): a retry sent a second later
+//!   carries a different value, so it is not recognised as a repeat;
+//! - a signature (`sign`, `signature`, `x-signature`): it is computed per request over a
+//!   timestamp or nonce, so a retry carries a different one;
 //! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`): two deliberate,
 //!   identical purchases collide, and a retry whose JSON is re-serialised does not.
 //!
@@ -17,21 +21,59 @@
 
 use super::{Ctx, RawFinding};
 
+/// The words of a name: `notify_time` / `reqTime` / `X-Request-Time` → `[notify, time]` …
+fn words(name: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() {
+            if !cur.is_empty() {
+                out.push(std::mem::take(&mut cur));
+            }
+            prev_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && prev_lower && !cur.is_empty() {
+            out.push(std::mem::take(&mut cur));
+        }
+        prev_lower = c.is_lowercase() || c.is_ascii_digit();
+        cur.extend(c.to_lowercase());
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+const TIMESTAMP: &str = "a timestamp changes between a request and its retry";
+
 fn classify(name: &str) -> Option<&'static str> {
     let last = name.rsplit('/').next().unwrap_or(name);
     let n: String = last.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
+    let w = words(last);
+    let last_word = w.last().map(String::as_str).unwrap_or("");
     match n.as_str() {
         "userid" | "uid" | "memberid" | "customerid" | "accountid" | "user" | "openid" => {
-            Some("a user id alone makes every request of that user look like a duplicate")
+            return Some("a user id alone makes every request of that user look like a duplicate")
         }
         "timestamp" | "ts" | "time" | "datetime" | "createdat" | "createtime" | "requesttime" | "requestedat"
-        | "now" | "xtimestamp" | "xrequesttime" => Some("a timestamp changes between a request and its retry"),
+        | "now" | "xtimestamp" | "xrequesttime" => return Some(TIMESTAMP),
         "bodyhash" | "requesthash" | "payloadhash" | "hash" | "md5" | "bodymd5" | "contentmd5" | "sha1" | "sha256"
         | "digest" | "contentdigest" | "requestdigest" => {
-            Some("a whole-body hash merges two deliberate identical requests and misses re-serialised retries")
+            return Some("a whole-body hash merges two deliberate identical requests and misses re-serialised retries")
         }
-        _ => None,
+        "sign" | "sig" | "signature" | "xsign" | "xsignature" | "requestsignature" => {
+            return Some(
+                "a signature is computed per request (over a timestamp or nonce), so a retry carries a different one",
+            )
+        }
+        _ => {}
     }
+    let timestamp = matches!(last_word, "time" | "date" | "timestamp" | "ts" | "datetime")
+        || (last_word == "at" && w.len() > 1)
+        || (w.first().is_some_and(|f| f == "gmt") && w.len() > 1);
+    timestamp.then_some(TIMESTAMP)
 }
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
