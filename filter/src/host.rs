@@ -69,6 +69,9 @@ pub trait Host {
     fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>);
     /// A property of the current stream (`xds.route_name`, dynamic metadata, …).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// Sets filter state on the current stream; Envoy stores `name` as `wasm.<name>`, which its
+    /// access log prints with `%FILTER_STATE(wasm.<name>:PLAIN)%`.
+    fn set_property(&self, name: &str, value: &[u8]);
     /// Answers the current stream with a local reply.
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError>;
     fn resume_request(&self) -> Result<(), HostError>;

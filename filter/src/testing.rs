@@ -247,6 +247,12 @@ impl Host for FakeHost {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.with_stream(|s| s.properties.get(&path.join(".")).cloned()).flatten()
     }
+    fn set_property(&self, name: &str, value: &[u8]) {
+        let ctx = self.current();
+        if let Some(s) = lock(&self.streams).get_mut(&ctx) {
+            s.properties.insert(format!("wasm.{name}"), value.to_vec());
+        }
+    }
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
         self.act(Act::Reply { context: self.current(), reply: reply.clone() });
         Ok(())

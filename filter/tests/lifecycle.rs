@@ -6,6 +6,8 @@
 
 mod common;
 use common::percent_decode;
+use idem_filter::engine::outcome::counter_name;
+use idem_filter::engine::Outcome;
 use idem_filter::lifecycle::{Flow, Stream, Worker};
 use idem_filter::testing::{Act, FakeHost, FakeStream};
 use std::rc::Rc;
@@ -17,6 +19,12 @@ cluster = "webdis"
 timeout = "500ms"
 prefix = "t:"
 "#;
+
+/// A counter's value by route and outcome name.
+fn count(host: &FakeHost, route: &str, outcome: &str) -> u64 {
+    let o = Outcome::ALL.iter().find(|o| o.name() == outcome).unwrap();
+    host.counter(&counter_name(route, *o))
+}
 
 fn setup(policy: &str) -> (FakeHost, Rc<Worker>) {
     let host = FakeHost::new(1_800_000_000_000);
@@ -134,7 +142,7 @@ fn redis_claim_forward_and_the_response_held_until_written() {
     assert!(complete.starts_with("EVAL/"), "{complete}");
     let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
     assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the answer goes out only now");
-    assert_eq!(host.counter("idem.r.stored"), 1);
+    assert_eq!(count(&host, "r", "stored"), 1);
     s.on_log(&host);
 }
 
@@ -163,7 +171,7 @@ fn a_claim_reply_after_the_client_left_is_released() {
     let record = claim.split('/').nth(2).unwrap();
     assert!(release.contains(record), "fenced by the claim's own record: {release}");
     answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
-    assert_eq!(host.counter("idem.r.orphan_released"), 1);
+    assert_eq!(count(&host, "r", "orphan_released"), 1);
 }
 
 #[test]
@@ -173,8 +181,8 @@ fn a_completion_reply_after_the_lease_ended_is_lease_lost() {
     // Another owner holds the key now (our gateway froze past the lease): fenced off.
     let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":0}"#);
     assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the client still gets its own answer");
-    assert_eq!(host.counter("idem.r.lease_lost"), 1);
-    assert_eq!(host.counter("idem.r.stored"), 0);
+    assert_eq!(count(&host, "r", "lease_lost"), 1);
+    assert_eq!(count(&host, "r", "stored"), 0);
 }
 
 #[test]
@@ -184,7 +192,7 @@ fn a_refused_completion_is_retried_and_a_retry_meanwhile_waits() {
     let oom = br#"{"EVAL":[false,"OOM command not allowed when used memory > 'maxmemory'."]}"#;
     let acts = answer_root(&host, &w, token, 200, oom);
     assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the client is not kept waiting");
-    assert_eq!(host.counter("idem.r.write_retried"), 1);
+    assert_eq!(count(&host, "r", "write_retried"), 1);
 
     // The client's retry reaches this Envoy meanwhile: in progress, without touching Redis.
     let (_, flow) = send(&host, &w, 11, "/r", "k1");
@@ -204,7 +212,7 @@ fn a_refused_completion_is_retried_and_a_retry_meanwhile_waits() {
     let (token, again) = dispatched(&host.take_acts(), ROOT);
     assert_eq!(again, complete);
     answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
-    assert_eq!(host.counter("idem.r.stored"), 1);
+    assert_eq!(count(&host, "r", "stored"), 1);
     // Written: the next retry asks Redis again (and would be replayed).
     let (_, _) = send(&host, &w, 12, "/r", "k1");
     dispatched(&host.take_acts(), 12);
@@ -223,7 +231,17 @@ fn an_unknown_outcome_is_held_not_released() {
     let (token, hold) = dispatched(&root_sends(&host, &w), ROOT);
     assert!(percent_decode(&hold).contains("U|"), "{hold}");
     answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
-    assert_eq!(host.counter("idem.r.held"), 1);
+    assert_eq!(count(&host, "r", "held"), 1);
+    // One structured line for the reconciliation job, with the key an operator releases.
+    let logs = host.logs();
+    let line = logs.iter().find_map(|(_, m)| m.strip_prefix("idem: unknown_outcome ")).expect("a reconciliation line");
+    let j: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(
+        (j["route"].as_str(), j["store"].as_str(), j["cause"].as_str()),
+        (Some("r"), Some("redis"), Some("no_response"))
+    );
+    assert!(j["store_key"].as_str().unwrap().starts_with("t:k:"), "{j}");
+    assert_eq!(j["key_prefix"].as_str(), Some("k1"));
 }
 
 #[test]
@@ -308,7 +326,7 @@ fn a_detached_answer_for_a_client_that_left_is_stored_not_sent() {
     s.on_log(&host);
     let acts = answer_root(&host, &w, token, 200, br#"{"order":7}"#);
     assert!(replies(&acts, 10).is_empty(), "never a reply into a stream that ended: {acts:?}");
-    assert_eq!(host.counter("idem.d.stored"), 1);
+    assert_eq!(count(&host, "d", "stored"), 1);
     // The retry gets the first execution's answer.
     let (_, flow) = send(&host, &w, 11, "/d", "k1");
     assert_eq!(flow, Flow::Pause);

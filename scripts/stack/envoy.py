@@ -29,6 +29,23 @@ def require_wasm():
     return WASM
 
 
+_TAG = re.compile(r"(\w+)=\.=(.+?);\.;")
+
+
+def dotted_stat(name):
+    """`route=.=r;.;outcome=.=o;.;idem_requests_total` -> `idem.r.o` (and the unmatched family);
+    any other name as it is, without `wasmcustom.`."""
+    if name.startswith("wasmcustom."):
+        name = name[len("wasmcustom."):]
+    tags = dict(_TAG.findall(name))
+    family = _TAG.sub("", name)
+    if family == "idem_requests_total" and "route" in tags and "outcome" in tags:
+        return "idem.%s.%s" % (tags["route"], tags["outcome"])
+    if family == "idem_unmatched_total" and "outcome" in tags:
+        return "idem._unmatched.%s" % tags["outcome"]
+    return name
+
+
 class Envoy:
     """One Envoy process. `config` is a dict (written as JSON) or a path to a YAML file."""
 
@@ -86,20 +103,22 @@ class Envoy:
         return request(self.admin_port, "GET", path, timeout=timeout)
 
     def stats(self, prefix="idem."):
-        """Stats whose name starts with prefix, as {name: int}.
+        """idem's counters whose dotted name starts with prefix, as {name: int}: `idem.<route>.<outcome>`
+        and `idem._unmatched.<outcome>`.
 
-        Envoy 1.40's admin /stats lists Wasm-defined metrics as `wasmcustom.<name>` (the prefix is
-        stripped only in the Prometheus output), so `wasmcustom.` is accepted and removed here.
+        The filter names its counters for Envoy's tag extraction
+        (`route=.=<route>;.;outcome=.=<outcome>;.;idem_requests_total`); admin /stats lists them under
+        that full name (with `wasmcustom.` in front), which is read back into the dotted form here.
+        Other stats are matched by their plain name.
         """
-        pattern = "^(wasmcustom\\.)?" + re.escape(prefix)
-        r = self.admin("/stats?filter=" + urllib.parse.quote(pattern))
+        r = self.admin("/stats?filter=" + urllib.parse.quote("idem|" + re.escape(prefix)))
         out = {}
         for line in r.body.decode(errors="replace").splitlines():
             name, sep, value = line.partition(": ")
-            if sep:
-                name = name.strip()
-                if name.startswith("wasmcustom."):
-                    name = name[len("wasmcustom."):]
+            if not sep:
+                continue
+            name = dotted_stat(name.strip())
+            if name.startswith(prefix):
                 try:
                     out[name] = int(value.strip())
                 except ValueError:

@@ -111,11 +111,21 @@ def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=N
         routes = [dict(r, idem=False) for r in routes]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "stats_config": STATS_CONFIG,
         "static_resources": {
             "listeners": [listener("ingress", listen_port, [route_entry(r) for r in routes], filters)],
             "clusters": [cluster("demo_upstream", upstream_port)] + list(extra_clusters),
         },
     }
+
+
+# Envoy's tag extraction for idem's counters (`route=.=<r>;.;outcome=.=<o>;.;idem_requests_total`):
+# each regex's first group is cut from the name, its second is the tag's value, so Prometheus sees
+# `idem_requests_total{route, outcome}`. The same block is in examples/envoy.yaml.
+STATS_CONFIG = {"stats_tags": [
+    {"tag_name": "route", "regex": r"(route=\.=(.+?);\.;)"},
+    {"tag_name": "outcome", "regex": r"(outcome=\.=(.+?);\.;)"},
+]}
 
 
 def direct_response_config(*, listen_port, admin_port, body='{"ok":true}'):

@@ -150,6 +150,19 @@ def test_example_envoy_yaml_runs(workdir, upstream):
         assert_local(post(env, "/api/orders/7/pay", None), 400, "IDEMPOTENCY_KEY_MISSING")
         assert_upstream_answer(post(env, "/healthz", None))
         assert counters(env, "create-order").get("replayed") == 5
+        # As shipped, the example exports one labelled family to Prometheus ...
+        prom = env.admin("/stats/prometheus").body.decode()
+        assert "# TYPE idem_requests_total counter" in prom, prom[:2000]
+        assert 'idem_requests_total{route="create-order",outcome="replayed"} 5' in prom, \
+            [l for l in prom.splitlines() if "idem_requests_total" in l][:40]
+        assert 'idem_unmatched_total{outcome="passed"}' in prom
+        # ... and logs each request's decision in Envoy's own access log (stdout is flushed when
+        # Envoy stops).
+        env.stop()
+        line = next((l for l in env.log_text().splitlines() if "idem_outcome=replayed" in l), None)
+        assert line is not None, env.log_tail(40)
+        assert "idem_route=create-order" in line and "idem_cause=completed" in line and " 200 " in line, line
+        assert key not in line, "the access log must not carry the whole key: %s" % line
     finally:
         if not env.proc.alive():
             print(env.log_tail())

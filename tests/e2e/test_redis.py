@@ -4,6 +4,7 @@ Every Envoy of a fleet has its own shared data, so anything that holds across th
 because of Redis. Requests are spread over (or alternated between) the two Envoys.
 """
 
+import json
 import os
 import signal
 import threading
@@ -256,6 +257,12 @@ def test_client_disconnect_holds_the_key_past_its_lease_on_every_envoy(fleet, up
     pttls = [redis_stack.redis.command("PTTL", k) for k in redis_stack.keys(PREFIX + "k:*")]
     assert all(t > 0 for t in pttls), "a record without expiry: %s" % pttls
     assert max(pttls) > 3_600_000, "the unknown outcome is not held past the lease: %s" % pttls
+    # The reconciliation line names the Redis key that holds it.
+    lines = [l.split("idem: unknown_outcome ", 1)[1] for l in a.log_text().splitlines() if "idem: unknown_outcome " in l]
+    records = [json.loads(l) for l in lines]
+    mine = [r for r in records if r["route"] == "r-disconnect" and r["key_prefix"] == key[:8] + "…"]
+    assert mine and mine[0]["store"] == "redis" and mine[0]["cause"] == "no_response", records
+    assert (redis_stack.redis.command("GET", mine[0]["store_key"]) or b"").startswith(b"U|"), mine
     # Retries on either Envoy, during and after the 3 s lease: never forwarded again.
     while time.monotonic() - gave_up < 4.5:
         for env in (a, b):

@@ -155,6 +155,15 @@ enum Ended {
     Answered,
 }
 
+/// Why an ending leaves the outcome unknown (the request was forwarded and no answer came back),
+/// or `None` when the outcome is known.
+pub fn unknown_cause(ending: &Ending) -> Option<String> {
+    match classify(ending) {
+        Ended::Unknown(cause) => Some(cause),
+        _ => None,
+    }
+}
+
 fn classify(ending: &Ending) -> Ended {
     match ending {
         Ending::NoResponse { forwarded: false } => Ended::Failed("not_forwarded".into()),

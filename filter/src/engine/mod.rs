@@ -15,7 +15,7 @@ pub mod outcome;
 mod tokens;
 pub mod verdict;
 
-pub use finish::{completed, held, released, restored};
+pub use finish::{completed, held, released, restored, unknown_cause};
 pub use outcome::Outcome;
 pub use verdict::{Action, Begin, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 

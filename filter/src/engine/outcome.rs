@@ -97,3 +97,16 @@ impl Outcome {
         self as usize
     }
 }
+
+/// The counter of one route and outcome, named for Envoy's tag extraction (the `name=.=value;.;`
+/// convention Istio uses): with the `stats_tags` of `examples/envoy.yaml`, Prometheus sees one
+/// family, `idem_requests_total{route="…",outcome="…"}`. Without them the full name still reads.
+pub fn counter_name(route: &str, outcome: Outcome) -> String {
+    format!("route=.={route};.;outcome=.={};.;idem_requests_total", outcome.name())
+}
+
+/// The counter of requests on a filter route that no policy matched: `idem_unmatched_total{outcome}`
+/// with `outcome` `passed` or `rejected`.
+pub fn unmatched_counter_name(rejected: bool) -> String {
+    format!("outcome=.={};.;idem_unmatched_total", if rejected { "rejected" } else { "passed" })
+}

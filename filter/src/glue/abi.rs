@@ -67,6 +67,7 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    fn proxy_set_property(path_data: *const u8, path_size: usize, value_data: *const u8, value_size: usize) -> u32;
     fn proxy_get_shared_data(
         key_data: *const u8,
         key_size: usize,
@@ -176,6 +177,13 @@ pub(super) fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
     let p = pairs::property_path(path);
     // SAFETY: a live slice and out-pointers from read_bytes.
     read_bytes(|d, s| unsafe { proxy_get_property(p.as_ptr(), p.len(), d, s) })
+}
+
+/// Filter state `wasm.<name>`. Unlike reads, the name goes as it is: Envoy prefixes it with
+/// `wasm.` verbatim, so a path serialized with its NUL terminator would name another key.
+pub(super) fn set_property(name: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: live slices.
+    check(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 /// A shared-data value and its CAS; `None` when the key was never written.

@@ -97,6 +97,9 @@ impl Host for Envoy {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         abi::property(path).ok().flatten()
     }
+    fn set_property(&self, name: &str, value: &[u8]) {
+        let _ = abi::set_property(name, value);
+    }
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
         abi::send_response(reply.status, &reply.headers, &reply.body).map_err(failed("send_local_response"))
     }

@@ -334,6 +334,9 @@ impl Stream {
     fn apply(&mut self, host: &dyn Host, route: usize, v: Verdict, paused: bool) -> Flow {
         let w = Rc::clone(&self.worker);
         w.record(host, route, &v);
+        if !matches!(v.action, Do::Wait { .. }) {
+            w.annotate(host, route, &v);
+        }
         let key = v.key.clone();
         match v.action {
             Do::Forward(Some(ticket)) if w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached) => {

@@ -5,6 +5,7 @@ use super::detached::Detached;
 use super::leases::{Lease, LeaseOwner};
 use super::writes::Job;
 use super::POLL_MS;
+use crate::engine::outcome::{counter_name, unmatched_counter_name};
 use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
@@ -103,12 +104,10 @@ impl Worker {
             .bundle
             .routes
             .iter()
-            .map(|r| {
-                Outcome::ALL.iter().map(|o| setup.define_counter(&format!("idem.{}.{}", r.name, o.name()))).collect()
-            })
+            .map(|r| Outcome::ALL.iter().map(|o| setup.define_counter(&counter_name(&r.name, *o))).collect())
             .collect();
         let unmatched_counters =
-            [setup.define_counter("idem._unmatched.passed"), setup.define_counter("idem._unmatched.rejected")];
+            [setup.define_counter(&unmatched_counter_name(false)), setup.define_counter(&unmatched_counter_name(true))];
         Ok(Worker {
             engine,
             counters,
@@ -168,6 +167,18 @@ impl Worker {
         let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
         let line = format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause);
         host.log(level, &line);
+    }
+
+    /// The decision as filter state, for Envoy's access log: `%FILTER_STATE(wasm.idem_outcome:PLAIN)%`,
+    /// `wasm.idem_route`, `wasm.idem_cause`, `wasm.idem_key` (the key's first 8 characters).
+    /// Stream context only (or the root acting on a stream).
+    pub(super) fn annotate(&self, host: &dyn Host, route: usize, v: &Verdict) {
+        host.set_property("idem_outcome", v.outcome.name().as_bytes());
+        host.set_property("idem_route", self.route_name(route).as_bytes());
+        host.set_property("idem_cause", v.cause.as_bytes());
+        if let Some(k) = v.key.as_deref() {
+            host.set_property("idem_key", truncated(k).as_bytes());
+        }
     }
 
     pub(super) fn record_finish(
@@ -358,15 +369,18 @@ impl Worker {
             }
         };
         self.record(host, route, &v);
-        self.on_stream(host, ctx, || match v.action {
-            Do::Forward(ticket) => {
-                if let Some(t) = ticket {
-                    self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
+        self.on_stream(host, ctx, || {
+            self.annotate(host, route, &v);
+            match v.action {
+                Do::Forward(ticket) => {
+                    if let Some(t) = ticket {
+                        self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
+                    }
+                    let _ = host.resume_request();
                 }
-                let _ = host.resume_request();
+                Do::Reply(r) => send(host, &r),
+                Do::Wait { .. } => {}
             }
-            Do::Reply(r) => send(host, &r),
-            Do::Wait { .. } => {}
         });
     }
 }

@@ -73,6 +73,9 @@ impl Worker {
         after: After,
     ) -> Option<After> {
         let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
+        if let (Ticket::Claim(_), Some(cause)) = (ticket, engine::unknown_cause(&ending)) {
+            self.report_unknown(host, route, st, key.as_deref(), &cause);
+        }
         let rt = match st {
             StoreTicket::Shared(_) => {
                 let (outcome, cause) = self.engine.finish_shared(host, route, ticket, ending);
@@ -120,6 +123,28 @@ impl Worker {
         };
         self.queue(host, job);
         None
+    }
+
+    /// One structured line per request whose outcome is unknown (forwarded, no answer): exactly
+    /// the requests a reconciliation job must check. JSON after the `idem: unknown_outcome ` tag,
+    /// with the Redis key an operator releases (`DEL`) once the business effect is checked.
+    fn report_unknown(&self, host: &dyn Host, route: usize, ticket: &StoreTicket, key: Option<&str>, cause: &str) {
+        let now = host.now_ms();
+        let hold = self.engine.policy(route).map(|p| p.key.unknown_hold_ms()).unwrap_or(0);
+        let (first_seen_ms, store, store_key) = match ticket {
+            StoreTicket::Shared(t) => (t.first_seen_ms, "shared", None),
+            StoreTicket::Redis(t) => (t.first_seen_ms, "redis", Some(t.key.clone())),
+        };
+        let mut line = serde_json::Map::new();
+        line.insert("route".into(), self.route_name(route).into());
+        line.insert("key_prefix".into(), key.map(crate::key::truncated).into());
+        line.insert("store".into(), store.into());
+        line.insert("store_key".into(), store_key.into());
+        line.insert("first_seen_at".into(), crate::response::rfc3339(first_seen_ms).into());
+        line.insert("held_until".into(), crate::response::rfc3339(now.saturating_add(hold)).into());
+        line.insert("cause".into(), cause.into());
+        let json = serde_json::Value::Object(line).to_string();
+        host.log(crate::host::Level::Warn, &format!("idem: unknown_outcome {json}"));
     }
 
     /// An owner-checked release of a claim that may have been applied although its request no
