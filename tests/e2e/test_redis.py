@@ -269,6 +269,15 @@ def test_client_disconnect_holds_the_key_past_its_lease_on_every_envoy(fleet, up
             assert_outcome_unknown(post(env, "/r/disconnect", key))
         time.sleep(0.5)  # the retrying clients' pace
     assert upstream.calls(key) == 1
+    # The operator reconciles (the order was not created, say) and releases the key with the
+    # README's fenced script: it deletes only an unknown-outcome record, never a newer claim.
+    release = ("if string.sub(redis.call('GET',KEYS[1]) or '',1,2)=='U|' then "
+               "return redis.call('DEL',KEYS[1]) else return 0 end")
+    assert redis_stack.redis.command("EVAL", release, "1", mine[0]["store_key"]) == 1
+    assert redis_stack.redis.command("EVAL", release, "1", mine[0]["store_key"]) == 0
+    # Released: the next retry runs again (n = 2), which is what releasing a key means.
+    retry = post(b, "/r/disconnect", key)
+    assert retry.status == 200 and retry.json()["n"] == 2, describe(retry)
 
 
 def test_slow_request_keeps_its_lease_on_every_envoy(fleet, upstream):
