@@ -41,8 +41,10 @@ pub trait Host {
     /// 16 bytes from the system's CSPRNG (tokens).
     fn random_token(&self) -> Result<[u8; 16], HostError>;
     fn log(&self, level: Level, message: &str);
-    /// Adds one to a counter defined with [`Host::define_counter`].
+    /// Adds one to a counter defined with [`Setup::define_counter`].
     fn count(&self, counter: u32);
+    /// Records a value in a histogram defined with [`Setup::define_histogram`].
+    fn record(&self, histogram: u32, value: u64);
     /// Sends an HTTP call through an Envoy cluster; the answer arrives at the context that is
     /// current now. Returns the call's token.
     fn dispatch(
@@ -82,6 +84,7 @@ pub trait Host {
 /// the timer. Separate from [`Host`] because only configuration needs it.
 pub trait Setup {
     fn define_counter(&self, name: &str) -> Option<u32>;
+    fn define_histogram(&self, name: &str) -> Option<u32>;
     /// Registers a shared queue only this worker's root reads; its id.
     fn register_queue(&self, name: &str) -> Option<u32>;
     fn start_ticks(&self, period_ms: u64) -> Result<(), HostError>;

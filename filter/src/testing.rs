@@ -75,6 +75,7 @@ pub struct FakeHost {
     acts: Mutex<Vec<Act>>,
     next_token: AtomicU32,
     counters: Mutex<Vec<(String, u64)>>,
+    histograms: Mutex<Vec<(String, Vec<u64>)>>,
     logs: Mutex<Vec<(Level, String)>>,
 }
 
@@ -137,6 +138,10 @@ impl FakeHost {
     pub fn take_acts(&self) -> Vec<Act> {
         std::mem::take(&mut *lock(&self.acts))
     }
+    /// A histogram's recorded values, by the name it was defined with.
+    pub fn histogram(&self, name: &str) -> Vec<u64> {
+        lock(&self.histograms).iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).unwrap_or_default()
+    }
     pub fn logs(&self) -> Vec<(Level, String)> {
         lock(&self.logs).clone()
     }
@@ -198,6 +203,11 @@ impl Host for FakeHost {
     fn count(&self, counter: u32) {
         if let Some(c) = lock(&self.counters).get_mut(counter as usize) {
             c.1 += 1;
+        }
+    }
+    fn record(&self, histogram: u32, value: u64) {
+        if let Some(h) = lock(&self.histograms).get_mut(histogram as usize) {
+            h.1.push(value);
         }
     }
     fn dispatch(
@@ -272,6 +282,11 @@ impl Setup for FakeHost {
         let mut c = lock(&self.counters);
         c.push((name.to_string(), 0));
         Some(c.len() as u32 - 1)
+    }
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        let mut h = lock(&self.histograms);
+        h.push((name.to_string(), Vec::new()));
+        Some(h.len() as u32 - 1)
     }
     fn register_queue(&self, _name: &str) -> Option<u32> {
         Some(7)

@@ -144,3 +144,30 @@ def test_the_dashboard_is_generated_and_every_panel_queries(make_envoy, promethe
         r = stack.request(port, "GET", "/api/v1/query?query=" + urllib.parse.quote(expr), timeout=5)
         body = r.json() or {}
         assert r.status == 200 and body.get("status") == "success", "%s: %s" % (expr, r.body[:300])
+
+
+def test_held_duplicates_wait_time_is_a_histogram(make_envoy):
+    """What a counter cannot show: how long held duplicates waited, `idem_wait_ms{route}` (Envoy
+    merges histograms on its stats flush, every 5 s by default)."""
+    import threading
+    policy = POLICY + '[route.key]\non_in_flight = "wait"\n'
+    env = make_envoy(policy, concurrency=1)
+    key = new_key("wait")
+    first = threading.Thread(target=lambda: post(env, "/api/order/create", key, headers={"x-demo-delay-ms": "300"}))
+    first.start()
+    time.sleep(0.1)  # the duplicate arrives while the first is in flight
+    second = post(env, "/api/order/create", key)
+    first.join(10)
+    assert second.header("idempotent-replayed") == "true", second
+    count = []
+
+    def merged():
+        text = env.admin("/stats/prometheus").body.decode()
+        count[:] = [l for l in text.splitlines() if l.startswith('idem_wait_ms_count{route="create-order"}')]
+        return bool(count) and not count[0].endswith(" 0")
+
+    wait_for(merged, 15, interval=0.5, what="idem_wait_ms to be flushed")
+    assert count[0].endswith(" 1"), count
+    text = env.admin("/stats/prometheus").body.decode()
+    total = next(l for l in text.splitlines() if l.startswith('idem_wait_ms_sum{route="create-order"}'))
+    assert 100 <= float(total.rsplit(" ", 1)[1]) <= 5000, total

@@ -105,6 +105,17 @@ pub fn counter_name(route: &str, outcome: Outcome) -> String {
     format!("route=.={route};.;outcome=.={};.;idem_requests_total", outcome.name())
 }
 
+/// How long held duplicates waited (`on_in_flight = "wait"`), in ms: `idem_wait_ms{route}`.
+pub fn wait_histogram_name(route: &str) -> String {
+    format!("route=.={route};.;idem_wait_ms")
+}
+
+/// How long Redis calls took through Webdis (claims, token uses, writes), in ms:
+/// `idem_store_call_ms{route}`.
+pub fn store_call_histogram_name(route: &str) -> String {
+    format!("route=.={route};.;idem_store_call_ms")
+}
+
 /// The counter of requests on a filter route that no policy matched: `idem_unmatched_total{outcome}`
 /// with `outcome` `passed` or `rejected`.
 pub fn unmatched_counter_name(rejected: bool) -> String {

@@ -99,6 +99,7 @@ extern "C" {
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
 }
 
 fn check(status: u32) -> Result<(), Status> {
@@ -260,12 +261,17 @@ pub(super) fn set_effective_context(ctx: u32) -> Result<(), Status> {
     check(unsafe { proxy_set_effective_context(ctx) })
 }
 
-/// Metric type 0 = counter.
-pub(super) fn define_counter(name: &str) -> Result<u32, Status> {
+/// Metric types: 0 counter, 2 histogram.
+pub(super) fn define_metric(metric_type: u32, name: &str) -> Result<u32, Status> {
     let mut id = 0;
     // SAFETY: a live slice and out-pointer.
-    check(unsafe { proxy_define_metric(0, name.as_ptr(), name.len(), &mut id) })?;
+    check(unsafe { proxy_define_metric(metric_type, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
+}
+
+pub(super) fn record(metric: u32, value: u64) {
+    // SAFETY: plain values.
+    let _ = unsafe { proxy_record_metric(metric, value) };
 }
 
 pub(super) fn increment(metric: u32, by: i64) {

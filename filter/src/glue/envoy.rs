@@ -54,6 +54,9 @@ impl Host for Envoy {
     fn count(&self, counter: u32) {
         abi::increment(counter, 1);
     }
+    fn record(&self, histogram: u32, value: u64) {
+        abi::record(histogram, value);
+    }
     fn dispatch(
         &self,
         cluster: &str,
@@ -113,7 +116,10 @@ impl Host for Envoy {
 
 impl Setup for Envoy {
     fn define_counter(&self, name: &str) -> Option<u32> {
-        abi::define_counter(name).ok()
+        abi::define_metric(0, name).ok()
+    }
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        abi::define_metric(2, name).ok()
     }
     fn register_queue(&self, name: &str) -> Option<u32> {
         abi::register_queue(name).ok()

@@ -24,8 +24,8 @@ pub(super) enum Phase {
     Idle,
     /// A policy matched; the body is being buffered for the decision.
     ReadingBody { route: usize },
-    /// A Webdis call decides (claim, token use, token issue); the request is paused.
-    AwaitingStore(Pending),
+    /// A Webdis call decides (claim, token use, token issue), sent at `.1`; the request is paused.
+    AwaitingStore(Pending, u64),
     /// Held as a duplicate (`on_in_flight = "wait"`); the root polls for it and resumes it.
     Held { route: usize },
     /// Sent upstream by the root context (`forward = "detached"`); the root answers it.
@@ -41,6 +41,15 @@ pub(super) enum Pending {
     Claim { prepared: Prepared, ticket: redis::Ticket },
     UseToken { prepared: Prepared, ticket: redis::Ticket },
     Issue { route: usize, token: String },
+}
+
+impl Pending {
+    fn route(&self) -> usize {
+        match self {
+            Pending::Claim { prepared, .. } | Pending::UseToken { prepared, .. } => prepared.route,
+            Pending::Issue { route, .. } => *route,
+        }
+    }
 }
 
 /// The response being captured for a forwarded request.
@@ -165,7 +174,7 @@ impl Stream {
         let route = match self.phase {
             Phase::ReadingBody { route } => route,
             // Chunks that arrive while a Webdis call is out must not decide again.
-            Phase::AwaitingStore(_) => return Flow::Pause,
+            Phase::AwaitingStore(..) => return Flow::Pause,
             _ => return Flow::Continue,
         };
         let limit = self.worker.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
@@ -196,10 +205,11 @@ impl Stream {
 
     /// The answer of this stream's Webdis call.
     pub fn on_call_response(&mut self, host: &dyn Host, num_headers: usize, body_size: usize) {
-        let Phase::AwaitingStore(pending) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+        let Phase::AwaitingStore(pending, sent_ms) = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return;
         };
         let w = Rc::clone(&self.worker);
+        w.store_call_took(host, pending.route(), sent_ms);
         let Some(store) = w.engine.redis() else {
             return;
         };
@@ -310,7 +320,7 @@ impl Stream {
         w.drop_lease(LeaseOwner::Stream(self.context));
         self.take_handoff(host);
         match std::mem::replace(&mut self.phase, Phase::Idle) {
-            Phase::AwaitingStore(Pending::Claim { prepared, ticket }) => {
+            Phase::AwaitingStore(Pending::Claim { prepared, ticket }, _) => {
                 // The client left while its claim was out: the claim may land with nobody to finish it.
                 w.release_orphan(host, prepared.route, Some(prepared.key), &ticket);
             }
@@ -361,7 +371,7 @@ impl Stream {
                 Flow::Pause
             }
             Do::Wait { prepared, deadline_ms } => {
-                let waiter = Waiter { prepared: *prepared, deadline_ms, polling: false };
+                let waiter = Waiter { prepared: *prepared, deadline_ms, polling: false, since_ms: host.now_ms() };
                 w.waiters.borrow_mut().insert(self.context, waiter);
                 self.phase = Phase::Held { route };
                 Flow::Pause
@@ -395,10 +405,11 @@ impl Stream {
         }
         match w.dispatch(host, &cmd) {
             Ok(_) => {
-                self.phase = Phase::AwaitingStore(match prepared.op {
+                let pending = match prepared.op {
                     StoreOp::Claim { .. } => Pending::Claim { prepared, ticket },
                     StoreOp::UseToken { .. } => Pending::UseToken { prepared, ticket },
-                });
+                };
+                self.phase = Phase::AwaitingStore(pending, now);
                 Flow::Pause
             }
             Err(e) => {
@@ -444,7 +455,7 @@ impl Stream {
                 let cmd = w.engine.redis().map(|s| s.issue_token(&id, host.now_ms(), ttl))?;
                 match w.dispatch(host, &cmd) {
                     Ok(_) => {
-                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token });
+                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token }, host.now_ms());
                         Some(Flow::Pause)
                     }
                     Err(e) => {

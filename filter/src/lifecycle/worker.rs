@@ -5,11 +5,11 @@ use super::detached::Detached;
 use super::leases::{Lease, LeaseOwner};
 use super::writes::Job;
 use super::POLL_MS;
-use crate::engine::outcome::{counter_name, unmatched_counter_name};
+use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
 use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
-use crate::policy::{parse_bundle, StoreKind};
+use crate::policy::{parse_bundle, OnInFlight, StoreKind};
 use crate::response::LocalReply;
 use crate::store::{redis, Claim, StoreError};
 use std::cell::RefCell;
@@ -21,6 +21,8 @@ pub(super) struct Waiter {
     pub(super) deadline_ms: u64,
     /// A Webdis poll is on its way (Redis routes).
     pub(super) polling: bool,
+    /// When it was held (for `idem_wait_ms`).
+    pub(super) since_ms: u64,
 }
 
 /// What every context of one worker shares.
@@ -30,6 +32,9 @@ pub struct Worker {
     counters: Vec<Vec<Option<u32>>>,
     /// `idem._unmatched.passed` and `idem._unmatched.rejected`.
     unmatched_counters: [Option<u32>; 2],
+    /// Per route: how long held duplicates waited, and how long Redis calls took.
+    wait_histograms: Vec<Option<u32>>,
+    store_call_histograms: Vec<Option<u32>>,
     /// Envoy's log level for the `wasm` component when the plugin configured, so debug lines
     /// are not even formatted when they would be dropped.
     log_level: u32,
@@ -42,7 +47,7 @@ pub struct Worker {
     /// Held duplicates by stream context id.
     pub(super) waiters: RefCell<HashMap<u32, Waiter>>,
     /// Root-context Webdis polls: callout token → (stream, route, the poll's claim ticket).
-    pub(super) polls: RefCell<HashMap<u32, (u32, usize, redis::Ticket)>>,
+    pub(super) polls: RefCell<HashMap<u32, (u32, usize, redis::Ticket, u64)>>,
     /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
     pub(super) handoff: RefCell<HashMap<u32, (Ticket, String)>>,
     /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
@@ -108,10 +113,32 @@ impl Worker {
             .collect();
         let unmatched_counters =
             [setup.define_counter(&unmatched_counter_name(false)), setup.define_counter(&unmatched_counter_name(true))];
+        let wait_histograms = engine
+            .bundle
+            .routes
+            .iter()
+            .map(|r| {
+                (r.key.on_in_flight == OnInFlight::Wait)
+                    .then(|| setup.define_histogram(&wait_histogram_name(&r.name)))
+                    .flatten()
+            })
+            .collect();
+        let store_call_histograms = engine
+            .bundle
+            .routes
+            .iter()
+            .map(|r| {
+                (r.store == StoreKind::Redis)
+                    .then(|| setup.define_histogram(&store_call_histogram_name(&r.name)))
+                    .flatten()
+            })
+            .collect();
         Ok(Worker {
             engine,
             counters,
             unmatched_counters,
+            wait_histograms,
+            store_call_histograms,
             log_level: setup.log_level(),
             root_id,
             wake_queue,
@@ -138,6 +165,13 @@ impl Worker {
     pub(super) fn count(&self, host: &dyn Host, route: usize, outcome: Outcome) {
         if let Some(Some(id)) = self.counters.get(route).and_then(|c| c.get(outcome.index())) {
             host.count(*id);
+        }
+    }
+
+    /// A Redis call of this route took `ms`.
+    pub(super) fn store_call_took(&self, host: &dyn Host, route: usize, since_ms: u64) {
+        if let Some(Some(id)) = self.store_call_histograms.get(route) {
+            host.record(*id, host.now_ms().saturating_sub(since_ms));
         }
     }
 
@@ -287,7 +321,7 @@ impl Worker {
             }
             match self.dispatch(host, &cmd) {
                 Ok(token) => {
-                    self.polls.borrow_mut().insert(token, (ctx, prepared.route, ticket));
+                    self.polls.borrow_mut().insert(token, (ctx, prepared.route, ticket, now));
                     if let Some(w) = self.waiters.borrow_mut().get_mut(&ctx) {
                         w.polling = true;
                     }
@@ -322,7 +356,8 @@ impl Worker {
             return;
         }
         let poll = self.polls.borrow_mut().remove(&token);
-        if let Some((ctx, route, ticket)) = poll {
+        if let Some((ctx, route, ticket, sent_ms)) = poll {
+            self.store_call_took(host, route, sent_ms);
             self.polled(host, ctx, route, ticket, status, &body);
         }
     }
@@ -364,7 +399,12 @@ impl Worker {
                 return;
             }
             match waiters.remove(&ctx) {
-                Some(w) => w.prepared.route,
+                Some(w) => {
+                    if let Some(Some(id)) = self.wait_histograms.get(w.prepared.route) {
+                        host.record(*id, host.now_ms().saturating_sub(w.since_ms));
+                    }
+                    w.prepared.route
+                }
                 None => return, // the client went away meanwhile
             }
         };

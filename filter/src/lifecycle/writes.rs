@@ -33,6 +33,8 @@ pub(super) struct Job {
     /// The Redis key, marked in this process' shared store while its answer is not written.
     redis_key: String,
     mark: Option<shared::Ticket>,
+    /// When the current attempt was sent (for `idem_store_call_ms`).
+    sent_ms: u64,
 }
 
 /// The client side of a finish.
@@ -120,6 +122,7 @@ impl Worker {
             deadline_ms,
             redis_key,
             mark: None,
+            sent_ms: now,
         };
         self.queue(host, job);
         None
@@ -167,6 +170,7 @@ impl Worker {
             deadline_ms: ticket.first_seen_ms.saturating_add(lease),
             redis_key: ticket.key.clone(),
             mark: None,
+            sent_ms: now,
         };
         self.queue(host, job);
     }
@@ -208,7 +212,8 @@ impl Worker {
             *outbox = later;
             due.into()
         };
-        for job in due {
+        for mut job in due {
+            job.sent_ms = now;
             match self.dispatch(host, &job.cmd) {
                 Ok(token) => {
                     self.finishing.borrow_mut().insert(token, job);
@@ -223,6 +228,7 @@ impl Worker {
         let Some(store) = self.engine.redis() else {
             return;
         };
+        self.store_call_took(host, job.route, job.sent_ms);
         let applied = match store.parse_update(status, body) {
             Ok(applied) => applied,
             Err(e) => return self.write_failed(host, job, e, host.now_ms()),
