@@ -133,9 +133,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.methods, vec!["post"]);
-        assert_eq!(c.severity("IDEM008"), Some(Severity::Error));
-        assert_eq!(c.severity("IDEM002"), None);
-        assert_eq!(c.severity("IDEM001"), Some(Severity::Error));
+        assert_eq!(c.severity(crate::rules::idem008_unstable_key::RULE.code), Some(Severity::Error));
+        assert_eq!(c.severity(crate::rules::idem002_idempotent_unstated::RULE.code), None);
+        assert_eq!(c.severity(crate::rules::idem001_missing_statement::RULE.code), Some(Severity::Error));
 
         let e = Config::parse("c.toml", "\n\nmethod = [\"post\"]\n").unwrap_err();
         assert_eq!(e.position.unwrap().line, 3, "{e}");

@@ -77,6 +77,9 @@ pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
     let ops = operations(ws, &cfg.methods);
     let enabled: Vec<_> = RULES.iter().filter_map(|r| cfg.severity(r.code).map(|s| (r, s))).collect();
     let mut raw: Vec<(RawFinding, Severity)> = Vec::new();
+    // A finding on a node shared by several operations (IDEM010 on the root's
+    // `x-idem-lint-ignore`) is reported once.
+    let mut seen: std::collections::HashSet<RawFinding> = std::collections::HashSet::new();
     for op in &ops {
         let st = statements(ws, op, &cfg.section_titles, true);
         let merged = st.merged();
@@ -87,6 +90,9 @@ pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
         }
         for f in found {
             if ignored(ws, op, &f.pointer, f.code) {
+                continue;
+            }
+            if !seen.insert(f.clone()) {
                 continue;
             }
             let sev = enabled.iter().find(|(r, _)| r.code == f.code).map_or(Severity::Error, |(_, s)| *s);

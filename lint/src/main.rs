@@ -77,7 +77,11 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// List the rules with their default severity.
-    Rules,
+    Rules {
+        /// Print the rule table of lint/README.md (Markdown) instead.
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Validate policy files with the filter's parser and write the filter's plugin
     /// configuration (the bundle) to stdout, or with --envoy-filter the Envoy http_filters entry.
     Bundle(BundleArgs),
@@ -149,7 +153,11 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         }
         return Ok(0);
     }
-    if let Some(Command::Rules) = cli.command {
+    if let Some(Command::Rules { markdown }) = cli.command {
+        if markdown {
+            print(&idem_lint::rules::markdown_table());
+            return Ok(0);
+        }
         let mut s = String::new();
         for r in &RULES {
             s.push_str(&format!("{}  {:<8} {:<27} {}\n", r.code, r.severity.to_string(), r.name, r.summary));

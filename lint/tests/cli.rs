@@ -136,7 +136,7 @@ fn sarif_is_valid_2_1_0_with_utf16_columns_and_rule_help() {
     let run = &v["runs"][0];
     assert_eq!(run["columnKind"], "utf16CodeUnits");
     let rules = run["tool"]["driver"]["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 15);
+    assert_eq!(rules.len(), 16);
     for r in rules {
         assert!(r["help"]["text"].as_str().unwrap().len() > 100, "{r}");
     }
@@ -214,13 +214,17 @@ fn rules_and_explain() {
     let o = run(&["rules"]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0));
-    assert_eq!(out.lines().count(), 15);
+    assert_eq!(out.lines().count(), 16);
     assert!(out.lines().nth(7).unwrap().starts_with("IDEM008  warning"));
     let o = run(&["--explain", "idem004"]);
     let doc = stdout(&o);
     assert!(doc.starts_with("IDEM004 undeclared-key (error)"), "{doc}");
     assert!(doc.contains("path-level parameters"), "{doc}");
+    assert!(doc.contains("\nWhat it checks\n") && doc.contains("\nFix\n"), "{doc}");
     assert!(!doc.contains("```"));
+    let o = run(&["rules", "--markdown"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), idem_lint::rules::markdown_table());
     let o = run(&["--explain", "IDEM999"]);
     assert_eq!(o.status.code(), Some(2));
 }

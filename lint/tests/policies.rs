@@ -115,7 +115,9 @@ fn policy_rules_are_listed_and_explained() {
         assert!(out.lines().any(|l| l.starts_with(code)), "{code} not listed:\n{out}");
         let doc = stdout(&run_in(&root(), &["--explain", code]));
         assert!(doc.starts_with(code), "{doc}");
-        assert!(doc.contains("Bad:") && doc.contains("Good"), "{code}: {doc}");
+        for section in ["\nWhat it checks\n", "\nWhy\n", "\nExample\n", "\nFix\n"] {
+            assert!(doc.contains(section), "{code}: no {section:?} in {doc}");
+        }
     }
     let doc = stdout(&run_in(&root(), &["--explain", "IDEM104"]));
     assert!(doc.contains("on_completed = \"replay\"") && doc.contains("200 SUCCESS"), "{doc}");

@@ -29,15 +29,10 @@ fn level(s: Severity) -> &'static str {
     }
 }
 
-/// The first paragraph after the title line of a rule's documentation, on one line.
+/// The first paragraph of a text, on one line.
 fn first_paragraph(doc: &str) -> Option<String> {
-    let para: Vec<&str> = doc
-        .lines()
-        .skip(1)
-        .skip_while(|l| l.trim().is_empty())
-        .take_while(|l| !l.trim().is_empty())
-        .map(str::trim)
-        .collect();
+    let para: Vec<&str> =
+        doc.lines().skip_while(|l| l.trim().is_empty()).take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
     if para.is_empty() {
         None
     } else {
@@ -55,7 +50,7 @@ pub fn sarif(run: &Run<'_>) -> String {
                 "id": r.code,
                 "name": r.name,
                 "shortDescription": { "text": r.summary },
-                "fullDescription": { "text": first_paragraph(&doc).unwrap_or_else(|| r.summary.to_string()) },
+                "fullDescription": { "text": r.doc_section("What it checks").as_deref().and_then(first_paragraph).unwrap_or_else(|| r.summary.to_string()) },
                 "help": { "text": doc, "markdown": md },
                 "defaultConfiguration": { "level": level(r.severity) },
             })
@@ -135,8 +130,8 @@ mod tests {
     }
 
     #[test]
-    fn first_paragraph_skips_the_title_line() {
-        assert_eq!(first_paragraph("IDEM000 x (error)\n\nOne\ntwo.\n\nThree.\n").as_deref(), Some("One two."));
-        assert_eq!(first_paragraph("title only\n"), None);
+    fn first_paragraph_on_one_line() {
+        assert_eq!(first_paragraph("\nOne\ntwo.\n\nThree.\n").as_deref(), Some("One two."));
+        assert_eq!(first_paragraph("\n\n"), None);
     }
 }

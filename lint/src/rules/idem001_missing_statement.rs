@@ -1,11 +1,32 @@
-//! IDEM001 missing-statement (error)
+//! ## What it checks
 //!
-//! Every non-safe operation (POST, PUT, PATCH, DELETE by default; `methods` in
-//! idem-lint.toml) must say how it behaves when the same request arrives twice. Clients,
-//! SDKs and gateways retry; without a statement nobody knows whether a retry creates a second
-//! order or charges a card twice.
+//! A non-safe operation (POST, PUT, PATCH, DELETE by default; `methods` in idem-lint.toml) has
+//! no 幂等性说明 (idempotency statement): neither a section of its Markdown description nor an
+//! `x-idempotency` extension. An operation that is deliberately not idempotent still needs one
+//! (`是否幂等：否`).
 //!
-//! Write the statement as a section of the operation's Markdown description:
+//! The section may have any heading level, be a bold line, or a plain `幂等性说明：` line directly
+//! followed by list items; `Idempotency` / `Idempotent` / `Key` / `Duplicate` / `Expiry` in
+//! English; `:` or `：`, `()` or `（）`. The finding points at the operation's method key. When the
+//! description has a line that names the section but is not a title (`幂等性说明：` followed by
+//! prose, `#幂等性说明`), the message quotes it.
+//!
+//! ## Why
+//!
+//! Clients, SDKs and gateways retry. Without a statement nobody knows whether a retry creates a
+//! second order or charges a card twice.
+//!
+//! ## Example
+//!
+//! ```text
+//! post:
+//!   summary: 创建订单
+//!   description: 创建一个新订单。
+//! ```
+//!
+//! ## Fix
+//!
+//! Write the statement as a section of the description:
 //!
 //! ```text
 //! ### 幂等性说明
@@ -15,9 +36,7 @@
 //! - 有效期：24h
 //! ```
 //!
-//! (any heading level, a bold line, or a plain `幂等性说明：` line directly followed by list
-//! items; `Idempotency` / `Idempotent` / `Key` / `Duplicate` / `Expiry` in English; `:` or
-//! `：`, `()` or `（）`), or as the structured extension:
+//! or as the structured extension:
 //!
 //! ```text
 //! x-idempotency:
@@ -26,14 +45,20 @@
 //!   duplicate: { status: 409, code: DUPLICATE_REQUEST }
 //!   expiry: 24h
 //! ```
-//!
-//! An operation that is deliberately not idempotent still needs a statement: `是否幂等：否`.
-//! The finding points at the operation's method key. When the description has a line that
-//! names the section but is not a title (`幂等性说明：` followed by prose, `#幂等性说明`), the
-//! message quotes it.
 
-use super::{Ctx, RawFinding};
+use super::{Ctx, RawFinding, Rule, Severity};
 use crate::statement::Loc;
+
+/// IDEM001 missing-statement: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM001",
+    name: "missing-statement",
+    severity: Severity::Error,
+    summary: "non-safe operation without a 幂等性说明",
+    source: include_str!("idem001_missing_statement.rs"),
+    check,
+    cross: None,
+};
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     if ctx.statements.section.is_some() || ctx.statements.extension.is_some() {
@@ -50,5 +75,5 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             ctx.label()
         ),
     };
-    out.push(ctx.at("IDEM001", &loc, message));
+    out.push(ctx.at(&RULE, &loc, message));
 }

@@ -1,16 +1,23 @@
-//! IDEM004 undeclared-key (error)
+//! ## What it checks
 //!
-//! The statement names a key the operation does not declare. A header, query or path key must
-//! be one of the operation's parameters — its own, the path item's (path-level parameters
-//! count) or a `$ref`'d one; header names compare case-insensitively. A body key must be a
-//! property of the request body schema (any media type), followed through `$ref`, `allOf`,
-//! `oneOf` and `anyOf`; a plain name is a top-level property, a JSON pointer such as
-//! `/data/id` walks nested properties (`/items/0/sku` walks array items). A key without a
-//! location may be declared anywhere. A bracket that names no location is a remark
-//! (`out_trade_no（商户订单号）` is the key `out_trade_no`, without location); one that names an
-//! unsupported location (`（cookie）`, `（form）`) is reported as an unknown location.
+//! The statement names a key the operation does not declare. A header, query or path key must be
+//! one of the operation's parameters — its own, the path item's (path-level parameters count) or a
+//! `$ref`'d one; header names compare case-insensitively. A body key must be a property of the
+//! request body schema (any media type), followed through `$ref`, `allOf`, `oneOf` and `anyOf`; a
+//! plain name is a top-level property, a JSON pointer such as `/data/id` walks nested properties
+//! (`/items/0/sku` walks array items). A key without a location may be declared anywhere. A
+//! bracket that names no location is a remark (`out_trade_no（商户订单号）` is the key
+//! `out_trade_no`, without location); one that names an unsupported location (`（cookie）`,
+//! `（form）`) is reported as an unknown location.
 //!
-//! Bad (the header is never declared):
+//! ## Why
+//!
+//! A key nobody declared is a key no client generator will send, and a gateway policy cannot be
+//! checked against it.
+//!
+//! ## Example
+//!
+//! The header is never declared:
 //!
 //! ```text
 //! post:
@@ -21,23 +28,33 @@
 //!   responses: ...
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Declare the key where the statement says it is:
 //!
 //! ```text
 //! post:
 //!   parameters:
 //!     - { name: Idempotency-Key, in: header, required: true, schema: { type: string } }
 //! ```
-//!
-//! Why: a key nobody declared is a key no client generator will send, and a gateway policy
-//! cannot be checked against it.
 
 use std::collections::HashSet;
 
-use super::{Ctx, RawFinding};
+use super::{Ctx, RawFinding, Rule, Severity};
 use crate::loader::{At, Workspace};
 use crate::node::{split_pointer, Node};
 use crate::section::KeyIn;
+
+/// IDEM004 undeclared-key: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM004",
+    name: "undeclared-key",
+    severity: Severity::Error,
+    summary: "named key is not declared by the operation",
+    source: include_str!("idem004_undeclared_key.rs"),
+    check,
+    cross: None,
+};
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(st) = ctx.merged else {
@@ -48,7 +65,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     };
     if let Some(KeyIn::Other(loc)) = &key.value.location {
         out.push(ctx.at(
-            "IDEM004",
+            &RULE,
             &key.loc,
             format!("unknown key location \"{loc}\" for {}: use header, query, path or body", ctx.label()),
         ));
@@ -74,7 +91,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
                 _ => "a parameter or a request body property",
             };
             out.push(ctx.at(
-                "IDEM004",
+                &RULE,
                 &key.loc,
                 format!("idempotency key \"{name}\" is not declared by {}: it is not {what}", ctx.label()),
             ));

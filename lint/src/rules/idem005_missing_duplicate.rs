@@ -1,29 +1,45 @@
-//! IDEM005 missing-duplicate (error)
+//! ## What it checks
 //!
-//! The operation is declared idempotent, but the statement does not say what a repeat gets
-//! back. Callers must be able to tell "already done" from "failed": name the status and, ideally,
-//! the stable business code of the duplicate answer — `409 DUPLICATE_REQUEST` when a repeat is
-//! rejected, or `200 SUCCESS` when the first result is replayed (payment callbacks).
+//! The operation is declared idempotent, but the statement does not say what a repeat gets back,
+//! or names a code without a status (`重复请求：DUPLICATE_REQUEST`).
 //!
-//! Bad:
+//! ## Why
+//!
+//! Callers must be able to tell "already done" from "failed". Without a documented duplicate
+//! answer they treat a rejected repeat as an error, or a replayed one as a new result.
+//!
+//! ## Example
 //!
 //! ```text
 //! - 是否幂等：是
 //! - 幂等键：Idempotency-Key（header）
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Name the status and, ideally, the stable business code of the duplicate answer —
+//! `409 DUPLICATE_REQUEST` when a repeat is rejected, or `200 SUCCESS` when the first result is
+//! replayed (payment callbacks):
 //!
 //! ```text
 //! - 是否幂等：是
 //! - 幂等键：Idempotency-Key（header）
 //! - 重复请求：409 DUPLICATE_REQUEST
 //! ```
-//!
-//! A code without a status (`重复请求：DUPLICATE_REQUEST`) is reported too.
 
-use super::{Ctx, RawFinding};
+use super::{Ctx, RawFinding, Rule, Severity};
 use crate::section::Tri;
+
+/// IDEM005 missing-duplicate: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM005",
+    name: "missing-duplicate",
+    severity: Severity::Error,
+    summary: "idempotent, but no duplicate response named, or one without a status",
+    source: include_str!("idem005_missing_duplicate.rs"),
+    check,
+    cross: None,
+};
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(st) = ctx.merged else {
@@ -34,7 +50,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     }
     match &st.duplicate {
         None => out.push(ctx.at(
-            "IDEM005",
+            &RULE,
             &st.loc,
             format!(
                 "{} is declared idempotent but {} does not name the duplicate response ({})",
@@ -44,7 +60,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             ),
         )),
         Some(f) if f.value.status.is_none() && f.value.class.is_none() => out.push(ctx.at(
-            "IDEM005",
+            &RULE,
             &f.loc,
             format!("the duplicate response of {} (\"{}\") names no HTTP status", ctx.label(), f.raw),
         )),

@@ -1,15 +1,17 @@
-//! IDEM006 duplicate-not-in-responses (error)
+//! ## What it checks
 //!
-//! The duplicate status named by the statement is not one of the operation's responses, or
-//! the duplicate's code appears nowhere in that response. A documented duplicate answer that
-//! the responses do not list is invisible to client generators, mocks and contract tests.
+//! The duplicate status named by the statement is not one of the operation's responses, or the
+//! duplicate's code appears nowhere in that response. The status matches a response key exactly
+//! (`"409"`) or by range (`"4XX"`); `default` does not count. The code is looked for as a whole
+//! word in every string and key of the response, following `$ref`s: its description, headers,
+//! schemas (`enum`, `example`, `const`) and examples.
 //!
-//! The status matches a response key exactly (`"409"`) or by range (`"4XX"`); `default` does not
-//! count. The code is looked for as a whole word in every string and key of the response,
-//! following `$ref`s: its description, headers, schemas (`enum`, `example`, `const`) and
-//! examples.
+//! ## Why
 //!
-//! Bad:
+//! A documented duplicate answer that the responses do not list is invisible to client
+//! generators, mocks and contract tests.
+//!
+//! ## Example
 //!
 //! ```text
 //! - 重复请求：409 DUPLICATE_REQUEST
@@ -17,7 +19,9 @@
 //!   "201": { description: created }
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Document the duplicate response, with its code:
 //!
 //! ```text
 //! responses:
@@ -29,9 +33,20 @@
 //!         example: { code: DUPLICATE_REQUEST, first_seen_at: "2024-05-01T08:00:00Z" }
 //! ```
 
-use super::{any_text, contains_word, Ctx, RawFinding};
+use super::{any_text, contains_word, Ctx, RawFinding, Rule, Severity};
 use crate::loader::At;
 use crate::node::Node;
+
+/// IDEM006 duplicate-not-in-responses: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM006",
+    name: "duplicate-not-in-responses",
+    severity: Severity::Error,
+    summary: "duplicate status not among the responses, or its code not in that response",
+    source: include_str!("idem006_duplicate_not_in_responses.rs"),
+    check,
+    cross: None,
+};
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some((dup, status)) = ctx.duplicate_status() else {
@@ -50,7 +65,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(resp) = found else {
         let declared: Vec<&str> = entries.map(|(_, m)| m.iter().map(|e| e.key.as_str()).collect()).unwrap_or_default();
         out.push(ctx.at(
-            "IDEM006",
+            &RULE,
             &dup.loc,
             format!(
                 "duplicate status {status} is not among the responses of {} (declared: {})",
@@ -66,7 +81,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     if !any_text(ctx.ws, resp, &mut |s: &str| contains_word(s, code)) {
         let key = resp.node.get("$ref").and_then(Node::as_str).map(|r| format!(" ({r})")).unwrap_or_default();
         out.push(ctx.at(
-            "IDEM006",
+            &RULE,
             &dup.loc,
             format!(
                 "duplicate code {code} appears nowhere in the {status} response{key} of {}: put it in the response's description, schema (enum/example) or examples",

@@ -1,27 +1,56 @@
-//! IDEM008 unstable-key (warning)
+//! ## What it checks
 //!
 //! The idempotency key is unstable or too coarse:
 //!
-//! - a user id alone (`user_id`, `uid`, `member_id`, `customer_id`, `account_id`): every request
-//!   of that user becomes "the same request", so the second legitimate order is rejected;
+//! - a user id alone (`user_id`, `uid`, `member_id`, `customer_id`, `account_id`);
 //! - a timestamp (`timestamp`, `ts`, `time`, `created_at`, `request_time`, and any name whose
 //!   last word is time/date/timestamp/ts, ends in `_at`/`At`, or starts with `gmt_`:
-//!   `notify_time`, `reqTime`, `createDate`, `gmt_create`): a retry sent a second later
-//!   carries a different value, so it is not recognised as a repeat;
-//! - a signature (`sign`, `signature`, `x-signature`): it is computed per request over a
-//!   timestamp or nonce, so a retry carries a different one;
-//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`): two deliberate,
-//!   identical purchases collide, and a retry whose JSON is re-serialised does not.
+//!   `notify_time`, `reqTime`, `createDate`, `gmt_create`);
+//! - a signature (`sign`, `signature`, `x-signature`);
+//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`).
+//!
+//! A user id as one part of a composite key (`user_id + order_no`) is fine.
+//!
+//! ## Why
+//!
+//! With a user id alone every request of that user becomes "the same request", so the second
+//! legitimate order is rejected. A retry sent a second later carries a different timestamp, and a
+//! signature is computed per request over a timestamp or nonce, so neither recognises a repeat.
+//! With a body hash two deliberate, identical purchases collide, and a retry whose JSON is
+//! re-serialised does not.
+//!
+//! ## Example
+//!
+//! ```text
+//! - 是否幂等：是
+//! - 幂等键：user_id（body）
+//! ```
+//!
+//! ## Fix
 //!
 //! Use a client-generated unique key (`Idempotency-Key`), a token, or a business number that
-//! identifies exactly one intended action (order number, the provider's transaction id).
-//! A user id as one part of a composite key (`user_id + order_no`) is fine.
+//! identifies exactly one intended action (order number, the provider's transaction id):
+//!
+//! ```text
+//! - 幂等键：user_id + order_no（body）
+//! ```
 //!
 //! Suppress on purpose with `x-idem-lint-ignore: [IDEM008]` on the operation.
 
-use super::{Ctx, RawFinding};
+use super::{Ctx, RawFinding, Rule, Severity};
 
 /// The words of a name: `notify_time` / `reqTime` / `X-Request-Time` → `[notify, time]` …
+/// IDEM008 unstable-key: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM008",
+    name: "unstable-key",
+    severity: Severity::Warning,
+    summary: "unstable or too-coarse key (user id alone, timestamp, signature, whole-body hash)",
+    source: include_str!("idem008_unstable_key.rs"),
+    check,
+    cross: None,
+};
+
 fn words(name: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut cur = String::new();
@@ -93,7 +122,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             continue;
         }
         out.push(ctx.at(
-            "IDEM008",
+            &RULE,
             &key.loc,
             format!("unstable or too-coarse idempotency key \"{name}\" for {}: {why}", ctx.label()),
         ));

@@ -1,12 +1,16 @@
-//! IDEM009 statements-disagree (error)
+//! ## What it checks
 //!
 //! The operation carries both a 幂等性说明 section and `x-idempotency`, and they disagree on
-//! whether it is idempotent, on the key (names, compared case-insensitively, and location),
-//! on the duplicate status or code, or on the expiry (`24h` and `24 小时` agree). Fields only
-//! one of them states are not a disagreement. Tools read `x-idempotency`, people read the
-//! description: when they differ, one audience is misled.
+//! whether it is idempotent, on the key (names, compared case-insensitively, and location), on
+//! the duplicate status or code, or on the expiry (`24h` and `24 小时` agree). Fields only one of
+//! them states are not a disagreement. The finding points at the `x-idempotency` field.
 //!
-//! Bad:
+//! ## Why
+//!
+//! Tools read `x-idempotency`, people read the description: when they differ, one audience is
+//! misled.
+//!
+//! ## Example
 //!
 //! ```text
 //! description: |
@@ -18,10 +22,29 @@
 //!   key: { in: header, name: X-Request-Id }
 //! ```
 //!
-//! The finding points at the `x-idempotency` field.
+//! ## Fix
+//!
+//! Make both say the same thing, or keep only one of them:
+//!
+//! ```text
+//! x-idempotency:
+//!   idempotent: true
+//!   key: { in: header, name: Idempotency-Key }
+//! ```
 
-use super::{Ctx, RawFinding};
+use super::{Ctx, RawFinding, Rule, Severity};
 use crate::section::{duration_secs, KeySpec, Tri};
+
+/// IDEM009 statements-disagree: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM009",
+    name: "statements-disagree",
+    severity: Severity::Error,
+    summary: "description section and `x-idempotency` disagree (idempotent, key, duplicate, expiry)",
+    source: include_str!("idem009_statements_disagree.rs"),
+    check,
+    cross: None,
+};
 
 fn key_text(k: &KeySpec) -> String {
     let names = if k.names.is_empty() { "none".to_string() } else { k.names.join(" + ") };
@@ -71,7 +94,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     if let (Some(a), Some(b)) = (&sec.idempotent, &ext.idempotent) {
         if a.value != b.value {
             out.push(ctx.at(
-                "IDEM009",
+                &RULE,
                 &b.loc,
                 format!(
                     "x-idempotency says {label} is {} but the 幂等性说明 section says {}",
@@ -84,7 +107,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     if let (Some(a), Some(b)) = (&sec.key, &ext.key) {
         if !same_key(&a.value, &b.value) {
             out.push(ctx.at(
-                "IDEM009",
+                &RULE,
                 &b.loc,
                 format!(
                     "x-idempotency names the key of {label} {} but the 幂等性说明 section names {}",
@@ -104,7 +127,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
                     .to_string()
             };
             out.push(ctx.at(
-                "IDEM009",
+                &RULE,
                 &b.loc,
                 format!(
                     "x-idempotency answers a duplicate of {label} with {} but the 幂等性说明 section says {}",
@@ -117,7 +140,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     if let (Some(a), Some(b)) = (&sec.expiry, &ext.expiry) {
         if !same_expiry(&a.value, &b.value) {
             out.push(ctx.at(
-                "IDEM009",
+                &RULE,
                 &b.loc,
                 format!(
                     "x-idempotency gives {label} an expiry of {} but the 幂等性说明 section says {}",

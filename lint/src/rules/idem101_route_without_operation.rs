@@ -1,21 +1,23 @@
-//! IDEM101 route-without-operation (error)
+//! ## What it checks
 //!
-//! A policy route (`--policies`) matches no operation of the spec: the gateway enforces a
-//! policy on an endpoint the API description does not have. Usually the path or method was
-//! renamed on one side only, or the policy protects an endpoint that was removed.
-//!
-//! A `match = { method, path }` route matches an operation with that method (any method when
-//! `method` is left out) whose path has the same shape: literal segments equal, and a `{param}`
-//! segment matches a `{param}` segment whatever its name (`/api/orders/{id}/pay` matches
-//! `/api/orders/{orderId}/pay`). Paths are compared as written under `paths` (a `servers` base
-//! path is not added). A route matched by Envoy route name (`match = { route = "create-order" }`
-//! or no `match`) pairs with the operation whose `operationId` is the same name ignoring case,
-//! `-` and `_` (`createOrder`).
+//! A policy route (`--policies`) matches no operation of the spec. A `match = { method, path }`
+//! route matches an operation with that method (any method when `method` is left out) whose path
+//! has the same shape: literal segments equal, and a `{param}` segment matches a `{param}` segment
+//! whatever its name (`/api/orders/{id}/pay` matches `/api/orders/{orderId}/pay`). Paths are
+//! compared as written under `paths` (a `servers` base path is not added). A route matched by
+//! Envoy route name (`match = { route = "create-order" }` or no `match`) pairs with the operation
+//! whose `operationId` is the same name ignoring case, `-` and `_` (`createOrder`).
 //!
 //! The finding points at the route's `path` (or its `match`) in the policy file; operations on
 //! the same path with another method are related locations (the likely counterpart).
 //!
-//! Bad:
+//! ## Why
+//!
+//! The gateway enforces a policy on an endpoint the API description does not have. Usually the
+//! path or method was renamed on one side only — so the real endpoint is unprotected — or the
+//! policy protects an endpoint that was removed.
+//!
+//! ## Example
 //!
 //! ```text
 //! # policies/create-order.toml
@@ -23,14 +25,28 @@
 //! # the spec has POST /api/order/create
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Match the operation as the spec names it (or delete the stale policy):
 //!
 //! ```text
 //! match = { method = "POST", path = "/api/order/create" }
 //! ```
 
 use super::cross::{same_shape, CrossFinding, PolicyCtx};
+use super::{Rule, Severity};
 use idem_filter::policy::Matcher;
+
+/// IDEM101 route-without-operation: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM101",
+    name: "route-without-operation",
+    severity: Severity::Error,
+    summary: "policy route that matches no operation of the spec",
+    source: include_str!("idem101_route_without_operation.rs"),
+    check: super::spec_only_with_policies,
+    cross: Some(check),
+};
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
@@ -52,7 +68,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
             Matcher::RouteName(_) => Vec::new(),
         };
         out.push(CrossFinding {
-            code: "IDEM101",
+            code: RULE.code,
             primary,
             message: format!(
                 "policy route {:?} ({}) matches no operation in {}",

@@ -1,17 +1,17 @@
-//! IDEM102 operation-without-policy (error)
+//! ## What it checks
 //!
-//! The spec documents an operation as idempotent (`是否幂等：是`, `idempotent: true`), but no
-//! policy route given to `--policies` matches it: the 幂等性说明 promises something the gateway
-//! does not enforce. Add a `[[route]]` whose `match` names the operation's method and path.
-//!
-//! Only checked with `--policies`. When the service itself guarantees the idempotency (a unique
-//! index, a state machine) and the gateway is deliberately not involved, suppress the rule on
-//! that operation with `x-idem-lint-ignore: [IDEM102]`.
+//! The spec documents an operation as idempotent (`是否幂等：是`, `idempotent: true`), but no policy
+//! route given to `--policies` matches it. Only checked with `--policies`.
 //!
 //! The finding points at the statement's "idempotent" field in the spec; policy routes on the same
 //! path with another method are related locations (the likely counterpart).
 //!
-//! Bad:
+//! ## Why
+//!
+//! The 幂等性说明 promises something the gateway does not enforce: clients rely on repeats being
+//! recognised, and they are not.
+//!
+//! ## Example
 //!
 //! ```text
 //! /api/internal/transfers:
@@ -20,7 +20,9 @@
 //! # and no policy file matches POST /api/internal/transfers
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Add a `[[route]]` whose `match` names the operation's method and path:
 //!
 //! ```text
 //! # policies/internal-transfer.toml
@@ -28,10 +30,26 @@
 //! name = "internal-transfer"
 //! match = { method = "POST", path = "/api/internal/transfers" }
 //! ```
+//!
+//! When the service itself guarantees the idempotency (a unique index, a state machine) and the
+//! gateway is deliberately not involved, suppress the rule on that operation with
+//! `x-idem-lint-ignore: [IDEM102]`.
 
 use super::cross::{same_shape, CrossFinding, Place, PolicyCtx};
+use super::{Rule, Severity};
 use crate::section::Tri;
 use idem_filter::policy::Matcher;
+
+/// IDEM102 operation-without-policy: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM102",
+    name: "operation-without-policy",
+    severity: Severity::Error,
+    summary: "operation documented as idempotent, but no policy route protects it",
+    source: include_str!("idem102_operation_without_policy.rs"),
+    check: super::spec_only_with_policies,
+    cross: Some(check),
+};
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (oi, op) in ctx.ops.iter().enumerate() {
@@ -59,7 +77,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
             })
             .collect();
         out.push(CrossFinding {
-            code: "IDEM102",
+            code: RULE.code,
             primary: Place::Spec { ws: op.ws, loc },
             message: format!(
                 "{} is documented as idempotent, but no policy in {} protects it: add a [[route]] with match = {{ method = \"{}\", path = \"{}\" }}",

@@ -1,11 +1,8 @@
-//! IDEM103 key-mismatch (error)
+//! ## What it checks
 //!
 //! The policy takes the idempotency key (or, in token mode, the token) from another place, or
-//! under another name, than the operation's 幂等性说明 says. Clients follow the spec; the gateway
-//! follows the policy: one of them is wrong, and every request will be rejected as missing its
-//! key, or keyed on the wrong thing.
-//!
-//! Compared, for every policy route and operation it matches:
+//! under another name, than the operation's 幂等性说明 says. Compared, for every policy route and
+//! operation it matches:
 //!
 //! - the location: the policy's `key.from` (`header`, `query`, `body`; token mode: `header`)
 //!   against the spec's key location, when the spec names one;
@@ -14,12 +11,16 @@
 //!   `transaction_id` and the policy's `/transaction_id` are the same key. A spec key made of
 //!   several fields (`merchant_id + bill_date`) cannot match a policy, which takes one value.
 //!
-//! Operations whose statement names no key are IDEM003's business, not this rule's.
+//! Operations whose statement names no key are IDEM003's business, not this rule's. The finding
+//! points at the policy's `key.from` or `key.name` (`token.header`); the related location is the
+//! spec's key.
 //!
-//! The finding points at the policy's `key.from` or `key.name` (`token.header`); the related
-//! location is the spec's key.
+//! ## Why
 //!
-//! Bad:
+//! Clients follow the spec; the gateway follows the policy: one of them is wrong, and every
+//! request will be rejected as missing its key, or keyed on the wrong thing.
+//!
+//! ## Example
 //!
 //! ```text
 //! # spec:   - 幂等键：transaction_id（body）
@@ -28,7 +29,9 @@
 //! name = "X-Transaction-Id"
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Take the key from where the spec says it is (or correct the spec):
 //!
 //! ```text
 //! [route.key]
@@ -37,8 +40,20 @@
 //! ```
 
 use super::cross::{CrossFinding, Place, PolicyCtx};
+use super::{Rule, Severity};
 use crate::section::KeyIn;
 use idem_filter::policy::{KeySource, Mode};
+
+/// IDEM103 key-mismatch: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM103",
+    name: "key-mismatch",
+    severity: Severity::Error,
+    summary: "policy and spec disagree on where the key is or what it is called",
+    source: include_str!("idem103_key_mismatch.rs"),
+    check: super::spec_only_with_policies,
+    cross: Some(check),
+};
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
@@ -81,7 +96,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                 );
                 if !same {
                     out.push(CrossFinding {
-                        code: "IDEM103",
+                        code: RULE.code,
                         primary: from_place.clone(),
                         message: format!(
                             "policy {:?} takes the {what} from the {from_str}, but the spec says {} of {} has it in the {}",
@@ -109,7 +124,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                     ""
                 };
                 out.push(CrossFinding {
-                    code: "IDEM103",
+                    code: RULE.code,
                     primary: name_place.clone(),
                     message: format!(
                         "policy {:?} names the {what} {name:?} ({from_str}), but the spec names {spec_names:?} for {}{hint}",

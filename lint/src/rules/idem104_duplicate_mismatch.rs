@@ -1,10 +1,8 @@
-//! IDEM104 duplicate-mismatch (error)
+//! ## What it checks
 //!
-//! The spec's duplicate response (`重复请求：409 DUPLICATE_REQUEST`) has another status or
-//! code than the one the policy answers with (`[route.duplicate]`). Clients handle the
-//! documented answer; they will get the other one.
-//!
-//! The rule compares only where the policy itself answers a repeat with `[route.duplicate]`:
+//! The spec's duplicate response (`重复请求：409 DUPLICATE_REQUEST`) has another status or code
+//! than the one the policy answers with (`[route.duplicate]`). The rule compares only where the
+//! policy itself answers a repeat with `[route.duplicate]`:
 //!
 //! - token mode: a used or unknown token gets `[route.duplicate]`, always compared;
 //! - key mode with `on_completed = "reject"`: a completed repeat gets `[route.duplicate]`,
@@ -22,7 +20,12 @@
 //! default applies, at the `[route.duplicate]` table, `on_completed`, `mode` or the route's
 //! name); the related location is the spec's duplicate.
 //!
-//! Bad:
+//! ## Why
+//!
+//! Clients handle the documented answer; they will get the other one, and treat a harmless
+//! repeat as a failure.
+//!
+//! ## Example
 //!
 //! ```text
 //! # spec:   - 重复请求：409 RECONCILE_ALREADY_RUNNING
@@ -32,7 +35,9 @@
 //! code = "DUPLICATE_REQUEST"
 //! ```
 //!
-//! Good:
+//! ## Fix
+//!
+//! Answer with what the spec documents (or correct the spec):
 //!
 //! ```text
 //! [route.duplicate]
@@ -41,7 +46,19 @@
 //! ```
 
 use super::cross::{answers_with_duplicate, CrossFinding, Place, PolicyCtx};
+use super::{Rule, Severity};
 use idem_filter::policy::{Mode, OnCompleted};
+
+/// IDEM104 duplicate-mismatch: its code, name, default severity and documentation (this file's `//!` comment).
+pub static RULE: Rule = Rule {
+    code: "IDEM104",
+    name: "duplicate-mismatch",
+    severity: Severity::Error,
+    summary: "policy and spec disagree on the duplicate response's status or code",
+    source: include_str!("idem104_duplicate_mismatch.rs"),
+    check: super::spec_only_with_policies,
+    cross: Some(check),
+};
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
@@ -73,7 +90,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                 let mut c = vec![(&s.duplicate_status, "duplicate/status")];
                 c.extend(fallback);
                 out.push(CrossFinding {
-                    code: "IDEM104",
+                    code: RULE.code,
                     primary: ctx.policy_place(ri, &c),
                     message: format!(
                         "policy {:?} answers a duplicate with {} {}, but the spec says {status}{} for {} ({why})",
@@ -93,7 +110,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
                     let mut c = vec![(&s.duplicate_code, "duplicate/code")];
                     c.extend(fallback);
                     out.push(CrossFinding {
-                        code: "IDEM104",
+                        code: RULE.code,
                         primary: ctx.policy_place(ri, &c),
                         message: format!(
                             "policy {:?} answers a duplicate with code {:?}, but the spec says {code:?} for {} ({why})",

@@ -1,5 +1,9 @@
-//! The rule catalogue. One rule per file; each file's `//!` comment is its documentation,
-//! printed by `idem-lint --explain CODE` and shown as SARIF help text.
+//! The rule catalogue. One rule per file, which defines the rule's `static RULE: Rule`: its
+//! code, name, default severity, one-line summary, check, and — the file's `//!` comment, with
+//! the sections of [`DOC_SECTIONS`] — its documentation, printed by `idem-lint --explain CODE`
+//! and shown as SARIF help text. Findings take their code from `RULE`; [`RULES`] lists them,
+//! and everything else (the `rules` listing, config validation, SARIF, the README's rule table)
+//! is derived from it.
 
 use std::fmt;
 
@@ -20,6 +24,7 @@ pub mod idem006_duplicate_not_in_responses;
 pub mod idem007_duplicate_5xx;
 pub mod idem008_unstable_key;
 pub mod idem009_statements_disagree;
+pub mod idem010_unknown_directive;
 pub mod idem101_route_without_operation;
 pub mod idem102_operation_without_policy;
 pub mod idem103_key_mismatch;
@@ -28,7 +33,7 @@ pub mod idem105_token_undocumented;
 pub mod idem106_policy_on_non_idempotent;
 
 /// One finding before severities and suppressions are applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RawFinding {
     pub code: &'static str,
     pub file: FileId,
@@ -47,8 +52,8 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub fn at(&self, code: &'static str, loc: &Loc, message: String) -> RawFinding {
-        RawFinding { code, file: loc.file, offset: loc.offset, pointer: loc.pointer.clone(), message }
+    pub fn at(&self, rule: &'static Rule, loc: &Loc, message: String) -> RawFinding {
+        RawFinding { code: rule.code, file: loc.file, offset: loc.offset, pointer: loc.pointer.clone(), message }
     }
 
     /// The statement's duplicate response, when it names a status (rules on that status).
@@ -81,11 +86,17 @@ impl fmt::Display for Severity {
     }
 }
 
+/// One rule: everything about it is here, defined once in its file as `pub static RULE`.
 pub struct Rule {
+    /// `IDEMnnn`: what findings, `idem-lint.toml`, `x-idem-lint-ignore` and `--explain` use.
     pub code: &'static str,
+    /// kebab-case name, shown next to the code.
     pub name: &'static str,
+    /// The default severity (`[rules]` in `idem-lint.toml` overrides it).
     pub severity: Severity,
+    /// One line: the `rules` listing, SARIF's short description, the README's rule table.
     pub summary: &'static str,
+    /// The rule's source file (`include_str!`), whose leading `//!` comment is its documentation.
     source: &'static str,
     /// The per-operation check (spec rules).
     pub check: Check,
@@ -94,11 +105,22 @@ pub struct Rule {
 }
 
 /// The per-operation check of a cross-check rule: nothing (it runs only with `--policies`).
-fn spec_only_with_policies(_: &Ctx<'_>, _: &mut Vec<RawFinding>) {}
+pub(crate) fn spec_only_with_policies(_: &Ctx<'_>, _: &mut Vec<RawFinding>) {}
+
+/// The sections every rule's documentation has, in this order (as `## …` headings).
+pub const DOC_SECTIONS: [&str; 4] = ["What it checks", "Why", "Example", "Fix"];
 
 impl Rule {
-    /// The rule's documentation as Markdown: its file's leading `//!` comment.
+    /// The rule's documentation as Markdown: its file's leading `//!` comment (the sections of
+    /// [`DOC_SECTIONS`]), under a title line made from the code, name and default severity.
     pub fn doc_markdown(&self) -> String {
+        let mut out = format!("{} {} ({})\n\n", self.code, self.name, self.severity);
+        out.push_str(&self.doc_body());
+        out
+    }
+
+    /// The `//!` comment of the rule's file.
+    fn doc_body(&self) -> String {
         let mut out = String::new();
         for line in self.source.lines() {
             let Some(rest) = line.strip_prefix("//!") else {
@@ -110,7 +132,17 @@ impl Rule {
         out
     }
 
-    /// The documentation for a terminal: code fences become 4-space indented blocks.
+    /// The text of one `## title` section of the documentation, trimmed (None when absent).
+    pub fn doc_section(&self, title: &str) -> Option<String> {
+        let body = self.doc_body();
+        let mut lines = body.lines().skip_while(|l| l.strip_prefix("## ").map(str::trim) != Some(title));
+        lines.next()?;
+        let text: Vec<&str> = lines.take_while(|l| !l.starts_with("## ")).collect();
+        Some(text.join("\n").trim().to_string())
+    }
+
+    /// The documentation for a terminal: `## ` headings become plain lines, code fences become
+    /// 4-space indented blocks.
     pub fn doc(&self) -> String {
         let mut out = String::new();
         let mut in_code = false;
@@ -122,153 +154,45 @@ impl Rule {
             if in_code {
                 out.push_str("    ");
             }
-            out.push_str(line);
+            out.push_str(line.strip_prefix("## ").unwrap_or(line));
             out.push('\n');
         }
         out
     }
 }
 
-pub static RULES: [Rule; 15] = [
-    Rule {
-        code: "IDEM001",
-        name: "missing-statement",
-        severity: Severity::Error,
-        summary: "non-safe operation without a 幂等性说明",
-        source: include_str!("idem001_missing_statement.rs"),
-        check: idem001_missing_statement::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM002",
-        name: "idempotent-unstated",
-        severity: Severity::Error,
-        summary: "statement does not say whether the operation is idempotent",
-        source: include_str!("idem002_idempotent_unstated.rs"),
-        check: idem002_idempotent_unstated::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM003",
-        name: "missing-key",
-        severity: Severity::Error,
-        summary: "idempotent, but no key named",
-        source: include_str!("idem003_missing_key.rs"),
-        check: idem003_missing_key::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM004",
-        name: "undeclared-key",
-        severity: Severity::Error,
-        summary: "named key is not declared by the operation",
-        source: include_str!("idem004_undeclared_key.rs"),
-        check: idem004_undeclared_key::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM005",
-        name: "missing-duplicate",
-        severity: Severity::Error,
-        summary: "idempotent, but no duplicate response named",
-        source: include_str!("idem005_missing_duplicate.rs"),
-        check: idem005_missing_duplicate::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM006",
-        name: "duplicate-not-in-responses",
-        severity: Severity::Error,
-        summary: "duplicate status not among the responses, or its code not in that response",
-        source: include_str!("idem006_duplicate_not_in_responses.rs"),
-        check: idem006_duplicate_not_in_responses::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM007",
-        name: "duplicate-5xx",
-        severity: Severity::Error,
-        summary: "duplicate answered with a 5xx",
-        source: include_str!("idem007_duplicate_5xx.rs"),
-        check: idem007_duplicate_5xx::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM008",
-        name: "unstable-key",
-        severity: Severity::Warning,
-        summary: "unstable or too-coarse key (user id alone, timestamp, whole-body hash)",
-        source: include_str!("idem008_unstable_key.rs"),
-        check: idem008_unstable_key::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM009",
-        name: "statements-disagree",
-        severity: Severity::Error,
-        summary: "description section and x-idempotency disagree",
-        source: include_str!("idem009_statements_disagree.rs"),
-        check: idem009_statements_disagree::check,
-        cross: None,
-    },
-    Rule {
-        code: "IDEM101",
-        name: "route-without-operation",
-        severity: Severity::Error,
-        summary: "policy route that matches no operation of the spec",
-        source: include_str!("idem101_route_without_operation.rs"),
-        check: spec_only_with_policies,
-        cross: Some(idem101_route_without_operation::check),
-    },
-    Rule {
-        code: "IDEM102",
-        name: "operation-without-policy",
-        severity: Severity::Error,
-        summary: "operation documented as idempotent, but no policy route protects it",
-        source: include_str!("idem102_operation_without_policy.rs"),
-        check: spec_only_with_policies,
-        cross: Some(idem102_operation_without_policy::check),
-    },
-    Rule {
-        code: "IDEM103",
-        name: "key-mismatch",
-        severity: Severity::Error,
-        summary: "policy and spec disagree on where the key is or what it is called",
-        source: include_str!("idem103_key_mismatch.rs"),
-        check: spec_only_with_policies,
-        cross: Some(idem103_key_mismatch::check),
-    },
-    Rule {
-        code: "IDEM104",
-        name: "duplicate-mismatch",
-        severity: Severity::Error,
-        summary: "policy and spec disagree on the duplicate response's status or code",
-        source: include_str!("idem104_duplicate_mismatch.rs"),
-        check: spec_only_with_policies,
-        cross: Some(idem104_duplicate_mismatch::check),
-    },
-    Rule {
-        code: "IDEM105",
-        name: "token-undocumented",
-        severity: Severity::Error,
-        summary: "token policy whose issue endpoint or token header the spec does not document",
-        source: include_str!("idem105_token_undocumented.rs"),
-        check: spec_only_with_policies,
-        cross: Some(idem105_token_undocumented::check),
-    },
-    Rule {
-        code: "IDEM106",
-        name: "policy-on-non-idempotent",
-        severity: Severity::Error,
-        summary: "policy enforces idempotency on an operation the spec says is not idempotent",
-        source: include_str!("idem106_policy_on_non_idempotent.rs"),
-        check: spec_only_with_policies,
-        cross: Some(idem106_policy_on_non_idempotent::check),
-    },
+pub static RULES: [&Rule; 16] = [
+    &idem001_missing_statement::RULE,
+    &idem002_idempotent_unstated::RULE,
+    &idem003_missing_key::RULE,
+    &idem004_undeclared_key::RULE,
+    &idem005_missing_duplicate::RULE,
+    &idem006_duplicate_not_in_responses::RULE,
+    &idem007_duplicate_5xx::RULE,
+    &idem008_unstable_key::RULE,
+    &idem009_statements_disagree::RULE,
+    &idem010_unknown_directive::RULE,
+    &idem101_route_without_operation::RULE,
+    &idem102_operation_without_policy::RULE,
+    &idem103_key_mismatch::RULE,
+    &idem104_duplicate_mismatch::RULE,
+    &idem105_token_undocumented::RULE,
+    &idem106_policy_on_non_idempotent::RULE,
 ];
 
 pub fn find(code: &str) -> Option<&'static Rule> {
-    RULES.iter().find(|r| r.code.eq_ignore_ascii_case(code))
+    RULES.iter().copied().find(|r| r.code.eq_ignore_ascii_case(code))
+}
+
+/// The rule table of `lint/README.md`, rendered from the registry (`idem-lint rules --markdown`;
+/// a test checks the README holds exactly this table).
+pub fn markdown_table() -> String {
+    let mut out = String::from("| code | name | default | finds |\n|---|---|---|---|\n");
+    for r in &RULES {
+        let finds = r.summary.replace('|', "\\|");
+        out.push_str(&format!("| {} | {} | {} | {} |\n", r.code, r.name, r.severity, finds));
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -329,4 +253,100 @@ pub fn any_text(ws: &Workspace, start: At<'_>, f: &mut dyn FnMut(&str) -> bool) 
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, clippy::string_slice)]
+    use super::*;
+
+    #[test]
+    fn every_rule_doc_has_the_four_sections_in_order_and_non_empty() {
+        for r in &RULES {
+            let body = r.doc_body();
+            let headings: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("## ")).map(str::trim).collect();
+            assert_eq!(headings, DOC_SECTIONS, "{}: the `## ` headings of its `//!` comment", r.code);
+            for title in DOC_SECTIONS {
+                let text = r.doc_section(title).unwrap_or_default();
+                assert!(!text.trim().is_empty(), "{}: section \"{title}\" is empty", r.code);
+            }
+            assert!(body.starts_with("## What it checks\n"), "{}: the doc must start with its first section", r.code);
+            let doc = r.doc();
+            assert!(doc.starts_with(&format!("{} {} ({})\n", r.code, r.name, r.severity)), "{doc}");
+            assert!(!doc.contains("```") && !doc.lines().any(|l| l.starts_with("## ")), "{doc}");
+        }
+    }
+
+    #[test]
+    fn registry_codes_and_names_are_well_formed_unique_and_sorted() {
+        let mut codes = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for r in &RULES {
+            assert!(
+                r.code.len() == 7 && r.code.starts_with("IDEM") && r.code[4..].bytes().all(|b| b.is_ascii_digit()),
+                "{}",
+                r.code
+            );
+            assert!(r.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'), "{}", r.name);
+            assert!(names.insert(r.name), "duplicate name {}", r.name);
+            assert!(!r.summary.is_empty() && !r.summary.contains('\n'), "{}", r.code);
+            codes.push(r.code);
+            // The rule is defined in its own file, `idemNNN_snake_name.rs`.
+            let file = format!("{}_{}.rs", r.code.to_ascii_lowercase(), r.name.replace('-', "_"));
+            assert!(r.source.contains(&format!("include_str!(\"{file}\")")), "{}: not defined in {file}", r.code);
+            assert_eq!(find(&r.code.to_ascii_lowercase()).map(|f| f.code), Some(r.code));
+        }
+        let mut sorted = codes.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(codes, sorted, "codes must be unique and in order");
+    }
+
+    #[test]
+    fn rule_bodies_take_their_code_from_rule() {
+        // The only `"IDEMnnn"` literal in a rule's file is its own definition: a finding built
+        // with a typo'd literal would carry a code no config or suppression can name.
+        for r in &RULES {
+            let literals: Vec<&str> = r
+                .source
+                .match_indices("\"IDEM")
+                .map(|(i, _)| r.source.get(i + 1..i + 8).unwrap_or(""))
+                .filter(|c| c.get(4..).is_some_and(|d| d.bytes().all(|b| b.is_ascii_digit())))
+                .collect();
+            assert_eq!(literals, [r.code], "{}: code literals outside `RULE`", r.code);
+            assert!(r.source.contains(&format!("code: \"{}\",", r.code)));
+        }
+    }
+
+    const TABLE_BEGIN: &str = "<!-- rules table: generated by `idem-lint rules --markdown` -->\n";
+    const TABLE_END: &str = "<!-- end of rules table -->\n";
+
+    #[test]
+    fn readme_rule_table_is_generated_from_the_registry() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(path).unwrap_or_default();
+        let table = markdown_table();
+        let (Some(b), Some(e)) = (readme.find(TABLE_BEGIN), readme.find(TABLE_END)) else {
+            panic!(
+                "lint/README.md has no `{}` … `{}` markers around its rule table",
+                TABLE_BEGIN.trim(),
+                TABLE_END.trim()
+            );
+        };
+        let current = readme.get(b + TABLE_BEGIN.len()..e).unwrap_or_default();
+        if current == table {
+            return;
+        }
+        if std::env::var_os("IDEM_LINT_UPDATE_README").is_some() {
+            let updated = format!("{}{table}{}", &readme[..b + TABLE_BEGIN.len()], &readme[e..]);
+            std::fs::write(path, updated).unwrap_or_else(|err| panic!("writing {path}: {err}"));
+            return;
+        }
+        panic!(
+            "lint/README.md's rule table is not the registry's (lint/src/rules).\n\
+             Regenerate it: IDEM_LINT_UPDATE_README=1 cargo test -p idem-lint readme_rule_table \
+             (or paste the output of `idem-lint rules --markdown` between the markers).\n\
+             --- README ---\n{current}--- registry ---\n{table}"
+        );
+    }
 }
