@@ -349,7 +349,7 @@ Try it (another terminal):
   curl -s -X POST %(gw)s/api/idempotent/token -H 'Authorization: Bearer alice'        # a token
   curl -si %(gw)s/api/form/submit -H 'Authorization: Bearer alice' -H 'Idempotency-Token: <token>' -d '{}'
   (run it again)                                           # 409 DUPLICATE_REQUEST 请勿重复提交
-  curl -s  '%(admin)s/stats?filter=idem\\.'                 # counters (listed as wasmcustom.idem.*)
+  curl -s  %(admin)s/stats/prometheus | grep idem_        # idem_requests_total{route,outcome}
   curl -s  http://127.0.0.1:%(up)d/__calls                  # how often the upstream really ran
 
 Upstream knobs (request headers): x-demo-delay-ms, x-demo-status, x-demo-fail-first, x-demo-set-cookie,

@@ -104,11 +104,13 @@ def test_counters_in_stats_and_log_lines(make_envoy, upstream):
     want = {"forwarded": 2, "replayed": 1, "key_reused": 1, "missing_key": 1, "invalid_key": 1, "in_flight": 1}
     wrong = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
     assert not wrong, "counter (want, got): %s; all idem.create-order.* = %s" % (wrong, got)
-    # as Envoy lists them: /stats shows `wasmcustom.idem.…`, Prometheus `idem_…` without the prefix
+    # as Envoy lists them: /stats shows the full name made for tag extraction, Prometheus one
+    # labelled family (the bootstrap carries the stats_tags, as examples/envoy.yaml does)
     raw = env.admin("/stats?filter=idem").body.decode()
-    assert re.search(r"^(wasmcustom\.)?idem\.create-order\.forwarded: 2$", raw, re.M), raw
+    assert re.search(r"^(wasmcustom\.)?route=\.=create-order;\.;outcome=\.=forwarded;\.;idem_requests_total: 2$",
+                     raw, re.M), raw
     prom = env.admin("/stats/prometheus").body.decode()
-    assert re.search(r"^(envoy_)?idem_create_order_forwarded(\{[^}]*\})? 2$", prom, re.M), \
+    assert re.search(r'^idem_requests_total\{route="create-order",outcome="forwarded"\} 2$', prom, re.M), \
         "\n".join(l for l in prom.splitlines() if "idem" in l)[:2000]
 
     # one log line per interception: route, truncated key, cause; never the whole key
