@@ -303,6 +303,62 @@ fn decode(name: &str, mut bytes: Vec<u8>) -> Result<String, FatalError> {
 }
 
 /// Parse a file's text as JSON (`.json`, or text starting with `{`) or YAML.
+/// The specs behind the SPEC arguments: a file as it is; a directory, every OpenAPI document in
+/// it and below (`*.yaml`, `*.yml`, `*.json` whose top level declares `openapi`), sorted by path.
+/// Other files there — fragments of a multi-file spec that `$ref` reaches, policies, data — are
+/// skipped, not failed: their root spec reads them.
+pub fn expand_specs(args: &[String]) -> Result<Vec<String>, FatalError> {
+    let mut out = Vec::new();
+    for a in args {
+        let p = Path::new(a);
+        if !p.is_dir() {
+            out.push(a.clone());
+            continue;
+        }
+        let mut found = Vec::new();
+        walk(p, &mut found).map_err(|e| FatalError::whole_file(a, format!("cannot read directory: {e}")))?;
+        found.retain(|f| is_openapi_root(f));
+        found.sort();
+        if found.is_empty() {
+            return Err(FatalError::whole_file(
+                a,
+                "no OpenAPI document (a file with a top-level `openapi` field) in this directory",
+            ));
+        }
+        out.extend(found.into_iter().map(|f| f.to_string_lossy().into_owned()));
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+        if hidden {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, out)?;
+        } else if path.extension().and_then(|x| x.to_str()).is_some_and(|x| matches!(x, "yaml" | "yml" | "json")) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a file's top level declares `openapi` (read from its first 64 KiB, as text).
+fn is_openapi_root(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(64 * 1024).read_to_end(&mut head));
+    if read.is_err() {
+        return true; // let the loader report why it cannot be read
+    }
+    let text = String::from_utf8_lossy(&head);
+    text.lines().any(|l| l.starts_with("openapi:") || l.starts_with("\"openapi\"") || l.starts_with("'openapi'"))
+        || text.trim_start().starts_with('{') && text.contains("\"openapi\"")
+}
+
 pub fn parse_text(name: &str, text: &str) -> Result<Node, FatalError> {
     let trimmed = text.trim_start();
     if trimmed.is_empty() {

@@ -40,7 +40,8 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 
-    /// OpenAPI spec files (YAML or JSON).
+    /// OpenAPI spec files (YAML or JSON), or directories: every OpenAPI document in them and
+    /// below (files with a top-level `openapi` field; fragments of multi-file specs are skipped).
     #[arg(value_name = "SPEC")]
     specs: Vec<String>,
 
@@ -172,7 +173,8 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         print(&rule.doc());
         return Ok(0);
     }
-    if cli.specs.is_empty() {
+    let specs = idem_lint::loader::expand_specs(&cli.specs)?;
+    if specs.is_empty() {
         // `--policies DIR spec.yaml` takes the spec for a policy: say so rather than "no SPEC".
         if !cli.policies.is_empty() {
             PolicySet::load(&cli.policies)?;
@@ -182,7 +184,7 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
     }
     if cli.dump_yaml {
         let mut s = String::new();
-        for spec in &cli.specs {
+        for spec in &specs {
             let ws = idem_lint::loader::Workspace::load(spec)?;
             s.push_str(&idem_lint::yaml::dump(ws.root().node));
         }
@@ -205,7 +207,7 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
     let mut findings = Vec::new();
     let mut errors = Vec::new();
     let mut workspaces = Vec::new();
-    for spec in &cli.specs {
+    for spec in &specs {
         match Workspace::load(spec) {
             Ok(ws) => {
                 findings.extend(lint_workspace(&ws, &config));
@@ -226,7 +228,7 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         ColorArg::Never => false,
         ColorArg::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    let run = Run { specs: &cli.specs, findings: &findings, errors: &errors };
+    let run = Run { specs: &specs, findings: &findings, errors: &errors };
     print(&render(cli.format, &run, color));
     for e in &errors {
         eprintln!("idem-lint: error: {e}");

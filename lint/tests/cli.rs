@@ -323,3 +323,38 @@ fn hints_use_the_form_the_statement_is_written_in() {
     assert!(msgs[1].contains("from \"看情况\""), "{}", msgs[1]);
     assert!(msgs[2].starts_with("x-idempotency of PUT /b") && msgs[2].contains("`idempotent: true`"), "{}", msgs[2]);
 }
+
+#[test]
+fn a_directory_lints_every_openapi_document_in_it_and_skips_fragments() {
+    let dir = std::env::temp_dir().join(format!("idem-lint-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("billing")).unwrap();
+    let spec = |path: &str| {
+        format!(
+            "openapi: 3.0.3\ninfo: {{title: t, version: '1'}}\npaths:\n  {path}:\n    post:\n      responses:\n        '200': {{description: ok}}\n"
+        )
+    };
+    std::fs::write(dir.join("orders.yaml"), spec("/orders")).unwrap();
+    std::fs::write(dir.join("billing/pay.yml"), spec("/pay")).unwrap();
+    // A fragment a root spec would $ref: no `openapi` field, never linted on its own.
+    std::fs::write(dir.join("billing/schemas.yaml"), "Order:\n  type: object\n").unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a spec").unwrap();
+    let o = run(&["--format", "json", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let mut files: Vec<String> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["code"] == "IDEM001")
+        .map(|f| f["file"].as_str().unwrap().rsplit('/').next().unwrap().to_string())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["orders.yaml", "pay.yml"], "{}", stdout(&o));
+    let empty = dir.join("billing");
+    std::fs::remove_file(empty.join("pay.yml")).unwrap();
+    let o = run(&[empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no OpenAPI document"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
