@@ -34,11 +34,6 @@ pub trait RequestView {
     }
 }
 
-/// The first value of a header, if any.
-pub fn header<'r>(req: &'r dyn RequestView, name: &str) -> Option<&'r [u8]> {
-    req.header_values(name).into_iter().next()
-}
-
 /// Extracts and validates the client's key. Body keys need the body.
 pub fn extract(policy: &KeyPolicy, req: &dyn RequestView) -> Result<String, KeyError> {
     let raw = match policy.from {

@@ -65,7 +65,7 @@ pub(super) struct Capture {
     holding: bool,
 }
 
-/// The request as the key and fingerprint code reads it.
+/// The request's data the decision needs, read once.
 #[derive(Default)]
 struct Request {
     method: String,
@@ -74,26 +74,8 @@ struct Request {
     body: Option<Vec<u8>>,
 }
 
-impl RequestView for Request {
-    fn method(&self) -> &str {
-        &self.method
-    }
-    fn path(&self) -> &str {
-        &self.path
-    }
-    fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, v)| v.as_slice())
-            .collect()
-    }
-    fn body(&self) -> Option<&[u8]> {
-        self.body.as_deref()
-    }
-}
-
-/// A request view that also reads properties from the host (dynamic metadata for scopes).
+/// The request as the key and fingerprint code reads it: the stream's data, and properties
+/// read from the host on demand (dynamic metadata for `metadata:` scopes).
 struct WithHost<'a> {
     req: &'a Request,
     host: &'a dyn Host,
@@ -101,16 +83,17 @@ struct WithHost<'a> {
 
 impl RequestView for WithHost<'_> {
     fn method(&self) -> &str {
-        self.req.method()
+        &self.req.method
     }
     fn path(&self) -> &str {
-        self.req.path()
+        &self.req.path
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.req.header_values(name)
+        let headers = self.req.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()));
+        headers.map(|(_, v)| v.as_slice()).collect()
     }
     fn body(&self) -> Option<&[u8]> {
-        self.req.body()
+        self.req.body.as_deref()
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.host.property(path)
@@ -159,7 +142,7 @@ impl Stream {
         let needs_body = w.engine.policy(route).is_some_and(|p| p.needs_body());
         if needs_body && !end_of_stream {
             // Refuse a missing or malformed key now, not after the body arrived.
-            if let Some(v) = w.engine.precheck(route, &self.request) {
+            if let Some(v) = w.engine.precheck(route, &WithHost { req: &self.request, host }) {
                 return self.apply(host, route, v, false);
             }
             // With allow_on_headers_stop_iteration, the body still reaches on_request_body.

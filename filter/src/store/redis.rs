@@ -120,8 +120,7 @@ impl<'a> RedisStore<'a> {
         ttl_ms: u64,
         lease_ms: u64,
     ) -> (Command, bool) {
-        let fields: Vec<&str> = t.record.split('|').collect();
-        let (owner, fp, first) = (field(&fields, 1), field(&fields, 2), field(&fields, 3));
+        let (owner, fp, first) = claim_parts(&t.record);
         let tombstone = response.encoded_len() > max_response_bytes;
         let record = if tombstone {
             format!("T|{owner}|{fp}|{first}|{}", response.status)
@@ -138,8 +137,7 @@ impl<'a> RedisStore<'a> {
 
     /// Marks a claim whose outcome is unknown, held for `hold_ms` (same fencing as completion).
     pub fn hold_unknown(&self, t: &Ticket, hold_ms: u64, now: u64, lease_ms: u64) -> Command {
-        let fields: Vec<&str> = t.record.split('|').collect();
-        let (owner, fp, first) = (field(&fields, 1), field(&fields, 2), field(&fields, 3));
+        let (owner, fp, first) = claim_parts(&t.record);
         let record = format!("U|{owner}|{fp}|{first}|{}", now.saturating_add(hold_ms));
         let (hold, lease) = (hold_ms.max(1).to_string(), lease_ms.max(1).to_string());
         Command { name: "EVAL", body: command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &hold, &lease]) }
@@ -208,6 +206,13 @@ impl<'a> RedisStore<'a> {
 /// A fresh token from 16 random bytes (128 bits), URL-safe.
 pub fn token_text(random: &[u8; 16]) -> String {
     URL_SAFE_NO_PAD.encode(random)
+}
+
+/// Owner, fingerprint and first-seen time of an in-flight record (`I|owner|fp|first|lease`),
+/// which a completion or an unknown-outcome record carries over.
+fn claim_parts(record: &str) -> (&str, &str, &str) {
+    let mut f = record.split('|').skip(1);
+    (f.next().unwrap_or(""), f.next().unwrap_or(""), f.next().unwrap_or(""))
 }
 
 fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
