@@ -15,6 +15,7 @@ scripts/ on sys.path) and `stack.X` are all a caller needs:
     envoy_config  Envoy bootstrap configs: the idem filter, routes, listeners, clusters
     envoy         Envoy: the process, its admin; start_idem_envoy, start_fast_upstream, start_fleet
     redis         Redis, Webdis, redis_command, the policy `[redis]` table and Webdis cluster
+    redis_cluster RedisCluster (six nodes), ClusterStore (Envoy redis_proxy + Webdis in front of it)
     wrk           run_wrk, parse_wrk, the Lua scripts
     examples      examples/*.yaml with their ports rewritten
 """
@@ -24,12 +25,14 @@ from .envoy import Envoy, require_envoy, require_wasm, start_fast_upstream, star
 from .envoy_config import (DEFAULT_ROUTES, ENABLE_IDEM, cluster, direct_response_config, idem_config, listener,
                            route_entry, wasm_filter)
 from .examples import (EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM, EXAMPLE_YAML, example_config_text,
-                       example_redis_config_text)
+                       example_redis_config_text, rewrite_example)
 from .http import DEFAULT_AUTH, Response, free_port, port_is_free, request
 from .procs import Proc, make_workdir, rss_bytes, wait_until
 from .redis import (REDIS_ADMIN, REDIS_DEFAULT_USER_ACL, REDIS_PASSWORD, REDIS_SERVER, WEBDIS, WEBDIS_AUTH,
                     WEBDIS_JSON, Redis, RedisError, Webdis, redis_command, redis_table, require_redis,
                     webdis_cluster, webdis_config)
+from .redis_cluster import (CLUSTER_ADMIN, CLUSTER_DIR, CLUSTER_PROXY_USER, ClusterStore, RedisCluster,
+                            redis_proxy_config_text)
 from .upstream import UPSTREAM_PY, Upstream
 from .wrk import WRK, WRK_SCRIPTS, parse_wrk, require_wrk, run_wrk
 
@@ -51,9 +54,11 @@ __all__ = [
     "REDIS_SERVER", "WEBDIS", "WEBDIS_JSON", "REDIS_PASSWORD", "WEBDIS_AUTH", "REDIS_DEFAULT_USER_ACL", "REDIS_ADMIN",
     "Redis", "RedisError", "redis_command", "require_redis", "Webdis", "webdis_config", "webdis_cluster",
     "redis_table",
+    # redis_cluster
+    "CLUSTER_DIR", "CLUSTER_ADMIN", "CLUSTER_PROXY_USER", "RedisCluster", "ClusterStore", "redis_proxy_config_text",
     # wrk
     "WRK", "WRK_SCRIPTS", "require_wrk", "parse_wrk", "run_wrk",
     # examples
     "EXAMPLE_YAML", "EXAMPLE_PORTS", "EXAMPLE_WASM", "EXAMPLE_REDIS_YAML", "example_config_text",
-    "example_redis_config_text",
+    "example_redis_config_text", "rewrite_example",
 ]

@@ -9,11 +9,11 @@ EXAMPLE_WASM = "target/wasm32-wasip1/release/idem_filter.wasm"
 EXAMPLE_REDIS_YAML = REPO / "examples" / "envoy-redis.yaml"
 
 
-def _rewrite_example(path, ports, wasm_path):
+def rewrite_example(path, ports, wasm_path=None):
     """An example Envoy config with its ports ({old: new}, each present exactly once) and
     optionally its .wasm path rewritten."""
     text = path.read_text()
-    name = "examples/" + path.name
+    name = str(path.relative_to(REPO))
     for old, new in ports.items():
         needle = "port_value: %d }" % old
         if text.count(needle) != 1:
@@ -28,10 +28,10 @@ def _rewrite_example(path, ports, wasm_path):
 
 def example_config_text(listen_port=10000, admin_port=9901, upstream_port=8080, wasm_path=None):
     """examples/envoy.yaml with its three ports (and optionally the .wasm path) rewritten."""
-    return _rewrite_example(EXAMPLE_YAML, {10000: listen_port, 9901: admin_port, 8080: upstream_port}, wasm_path)
+    return rewrite_example(EXAMPLE_YAML, {10000: listen_port, 9901: admin_port, 8080: upstream_port}, wasm_path)
 
 
 def example_redis_config_text(listen_port, admin_port, upstream_port, webdis_port, wasm_path=None):
     """examples/envoy-redis.yaml with its four ports (and optionally the .wasm path) rewritten."""
     ports = {10000: listen_port, 9901: admin_port, 8080: upstream_port, 7390: webdis_port}
-    return _rewrite_example(EXAMPLE_REDIS_YAML, ports, wasm_path)
+    return rewrite_example(EXAMPLE_REDIS_YAML, ports, wasm_path)

@@ -148,16 +148,16 @@ def webdis_config(http_port, redis_port, template=WEBDIS_JSON):
 
 
 class Webdis:
-    """webdis (examples/webdis.json, ports rewritten) in front of a Redis. `start()` after `stop()`
+    """webdis (examples/webdis.json or `template`, ports rewritten) in front of a Redis. `start()` after `stop()`
     brings it back on the same port."""
 
-    def __init__(self, workdir, redis_port, port=None):
+    def __init__(self, workdir, redis_port, port=None, template=WEBDIS_JSON):
         require_redis()
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.redis_port = redis_port
         self.config_path = self.workdir / ("webdis-%d.json" % self.port)
-        self.config_path.write_text(json.dumps(webdis_config(self.port, redis_port), indent=1))
+        self.config_path.write_text(json.dumps(webdis_config(self.port, redis_port, template), indent=1))
         self.proc = None
         self.start()
 
