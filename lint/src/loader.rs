@@ -22,11 +22,23 @@ pub struct At<'a> {
     pub node: &'a Node,
 }
 
+/// Which specification the root document follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// `swagger: "2.0"` (springfox, knife4j, …): body and form parameters instead of
+    /// `requestBody`, response `schema`/`examples` instead of `content` — read by [`crate::model`]
+    /// into the same operations.
+    Swagger2,
+    /// `openapi: 3.x`.
+    OpenApi3,
+}
+
 /// The loaded spec: the root file (id 0) and every file reachable through `$ref`.
 #[derive(Debug)]
 pub struct Workspace {
     pub files: Vec<SourceFile>,
     pub roots: Vec<Node>,
+    pub version: Version,
     keys: Vec<PathBuf>,
     /// (file, `$ref` string) → (target file, child index path from that file's root).
     refs: HashMap<(FileId, String), (FileId, Vec<u32>)>,
@@ -38,9 +50,15 @@ const MAX_REF_CHAIN: usize = 64;
 impl Workspace {
     /// Load a spec file and everything it references. Any problem is a [`FatalError`].
     pub fn load(path: &str) -> Result<Workspace, FatalError> {
-        let mut ws = Workspace { files: Vec::new(), roots: Vec::new(), keys: Vec::new(), refs: HashMap::new() };
+        let mut ws = Workspace {
+            files: Vec::new(),
+            roots: Vec::new(),
+            version: Version::OpenApi3,
+            keys: Vec::new(),
+            refs: HashMap::new(),
+        };
         ws.add_file(Path::new(path), path.to_string(), None)?;
-        check_version(&ws.files[0], &ws.roots[0])?;
+        ws.version = check_version(&ws.files[0], &ws.roots[0])?;
         let mut next = 0;
         while next < ws.files.len() {
             ws.check_refs(next)?;
@@ -52,13 +70,15 @@ impl Workspace {
     /// Load from memory (tests, fuzzing). `$ref`s to other files are errors.
     pub fn from_text(name: &str, text: &str) -> Result<Workspace, FatalError> {
         let root = parse_text(name, text)?;
+        let file = SourceFile::new(name.to_string(), text.to_string());
+        let version = check_version(&file, &root)?;
         let mut ws = Workspace {
-            files: vec![SourceFile::new(name.to_string(), text.to_string())],
+            files: vec![file],
             roots: vec![root],
+            version,
             keys: vec![PathBuf::from(name)],
             refs: HashMap::new(),
         };
-        check_version(&ws.files[0], &ws.roots[0])?;
         ws.check_refs(0)?;
         Ok(ws)
     }
@@ -97,7 +117,8 @@ impl Workspace {
     /// Walk one file, load the files its `$ref`s name and check every target exists.
     fn check_refs(&mut self, file: FileId) -> Result<(), FatalError> {
         let mut found: Vec<(String, u32)> = Vec::new();
-        collect_refs(&self.roots[file], false, RefCtx::Normal, &mut found);
+        let ctx = if self.version == Version::Swagger2 { RefCtx::Swagger2 } else { RefCtx::Normal };
+        collect_refs(&self.roots[file], false, ctx, &mut found);
         let mut seen: HashSet<String> = HashSet::new();
         for (r, off) in found {
             if !seen.insert(r.clone()) {
@@ -232,6 +253,9 @@ fn child_index<'a>(node: &'a Node, seg: &str) -> Option<(usize, &'a Node)> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum RefCtx {
     Normal,
+    /// Anywhere in a Swagger 2.0 document: an `examples` mapping there is data (media type →
+    /// example value), never Example Objects.
+    Swagger2,
     /// The value of an `examples` mapping: each entry is an Example Object.
     ExamplesMap,
     /// An Example Object: its `value` is data.
@@ -252,6 +276,7 @@ fn collect_refs(node: &Node, skip: bool, ctx: RefCtx, out: &mut Vec<(String, u32
                     }
                 }
                 let child_ctx = match ctx {
+                    RefCtx::Swagger2 => RefCtx::Swagger2,
                     RefCtx::ExamplesMap => RefCtx::ExampleObject,
                     _ if e.key == "examples" => RefCtx::ExamplesMap,
                     _ => RefCtx::Normal,
@@ -259,14 +284,15 @@ fn collect_refs(node: &Node, skip: bool, ctx: RefCtx, out: &mut Vec<(String, u32
                 let skip_child = skip
                     || e.key.starts_with("x-")
                     || e.key == "example"
-                    || (e.key == "examples" && matches!(e.value.value, Value::Seq(_)))
+                    || (e.key == "examples" && (ctx == RefCtx::Swagger2 || matches!(e.value.value, Value::Seq(_))))
                     || (ctx == RefCtx::ExampleObject && (e.key == "value" || e.key == "externalValue"));
                 collect_refs(&e.value, skip_child, child_ctx, out);
             }
         }
         Value::Seq(s) => {
+            let child_ctx = if ctx == RefCtx::Swagger2 { RefCtx::Swagger2 } else { RefCtx::Normal };
             for n in s {
-                collect_refs(n, skip, RefCtx::Normal, out);
+                collect_refs(n, skip, child_ctx, out);
             }
         }
         _ => {}
@@ -304,7 +330,8 @@ fn decode(name: &str, mut bytes: Vec<u8>) -> Result<String, FatalError> {
 
 /// Parse a file's text as JSON (`.json`, or text starting with `{`) or YAML.
 /// The specs behind the SPEC arguments: a file as it is; a directory, every OpenAPI document in
-/// it and below (`*.yaml`, `*.yml`, `*.json` whose top level declares `openapi`), sorted by path.
+/// it and below (`*.yaml`, `*.yml`, `*.json` whose top level declares `openapi` or `swagger`),
+/// sorted by path.
 /// Other files there — fragments of a multi-file spec that `$ref` reaches, policies, data — are
 /// skipped, not failed: their root spec reads them.
 pub fn expand_specs(args: &[String]) -> Result<Vec<String>, FatalError> {
@@ -322,7 +349,7 @@ pub fn expand_specs(args: &[String]) -> Result<Vec<String>, FatalError> {
         if found.is_empty() {
             return Err(FatalError::whole_file(
                 a,
-                "no OpenAPI document (a file with a top-level `openapi` field) in this directory",
+                "no OpenAPI document (a file with a top-level `openapi` or `swagger` field) in this directory",
             ));
         }
         out.extend(found.into_iter().map(|f| f.to_string_lossy().into_owned()));
@@ -346,7 +373,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether a file's top level declares `openapi` (read from its first 64 KiB, as text).
+/// Whether a file's top level declares `openapi` or `swagger` (read from its first 64 KiB, as
+/// text).
 fn is_openapi_root(path: &Path) -> bool {
     use std::io::Read;
     let mut head = Vec::new();
@@ -355,8 +383,12 @@ fn is_openapi_root(path: &Path) -> bool {
         return true; // let the loader report why it cannot be read
     }
     let text = String::from_utf8_lossy(&head);
-    text.lines().any(|l| l.starts_with("openapi:") || l.starts_with("\"openapi\"") || l.starts_with("'openapi'"))
-        || text.trim_start().starts_with('{') && text.contains("\"openapi\"")
+    ["openapi", "swagger"].iter().any(|k| {
+        text.lines().any(|l| {
+            l.strip_prefix(k).is_some_and(|r| r.starts_with(':'))
+                || [format!("\"{k}\""), format!("'{k}'")].iter().any(|q| l.starts_with(q.as_str()))
+        }) || text.trim_start().starts_with('{') && text.contains(&format!("\"{k}\""))
+    })
 }
 
 pub fn parse_text(name: &str, text: &str) -> Result<Node, FatalError> {
@@ -372,7 +404,7 @@ pub fn parse_text(name: &str, text: &str) -> Result<Node, FatalError> {
     }
 }
 
-fn check_version(file: &SourceFile, root: &Node) -> Result<(), FatalError> {
+fn check_version(file: &SourceFile, root: &Node) -> Result<Version, FatalError> {
     if root.as_map().is_none() {
         return Err(FatalError::at(
             &file.name,
@@ -381,39 +413,40 @@ fn check_version(file: &SourceFile, root: &Node) -> Result<(), FatalError> {
             "not an OpenAPI document: the top level is not a mapping",
         ));
     }
-    if let Some(e) = root.entry("swagger") {
-        return Err(FatalError::at(
-            &file.name,
-            &file.text,
-            e.key_start as usize,
-            "Swagger 2.0 is not supported: convert the spec to OpenAPI 3 (e.g. with swagger2openapi) and lint that",
-        ));
-    }
-    let Some(e) = root.entry("openapi") else {
-        return Err(FatalError::at(
-            &file.name,
-            &file.text,
-            root.start as usize,
-            "not an OpenAPI document: no `openapi` field",
-        ));
-    };
-    let v = e.value.scalar_text().unwrap_or_default();
-    if v.starts_with("3.") || v == "3" {
-        Ok(())
-    } else if v.starts_with("2.") || v == "2" {
-        Err(FatalError::at(
-            &file.name,
-            &file.text,
-            e.value.start as usize,
-            format!("OpenAPI {v} (Swagger) is not supported: convert the spec to OpenAPI 3"),
-        ))
-    } else {
-        Err(FatalError::at(
-            &file.name,
-            &file.text,
-            e.value.start as usize,
-            format!("unsupported OpenAPI version \"{v}\"; idem-lint reads OpenAPI 3.0 and 3.1"),
-        ))
+    let at = |offset: u32, reason: String| FatalError::at(&file.name, &file.text, offset as usize, reason);
+    match (root.entry("swagger"), root.entry("openapi")) {
+        (Some(_), Some(o)) => Err(at(
+            o.key_start,
+            "both `swagger` and `openapi` at the top level: a document is either Swagger 2.0 or OpenAPI 3".into(),
+        )),
+        (Some(e), None) => {
+            let v = e.value.scalar_text().unwrap_or_default();
+            if v == "2.0" {
+                Ok(Version::Swagger2)
+            } else {
+                Err(at(
+                    e.value.start,
+                    format!("unsupported Swagger version \"{v}\"; idem-lint reads Swagger 2.0 (`swagger: \"2.0\"`) and OpenAPI 3.0 and 3.1"),
+                ))
+            }
+        }
+        (None, Some(e)) => {
+            let v = e.value.scalar_text().unwrap_or_default();
+            if v.starts_with("3.") || v == "3" {
+                Ok(Version::OpenApi3)
+            } else if v.starts_with("2.") || v == "2" {
+                Err(at(
+                    e.value.start,
+                    format!("`openapi: {v}` is not a version: Swagger 2.0 documents say `swagger: \"2.0\"`"),
+                ))
+            } else {
+                Err(at(
+                    e.value.start,
+                    format!("unsupported OpenAPI version \"{v}\"; idem-lint reads Swagger 2.0 and OpenAPI 3.0 and 3.1"),
+                ))
+            }
+        }
+        (None, None) => Err(at(root.start, "not an OpenAPI document: no `openapi` (or `swagger`) field".into())),
     }
 }
 
@@ -511,8 +544,15 @@ mod tests {
 
     #[test]
     fn versions() {
-        let e = Workspace::from_text("s.yaml", "swagger: '2.0'\ninfo: {}\n").unwrap_err();
-        assert!(e.reason.contains("Swagger 2.0 is not supported"));
+        let ws = Workspace::from_text("s.yaml", "swagger: '2.0'\ninfo: {}\n").unwrap();
+        assert_eq!(ws.version, Version::Swagger2);
+        let e = Workspace::from_text("s.yaml", "swagger: '1.2'\n").unwrap_err();
+        assert!(e.reason.contains("unsupported Swagger version \"1.2\""), "{e}");
+        let e = Workspace::from_text("s.yaml", "swagger: '2.0'\nopenapi: 3.0.0\n").unwrap_err();
+        assert!(e.reason.contains("both `swagger` and `openapi`"), "{e}");
+        assert_eq!(e.position.unwrap().line, 2);
+        let e = Workspace::from_text("s.yaml", "openapi: 2.0\n").unwrap_err();
+        assert!(e.reason.contains("`swagger: \"2.0\"`"), "{e}");
         assert!(Workspace::from_text("s.yaml", "info: {}\n").is_err());
         assert!(Workspace::from_text("s.yaml", "openapi: 4.0.0\n").is_err());
         assert!(Workspace::from_text("s.yaml", "openapi: 3.1.0\n").is_ok());

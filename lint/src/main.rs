@@ -30,8 +30,8 @@ enum ColorArg {
     Never,
 }
 
-/// Check OpenAPI 3.0/3.1 specs for the 幂等性说明 (idempotency statement) on every non-safe
-/// operation.
+/// Check OpenAPI 3.0/3.1 and Swagger 2.0 specs for the 幂等性说明 (idempotency statement) on
+/// every non-safe operation.
 ///
 /// Exit status: 0 clean, 1 findings at or above --fail-on, 2 usage, I/O or parse error.
 #[derive(Debug, Parser)]
@@ -41,7 +41,8 @@ struct Cli {
     command: Option<Command>,
 
     /// OpenAPI spec files (YAML or JSON), or directories: every OpenAPI document in them and
-    /// below (files with a top-level `openapi` field; fragments of multi-file specs are skipped).
+    /// below (files with a top-level `openapi` or `swagger` field; fragments of multi-file specs
+    /// are skipped).
     #[arg(value_name = "SPEC")]
     specs: Vec<String>,
 

@@ -1,10 +1,25 @@
 //! A thin typed view over the positioned tree: the operations of a spec with their resolved,
-//! merged parameters. Only what the rules need; everything else stays in the tree.
+//! merged parameters, request body and responses. Only what the rules need; everything else
+//! stays in the tree.
+//!
+//! This is where Swagger 2.0 and OpenAPI 3 meet, so that the rules read one model. The nodes
+//! stay the document's own (positions and pointers are those of the file as written):
+//!
+//! | model | OpenAPI 3.0/3.1 | Swagger 2.0 |
+//! |---|---|---|
+//! | [`Operation::params`] | `parameters` (path item + operation, `$ref`s followed) | the same; `in: body` and `in: formData` ones are listed too, under those locations |
+//! | [`Body::schemas`] | `requestBody` (`$ref` followed) → `content.*.schema` | the `schema` of the `in: body` parameter |
+//! | [`Body::fields`] | — | the `in: formData` parameters (each one a top-level body property) |
+//! | [`Operation::responses`] | `responses` | `responses` (`schema`, `examples`, `headers` instead of `content`; `#/responses/…` refs followed) |
+//!
+//! Paths are the keys of `paths` as written: a Swagger `basePath`, like an OpenAPI `servers`
+//! URL, is not prepended (the cross-check compares policies with these paths).
 
-use crate::loader::{At, FileId, Workspace};
+use crate::loader::{At, FileId, Version, Workspace};
 use crate::node::{pointer, Node};
 
-/// HTTP methods an OpenAPI 3.0/3.1 path item can hold, in the order the spec lists them.
+/// HTTP methods a path item can hold (Swagger 2.0 has all but `trace`), in the order the spec
+/// lists them.
 pub const METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
 
 /// A parameter after `$ref` resolution.
@@ -32,6 +47,19 @@ pub struct Operation<'a> {
     pub params: Vec<Param<'a>>,
     /// Nodes from the root down to the operation, for `x-idem-lint-ignore` lookups.
     pub ancestors: Vec<At<'a>>,
+    /// What the request body declares.
+    pub body: Body<'a>,
+    /// The `responses` object (after `$ref` resolution), when there is one.
+    pub responses: Option<At<'a>>,
+}
+
+/// The request body of an operation, whichever version declared it.
+#[derive(Debug, Clone, Default)]
+pub struct Body<'a> {
+    /// The body's schemas: one per media type (OpenAPI 3) or the body parameter's (Swagger 2.0).
+    pub schemas: Vec<At<'a>>,
+    /// Body fields declared one by one: Swagger 2.0 `in: formData` parameters.
+    pub fields: Vec<Param<'a>>,
 }
 
 impl Operation<'_> {
@@ -73,6 +101,11 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
             let mut params: Vec<Param<'_>> =
                 path_params.iter().filter(|p| !own.iter().any(|o| same_param(o, p))).copied().collect();
             params.extend(own);
+            let body = match ws.version {
+                Version::OpenApi3 => body_v3(ws, op),
+                Version::Swagger2 => body_v2(&params),
+            };
+            let responses = op.node.get("responses").and_then(|r| ws.resolve(At { file: op.file, node: r }));
             out.push(Operation {
                 method: oe.key.as_str(),
                 path: pe.key.as_str(),
@@ -82,10 +115,42 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
                 pointer: pointer(["paths", pe.key.as_str(), oe.key.as_str()]),
                 params,
                 ancestors: vec![root, paths_at, item, op],
+                body,
+                responses,
             });
         }
     }
     out
+}
+
+/// OpenAPI 3: `requestBody.content.*.schema`.
+fn body_v3<'a>(ws: &'a Workspace, op: At<'a>) -> Body<'a> {
+    let mut body = Body::default();
+    let Some(rb) = op.node.get("requestBody").and_then(|rb| ws.resolve(At { file: op.file, node: rb })) else {
+        return body;
+    };
+    if let Some(content) = rb.node.get("content").and_then(Node::as_map) {
+        body.schemas =
+            content.iter().filter_map(|m| m.value.get("schema")).map(|n| At { file: rb.file, node: n }).collect();
+    }
+    body
+}
+
+/// Swagger 2.0: the `in: body` parameter's `schema`, and the `in: formData` parameters.
+fn body_v2<'a>(params: &[Param<'a>]) -> Body<'a> {
+    let mut body = Body::default();
+    for p in params {
+        match p.location {
+            "body" => {
+                if let Some(schema) = p.at.node.get("schema") {
+                    body.schemas.push(At { file: p.at.file, node: schema });
+                }
+            }
+            "formData" => body.fields.push(*p),
+            _ => {}
+        }
+    }
+    body
 }
 
 fn same_param(a: &Param<'_>, b: &Param<'_>) -> bool {

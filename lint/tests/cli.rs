@@ -66,7 +66,7 @@ fn bad_input_exits_2_with_file_position_and_one_line_reason() {
         ("bad-input/image.yaml", ":1:1: not UTF-8 text"),
         ("bad-input/missing-ref-file.yaml", ":7:15: $ref \"./nope/bodies.yaml#/Order\": cannot read"),
         ("bad-input/missing-ref-pointer.yaml", ":7:17: $ref \"#/components/parameters/IdempotencyKey\": no node"),
-        ("bad-input/swagger.yaml", ":1:1: Swagger 2.0 is not supported"),
+        ("bad-input/swagger-1.2.yaml", ":1:10: unsupported Swagger version \"1.2\""),
     ];
     for (file, want) in cases {
         let path = fx(file);
@@ -301,6 +301,35 @@ fn json_and_yaml_of_the_same_spec_give_the_same_findings() {
 }
 
 #[test]
+fn swagger_2_and_its_openapi_3_conversion_give_the_same_findings() {
+    let essence = |file: &str| -> Vec<(String, String, String)> {
+        let mut v: Vec<_> = json(&[&fx(file)])["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["code"].as_str().unwrap().to_string(),
+                    f["pointer"].as_str().unwrap().to_string(),
+                    f["message"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let v2 = essence("swagger2/shop.yaml");
+    let v3 = essence("swagger2/shop.openapi3.yaml");
+    let codes: Vec<&str> = v2.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(codes, ["IDEM001", "IDEM004", "IDEM004", "IDEM005", "IDEM006", "IDEM006", "IDEM007", "IDEM008"]);
+    assert_eq!(v2, v3);
+    // Positions are the Swagger file's own: the body key of PUT /orders/{id} is on line 28.
+    let v = json(&[&fx("swagger2/shop.yaml")]);
+    let f = v["findings"].as_array().unwrap().iter().find(|f| f["code"] == "IDEM004").unwrap();
+    assert_eq!((f["line"].as_u64(), f["column"].as_u64()), (Some(28), Some(14)), "{f}");
+}
+
+#[test]
 fn x_idem_lint_ignore_applies_to_the_node_and_everything_below_it() {
     let v = json(&[&fx("suppress/spec.yaml")]);
     let got: Vec<(String, String)> = v["findings"]
@@ -336,6 +365,12 @@ fn a_directory_lints_every_openapi_document_in_it_and_skips_fragments() {
     };
     std::fs::write(dir.join("orders.yaml"), spec("/orders")).unwrap();
     std::fs::write(dir.join("billing/pay.yml"), spec("/pay")).unwrap();
+    // Swagger 2.0 (springfox's /v2/api-docs saved as JSON) is a spec too.
+    std::fs::write(
+        dir.join("legacy.json"),
+        r#"{"swagger":"2.0","info":{"title":"t","version":"1"},"paths":{"/legacy":{"delete":{"responses":{"200":{"description":"OK"}}}}}}"#,
+    )
+    .unwrap();
     // A fragment a root spec would $ref: no `openapi` field, never linted on its own.
     std::fs::write(dir.join("billing/schemas.yaml"), "Order:\n  type: object\n").unwrap();
     std::fs::write(dir.join("notes.txt"), "not a spec").unwrap();
@@ -350,7 +385,7 @@ fn a_directory_lints_every_openapi_document_in_it_and_skips_fragments() {
         .map(|f| f["file"].as_str().unwrap().rsplit('/').next().unwrap().to_string())
         .collect();
     files.sort();
-    assert_eq!(files, ["orders.yaml", "pay.yml"], "{}", stdout(&o));
+    assert_eq!(files, ["legacy.json", "orders.yaml", "pay.yml"], "{}", stdout(&o));
     let empty = dir.join("billing");
     std::fs::remove_file(empty.join("pay.yml")).unwrap();
     let o = run(&[empty.to_str().unwrap()]);

@@ -3,7 +3,8 @@
 //! The statement names a key the operation does not declare. A header, query or path key must be
 //! one of the operation's parameters — its own, the path item's (path-level parameters count) or a
 //! `$ref`'d one; header names compare case-insensitively. A body key must be a property of the
-//! request body schema (any media type), followed through `$ref`, `allOf`, `oneOf` and `anyOf`; a
+//! request body schema (any media type; in Swagger 2.0 the `in: body` parameter's schema, or an
+//! `in: formData` parameter), followed through `$ref`, `allOf`, `oneOf` and `anyOf`; a
 //! plain name is a top-level property, a JSON pointer such as `/data/id` walks nested properties
 //! (`/items/0/sku` walks array items). A key without a location may be declared anywhere. A
 //! bracket that names no location is a remark (`out_trade_no（商户订单号）` is the key
@@ -114,21 +115,16 @@ fn body_has(ctx: &Ctx<'_>, name: &str) -> bool {
     } else {
         vec![name.to_string()]
     };
-    let ws = ctx.ws;
-    let Some(rb) = ctx.op.at.node.get("requestBody") else {
-        return false;
-    };
-    let Some(rb) = ws.resolve(At { file: ctx.op.at.file, node: rb }) else {
-        return false;
-    };
-    let Some(content) = rb.node.get("content").and_then(Node::as_map) else {
-        return false;
-    };
-    content.iter().any(|media| {
-        media.value.get("schema").is_some_and(|schema| {
-            let mut seen = HashSet::new();
-            schema_has(ws, At { file: rb.file, node: schema }, &segments, &mut seen)
-        })
+    let body = &ctx.op.body;
+    // A Swagger 2.0 form field is a top-level property without a schema of its own to walk.
+    if let [field] = segments.as_slice() {
+        if body.fields.iter().any(|p| p.name == field) {
+            return true;
+        }
+    }
+    body.schemas.iter().any(|schema| {
+        let mut seen = HashSet::new();
+        schema_has(ctx.ws, *schema, &segments, &mut seen)
     })
 }
 

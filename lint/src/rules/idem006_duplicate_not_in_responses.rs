@@ -4,7 +4,8 @@
 //! duplicate's code appears nowhere in that response. The status matches a response key exactly
 //! (`"409"`) or by range (`"4XX"`); `default` does not count. The code is looked for as a whole
 //! word in every string and key of the response, following `$ref`s: its description, headers,
-//! schemas (`enum`, `example`, `const`) and examples.
+//! schemas (`enum`, `example`, `const`) and examples (Swagger 2.0's `schema` and `examples` of
+//! the response alike).
 //!
 //! ## Why
 //!
@@ -52,7 +53,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some((dup, status)) = ctx.duplicate_status() else {
         return;
     };
-    let responses = ctx.op.at.node.get("responses").and_then(|r| ctx.ws.resolve(At { file: ctx.op.at.file, node: r }));
+    let responses = ctx.op.responses;
     let exact = status.to_string();
     let range = format!("{}XX", status / 100);
     let entries = responses.and_then(|r| r.node.as_map().map(|m| (r.file, m)));
