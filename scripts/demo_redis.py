@@ -5,8 +5,11 @@ TWO Envoy processes (examples/envoy-redis.yaml) sharing one Redis through Webdis
 one than the request before it: what holds, holds because of Redis. Prints every answer and both
 Envoys' counters, stops everything, exits 1 if a step misbehaves.
 
-    python3 scripts/demo_redis.py
+    python3 scripts/demo_redis.py              # one Redis (`make demo-redis`)
+    python3 scripts/demo_redis.py --cluster    # Redis Cluster (`make demo-redis CLUSTER=1`)
 
+With --cluster the store is a six-node Redis Cluster (3 primaries, 3 replicas, free ports) reached
+through Envoy's redis_proxy and a Webdis per gateway (examples/redis-cluster/).
 Ports on 127.0.0.1: Redis 6390, Webdis 7390, upstream 8080, Envoy 1 10000 (admin 9901),
 Envoy 2 10001 (admin 9902) -- each replaced by a free port only when busy. Needs .venv/bin/envoy,
 redis-server and webdis (`make setup`) and the built filter (`make build`).
@@ -25,6 +28,32 @@ DEFAULT_PORTS = {"redis": 6390, "webdis": 7390, "upstream": 8080,
 
 
 class RedisDemo(Demo):
+    def __init__(self, cluster=False):
+        super().__init__()
+        self.cluster = None
+        self.webdis_ports = []
+        self.use_cluster = cluster
+
+    def start_store(self, ports):
+        """One Redis behind one Webdis, or (--cluster) a six-node Redis Cluster with Envoy's
+        redis_proxy and a Webdis in front of it for each gateway Envoy."""
+        if not self.use_cluster:
+            self.redis = stack.Redis(self.workdir, port=ports["redis"])
+            self.procs.append(self.redis)
+            self.webdis = stack.Webdis(self.workdir, self.redis.port, port=ports["webdis"])
+            self.procs.append(self.webdis)
+            self.webdis_ports = [self.webdis.port, self.webdis.port]
+            return "one Redis 127.0.0.1:%d behind Webdis 127.0.0.1:%d" % (self.redis.port, self.webdis.port)
+        print(dim("starting a Redis Cluster: 3 primaries, 3 replicas (examples/redis-cluster/) ..."))
+        self.cluster = stack.RedisCluster(self.workdir)
+        self.procs.append(self.cluster)
+        for i in (1, 2):
+            store = stack.ClusterStore(self.workdir, self.cluster, name="redis-proxy%d" % i)
+            self.procs.append(store)
+            self.webdis_ports.append(store.webdis.port)
+        return "Redis Cluster (primaries %s) through Envoy redis_proxy, Webdis %s" % (
+            ", ".join(str(p) for p in self.cluster.primaries()), " / ".join(str(p) for p in self.webdis_ports))
+
     def start(self):
         stack.require_envoy()
         stack.require_wasm()
@@ -34,16 +63,13 @@ class RedisDemo(Demo):
             ports[name] = default if stack.port_is_free(default) else stack.free_port()
             if ports[name] != default:
                 print(dim("port %d (%s) is busy; using %d instead" % (default, name, ports[name])))
-        self.redis = stack.Redis(self.workdir, port=ports["redis"])
-        self.procs.append(self.redis)
-        self.webdis = stack.Webdis(self.workdir, self.redis.port, port=ports["webdis"])
-        self.procs.append(self.webdis)
+        store = self.start_store(ports)
         self.upstream = stack.Upstream(self.workdir, port=ports["upstream"])
         self.procs.append(self.upstream)
         for i in (1, 2):
             cfg = self.workdir / ("envoy-redis-%d.yaml" % i)
             text = stack.example_redis_config_text(ports["listen%d" % i], ports["admin%d" % i], self.upstream.port,
-                                                   self.webdis.port)
+                                                   self.webdis_ports[i - 1])
             cfg.write_text(with_token_routes(text, store="redis"))
             env = stack.Envoy(cfg, self.workdir, listen_port=ports["listen%d" % i], admin_port=ports["admin%d" % i],
                               cwd=str(stack.REPO), name="envoy-redis-%d" % i)
@@ -56,14 +82,19 @@ class RedisDemo(Demo):
         print("%s Envoy 1 http://127.0.0.1:%d (admin %d), Envoy 2 http://127.0.0.1:%d (admin %d)" % (
             bold("stack up:"), self.envoys[0].listen_port, self.envoys[0].admin_port,
             self.envoys[1].listen_port, self.envoys[1].admin_port))
-        print("          one Redis 127.0.0.1:%d behind Webdis 127.0.0.1:%d; upstream http://127.0.0.1:%d" % (
-            self.redis.port, self.webdis.port, self.upstream.port))
+        print("          %s; upstream http://127.0.0.1:%d" % (store, self.upstream.port))
         for env in self.envoys:
             print(dim("  envoy log: %s" % env.proc.log_path))
 
     def report(self):
         super().report()
-        keys = self.redis.command("KEYS", "idem:*") or []
+        if self.cluster is not None:
+            by_primary = self.cluster.keys_by_primary("idem:*")
+            print("\n%s %s" % (bold("keys per primary:"), ", ".join("%d: %d" % kv for kv in
+                                                                  ((p, len(ks)) for p, ks in by_primary.items()))))
+            keys = [k for ks in by_primary.values() for k in ks]
+        else:
+            keys = self.redis.command("KEYS", "idem:*") or []
         kinds = {}
         for k in keys:
             kind = k.decode().split(":")[1] if k.count(b":") >= 2 else "?"
@@ -79,7 +110,8 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
 
-    demo = RedisDemo()
+    cluster = "--cluster" in sys.argv[1:]
+    demo = RedisDemo(cluster=cluster)
     try:
         demo.start()
         demo.walkthrough()
@@ -95,8 +127,8 @@ def main():
         return 1
     finally:
         demo.stop()
-    return report(demo.failures,
-                  "every step behaved as expected on two Envoys sharing one Redis; everything started was stopped.")
+    return report(demo.failures, "every step behaved as expected on two Envoys sharing %s; everything started was "
+                  "stopped." % ("a Redis Cluster" if cluster else "one Redis"))
 
 
 if __name__ == "__main__":
