@@ -5,7 +5,7 @@ CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup build demo demo-redis run test fmt-check clippy unit e2e lint-corpora bench clean
+.PHONY: all setup build demo demo-redis run test fmt-check clippy unit e2e lint-corpora bench oci clean
 
 all: build
 
@@ -50,6 +50,14 @@ test: setup fmt-check clippy unit e2e lint-corpora
 bench: build
 	$(PY) scripts/bench.py
 	bash scripts/bench-lint.sh
+
+# The filter as OCI images for Istio / Envoy Gateway, in the OCI layout target/oci/idem: tag `oci`
+# (Wasm artifact: wasm layer application/vnd.module.wasm.content.layer.v1+wasm) and tag `compat`
+# (one tar+gzip layer holding plugin.wasm). Prints the wasm's sha256 and each layer and manifest
+# digest. PUSH=registry/repo:tag pushes `oci` to :tag and `compat` to :tag-compat (skopeo; log in
+# with `skopeo login registry` first); PUSH_TLS_VERIFY=false for a plain-http registry.
+oci: build
+	$(PY) scripts/oci.py$(if $(PUSH), --push '$(PUSH)')$(if $(PUSH_TLS_VERIFY), --tls-verify=$(PUSH_TLS_VERIFY))
 
 clean:
 	$(CARGO) clean

