@@ -5,7 +5,7 @@ CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup build demo demo-redis run test fmt-check clippy unit e2e lint-corpora bench oci clean
+.PHONY: all setup build demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
 
 all: build
 
@@ -21,9 +21,15 @@ build: setup
 demo: build
 	$(PY) scripts/demo.py
 
-# The same walkthrough against two Envoy processes sharing one Redis (through Webdis).
+# The same walkthrough against two Envoy processes sharing one Redis (through Webdis);
+# `make demo-redis CLUSTER=1`: sharing a Redis Cluster (3 primaries, 3 replicas) through
+# Envoy's redis_proxy (examples/redis-cluster/).
 demo-redis: build
-	$(PY) scripts/demo_redis.py
+	$(PY) scripts/demo_redis.py $(if $(CLUSTER),--cluster)
+
+# What a Redis Cluster failover costs: keys with retries across a `kill -9` of a primary.
+failover: build
+	$(PY) scripts/failover.py
 
 # The same stack, kept up for manual curl until Ctrl-C.
 run: build
