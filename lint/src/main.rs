@@ -1,5 +1,6 @@
 //! `idem-lint [OPTIONS] <SPEC>... [--policies <DIR|FILE>...]`, `idem-lint rules`,
-//! `idem-lint --explain CODE`, `idem-lint bundle <DIR|FILE>... [--format toml|json] [--envoy-filter]`.
+//! `idem-lint --explain CODE`, `idem-lint bundle <DIR|FILE>... [--format toml|json] [--envoy-filter]`,
+//! `idem-lint policies <SPEC>... -o DIR [--force]`.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -9,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use idem_lint::config::{Config, FailOn, Severity};
 use idem_lint::crosscheck::cross_check;
+use idem_lint::generate::{generate, write_all, Action, Planned};
 use idem_lint::lint::{lint_workspace, sort};
 use idem_lint::loader::Workspace;
 use idem_lint::policy::{envoy_filter, PolicySet};
@@ -87,6 +89,37 @@ enum Command {
     /// Validate policy files with the filter's parser and write the filter's plugin
     /// configuration (the bundle) to stdout, or with --envoy-filter the Envoy http_filters entry.
     Bundle(BundleArgs),
+    /// Write the gateway policies from the spec: one policy file per operation documented as
+    /// idempotent (key source and name, duplicate status and code, expiry, token endpoint).
+    ///
+    /// Each file is checked with the filter's parser before anything is written; a second run
+    /// changes nothing ("unchanged"). Files carry a `# idem-lint-generated sha256:` header line: a
+    /// file edited by hand since (or not written by this command) is never overwritten without
+    /// --force — the run then writes nothing at all. Operations that cannot be expressed as a
+    /// policy are named on stderr with the reason.
+    ///
+    /// Exit status: 0 every idempotent operation has its file, 1 some were skipped, 2 usage, I/O
+    /// or parse error, or a file refused.
+    Policies(PoliciesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PoliciesArgs {
+    /// OpenAPI 3 or Swagger 2.0 spec files, or directories of them.
+    #[arg(value_name = "SPEC", required = true)]
+    specs: Vec<String>,
+
+    /// Directory the policy files are written to (created when missing).
+    #[arg(long, short = 'o', value_name = "DIR")]
+    out: String,
+
+    /// Overwrite files edited by hand, or not written by `idem-lint policies`.
+    #[arg(long)]
+    force: bool,
+
+    /// Config file (default: ./idem-lint.toml when it exists): extra section titles.
+    #[arg(long, value_name = "FILE")]
+    config: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -141,6 +174,14 @@ fn print(s: &str) {
 }
 
 fn run(cli: Cli) -> Result<u8, FatalError> {
+    if let Some(Command::Policies(p)) = &cli.command {
+        let config = match &p.config {
+            Some(path) => load_config(path)?,
+            None if Path::new("idem-lint.toml").is_file() => load_config("idem-lint.toml")?,
+            None => Config::default(),
+        };
+        return write_policies(p, &config);
+    }
     if let Some(Command::Bundle(b)) = &cli.command {
         let set = PolicySet::load(&b.paths)?;
         let text = match b.format {
@@ -243,6 +284,43 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         FailOn::Never => false,
     });
     Ok(u8::from(failing))
+}
+
+fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalError> {
+    let specs = idem_lint::loader::expand_specs(&p.specs)?;
+    let workspaces = specs.iter().map(|s| Workspace::load(s)).collect::<Result<Vec<_>, _>>()?;
+    let (generated, skipped) = generate(&workspaces, config);
+    let (plan, stale) = write_all(Path::new(&p.out), &generated, p.force)?;
+    let refused: Vec<&Planned> = plan.iter().filter(|f| matches!(f.action, Action::Refuse(_))).collect();
+    if !refused.is_empty() {
+        for f in &refused {
+            if let Action::Refuse(why) = &f.action {
+                eprintln!(
+                    "idem-lint: error: {}: {why}; not overwritten (use --force to overwrite it)",
+                    f.path.display()
+                );
+            }
+        }
+        eprintln!("idem-lint: error: nothing written: {} file(s) refused", refused.len());
+        return Ok(2);
+    }
+    let mut out = String::new();
+    for f in &plan {
+        out.push_str(&format!("{:<9} {} ({})\n", f.action.verb(), f.path.display(), f.generated.operation));
+    }
+    print(&out);
+    for s in &skipped {
+        eprintln!("idem-lint: skipped {} ({}): {}", s.operation, s.place, s.reason);
+    }
+    for s in &stale {
+        eprintln!(
+            "idem-lint: note: {s} was generated for an operation that is no longer documented as idempotent; left in place (delete it if that is intended)"
+        );
+    }
+    if generated.is_empty() && skipped.is_empty() {
+        eprintln!("idem-lint: no operation of {} is documented as idempotent: no policy written", specs.join(", "));
+    }
+    Ok(u8::from(!skipped.is_empty()))
 }
 
 fn load_config(path: &str) -> Result<Config, FatalError> {

@@ -85,7 +85,7 @@ impl PolicySet {
     }
 
     /// What the filter checks inside one bundle, across files, with both places named.
-    fn check_across_files(&self) -> Result<(), FatalError> {
+    pub(crate) fn check_across_files(&self) -> Result<(), FatalError> {
         for (table, get) in [
             ("[shared]", (|f: &PolicyFile| f.shared_span.clone()) as fn(&PolicyFile) -> Option<Range<usize>>),
             ("[redis]", |f: &PolicyFile| f.redis_span.clone()),

@@ -1,0 +1,402 @@
+//! `idem-lint policies SPEC… -o DIR`: the gateway policies written from the spec.
+//!
+//! One policy file per operation whose statement says it is idempotent, in the format of
+//! `policies/*.toml`, with only what the statement says (everything else is the filter's
+//! default):
+//!
+//! | statement | policy |
+//! |---|---|
+//! | the operation's method and path (as written under `paths`) | `match = { method, path }` |
+//! | `operationId` (kebab-case), else method and path | `name`, and the file name |
+//! | key in a header, the query or the body (a body key becomes a JSON pointer: `transaction_id` → `/transaction_id`, `$.data.id` → `/data/id`) | `[route.key]` `from`, `name` |
+//! | key without a location | the location of the parameter or body property that declares it |
+//! | a header key named `…token…` whose issue endpoint (a documented `POST`) the operation's or the header's description names | `mode = "token"`, `[route.token]` `header`, `issue_path` |
+//! | expiry | `ttl` of the key or the token |
+//! | duplicate status 4xx | `on_completed = "reject"` and `[route.duplicate]`: every repeat gets it, as documented |
+//! | duplicate status 2xx | `on_completed = "replay"` (the first answer is replayed) and `[route.duplicate]` |
+//!
+//! An operation that cannot be written as a policy the filter enforces as documented (no key, a
+//! composite or path key, a 5xx duplicate, an undeclared key without location) is skipped with
+//! the reason: `idem-lint SPEC --policies DIR` then reports it (IDEM102), as it should.
+//!
+//! Every file is checked with the filter's parser before anything is written ([`write`]).
+
+mod write;
+
+pub use write::{write_all, Action, Planned};
+
+use crate::config::Config;
+use crate::loader::Workspace;
+use crate::model::{operations, Operation, METHODS};
+use crate::node::Node;
+use crate::policy::PolicyFile;
+use crate::section::{duration_secs, KeyIn, Tri};
+use crate::statement::{statements, Loc, Statement};
+
+/// One policy file to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generated {
+    /// `create-order.toml`.
+    pub file_name: String,
+    /// The route's name.
+    pub route: String,
+    /// `POST /api/order/create`, for messages.
+    pub operation: String,
+    /// The policy (TOML), without the header [`write`] adds.
+    pub body: String,
+    /// The spec it came from and the operation's `file:line:col`, for the header and messages.
+    pub spec: String,
+    pub place: String,
+}
+
+/// An idempotent operation no policy was written for, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub operation: String,
+    /// `file:line:col` of the statement field concerned.
+    pub place: String,
+    pub reason: String,
+}
+
+/// The policies of every documented-idempotent operation of the specs, in document order.
+pub fn generate(workspaces: &[Workspace], cfg: &Config) -> (Vec<Generated>, Vec<Skipped>) {
+    let all: Vec<String> = METHODS.iter().map(|m| m.to_string()).collect();
+    let mut out: Vec<Generated> = Vec::new();
+    let mut skipped = Vec::new();
+    for ws in workspaces {
+        let ops = operations(ws, &all);
+        for op in &ops {
+            let Some(st) = statements(ws, op, &cfg.section_titles, true).merged() else {
+                continue;
+            };
+            if st.idempotent.as_ref().map(|f| &f.value) != Some(&Tri::Yes) {
+                continue;
+            }
+            match route_for(ws, &ops, op, &st) {
+                Ok(mut policy) => {
+                    let name = unique_name(&base_name(op), &out);
+                    policy.name = name;
+                    let body = policy.toml();
+                    let place = place(ws, &Loc { file: op.key_file, offset: op.key_offset, pointer: String::new() });
+                    let file_name = format!("{}.toml", policy.name);
+                    // The filter's parser is the authority: a route it refuses is not written.
+                    match PolicyFile::parse(&file_name, &body) {
+                        Ok(_) => out.push(Generated {
+                            file_name,
+                            route: policy.name.clone(),
+                            operation: op.label(),
+                            body,
+                            spec: ws.file(0).name.clone(),
+                            place,
+                        }),
+                        Err(e) => skipped.push(Skipped {
+                            operation: op.label(),
+                            place,
+                            reason: format!("the filter refuses the policy written for it: {}", e.reason),
+                        }),
+                    }
+                }
+                Err((loc, reason)) => {
+                    skipped.push(Skipped { operation: op.label(), place: place(ws, &loc), reason });
+                }
+            }
+        }
+    }
+    (out, skipped)
+}
+
+fn place(ws: &Workspace, loc: &Loc) -> String {
+    let f = ws.file(loc.file);
+    let p = f.position(loc.offset);
+    format!("{}:{}:{}", f.name, p.line, p.column)
+}
+
+/// What a route says, before it is written as TOML.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Policy {
+    name: String,
+    method: String,
+    path: String,
+    token: Option<String>,
+    from: &'static str,
+    key: String,
+    ttl: Option<String>,
+    on_completed: Option<&'static str>,
+    duplicate: Option<(u16, Option<String>)>,
+}
+
+impl Policy {
+    fn toml(&self) -> String {
+        let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let mut t = String::from("[[route]]\n");
+        t.push_str(&format!("name = {}\n", q(&self.name)));
+        t.push_str(&format!("match = {{ method = {}, path = {} }}\n", q(&self.method), q(&self.path)));
+        match &self.token {
+            Some(issue) => {
+                t.push_str("mode = \"token\"\n\n[route.token]\n");
+                t.push_str(&format!("header = {}\n", q(&self.key)));
+                t.push_str(&format!("issue_path = {}\n", q(issue)));
+                if let Some(ttl) = &self.ttl {
+                    t.push_str(&format!("ttl = {}\n", q(ttl)));
+                }
+            }
+            None => {
+                t.push_str("mode = \"key\"\n\n[route.key]\n");
+                t.push_str(&format!("from = {}\n", q(self.from)));
+                t.push_str(&format!("name = {}\n", q(&self.key)));
+                if let Some(ttl) = &self.ttl {
+                    t.push_str(&format!("ttl = {}\n", q(ttl)));
+                }
+                if let Some(c) = self.on_completed {
+                    t.push_str(&format!("on_completed = {}\n", q(c)));
+                }
+            }
+        }
+        if let Some((status, code)) = &self.duplicate {
+            t.push_str(&format!("\n[route.duplicate]\nstatus = {status}\n"));
+            if let Some(code) = code {
+                t.push_str(&format!("code = {}\n", q(code)));
+            }
+        }
+        t
+    }
+}
+
+type Refusal = (Loc, String);
+
+fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Statement) -> Result<Policy, Refusal> {
+    let Some(key) = &st.key else {
+        return Err((
+            st.loc.clone(),
+            "it names no idempotency key (IDEM003): the gateway has nothing to deduplicate on".into(),
+        ));
+    };
+    let name = match key.value.names.as_slice() {
+        [] => {
+            return Err((
+                key.loc.clone(),
+                "its statement says it has no key: the gateway has nothing to deduplicate on".into(),
+            ))
+        }
+        [one] => one.trim().trim_matches('`').to_string(),
+        many => {
+            return Err((
+                key.loc.clone(),
+                format!(
+                    "its key is composite ({}): a policy key is one value; document one key the caller derives from these fields",
+                    many.join(" + ")
+                ),
+            ))
+        }
+    };
+    let location = match &key.value.location {
+        Some(l) => l.clone(),
+        None => declared_location(ws, op, &name).ok_or_else(|| {
+            (
+                key.loc.clone(),
+                format!("its key \"{name}\" has no location and is not declared as a header, query parameter or body property (IDEM004)"),
+            )
+        })?,
+    };
+    let from = match location {
+        KeyIn::Header => "header",
+        KeyIn::Query => "query",
+        KeyIn::Body => "body",
+        KeyIn::Path => {
+            return Err((
+                key.loc.clone(),
+                format!(
+                "its key \"{name}\" is a path parameter: the filter takes keys from a header, the query or the body"
+            ),
+            ))
+        }
+        KeyIn::Other(o) => return Err((key.loc.clone(), format!("its key location \"{o}\" is unknown (IDEM004)"))),
+    };
+    let key_name = if from == "body" { body_pointer(&name) } else { name.clone() };
+    let duplicate = match &st.duplicate {
+        Some(d) => match d.value.status {
+            Some(s) if !(200..=499).contains(&s) => {
+                return Err((
+                    d.loc.clone(),
+                    format!(
+                    "its duplicate answer is {s}: the filter answers a duplicate with 200-499, never a 5xx (IDEM007)"
+                ),
+                ))
+            }
+            Some(s) => Some((s, d.value.code.clone())),
+            None => None,
+        },
+        None => None,
+    };
+    // The expiry as the spec wrote it when the filter reads it so (`24h`), else converted (`24 小时`).
+    let ttl = st.expiry.as_ref().and_then(|e| {
+        let raw = e.value.trim();
+        match idem_filter::policy::parse_duration(raw) {
+            Ok(d) if d.millis > 0 => Some(raw.to_string()),
+            _ => duration_secs(raw).filter(|s| *s > 0).map(duration_text),
+        }
+    });
+    let token = if from == "header" && name.to_ascii_lowercase().contains("token") {
+        issue_endpoint(ops, op, &name)
+    } else {
+        None
+    };
+    let on_completed = match (&token, &duplicate) {
+        (None, Some((s, _))) if *s >= 400 => Some("reject"),
+        (None, Some(_)) => Some("replay"),
+        _ => None,
+    };
+    Ok(Policy {
+        name: String::new(),
+        method: op.method.to_ascii_uppercase(),
+        path: op.path.to_string(),
+        token,
+        from,
+        key: key_name,
+        ttl,
+        on_completed,
+        duplicate,
+    })
+}
+
+/// Where an operation declares a key without a stated location: a header, then a query
+/// parameter, then a top-level body property.
+fn declared_location(ws: &Workspace, op: &Operation<'_>, name: &str) -> Option<KeyIn> {
+    if op.params.iter().any(|p| p.location == "header" && p.name.eq_ignore_ascii_case(name)) {
+        return Some(KeyIn::Header);
+    }
+    if op.params.iter().any(|p| p.location == "query" && p.name == name) {
+        return Some(KeyIn::Query);
+    }
+    let segments = crate::node::split_pointer(&body_pointer(name))?;
+    let in_body = op.body.fields.iter().any(|f| segments.len() == 1 && f.name == segments[0])
+        || op.body.schemas.iter().any(|s| {
+            let mut seen = std::collections::HashSet::new();
+            crate::rules::idem004_undeclared_key::schema_has(ws, *s, &segments, &mut seen)
+        });
+    in_body.then_some(KeyIn::Body)
+}
+
+/// A body key as the filter's JSON pointer: a pointer stays, a JSONPath `$.data.id` is
+/// `/data/id`, a property name is a top-level property (`transaction_id` → `/transaction_id`;
+/// `a.b` is the property called `a.b`, as IDEM004 reads it).
+fn body_pointer(name: &str) -> String {
+    if name.starts_with('/') {
+        return name.to_string();
+    }
+    match name.strip_prefix("$.") {
+        Some(path) => crate::node::pointer(path.split('.')),
+        None => crate::node::pointer([name]),
+    }
+}
+
+/// The token issue endpoint of a token-header operation: a documented `POST` operation whose
+/// path the operation's description or the token header's description names.
+fn issue_endpoint(ops: &[Operation<'_>], op: &Operation<'_>, header: &str) -> Option<String> {
+    let mut texts: Vec<&str> = Vec::new();
+    if let Some(d) = op.at.node.get("description").and_then(Node::as_str) {
+        texts.push(d);
+    }
+    for p in op.params.iter().filter(|p| p.location == "header" && p.name.eq_ignore_ascii_case(header)) {
+        if let Some(d) = p.at.node.get("description").and_then(Node::as_str) {
+            texts.push(d);
+        }
+    }
+    ops.iter()
+        .filter(|o| o.method == "post" && o.path != op.path)
+        .find(|o| texts.iter().any(|t| names_path(t, o.path)))
+        .map(|o| o.path.to_string())
+}
+
+/// Does `text` name `path` as a whole (not as the prefix of a longer path)?
+fn names_path(text: &str, path: &str) -> bool {
+    text.match_indices(path).any(|(i, _)| {
+        let after = text.get(i + path.len()..).and_then(|r| r.chars().next());
+        after.is_none_or(|c| !(c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '{')))
+    })
+}
+
+/// Seconds as the policy's duration text, in the largest exact unit: `86400` → `"1d"`.
+fn duration_text(secs: u64) -> String {
+    for (unit, n) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if secs.is_multiple_of(n) {
+            return format!("{}{unit}", secs / n);
+        }
+    }
+    format!("{secs}s")
+}
+
+/// The route name of an operation: its `operationId` in kebab-case (`createOrder` →
+/// `create-order`), else its method and path (`post-api-orders-id-pay`); 1 to 64 of
+/// `a-z 0-9 - _`, as the filter requires.
+fn base_name(op: &Operation<'_>) -> String {
+    let id = op.at.node.get("operationId").and_then(Node::as_str).map(kebab).filter(|s| !s.is_empty());
+    let name = id.unwrap_or_else(|| kebab(&format!("{} {}", op.method, op.path)));
+    let name = if name.is_empty() { "route".to_string() } else { name };
+    name.chars().take(64).collect::<String>().trim_end_matches('-').to_string()
+}
+
+fn kebab(s: &str) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    let mut out = String::new();
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            let prev = i.checked_sub(1).and_then(|j| chars.get(j)).copied();
+            let next = chars.get(i + 1).copied();
+            let boundary = c.is_ascii_uppercase()
+                && prev.is_some_and(|p| {
+                    p.is_ascii_lowercase()
+                        || p.is_ascii_digit()
+                        || (p.is_ascii_uppercase() && next.is_some_and(|n| n.is_ascii_lowercase()))
+                });
+            if boundary && !out.ends_with('-') && !out.is_empty() {
+                out.push('-');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    out.trim_end_matches('-').to_string()
+}
+
+/// `name`, or `name-2`, `name-3`… when an earlier route has it.
+fn unique_name(base: &str, taken: &[Generated]) -> String {
+    let used = |n: &str| taken.iter().any(|g| g.route == n);
+    if !used(base) {
+        return base.to_string();
+    }
+    (2..)
+        .map(|i| {
+            let suffix = format!("-{i}");
+            let head: String = base.chars().take(64 - suffix.len()).collect();
+            format!("{head}{suffix}")
+        })
+        .find(|n| !used(n))
+        .unwrap_or_else(|| base.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(kebab("createOrder"), "create-order");
+        assert_eq!(kebab("createUsingPOST_1"), "create-using-post_1");
+        assert_eq!(kebab("HTTPServerStart"), "http-server-start");
+        assert_eq!(kebab("post /api/orders/{id}/pay"), "post-api-orders-id-pay");
+        assert_eq!(kebab("下单"), "");
+        assert_eq!(body_pointer("transaction_id"), "/transaction_id");
+        assert_eq!(body_pointer("$.data.id"), "/data/id");
+        assert_eq!(body_pointer("/a/b"), "/a/b");
+        assert_eq!(body_pointer("a.b"), "/a.b");
+        assert_eq!(body_pointer("a/b"), "/a~1b");
+        assert_eq!(duration_text(86_400), "1d");
+        assert_eq!(duration_text(36 * 3600), "36h");
+        assert_eq!(duration_text(600), "10m");
+        assert_eq!(duration_text(90), "90s");
+        assert!(names_path("先调用 `POST /api/idempotent/token` 取令牌", "/api/idempotent/token"));
+        assert!(!names_path("see /api/idempotent/tokens", "/api/idempotent/token"));
+    }
+}
