@@ -7,7 +7,8 @@
 #
 # 1. installs the corpora from npm into the git-ignored .corpora/ (skipped when present);
 # 2. checks that examples/openapi.yaml lints clean, also against policies/ (--policies), and that
-#    policies/ bundles;
+#    policies/ bundles; writes policies from it (idem-lint policies): they bundle, agree with the
+#    spec, and a second run leaves every file unchanged;
 # 3. runs the Rust corpus tests (no crash, no parse error, identical findings from the JSON
 #    and a YAML conversion, byte-identical output across two runs, in every format);
 # 4. counts, independently in Python over the raw JSON, the operations that must be reported
@@ -98,6 +99,20 @@ out=$("$BIN" --color never examples/openapi.yaml --policies policies/) || {
 }
 echo "$out"
 "$BIN" bundle policies/ > /dev/null || { echo "FAIL: idem-lint bundle policies/" >&2; exit 1; }
+
+echo "== idem-lint policies: written from examples/openapi.yaml, they agree with it and a rerun changes nothing"
+GEN=$CORPORA/generated-policies
+rm -rf "$GEN"
+"$BIN" policies examples/openapi.yaml -o "$GEN" || { echo "FAIL: idem-lint policies examples/openapi.yaml" >&2; exit 1; }
+"$BIN" --color never examples/openapi.yaml --policies "$GEN" || { echo "FAIL: generated policies disagree with the spec" >&2; exit 1; }
+"$BIN" bundle "$GEN" > /dev/null || { echo "FAIL: idem-lint bundle on the generated policies" >&2; exit 1; }
+again=$("$BIN" policies examples/openapi.yaml -o "$GEN")
+if grep -qv '^unchanged ' <<< "$again"; then
+  echo "$again"
+  echo "FAIL: a second idem-lint policies run changed files" >&2
+  exit 1
+fi
+rm -rf "$GEN"
 
 echo "== Rust corpus tests (JSON vs YAML, determinism, every format)"
 IDEM_CORPORA=$CORPORA cargo test -q -p idem-lint --test corpora -- --ignored

@@ -85,6 +85,9 @@ enum Command {
         /// Print the rule table of lint/README.md (Markdown) instead.
         #[arg(long)]
         markdown: bool,
+        /// Print the accepted item labels of a 幂等性说明 (by meaning; first match wins) instead.
+        #[arg(long, conflicts_with = "markdown")]
+        labels: bool,
     },
     /// Validate policy files with the filter's parser and write the filter's plugin
     /// configuration (the bundle) to stdout, or with --envoy-filter the Envoy http_filters entry.
@@ -196,7 +199,11 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         }
         return Ok(0);
     }
-    if let Some(Command::Rules { markdown }) = cli.command {
+    if let Some(Command::Rules { markdown, labels }) = cli.command {
+        if labels {
+            print(&idem_lint::section::label_table());
+            return Ok(0);
+        }
         if markdown {
             print(&idem_lint::rules::markdown_table());
             return Ok(0);
