@@ -213,21 +213,27 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
         KeyIn::Other(o) => return Err((key.loc.clone(), format!("its key location \"{o}\" is unknown (IDEM004)"))),
     };
     let key_name = if from == "body" { body_pointer(&name) } else { name.clone() };
-    let duplicate = match &st.duplicate {
-        Some(d) => match d.value.status {
-            Some(s) if !(200..=499).contains(&s) => {
-                return Err((
-                    d.loc.clone(),
-                    format!(
+    let duplicate =
+        match &st.duplicate {
+            Some(d) => match d.value.status {
+                Some(s) if !(200..=499).contains(&s) => {
+                    return Err((
+                        d.loc.clone(),
+                        format!(
                     "its duplicate answer is {s}: the filter answers a duplicate with 200-499, never a 5xx (IDEM007)"
                 ),
-                ))
-            }
-            Some(s) => Some((s, d.value.code.clone())),
+                    ))
+                }
+                Some(s) => Some((s, d.value.code.clone())),
+                None if d.value.class == Some(5) => return Err((
+                    d.loc.clone(),
+                    "its duplicate answer is a 5XX: the filter answers a duplicate with 200-499, never a 5xx (IDEM007)"
+                        .into(),
+                )),
+                None => None,
+            },
             None => None,
-        },
-        None => None,
-    };
+        };
     // The expiry as the spec wrote it when the filter reads it so (`24h`), else converted (`24 小时`).
     let ttl = st.expiry.as_ref().and_then(|e| {
         let raw = e.value.trim();
