@@ -353,3 +353,101 @@ fn token_issue_and_use_on_redis() {
     assert_eq!((r[0].0, r[0].1["code"].as_str()), (200, Some("TOKEN_ISSUED")));
     assert!(r[0].1["token"].as_str().is_some_and(|t| t.len() >= 22));
 }
+
+/// `request.total_size` as Envoy's `get_property` returns it (int64, little-endian).
+fn total_size(host: &FakeHost, ctx: u32, size: i64) {
+    host.update(ctx, |st| {
+        st.properties.insert("request.total_size".into(), size.to_le_bytes().to_vec());
+    });
+}
+
+const SHARED_BODY_ROUTE: &str = "[[route]]\nname = \"b\"\nmatch = { method = \"POST\", path = \"/b\" }\n";
+
+/// Opens a request on /b and pauses at its headers for the body, as Envoy without
+/// `allow_on_headers_stop_iteration` leaves it: no body callback follows.
+fn paused_for_body(host: &FakeHost, w: &Rc<Worker>, ctx: u32) -> Stream {
+    let req = FakeStream::request("POST", "/b", &[("idempotency-key", b"k"), ("authorization", b"Bearer a")], BODY);
+    host.open(ctx, req);
+    total_size(host, ctx, 120);
+    let mut s = Stream::new(Rc::clone(w), ctx);
+    assert_eq!(s.on_request_headers(host, false), Flow::Pause);
+    s
+}
+
+#[test]
+fn a_withheld_body_is_answered_500_misconfigured_not_left_hanging() {
+    let (host, w) = setup(SHARED_BODY_ROUTE);
+    let _slow = paused_for_body(&host, &w, 10);
+    let _stuck = paused_for_body(&host, &w, 11);
+    // A slow client: nothing received yet. The root waits, answers nothing.
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert!(host.take_acts().is_empty());
+    // Envoy has received the body of request 11 (its size grew) and never called the body callback.
+    total_size(&host, 11, 120 + BODY.len() as i64);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    for ctx in [10, 11] {
+        let r = replies(&acts, ctx);
+        assert_eq!(r.len(), 1, "{acts:?}");
+        assert_eq!(r[0].0, 500);
+        assert_eq!(r[0].1["code"], "IDEMPOTENCY_MISCONFIGURED");
+    }
+    assert_eq!(count(&host, "b", "misconfigured"), 2);
+    let logs = host.logs();
+    let said: Vec<_> = logs.iter().filter(|(_, l)| l.contains("allow_on_headers_stop_iteration: true")).collect();
+    assert_eq!(said.len(), 1, "logged once per worker: {logs:?}");
+    // Known now: the next such request is answered at its headers, no wait.
+    let req = FakeStream::request("POST", "/b", &[("idempotency-key", b"k2"), ("authorization", b"Bearer a")], BODY);
+    host.open(12, req);
+    let mut s = Stream::new(Rc::clone(&w), 12);
+    assert_eq!(s.on_request_headers(&host, false), Flow::Pause);
+    let r = replies(&host.take_acts(), 12);
+    assert_eq!((r.len(), r[0].0), (1, 500));
+    assert_eq!(host.logs().iter().filter(|(_, l)| l.contains("allow_on_headers_stop_iteration")).count(), 1);
+}
+
+#[test]
+fn a_delivered_body_ends_the_watch_for_good() {
+    let (host, w) = setup(SHARED_BODY_ROUTE);
+    let mut s = paused_for_body(&host, &w, 10);
+    let waiting = paused_for_body(&host, &w, 11);
+    assert_eq!(s.on_request_body(&host, BODY.len(), true), Flow::Continue, "claimed and forwarded");
+    // Body bytes arrive for 11 too, but delivery was proven: no misconfigured answer.
+    total_size(&host, 11, 500);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert!(replies(&host.take_acts(), 11).is_empty());
+    assert_eq!(count(&host, "b", "misconfigured"), 0);
+    drop(waiting);
+}
+
+#[test]
+fn shadow_mode_lets_a_withheld_body_through_unexamined() {
+    let (host, w) = setup("[[route]]\nname = \"b\"\nmatch = { method = \"POST\", path = \"/b\" }\nmode = \"shadow\"\n");
+    let mut s = paused_for_body(&host, &w, 10);
+    total_size(&host, 10, 1000);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    assert!(acts.contains(&Act::ResumeRequest { context: 10 }), "{acts:?}");
+    assert!(replies(&acts, 10).is_empty());
+    assert_eq!(count(&host, "b", "shadow_would_block"), 1);
+    // Envoy then delivers the buffered body: it passes, nothing is claimed.
+    host.enter(10);
+    assert_eq!(s.on_request_body(&host, BODY.len(), true), Flow::Continue);
+    assert_eq!(count(&host, "b", "forwarded"), 0);
+}
+
+#[test]
+fn routes_deciding_at_the_headers_never_wait_for_the_body() {
+    let (host, w) = setup(
+        "[[route]]\nname = \"h\"\nmatch = { method = \"POST\", path = \"/h\" }\n[route.key]\nfingerprint = [\"method\", \"path\"]\n",
+    );
+    let req = FakeStream::request("POST", "/h", &[("idempotency-key", b"k"), ("authorization", b"Bearer a")], BODY);
+    host.open(10, req);
+    let mut s = Stream::new(Rc::clone(&w), 10);
+    assert_eq!(s.on_request_headers(&host, false), Flow::Continue, "decided at the headers");
+    assert_eq!(count(&host, "h", "forwarded"), 1);
+}

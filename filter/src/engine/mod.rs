@@ -115,6 +115,20 @@ impl Engine {
         Some(shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None))
     }
 
+    /// The route needs the request body and Envoy withholds it while the headers are paused
+    /// (`allow_on_headers_stop_iteration` is off): refuse promptly rather than hang.
+    pub fn body_withheld(&self, route: usize) -> Option<Verdict> {
+        let policy = self.policy(route)?;
+        let reply = response::json_reply(
+            500,
+            "IDEMPOTENCY_MISCONFIGURED",
+            "the gateway does not pass the request body to the idempotency filter before forwarding, and this \
+             route needs it; the gateway's operators must enable allow_on_headers_stop_iteration",
+            &[],
+        );
+        Some(shadowed(policy, Outcome::Misconfigured, reply, "body_withheld".into(), None))
+    }
+
     /// Reads the key (or token) and prepares the store operation.
     pub fn begin(&self, route: usize, req: &dyn RequestView) -> Option<Begin> {
         let policy = self.policy(route)?;

@@ -29,10 +29,11 @@ pub enum Outcome {
     WriteRetried,
     WriteDropped,
     OrphanReleased,
+    Misconfigured,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 26] = [
+    pub const ALL: [Outcome; 27] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::RejectedDuplicate,
@@ -59,6 +60,7 @@ impl Outcome {
         Outcome::WriteRetried,
         Outcome::WriteDropped,
         Outcome::OrphanReleased,
+        Outcome::Misconfigured,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +91,7 @@ impl Outcome {
             Outcome::WriteRetried => "write_retried",
             Outcome::WriteDropped => "write_dropped",
             Outcome::OrphanReleased => "orphan_released",
+            Outcome::Misconfigured => "misconfigured",
         }
     }
 

@@ -12,14 +12,19 @@
 //!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
 //!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
 //!
+//! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
+//!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
+//!
 //! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
 
+mod body_gate;
 mod detached;
 mod leases;
 mod stream;
 mod worker;
 mod writes;
 
+pub use body_gate::{BodyDelivery, WITHHELD_LOG};
 pub use stream::Stream;
 pub use worker::Worker;
 

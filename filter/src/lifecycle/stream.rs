@@ -2,6 +2,7 @@
 //! body), decide on the shared store or through one Webdis call, capture the response, and
 //! report how it ended.
 
+use super::body_gate::BodyDelivery;
 use super::detached::Detached;
 use super::leases::LeaseOwner;
 use super::worker::{send, status_of, Waiter, Worker};
@@ -145,7 +146,14 @@ impl Stream {
             if let Some(v) = w.engine.precheck(route, &WithHost { req: &self.request, host }) {
                 return self.apply(host, route, v, false);
             }
-            // With allow_on_headers_stop_iteration, the body still reaches on_request_body.
+            // With allow_on_headers_stop_iteration, the body still reaches on_request_body;
+            // without it, it never does while we pause (see `body_gate`).
+            if w.body_delivery() == BodyDelivery::Withheld {
+                if let Some(v) = w.engine.body_withheld(route) {
+                    return self.apply(host, route, v, false);
+                }
+            }
+            w.await_body(host, self.context, route);
             self.phase = Phase::ReadingBody { route };
             return Flow::Pause;
         }
@@ -155,7 +163,14 @@ impl Stream {
     /// A request body chunk arrived; `size` is what Envoy has buffered so far.
     pub fn on_request_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
         let route = match self.phase {
-            Phase::ReadingBody { route } => route,
+            Phase::ReadingBody { .. } if self.worker.take_body_passthrough(self.context) => {
+                self.phase = Phase::Idle;
+                return Flow::Continue;
+            }
+            Phase::ReadingBody { route } => {
+                self.worker.body_delivered(self.context);
+                route
+            }
             // Chunks that arrive while a Webdis call is out must not decide again.
             Phase::AwaitingStore(..) => return Flow::Pause,
             _ => return Flow::Continue,
@@ -178,7 +193,12 @@ impl Stream {
     /// Request trailers arrived (the body is complete).
     pub fn on_request_trailers(&mut self, host: &dyn Host) -> Flow {
         match self.phase {
+            Phase::ReadingBody { .. } if self.worker.take_body_passthrough(self.context) => {
+                self.phase = Phase::Idle;
+                Flow::Continue
+            }
             Phase::ReadingBody { route } => {
+                self.worker.body_delivered(self.context);
                 self.request.body = host.request_body(usize::MAX);
                 self.decide(host, route)
             }
@@ -300,6 +320,8 @@ impl Stream {
         let w = Rc::clone(&self.worker);
         w.live.borrow_mut().remove(&self.context);
         w.waiters.borrow_mut().remove(&self.context);
+        w.forget_body_wait(self.context);
+        w.take_body_passthrough(self.context);
         w.drop_lease(LeaseOwner::Stream(self.context));
         self.take_handoff(host);
         match std::mem::replace(&mut self.phase, Phase::Idle) {

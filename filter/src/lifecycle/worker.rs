@@ -1,6 +1,7 @@
 //! What one worker's contexts share, how it is set up when the plugin configures, and the root
 //! context's events.
 
+use super::body_gate::{AwaitingBody, BodyDelivery, BODY_CHECK_MS};
 use super::detached::Detached;
 use super::leases::{Lease, LeaseOwner};
 use super::writes::Job;
@@ -12,7 +13,7 @@ use crate::key::truncated;
 use crate::policy::{parse_bundle, OnInFlight, StoreKind};
 use crate::response::LocalReply;
 use crate::store::{redis, Claim, StoreError};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 
 /// A held duplicate, polled by the root context.
@@ -68,6 +69,12 @@ pub struct Worker {
     /// client reset it, but a local reply sent there calls back into a context the SDK has
     /// deleted, and the SDK panics ("invalid context_id") — found by `make bench`.
     pub(super) live: RefCell<HashSet<u32>>,
+    /// Whether Envoy passes the body while the headers are paused (see `body_gate`).
+    pub(super) body_delivery: Cell<BodyDelivery>,
+    /// Streams paused at their headers for a body not seen yet.
+    pub(super) awaiting_body: RefCell<HashMap<u32, AwaitingBody>>,
+    /// Streams let through unexamined because their body was withheld (shadow mode).
+    pub(super) body_passthrough: RefCell<HashSet<u32>>,
 }
 
 impl Worker {
@@ -91,11 +98,14 @@ impl Worker {
             ),
         );
         let uses_root = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis) || engine.has_detached();
-        // The tick polls held duplicates, sends and retries queued writes, and renews leases.
+        // The tick polls held duplicates, sends and retries queued writes, renews leases, and
+        // finds out whether Envoy withholds bodies from paused requests.
         let tick_ms = if engine.has_waiters() || uses_root {
             Some(POLL_MS)
         } else {
-            engine.min_lock_ttl_ms().map(|l| (l / 3).clamp(POLL_MS, 1000))
+            let lease_ms = engine.min_lock_ttl_ms().map(|l| (l / 3).clamp(POLL_MS, 1000));
+            let body_ms = engine.bundle.routes.iter().any(|r| r.needs_body()).then_some(BODY_CHECK_MS);
+            lease_ms.into_iter().chain(body_ms).min()
         };
         if let Some(ms) = tick_ms {
             setup.start_ticks(ms).map_err(|e| format!("idem: cannot start the root timer: {e:?}"))?;
@@ -152,6 +162,9 @@ impl Worker {
             leases: RefCell::new(HashMap::new()),
             renewals: RefCell::new(HashMap::new()),
             live: RefCell::new(HashSet::new()),
+            body_delivery: Cell::new(BodyDelivery::Unknown),
+            awaiting_body: RefCell::new(HashMap::new()),
+            body_passthrough: RefCell::new(HashSet::new()),
         })
     }
 
@@ -293,6 +306,7 @@ impl Worker {
 
     /// The root's timer: queued writes, lease renewals, held duplicates.
     pub fn on_tick(&self, host: &dyn Host) {
+        self.check_body_delivery(host);
         self.send_outbox(host);
         self.renew_leases(host);
         let due: Vec<(u32, Prepared, u64)> = self

@@ -1,0 +1,142 @@
+//! Does Envoy hand us the request body while the headers are paused?
+//!
+//! Only with `allow_on_headers_stop_iteration: true` in the Wasm filter's config. Without it
+//! (Istio's WasmPlugin, Envoy Gateway), pausing at the headers becomes
+//! `StopAllIterationAndWatermark`: Envoy buffers the body and never calls `on_request_body`
+//! until the filter resumes — and resuming would send the headers upstream before the decision.
+//! A route that needs the body (body key, body fingerprint, detached forwarding) would hang
+//! until the client gave up.
+//!
+//! The filter cannot read that flag, so it watches: a stream paused at its headers for the
+//! body is registered here. A body callback proves delivery (and ends the watching for good).
+//! When Envoy has received body bytes for a registered stream (`request.total_size` grew)
+//! and no body callback came, the body is being withheld: every waiting stream is answered
+//! `500 IDEMPOTENCY_MISCONFIGURED` from the root's tick, the worker logs once what to change,
+//! and later such requests are answered at their headers. Routes that decide at the headers
+//! (header or query key, no body fingerprint, token mode) never pause for the body and work
+//! either way.
+
+use super::worker::Worker;
+use crate::engine::Action as Do;
+use crate::host::{Host, Level};
+use std::cell::Cell;
+
+/// What this worker has seen of body delivery during paused headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyDelivery {
+    /// No body-needing request has shown it yet.
+    #[default]
+    Unknown,
+    /// A body callback arrived while the headers were paused: the flag is on.
+    Delivered,
+    /// Body bytes reached Envoy and no body callback came: the flag is off.
+    Withheld,
+}
+
+/// A stream paused at its headers for the body: its route and `request.total_size` then.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AwaitingBody {
+    route: usize,
+    size_at_headers: u64,
+}
+
+/// How often the root looks for withheld bodies while a stream waits for one.
+pub const BODY_CHECK_MS: u64 = 50;
+
+/// `request.total_size` (headers plus body bytes received so far), an int64 in host byte order.
+fn total_size(host: &dyn Host) -> Option<u64> {
+    let bytes = host.property(&["request", "total_size"])?;
+    let raw: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    u64::try_from(i64::from_le_bytes(raw)).ok()
+}
+
+impl Worker {
+    /// What is known about body delivery.
+    pub(super) fn body_delivery(&self) -> BodyDelivery {
+        self.body_delivery.get()
+    }
+
+    /// A stream pauses at its headers to read the body.
+    pub(super) fn await_body(&self, host: &dyn Host, context: u32, route: usize) {
+        if self.body_delivery.get() == BodyDelivery::Unknown {
+            let size_at_headers = total_size(host).unwrap_or(0);
+            self.awaiting_body.borrow_mut().insert(context, AwaitingBody { route, size_at_headers });
+        }
+    }
+
+    /// A body callback arrived for a stream paused at its headers.
+    pub(super) fn body_delivered(&self, context: u32) {
+        if self.body_delivery.get() == BodyDelivery::Unknown {
+            self.body_delivery.set(BodyDelivery::Delivered);
+            self.awaiting_body.borrow_mut().clear();
+        } else {
+            self.awaiting_body.borrow_mut().remove(&context);
+        }
+    }
+
+    /// The stream ended.
+    pub(super) fn forget_body_wait(&self, context: u32) {
+        self.awaiting_body.borrow_mut().remove(&context);
+    }
+
+    /// On the root's tick: has Envoy received body bytes for a waiting stream without calling
+    /// its body callback? Then answer every waiting stream.
+    pub(super) fn check_body_delivery(&self, host: &dyn Host) {
+        if self.awaiting_body.borrow().is_empty() {
+            return;
+        }
+        let waiting: Vec<(u32, AwaitingBody)> = self.awaiting_body.borrow().iter().map(|(c, a)| (*c, *a)).collect();
+        let withheld = Cell::new(false);
+        for (ctx, wait) in &waiting {
+            self.on_stream(host, *ctx, || {
+                if total_size(host).is_some_and(|now| now > wait.size_at_headers) {
+                    withheld.set(true);
+                }
+            });
+            if withheld.get() {
+                break;
+            }
+        }
+        if !withheld.get() {
+            return;
+        }
+        self.body_delivery.set(BodyDelivery::Withheld);
+        self.awaiting_body.borrow_mut().clear();
+        host.log(Level::Error, WITHHELD_LOG);
+        for (ctx, wait) in waiting {
+            self.answer_withheld(host, ctx, wait.route);
+        }
+    }
+
+    /// Answers a stream whose body Envoy withholds (from the root context).
+    fn answer_withheld(&self, host: &dyn Host, ctx: u32, route: usize) {
+        let Some(v) = self.engine.body_withheld(route) else {
+            return;
+        };
+        self.record(host, route, &v);
+        self.on_stream(host, ctx, || {
+            self.annotate(host, route, &v);
+            match &v.action {
+                Do::Reply(r) => super::worker::send(host, r),
+                // Shadow mode never blocks: let it through unexamined.
+                _ => {
+                    self.body_passthrough.borrow_mut().insert(ctx);
+                    let _ = host.resume_request();
+                }
+            }
+        });
+    }
+
+    /// Whether a stream was let through unexamined (shadow mode, body withheld); clears it.
+    pub(super) fn take_body_passthrough(&self, context: u32) -> bool {
+        self.body_passthrough.borrow_mut().remove(&context)
+    }
+}
+
+/// Logged once per worker when Envoy is found to withhold the body.
+pub const WITHHELD_LOG: &str =
+    "idem: misconfigured: Envoy does not pass the request body to the filter while it holds \
+the headers, so routes that need the body (key from the body, fingerprint with \"body\", forward = \"detached\") \
+answer 500 IDEMPOTENCY_MISCONFIGURED. Set `allow_on_headers_stop_iteration: true` in the Wasm filter's config \
+(Istio: the EnvoyFilter patch in examples/istio/; Envoy Gateway: the EnvoyPatchPolicy in examples/envoy-gateway/), \
+or key and fingerprint these routes without the body (README: \"Deploy on Istio / Envoy Gateway / Higress\").";
