@@ -69,16 +69,16 @@ if [[ ${1:-} == --summary ]]; then
 import collections, json, subprocess, sys
 
 binary, specs = sys.argv[1], sys.argv[2:]
-print(f"{'spec':<52} {'findings':>8}  by code")
+print(f"{'spec':<64} {'findings':>8}  by code")
 for path in specs:
     r = subprocess.run([binary, "--format", "json", "--fail-on", "never", path], capture_output=True, text=True)
     name = path.split("node_modules/")[-1]
     if r.returncode != 0:
-        print(f"{name:<52} {'exit ' + str(r.returncode):>8}  {r.stderr.strip()}")
+        print(f"{name:<64} {'exit ' + str(r.returncode):>8}  {r.stderr.strip()}")
         continue
     findings = json.loads(r.stdout)["findings"]
     codes = collections.Counter(f["code"] for f in findings)
-    print(f"{name:<52} {len(findings):>8}  {', '.join(f'{c} {n}' for c, n in sorted(codes.items())) or '-'}")
+    print(f"{name:<64} {len(findings):>8}  {', '.join(f'{c} {n}' for c, n in sorted(codes.items())) or '-'}")
 PY
   exit 0
 fi
