@@ -44,7 +44,10 @@ message = "请勿重复提交"
 #[test]
 fn full_policy_parses_with_every_field() {
     let b = parse_bundle(FULL, "p.toml").unwrap();
-    assert_eq!(b.shared, SharedConfig { buckets: 16, entries_per_bucket: 4, max_response_bytes: 4096 });
+    assert_eq!(
+        b.shared,
+        SharedConfig { buckets: 16, entries_per_bucket: 4, max_response_bytes: 4096, namespace: None }
+    );
     let r = &b.routes[0];
     assert_eq!(r.name, "create-order");
     assert_eq!(
@@ -288,4 +291,50 @@ fn path_aliases_match_the_policy() {
     }
     assert_eq!(b.find(|| "POST".into(), "/api/order/create2", || None), None);
     assert_eq!(b.find(|| "POST".into(), "/api/order/create%2F", || None), None);
+}
+
+/// The JSON Istio hands the plugin: its WasmPlugin `pluginConfig` (YAML) becomes a protobuf
+/// Struct, serialised by protojson (numbers are doubles written without a fraction, and
+/// protojson may put a space after `:` and `,`). Each policy of `policies/` in that shape gives
+/// the same bundle as its TOML.
+#[test]
+fn every_shipped_policy_in_istio_s_json_shape_is_the_same_bundle() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let value: serde_json::Value = toml::from_str(&text).unwrap();
+        let json = serde_json::to_string(&value).unwrap().replace("\":", "\": ").replace(",\"", ", \"");
+        let from_json =
+            parse_bundle(&json, "pluginConfig").unwrap_or_else(|e| panic!("{}: {e}\n{json}", path.display()));
+        assert_eq!(from_json, parse_bundle(&text, "p.toml").unwrap(), "{}", path.display());
+        seen += 1;
+    }
+    assert!(seen >= 4, "expected the shipped policies in {}", dir.display());
+}
+
+#[test]
+fn higress_rules_are_refused_with_what_to_write_instead() {
+    let json = "{\n  \"route\": [{\"name\": \"a\"}],\n  \"_rules_\": [{\"_match_route_\": [\"r1\"], \"route\": []}]\n}";
+    let e = parse_bundle(json, "pluginConfig").unwrap_err();
+    assert_eq!((e.line, e.column), (Some(3), Some(4)), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("`_rules_` (Higress matchRules) is not supported"), "{text}");
+    assert!(text.contains("defaultConfig") && text.contains("without `match`"), "{text}");
+}
+
+#[test]
+fn a_shared_namespace_is_checked_and_kept() {
+    let b = parse_bundle("[shared]\nnamespace = \"istio-system.idem_2\"\n", "p.toml").unwrap();
+    assert_eq!(b.shared.namespace.as_deref(), Some("istio-system.idem_2"));
+    assert_eq!(parse_bundle("", "p.toml").unwrap().shared.namespace, None, "filled in from plugin_name at load");
+    for bad in ["", "a:b", "a/b", "ä"] {
+        let e = err(&format!("[shared]\nnamespace = {bad:?}\n"));
+        assert!(e.to_string().contains("invalid namespace"), "{bad:?}: {e}");
+        assert_eq!(e.line, Some(2), "{e}");
+    }
 }

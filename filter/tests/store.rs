@@ -17,7 +17,12 @@ const FP: [u8; 32] = [7; 32];
 
 fn store(buckets: u32, entries: u32) -> (FakeHost, SharedStore) {
     let host = FakeHost::new(1_700_000_000_000);
-    let mut s = SharedStore::new(&SharedConfig { buckets, entries_per_bucket: entries, max_response_bytes: 4096 });
+    let mut s = SharedStore::new(&SharedConfig {
+        buckets,
+        entries_per_bucket: entries,
+        max_response_bytes: 4096,
+        namespace: None,
+    });
     assert_eq!(s.initialise(&host).unwrap(), buckets);
     (host, s)
 }
@@ -77,7 +82,8 @@ fn initialise_creates_buckets_once() {
     assert_eq!(s.initialise(&host).unwrap(), 0, "existing buckets are kept");
     assert_eq!(host.footprint().0, 8 + 1, "8 buckets and the bucket secret");
     // A capacity change resets buckets of the old shape.
-    let mut bigger = SharedStore::new(&SharedConfig { buckets: 8, entries_per_bucket: 5, max_response_bytes: 1 });
+    let mut bigger =
+        SharedStore::new(&SharedConfig { buckets: 8, entries_per_bucket: 5, max_response_bytes: 1, namespace: None });
     assert_eq!(bigger.initialise(&host).unwrap(), 8);
 }
 
@@ -314,7 +320,12 @@ fn a_client_cannot_aim_its_keys_at_one_bucket() {
     let (host, s) = store(64, 8);
     let other_host = FakeHost::new(1_000);
     let _ = other_host.random_u64(); // another process draws another secret
-    let mut other = SharedStore::new(&SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 4096 });
+    let mut other = SharedStore::new(&SharedConfig {
+        buckets: 64,
+        entries_per_bucket: 8,
+        max_response_bytes: 4096,
+        namespace: None,
+    });
     other.initialise(&other_host).unwrap();
 
     let target = s.bucket_of(&id("victim"));
@@ -363,4 +374,24 @@ fn an_unknown_outcome_is_held_past_the_lease_then_freed() {
     assert_eq!(s.in_flight(&host, &id("gone")).unwrap(), None, "an unknown outcome is not in flight");
     host.advance(55_001);
     claimed(s.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+}
+
+/// Two idem plugins in one Envoy without a `vm_id` share Envoy's shared data: each keeps to its
+/// namespace, so a key claimed by one is unknown to the other.
+#[test]
+fn two_namespaces_in_one_shared_data_never_see_each_other() {
+    let host = FakeHost::new(1_700_000_000_000);
+    let cfg = |ns: &str| SharedConfig {
+        buckets: 8,
+        entries_per_bucket: 4,
+        max_response_bytes: 4096,
+        namespace: Some(ns.into()),
+    };
+    let mut a = SharedStore::new(&cfg("istio-system.idem-a"));
+    let mut b = SharedStore::new(&cfg("istio-system.idem-b"));
+    assert_eq!(a.initialise(&host).unwrap(), 8);
+    assert_eq!(b.initialise(&host).unwrap(), 8, "b's buckets are its own, not a's");
+    claimed(a.claim(&host, &id("k"), &FP, 30_000).unwrap());
+    claimed(b.claim(&host, &id("k"), &FP, 30_000).unwrap());
+    assert!(matches!(a.claim(&host, &id("k"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
 }

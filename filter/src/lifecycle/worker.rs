@@ -84,17 +84,22 @@ impl Worker {
     pub fn configure(setup: &dyn Setup, host: &dyn Host, root_id: u32, config: &[u8]) -> Result<Worker, String> {
         let text = std::str::from_utf8(config)
             .map_err(|e| format!("idem: invalid policy: plugin configuration is not UTF-8: {e}"))?;
-        let bundle = parse_bundle(text, "plugin configuration").map_err(|e| format!("idem: invalid policy: {e}"))?;
+        let mut bundle =
+            parse_bundle(text, "plugin configuration").map_err(|e| format!("idem: invalid policy: {e}"))?;
+        if bundle.shared.namespace.is_none() {
+            bundle.shared.namespace = Some(default_namespace(host.property(&["plugin_name"])));
+        }
         let mut engine = Engine::new(bundle);
         let created = engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?;
         host.log(
             Level::Info,
             &format!(
-                "idem: loaded {} route policies; shared store {} buckets × {} entries ({} created)",
+                "idem: loaded {} route policies; shared store {} buckets × {} entries ({} created) in namespace {}",
                 engine.bundle.routes.len(),
                 engine.bundle.shared.buckets,
                 engine.bundle.shared.entries_per_bucket,
-                created
+                created,
+                engine.bundle.shared.namespace.as_deref().unwrap_or_default(),
             ),
         );
         let uses_root = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis) || engine.has_detached();
@@ -436,6 +441,22 @@ impl Worker {
                 Do::Wait { .. } => {}
             }
         });
+    }
+}
+
+/// The shared-data namespace of a bundle that names none: the plugin's name with what a
+/// namespace may not hold replaced by `_` (Envoy Gateway's names hold `/`), or `idem`.
+fn default_namespace(plugin_name: Option<Vec<u8>>) -> String {
+    let name: String = plugin_name
+        .unwrap_or_default()
+        .iter()
+        .take(128)
+        .map(|&b| if b.is_ascii_alphanumeric() || b"._-".contains(&b) { char::from(b) } else { '_' })
+        .collect();
+    if name.is_empty() {
+        "idem".into()
+    } else {
+        name
     }
 }
 

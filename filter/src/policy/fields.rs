@@ -16,6 +16,21 @@ pub(super) fn de_route_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D
     }
 }
 
+/// Whether a shared-data namespace is acceptable: 1 to 128 of `A-Z a-z 0-9 . _ -` (`:` separates
+/// the parts of a key, `/` appears in Envoy Gateway's names and is kept out for the same reason).
+pub fn valid_namespace(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+pub(super) fn de_opt_namespace<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = String::deserialize(d)?;
+    if valid_namespace(&s) {
+        Ok(Some(s))
+    } else {
+        Err(de::Error::custom(format!("invalid namespace {s:?}: use 1 to 128 letters, digits, '.', '_' or '-'")))
+    }
+}
+
 pub(super) fn de_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     let s = String::deserialize(d)?;
     if s.is_empty() {

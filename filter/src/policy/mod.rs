@@ -92,11 +92,17 @@ pub struct SharedConfig {
     pub entries_per_bucket: u32,
     #[serde(deserialize_with = "fields::de_response_bytes")]
     pub max_response_bytes: u32,
+    /// The shared-data key space of this plugin. Envoy shares one namespace between every plugin
+    /// without a `vm_id` (Istio's and Higress' WasmPlugins set none), so two idem plugins in one
+    /// Envoy must not read each other's buckets. Default: the plugin's name (Envoy's
+    /// `plugin_name`, e.g. Istio's `<namespace>.<WasmPlugin name>`), stable across policy edits.
+    #[serde(deserialize_with = "fields::de_opt_namespace")]
+    pub namespace: Option<String>,
 }
 
 impl Default for SharedConfig {
     fn default() -> Self {
-        SharedConfig { buckets: 1024, entries_per_bucket: 8, max_response_bytes: 65536 }
+        SharedConfig { buckets: 1024, entries_per_bucket: 8, max_response_bytes: 65536, namespace: None }
     }
 }
 

@@ -111,7 +111,16 @@ struct RawBundle {
     route: Vec<RawRoute>,
     #[serde(default = "default_unmatched")]
     unmatched: Unmatched,
+    /// Higress' per-route rules (its WasmPlugin `matchRules`, sent as `_rules_` with
+    /// `_match_route_`): refused with what to write instead, not as an unknown field.
+    #[serde(rename = "_rules_", default)]
+    higress_rules: Option<serde::de::IgnoredAny>,
 }
+
+/// Why `_rules_` is refused, and what to write instead.
+const HIGRESS_RULES: &str = "`_rules_` (Higress matchRules) is not supported: idem selects routes itself. Put the \
+whole bundle in the WasmPlugin's defaultConfig and leave matchRules out; a `route` entry with `match` applies to \
+that method and path, one without `match` to the Envoy route named like its `name` (README: Deploy on Higress)";
 
 fn default_unmatched() -> Unmatched {
     Unmatched::Pass
@@ -200,6 +209,15 @@ fn is_method(m: &str) -> bool {
 
 impl RawBundle {
     fn validate(self, source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+        if self.higress_rules.is_some() {
+            let at = source.find("_rules_").map(|offset| line_col(source, offset));
+            return Err(PolicyError {
+                origin: origin.to_string(),
+                line: at.map(|(l, _)| l),
+                column: at.map(|(_, c)| c),
+                message: HIGRESS_RULES.into(),
+            });
+        }
         let mut routes: Vec<RoutePolicy> = Vec::with_capacity(self.route.len());
         for (i, r) in self.route.into_iter().enumerate() {
             let error = |message: String| {

@@ -19,6 +19,7 @@ use crate::policy::SharedConfig;
 use crate::response::StoredResponse;
 use sha2::{Digest, Sha256};
 
+/// Every shared-data key starts with this, then the plugin's namespace.
 const PREFIX: &str = "idem:v1";
 const ENTRY_LEN: usize = 60;
 /// CAS retries before a claim gives up as a store error. Contention on one bucket across
@@ -113,24 +114,35 @@ pub struct Ticket {
 pub struct SharedStore {
     buckets: u32,
     entries: u32,
+    /// `idem:v1:<namespace>`: the key space of this plugin (see `SharedConfig::namespace`).
+    prefix: String,
     /// Mixed into the bucket index so a client cannot compute which bucket its keys land in
     /// (and fill a victim's bucket with abandoned claims). One per Envoy process, in shared data.
     secret: [u8; 16],
 }
 
-/// Where the per-process bucket secret lives (see [`SharedStore::initialise`]).
-const SECRET_KEY: &str = "idem:v1:secret";
-
 impl SharedStore {
+    /// The store of `cfg`, in the namespace `cfg.namespace` (the configuring worker fills it in
+    /// with the plugin's name when the bundle names none; `default` only for tests).
     pub fn new(cfg: &SharedConfig) -> Self {
-        SharedStore { buckets: cfg.buckets, entries: cfg.entries_per_bucket, secret: [0; 16] }
+        let namespace = cfg.namespace.as_deref().unwrap_or("default");
+        SharedStore {
+            buckets: cfg.buckets,
+            entries: cfg.entries_per_bucket,
+            prefix: format!("{PREFIX}:{namespace}"),
+            secret: [0; 16],
+        }
     }
 
-    fn bucket_key(b: u32) -> String {
-        format!("{PREFIX}:b:{b}")
+    fn bucket_key(&self, b: u32) -> String {
+        format!("{}:b:{b}", self.prefix)
     }
-    fn slot_key(b: u32, i: u32) -> String {
-        format!("{PREFIX}:r:{b}:{i}")
+    fn slot_key(&self, b: u32, i: u32) -> String {
+        format!("{}:r:{b}:{i}", self.prefix)
+    }
+    /// Where the per-process bucket secret lives (see [`SharedStore::initialise`]).
+    fn secret_key(&self) -> String {
+        format!("{}:secret", self.prefix)
     }
     fn empty_bucket(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.entries as usize * ENTRY_LEN);
@@ -147,20 +159,21 @@ impl SharedStore {
     /// The bucket secret is made the same way: the first VM to configure (Envoy's main thread,
     /// before any worker) writes 16 random bytes; every VM then reads back what is stored.
     pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
-        if !matches!(host.shared_get(SECRET_KEY)?, Some((v, _)) if v.len() == 16) {
+        let secret_key = self.secret_key();
+        if !matches!(host.shared_get(&secret_key)?, Some((v, _)) if v.len() == 16) {
             let mut fresh = Vec::with_capacity(16);
             fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
             fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
-            host.shared_set(SECRET_KEY, &fresh, None)?;
+            host.shared_set(&secret_key, &fresh, None)?;
         }
-        match host.shared_get(SECRET_KEY)? {
+        match host.shared_get(&secret_key)? {
             Some((v, _)) if v.len() == 16 => self.secret.copy_from_slice(&v),
-            _ => return Err(StoreError::Missing(SECRET_KEY.into())),
+            _ => return Err(StoreError::Missing(secret_key)),
         }
         let mut created = 0;
         let expected = self.entries as usize * ENTRY_LEN;
         for b in 0..self.buckets {
-            let key = Self::bucket_key(b);
+            let key = self.bucket_key(b);
             match host.shared_get(&key)? {
                 Some((v, _)) if v.len() == expected => {}
                 _ => {
@@ -186,7 +199,7 @@ impl SharedStore {
     }
 
     fn read(&self, host: &dyn Host, b: u32) -> Result<(Vec<Entry>, u32), StoreError> {
-        let key = Self::bucket_key(b);
+        let key = self.bucket_key(b);
         let (bytes, cas) = host.shared_get(&key)?.ok_or(StoreError::Missing(key))?;
         let mut entries: Vec<Entry> = bytes.chunks_exact(ENTRY_LEN).map(Entry::decode).collect();
         entries.resize(self.entries as usize, Entry::EMPTY);
@@ -198,7 +211,7 @@ impl SharedStore {
         for e in entries {
             e.encode(&mut v);
         }
-        match host.shared_set(&Self::bucket_key(b), &v, Some(cas)) {
+        match host.shared_set(&self.bucket_key(b), &v, Some(cas)) {
             Ok(()) => Ok(true),
             Err(HostError::CasMismatch) => Ok(false),
             Err(HostError::Failed(m)) => Err(StoreError::Host(m)),
@@ -349,7 +362,7 @@ impl SharedStore {
     }
 
     fn load_response(&self, host: &dyn Host, b: u32, i: u32, owner: u64) -> Result<Option<StoredResponse>, StoreError> {
-        let Some((bytes, _)) = host.shared_get(&Self::slot_key(b, i))? else {
+        let Some((bytes, _)) = host.shared_get(&self.slot_key(b, i))? else {
             return Ok(None);
         };
         if bytes.len() < 8 || bytes[..8] != owner.to_le_bytes() {
@@ -382,7 +395,7 @@ impl SharedStore {
                 let mut v = Vec::with_capacity(8 + response.encoded_len());
                 v.extend_from_slice(&t.owner.to_le_bytes());
                 response.encode_into(&mut v);
-                host.shared_set(&Self::slot_key(t.bucket, t.index), &v, None)?;
+                host.shared_set(&self.slot_key(t.bucket, t.index), &v, None)?;
                 slot_written = true;
             }
             let e = &mut entries[t.index as usize];
