@@ -134,7 +134,7 @@ fn redis_claim_forward_and_the_response_held_until_written() {
     assert_eq!(acts, vec![Act::ResumeRequest { context: 10 }]);
 
     let (h, b) = upstream_answers(&host, &mut s, 10);
-    assert_eq!((h, b), (Flow::Pause, Flow::Pause), "held until the record is written");
+    assert_eq!((h, b), (Flow::Continue, Flow::Pause), "the headers pass; the body is held until the record is written");
     let acts = host.take_acts();
     assert!(acts.contains(&Act::Enqueue { queue: 7 }), "{acts:?}");
 

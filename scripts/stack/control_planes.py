@@ -148,7 +148,8 @@ def higress_filter(doc, wasm_path=None):
     return istio_wasmplugin_filter(istio_like, wasm_path)
 
 
-def gateway_config(http_filter, *, listen_port, admin_port, upstream_port, routes, per_route_enable=None):
+def gateway_config(http_filter, *, listen_port, admin_port, upstream_port, routes, per_route_enable=None,
+                   extra_clusters=()):
     """An Envoy bootstrap with one gateway listener running `http_filter`, routes to the upstream,
     and stats tags. `per_route_enable` (a filter name) enables a disabled filter on every route,
     as Envoy Gateway does for the routes of the targeted HTTPRoute."""
@@ -163,6 +164,6 @@ def gateway_config(http_filter, *, listen_port, admin_port, upstream_port, route
         "stats_config": STATS_CONFIG,
         "static_resources": {
             "listeners": [listener("ingress", listen_port, route_entries, [http_filter])],
-            "clusters": [cluster("demo_upstream", upstream_port)],
+            "clusters": [cluster("demo_upstream", upstream_port)] + list(extra_clusters),
         },
     }

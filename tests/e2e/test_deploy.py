@@ -35,10 +35,10 @@ def gateway(workdir, upstream, request):
     """Starts Envoy with the given HTTP filter (as a control plane generated it)."""
     started = []
 
-    def start(http_filter, per_route_enable=None, wait=True):
+    def start(http_filter, per_route_enable=None, wait=True, extra_clusters=()):
         listen, admin = stack.free_port(), stack.free_port()
         cfg = cp.gateway_config(http_filter, listen_port=listen, admin_port=admin, upstream_port=upstream.port,
-                                routes=ROUTES, per_route_enable=per_route_enable)
+                                routes=ROUTES, per_route_enable=per_route_enable, extra_clusters=extra_clusters)
         env = stack.Envoy(cfg, workdir, name="envoy-deploy")
         started.append(env)
         if wait:
@@ -111,6 +111,20 @@ def test_istio_wasmplugin_without_the_flag_never_hangs(gateway, upstream):
     # Requests no policy matches pass untouched.
     r = env.request("POST", "/elsewhere", headers={"content-type": "application/json"}, body=b"{}")
     assert r.status == 200, describe(r)
+
+
+def test_istio_wasmplugin_without_the_flag_on_redis_resumes_after_the_store_answers(gateway, upstream, redis_stack):
+    """The Redis path pauses at the headers for its Webdis call and resumes: that works without
+    the flag too (Envoy buffers the body meanwhile and forwards it on resume)."""
+    doc = cp.load_yaml(ISTIO / "wasmplugin.yaml")
+    bundle = doc["spec"]["pluginConfig"]
+    bundle["redis"] = {"cluster": "webdis", "authority": "webdis", "basic_auth": stack.WEBDIS_AUTH,
+                       "timeout": "1s", "prefix": "idem-deploy-%s:" % uuid.uuid4().hex[:6]}
+    for route in bundle["route"]:
+        route["store"] = "redis"
+    env = gateway(cp.istio_wasmplugin_filter(doc), extra_clusters=[stack.webdis_cluster(redis_stack.webdis.port)])
+    assert_header_route_runs_once(env, upstream)
+    assert_body_route_refused_promptly(env, upstream)
 
 
 def test_istio_envoyfilter_with_the_flag_runs_body_routes_exactly_once(gateway, upstream):

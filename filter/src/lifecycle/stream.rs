@@ -260,11 +260,11 @@ impl Stream {
         if end_of_stream {
             return self.finish_capture(host);
         }
-        if holding {
-            Flow::Pause
-        } else {
-            Flow::Continue
-        }
+        // The headers go on even when the answer is held: holding the body is enough to keep
+        // the client from the complete answer until the record is written, and a pause here
+        // would starve the body callbacks without allow_on_headers_stop_iteration (Envoy turns
+        // it into StopAllIteration: the body is buffered and never reaches the filter).
+        Flow::Continue
     }
 
     /// A response body chunk arrived; `size` is the chunk (streaming) or everything buffered
