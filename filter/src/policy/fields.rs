@@ -166,3 +166,65 @@ impl<'de> Deserialize<'de> for ScopePart {
         }
     }
 }
+
+/// JSON Schemas of the values with their own syntax (feature `schema`), kept beside their parsers.
+#[cfg(feature = "schema")]
+mod schema {
+    use super::super::{Duration, FingerprintPart, ScopePart, StatusSet};
+    use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+    use std::borrow::Cow;
+
+    impl JsonSchema for Duration {
+        fn schema_name() -> Cow<'static, str> {
+            "Duration".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "A number and a unit: \"250ms\", \"30s\", \"10m\", \"24h\", \"7d\".",
+                "type": "string",
+                "pattern": "^[0-9]+(ms|s|m|h|d)$"
+            })
+        }
+    }
+
+    impl JsonSchema for StatusSet {
+        fn schema_name() -> Cow<'static, str> {
+            "StatusSet".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "A status code (100-599) or a class like \"2xx\".",
+                "oneOf": [
+                    { "type": "integer", "minimum": 100, "maximum": 599 },
+                    { "type": "string", "pattern": "^[1-5]xx$" }
+                ]
+            })
+        }
+    }
+
+    impl JsonSchema for FingerprintPart {
+        fn schema_name() -> Cow<'static, str> {
+            "FingerprintPart".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "method, path, query, body or header:<name>.",
+                "type": "string",
+                "pattern": "^(method|path|query|body|header:.+)$"
+            })
+        }
+    }
+
+    impl JsonSchema for ScopePart {
+        fn schema_name() -> Cow<'static, str> {
+            "ScopePart".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…].",
+                "type": "string",
+                "pattern": "^(header:.+|cookie:.+|metadata:[^/]+(/[^/]+)+)$"
+            })
+        }
+    }
+}

@@ -12,6 +12,8 @@ mod parse;
 
 pub use fields::parse_duration;
 pub use matcher::{normalize_path, Matcher, PathTemplate};
+#[cfg(feature = "schema")]
+pub use parse::bundle_schema;
 pub use parse::{line_col, parse_bundle, PolicyError};
 
 use serde::Deserialize;
@@ -31,6 +33,7 @@ pub struct Bundle {
 /// `unmatched`: a request the filter sees that no policy matches (an alias path such as
 /// `/api/order/Create/` the upstream framework still routes, or a route nobody wrote a policy for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Unmatched {
     /// Forward it untouched (counted as `idem._unmatched.passed`, logged at debug).
@@ -41,6 +44,7 @@ pub enum Unmatched {
 
 /// `[redis]`: how the filter reaches Redis (through Webdis, as an Envoy cluster).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// The Envoy cluster name of Webdis.
@@ -77,6 +81,7 @@ fn default_on_store_error() -> OnStoreError {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OnStoreError {
     Reject,
@@ -84,6 +89,7 @@ pub enum OnStoreError {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct SharedConfig {
     #[serde(deserialize_with = "fields::de_buckets")]
@@ -124,6 +130,7 @@ pub struct RoutePolicy {
 
 /// How a claimed request reaches the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Forward {
     /// Through Envoy's router, as any request: streaming, retries, header mutations.
@@ -135,6 +142,7 @@ pub enum Forward {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Key,
@@ -143,6 +151,7 @@ pub enum Mode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     Shared,
@@ -150,6 +159,7 @@ pub enum StoreKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum KeySource {
     Header,
@@ -158,6 +168,7 @@ pub enum KeySource {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OnInFlight {
     Reject,
@@ -165,6 +176,7 @@ pub enum OnInFlight {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OnCompleted {
     Replay,
@@ -172,6 +184,7 @@ pub enum OnCompleted {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum FingerprintBody {
     Raw,
@@ -213,6 +226,7 @@ impl fmt::Display for ScopePart {
 
 /// What a request lacking its caller scope gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Anonymous {
     /// 400 `IDEMPOTENCY_SCOPE_MISSING`: never let callers without identity share keys.
@@ -222,6 +236,7 @@ pub enum Anonymous {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct KeyPolicy {
     pub from: KeySource,
@@ -247,6 +262,7 @@ pub struct KeyPolicy {
 /// `[route.token]`: the token mechanism (issue a one-time token, consume it once), served and
 /// enforced by the filter.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct TokenPolicy {
     /// The request header that carries the token.
@@ -316,6 +332,7 @@ impl KeyPolicy {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct DuplicateResponse {
     #[serde(deserialize_with = "fields::de_duplicate_status")]

@@ -100,7 +100,10 @@ pub fn line_col(source: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// A policy bundle: the plugin configuration idem reads (TOML, or JSON as control planes send it).
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(title = "idem policy bundle"))]
 #[serde(deny_unknown_fields)]
 struct RawBundle {
     #[serde(default)]
@@ -114,6 +117,7 @@ struct RawBundle {
     /// Higress' per-route rules (its WasmPlugin `matchRules`, sent as `_rules_` with
     /// `_match_route_`): refused with what to write instead, not as an unknown field.
     #[serde(rename = "_rules_", default)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
     higress_rules: Option<serde::de::IgnoredAny>,
 }
 
@@ -132,7 +136,10 @@ fn default_upstream_timeout() -> Duration {
     Duration::from_secs(15)
 }
 
+/// One route's policy.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "Route"))]
 #[serde(deny_unknown_fields)]
 struct RawRoute {
     #[serde(deserialize_with = "super::fields::de_route_name")]
@@ -168,6 +175,35 @@ fn default_store() -> StoreKind {
 
 /// `match = { route = … }` or `match = { method = …, path = … }`, validated as a whole.
 struct RawMatch(Matcher);
+
+/// The JSON Schema of a policy bundle, from the types the parser reads (feature `schema`).
+#[cfg(feature = "schema")]
+pub fn bundle_schema() -> schemars::Schema {
+    schemars::schema_for!(RawBundle)
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for RawMatch {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Match".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Which requests the policy applies to: `route` (an Envoy route name), or `path` (a template, `{id}` for one segment) with an optional upper-case `method`.",
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "route": { "type": "string", "minLength": 1 },
+                "method": { "type": "string", "pattern": "^[A-Z]{1,16}$" },
+                "path": { "type": "string", "pattern": "^/" }
+            },
+            "oneOf": [
+                { "required": ["route"], "not": { "anyOf": [{ "required": ["method"] }, { "required": ["path"] }] } },
+                { "required": ["path"], "not": { "required": ["route"] } }
+            ]
+        })
+    }
+}
 
 impl<'de> Deserialize<'de> for RawMatch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
