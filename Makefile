@@ -54,6 +54,7 @@ lint-corpora: build
 test: setup fmt-check clippy unit e2e lint-corpora
 
 bench: build
+	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
 	$(PY) scripts/bench.py
 	bash scripts/bench-lint.sh
 

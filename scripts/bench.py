@@ -11,7 +11,11 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (b)  filter enabled on the route, no policy matches the request  target >= 0.95 x (a)
   (b') filter declared but disabled on the route (how the examples
        configure routes without a policy)                         informational
-  (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.70 x (a)
+  (c0) the floor: a no-op Wasm filter doing what (c) makes Envoy do (bench/floor: pause at the
+       headers, buffer and read the whole body, read the response as it streams, one filter
+       state) without the idempotency work                       the floor for (c)
+  (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.80 x (a), or
+       within 10 % of the floor's cost per request
   (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
   (g)  key mode with `forward = "detached"` (the root context sends
        the request upstream itself), unique keys: the option's cost  informational
@@ -96,7 +100,9 @@ CASES = [
     ("a", "Envoy without the filter", "plain", "/api/order/create", "plain_post.lua", None, None),
     ("b", "filter on, route without policy", "idem", "/api/no-policy", "plain_post.lua", None, 0.95),
     ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None),
-    ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.70),
+    ("c0", "floor: body-buffering no-op Wasm filter", "floor", "/api/order/create", "unique_keys.lua", "unique",
+     None),
+    ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.80),
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
     ("g", "key mode, forward = detached, unique keys", "idem", "/api/order/detached", "unique_keys.lua", "unique",
      None),
@@ -110,6 +116,7 @@ CASES = [
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+FLOOR_WASM = stack.REPO / "target" / "wasm32-wasip1" / "release" / "idem_floor.wasm"
 
 
 def cpu_seconds(pid):
@@ -134,6 +141,10 @@ def main():
     stack.require_wasm()
     stack.require_wrk()
     stack.require_redis()
+    if not FLOOR_WASM.is_file():
+        print("error: %s is missing; build it with `cargo build --release --target wasm32-wasip1 -p idem-floor` "
+              "(make bench does)" % FLOOR_WASM, file=sys.stderr)
+        return 2
     workdir = stack.make_workdir("idem-bench-")
     procs = []
     try:
@@ -144,6 +155,9 @@ def main():
         procs.append(plain)
         idem = stack.start_idem_envoy(workdir, fast.listen_port, POLICY, routes=ROUTES, concurrency=args.workers)
         procs.append(idem)
+        floor = stack.start_idem_envoy(workdir, fast.listen_port, "", routes=ROUTES, concurrency=args.workers,
+                                       wasm_path=FLOOR_WASM, name="envoy-floor")
+        procs.append(floor)
         redis = stack.Redis(workdir)
         procs.append(redis)
         webdis = stack.Webdis(workdir, redis.port)
@@ -161,7 +175,7 @@ def main():
                                              extra_clusters=[stack.webdis_cluster(cluster_store.webdis.port)],
                                              name="envoy-idem-cluster")
         procs.append(cluster_env)
-        envoys = {"plain": plain, "idem": idem, "redis": redis_env, "cluster": cluster_env}
+        envoys = {"plain": plain, "idem": idem, "floor": floor, "redis": redis_env, "cluster": cluster_env}
         # (port, pid) of what wrk talks to; CPU/req is that process's CPU time.
         targets = {name: (env.listen_port, env.proc.pid) for name, env in envoys.items()}
         targets["webdis"] = (webdis.port, webdis.proc.pid)
@@ -253,6 +267,13 @@ def main():
         print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                         for k, v in sorted(redis_counters.items()) if v))
         by_case = {r["case"]: r for r in table}
+        c, c0, a = by_case["c"], by_case["c0"], by_case["a"]
+        extra_floor = c0["cpu_us_per_req"] - a["cpu_us_per_req"]
+        extra_idem = c["cpu_us_per_req"] - a["cpu_us_per_req"]
+        print("floor: (c0) ratio %.2f, +%.1f us Envoy CPU/req over (a); (c) ratio %.2f, +%.1f us; idem's own work "
+              "%.1f us/req; (c) cost per request is %.0f %% over the floor's (target: (c) >= 0.80 or within 10 %%)" % (
+                  c0["ratio"], extra_floor, c["ratio"], extra_idem, c["cpu_us_per_req"] - c0["cpu_us_per_req"],
+                  100.0 * (c["cpu_us_per_req"] / c0["cpu_us_per_req"] - 1) if c0["cpu_us_per_req"] else 0.0))
         for fleet, single in (("ec", "e"), ("fc", "f")):
             rel = by_case[fleet]["ratio"] / by_case[single]["ratio"] if by_case[single]["ratio"] else 0.0
             by_case[fleet]["vs_single_node"] = rel
