@@ -40,7 +40,7 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --release --target wasm32-wasip1 -p idem-filter -- -D warnings
+	$(CARGO) clippy --release --target wasm32-wasip1 -p idem-filter -p idem-floor -- -D warnings
 
 unit: build
 	$(CARGO) test --workspace
