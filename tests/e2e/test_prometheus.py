@@ -36,7 +36,7 @@ def tool(name):
 def test_alert_rules_check_and_pass_their_unit_tests():
     out = subprocess.run([tool("promtool"), "check", "rules", "idem-rules.yml"], cwd=RULES_DIR,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "SUCCESS: 6 rules found" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "SUCCESS: 7 rules found" in out.stdout, out.stdout + out.stderr
     out = subprocess.run([tool("promtool"), "test", "rules", "idem-rules.test.yml"], cwd=RULES_DIR,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
@@ -122,7 +122,7 @@ def test_prometheus_scrapes_the_labelled_family_from_envoy(make_envoy, prometheu
     assert labels["__name__"] == "idem_requests_total", labels
     # The rules loaded, and the recording rule computes per route.
     rules = _get(port, "/api/v1/rules").json()["data"]["groups"]
-    assert any(g["name"] == "idem" and len(g["rules"]) == 6 for g in rules), rules
+    assert any(g["name"] == "idem" and len(g["rules"]) == 7 for g in rules), rules
     wait_for(lambda: (_get(port, "/api/v1/query?query=" + urllib.parse.quote("idem:interceptions:rate5m")) or
                       stack.Response(0, [], b"{}")).json().get("data", {}).get("result"), 30, interval=0.5,
              what="the recording rule idem:interceptions:rate5m to have a value")
