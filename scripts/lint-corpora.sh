@@ -122,24 +122,11 @@ python3 - "$BIN" "${SPECS[@]}" <<'PY'
 import json, re, subprocess, sys
 
 binary, specs = sys.argv[1], sys.argv[2:]
-NON_SAFE = ("post", "put", "patch", "delete")
+sys.path.insert(0, "scripts")
+from corpora_spec import NON_SAFE, esc, resolve  # noqa: E402
 TITLE = re.compile(
     r"^\s*(?:#{1,6}\s+|\*\*|__)\s*(?:\d+(?:\.\d+)*\.?\s*)?(幂等性说明|idempotency)\b", re.I | re.M
 )
-
-def esc(s):
-    return s.replace("~", "~0").replace("/", "~1")
-
-def resolve(doc, node):
-    seen = 0
-    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
-        cur = doc
-        for seg in node["$ref"][2:].split("/"):
-            cur = cur[seg.replace("~1", "/").replace("~0", "~")]
-        node, seen = cur, seen + 1
-        if seen > 64:
-            return None
-    return node
 
 failed = False
 print(f"{'spec':<48} {'ops':>6} {'non-safe':>8} {'expected':>8} {'found':>6}  codes")
@@ -195,20 +182,8 @@ python3 - "$BIN" "$CORPORA" "$DIR/svix.com.json" header idempotency-key "$DIR/ad
 import json, os, subprocess, sys
 
 binary, out_dir, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
-NON_SAFE = ("post", "put", "patch", "delete")
-
-def esc(s):
-    return s.replace("~", "~0").replace("/", "~1")
-
-def resolve(doc, node):
-    for _ in range(64):
-        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
-            return node
-        cur = doc
-        for seg in node["$ref"][2:].split("/"):
-            cur = cur[seg.replace("~1", "/").replace("~0", "~")]
-        node = cur
-    return None
+sys.path.insert(0, "scripts")
+from corpora_spec import NON_SAFE, esc, resolve  # noqa: E402
 
 def has_prop(doc, schema, name, depth=0):
     schema = resolve(doc, schema)
@@ -301,17 +276,8 @@ python3 - "$BIN" "$NM/.bin/swagger2openapi" "$S2O" $(find "$SWAGGER2" -name '*.j
 import collections, copy, json, os, subprocess, sys
 
 binary, s2o, out_dir, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-NON_SAFE = ("post", "put", "patch", "delete")
-
-def resolve(doc, node):
-    for _ in range(64):
-        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/")):
-            return node
-        cur = doc
-        for seg in node["$ref"][2:].split("/"):
-            cur = cur[seg.replace("~1", "/").replace("~0", "~")]
-        node = cur
-    return None
+sys.path.insert(0, "scripts")
+from corpora_spec import NON_SAFE, resolve  # noqa: E402
 
 def body_property(doc, op):
     """A property of the body parameter's schema, or a form field: a body key that exists."""

@@ -242,19 +242,29 @@ fn route_name_is_not_asked_for_when_no_policy_uses_it() {
     assert_eq!(b.find(|| "POST".into(), "/a", || panic!("route name must not be read")), Some(0));
 }
 
+/// The policy files of `policies/`: (path, text).
+fn shipped_policies() -> Vec<(std::path::PathBuf, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 #[test]
 fn every_shipped_policy_parses() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "toml") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            parse_bundle(&text, &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
-            n += 1;
-        }
+    let files = shipped_policies();
+    for (path, text) in &files {
+        parse_bundle(text, &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
     }
-    assert!(n >= 1, "no policy files found in {}", dir.display());
+    assert!(!files.is_empty(), "no policy files found in policies/");
 }
 
 #[test]
@@ -299,22 +309,15 @@ fn path_aliases_match_the_policy() {
 /// the same bundle as its TOML.
 #[test]
 fn every_shipped_policy_in_istio_s_json_shape_is_the_same_bundle() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-    let mut seen = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let value: serde_json::Value = toml::from_str(&text).unwrap();
+    let files = shipped_policies();
+    for (path, text) in &files {
+        let value: serde_json::Value = toml::from_str(text).unwrap();
         let json = serde_json::to_string(&value).unwrap().replace("\":", "\": ").replace(",\"", ", \"");
         let from_json =
             parse_bundle(&json, "pluginConfig").unwrap_or_else(|e| panic!("{}: {e}\n{json}", path.display()));
-        assert_eq!(from_json, parse_bundle(&text, "p.toml").unwrap(), "{}", path.display());
-        seen += 1;
+        assert_eq!(from_json, parse_bundle(text, "p.toml").unwrap(), "{}", path.display());
     }
-    assert!(seen >= 4, "expected the shipped policies in {}", dir.display());
+    assert!(files.len() >= 4, "expected the shipped policies in policies/");
 }
 
 #[test]

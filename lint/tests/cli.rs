@@ -272,31 +272,34 @@ fn multi_file_refs_resolve_and_findings_point_into_the_referenced_file() {
     assert_eq!(f[0]["pointer"], "/paths/~1api~1order~1create/put");
 }
 
+/// Each finding of a `--format json` report as (code, pointer, message): what must not depend
+/// on how the spec was written down.
+fn code_pointer_message(v: serde_json::Value) -> Vec<(String, String, String)> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["code"].as_str().unwrap().to_string(),
+                f["pointer"].as_str().unwrap().to_string(),
+                f["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn json_and_yaml_of_the_same_spec_give_the_same_findings() {
     // JSON fixture → YAML (hidden --dump-yaml writes block YAML, all strings quoted), and a
     // YAML fixture → re-dumped YAML: the findings other than positions must be identical.
-    let strip = |v: serde_json::Value| -> Vec<(String, String, String)> {
-        v["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| {
-                (
-                    f["code"].as_str().unwrap().to_string(),
-                    f["pointer"].as_str().unwrap().to_string(),
-                    f["message"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    };
     for (i, src) in ["IDEM001/bad_json.json", "IDEM004/bad.yaml", "IDEM009/bad.yaml"].iter().enumerate() {
         let src = fx(src);
         let dumped = stdout(&run(&["--dump-yaml", &src]));
         let tmp = std::env::temp_dir().join(format!("idem-lint-dump-{}-{i}.yaml", std::process::id()));
         std::fs::write(&tmp, dumped).unwrap();
-        let a = strip(json(&[&src]));
-        let b = strip(json(&[tmp.to_str().unwrap()]));
+        let a = code_pointer_message(json(&[&src]));
+        let b = code_pointer_message(json(&[tmp.to_str().unwrap()]));
         let _ = std::fs::remove_file(&tmp);
         assert!(!a.is_empty(), "{src}");
         assert_eq!(a, b, "{src}");
@@ -305,19 +308,8 @@ fn json_and_yaml_of_the_same_spec_give_the_same_findings() {
 
 #[test]
 fn swagger_2_and_its_openapi_3_conversion_give_the_same_findings() {
-    let essence = |file: &str| -> Vec<(String, String, String)> {
-        let mut v: Vec<_> = json(&[&fx(file)])["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| {
-                (
-                    f["code"].as_str().unwrap().to_string(),
-                    f["pointer"].as_str().unwrap().to_string(),
-                    f["message"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect();
+    let essence = |file: &str| {
+        let mut v = code_pointer_message(json(&[&fx(file)]));
         v.sort();
         v
     };

@@ -19,8 +19,7 @@ CLUSTER_DIR = REPO / "examples" / "redis-cluster"
 CLUSTER_ACL = CLUSTER_DIR / "users.acl"
 CLUSTER_PROXY_YAML = CLUSTER_DIR / "redis-proxy.yaml"
 CLUSTER_WEBDIS_JSON = CLUSTER_DIR / "webdis.json"
-# The users of users.acl: the proxy's (idem's commands only) and the admin (redis-cli, replication).
-CLUSTER_PROXY_USER = ("idem-proxy", "idem-proxy-password")
+# The admin user of users.acl (redis-cli, replication); the proxy's user is Envoy's, in redis-proxy.yaml.
 CLUSTER_ADMIN = ("idem-admin", "idem-admin-password")
 # The shipped proxy config's ports: listener, admin, and the three seed nodes.
 PROXY_EXAMPLE_PORTS = {"listen": 6380, "admin": 9911, "seeds": (7001, 7002, 7003)}
@@ -155,16 +154,6 @@ class RedisCluster:
         """{primary port: [keys matching pattern]} over the live primaries."""
         return {p: sorted(self.by_port(p).command("KEYS", pattern) or []) for p in self.primaries()}
 
-    def get(self, key):
-        """GET on the primary that owns the key (following one MOVED)."""
-        node = self.by_port(self.primaries()[0])
-        try:
-            return node.command("GET", key)
-        except RedisError as e:
-            if not str(e).startswith("MOVED"):
-                raise
-            return self.by_port(int(str(e).split()[-1].rsplit(":", 1)[1])).command("GET", key)
-
     def describe(self):
         try:
             return "\n".join(str(n) for n in self.topology())
@@ -215,5 +204,5 @@ class ClusterStore:
             self.proxy.log_tail(20), self.webdis.proc.log_tail(20) if self.webdis else "")
 
 
-__all__ = ["CLUSTER_DIR", "CLUSTER_ACL", "CLUSTER_PROXY_YAML", "CLUSTER_WEBDIS_JSON", "CLUSTER_PROXY_USER",
+__all__ = ["CLUSTER_DIR", "CLUSTER_ACL", "CLUSTER_PROXY_YAML", "CLUSTER_WEBDIS_JSON",
            "CLUSTER_ADMIN", "ClusterNode", "RedisCluster", "ClusterStore", "redis_proxy_config_text"]

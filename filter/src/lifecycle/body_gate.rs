@@ -19,7 +19,6 @@
 use super::worker::Worker;
 use crate::engine::Action as Do;
 use crate::host::{Host, Level};
-use std::cell::Cell;
 
 /// What this worker has seen of body delivery during paused headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,19 +63,21 @@ impl Worker {
         }
     }
 
-    /// A body callback arrived for a stream paused at its headers.
-    pub(super) fn body_delivered(&self, context: u32) {
+    /// A body callback arrived for a stream paused at its headers: delivery is proven, and
+    /// nothing is watched any more (streams are registered only while it is unknown).
+    pub(super) fn body_delivered(&self) {
         if self.body_delivery.get() == BodyDelivery::Unknown {
             self.body_delivery.set(BodyDelivery::Delivered);
             self.awaiting_body.borrow_mut().clear();
-        } else {
-            self.awaiting_body.borrow_mut().remove(&context);
         }
     }
 
     /// The stream ended.
     pub(super) fn forget_body_wait(&self, context: u32) {
-        self.awaiting_body.borrow_mut().remove(&context);
+        if self.body_delivery.get() != BodyDelivery::Delivered {
+            self.awaiting_body.borrow_mut().remove(&context);
+            self.body_passthrough.borrow_mut().remove(&context);
+        }
     }
 
     /// On the root's tick: has Envoy received body bytes for a waiting stream without calling
@@ -86,18 +87,12 @@ impl Worker {
             return;
         }
         let waiting: Vec<(u32, AwaitingBody)> = self.awaiting_body.borrow().iter().map(|(c, a)| (*c, *a)).collect();
-        let withheld = Cell::new(false);
-        for (ctx, wait) in &waiting {
-            self.on_stream(host, *ctx, || {
-                if total_size(host).is_some_and(|now| now > wait.size_at_headers) {
-                    withheld.set(true);
-                }
-            });
-            if withheld.get() {
-                break;
-            }
-        }
-        if !withheld.get() {
+        let received = |&(ctx, wait): &(u32, AwaitingBody)| {
+            let mut grew = false;
+            self.on_stream(host, ctx, || grew = total_size(host).is_some_and(|now| now > wait.size_at_headers));
+            grew
+        };
+        if !waiting.iter().any(received) {
             return;
         }
         self.body_delivery.set(BodyDelivery::Withheld);
@@ -129,7 +124,7 @@ impl Worker {
 
     /// Whether a stream was let through unexamined (shadow mode, body withheld); clears it.
     pub(super) fn take_body_passthrough(&self, context: u32) -> bool {
-        self.body_passthrough.borrow_mut().remove(&context)
+        self.body_delivery.get() == BodyDelivery::Withheld && self.body_passthrough.borrow_mut().remove(&context)
     }
 }
 

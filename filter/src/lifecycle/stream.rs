@@ -168,7 +168,7 @@ impl Stream {
                 return Flow::Continue;
             }
             Phase::ReadingBody { route } => {
-                self.worker.body_delivered(self.context);
+                self.worker.body_delivered();
                 route
             }
             // Chunks that arrive while a Webdis call is out must not decide again.
@@ -198,7 +198,7 @@ impl Stream {
                 Flow::Continue
             }
             Phase::ReadingBody { route } => {
-                self.worker.body_delivered(self.context);
+                self.worker.body_delivered();
                 self.request.body = host.request_body(usize::MAX);
                 self.decide(host, route)
             }
@@ -321,7 +321,6 @@ impl Stream {
         w.live.borrow_mut().remove(&self.context);
         w.waiters.borrow_mut().remove(&self.context);
         w.forget_body_wait(self.context);
-        w.take_body_passthrough(self.context);
         w.drop_lease(LeaseOwner::Stream(self.context));
         self.take_handoff(host);
         match std::mem::replace(&mut self.phase, Phase::Idle) {

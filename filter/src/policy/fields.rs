@@ -174,57 +174,40 @@ mod schema {
     use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
     use std::borrow::Cow;
 
-    impl JsonSchema for Duration {
-        fn schema_name() -> Cow<'static, str> {
-            "Duration".into()
-        }
-        fn json_schema(_: &mut SchemaGenerator) -> Schema {
-            json_schema!({
-                "description": "A number and a unit: \"250ms\", \"30s\", \"10m\", \"24h\", \"7d\".",
-                "type": "string",
-                "pattern": "^[0-9]+(ms|s|m|h|d)$"
-            })
-        }
+    /// `impl JsonSchema` for a value parsed from its own syntax: its name and its schema.
+    macro_rules! schema_of {
+        ($ty:ty, $name:literal, $schema:tt) => {
+            impl JsonSchema for $ty {
+                fn schema_name() -> Cow<'static, str> {
+                    $name.into()
+                }
+                fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                    json_schema!($schema)
+                }
+            }
+        };
     }
 
-    impl JsonSchema for StatusSet {
-        fn schema_name() -> Cow<'static, str> {
-            "StatusSet".into()
-        }
-        fn json_schema(_: &mut SchemaGenerator) -> Schema {
-            json_schema!({
-                "description": "A status code (100-599) or a class like \"2xx\".",
-                "oneOf": [
-                    { "type": "integer", "minimum": 100, "maximum": 599 },
-                    { "type": "string", "pattern": "^[1-5]xx$" }
-                ]
-            })
-        }
-    }
-
-    impl JsonSchema for FingerprintPart {
-        fn schema_name() -> Cow<'static, str> {
-            "FingerprintPart".into()
-        }
-        fn json_schema(_: &mut SchemaGenerator) -> Schema {
-            json_schema!({
-                "description": "method, path, query, body or header:<name>.",
-                "type": "string",
-                "pattern": "^(method|path|query|body|header:.+)$"
-            })
-        }
-    }
-
-    impl JsonSchema for ScopePart {
-        fn schema_name() -> Cow<'static, str> {
-            "ScopePart".into()
-        }
-        fn json_schema(_: &mut SchemaGenerator) -> Schema {
-            json_schema!({
-                "description": "header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…].",
-                "type": "string",
-                "pattern": "^(header:.+|cookie:.+|metadata:[^/]+(/[^/]+)+)$"
-            })
-        }
-    }
+    schema_of!(Duration, "Duration", {
+        "description": "A number and a unit: \"250ms\", \"30s\", \"10m\", \"24h\", \"7d\".",
+        "type": "string",
+        "pattern": "^[0-9]+(ms|s|m|h|d)$"
+    });
+    schema_of!(StatusSet, "StatusSet", {
+        "description": "A status code (100-599) or a class like \"2xx\".",
+        "oneOf": [
+            { "type": "integer", "minimum": 100, "maximum": 599 },
+            { "type": "string", "pattern": "^[1-5]xx$" }
+        ]
+    });
+    schema_of!(FingerprintPart, "FingerprintPart", {
+        "description": "method, path, query, body or header:<name>.",
+        "type": "string",
+        "pattern": "^(method|path|query|body|header:.+)$"
+    });
+    schema_of!(ScopePart, "ScopePart", {
+        "description": "header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…].",
+        "type": "string",
+        "pattern": "^(header:.+|cookie:.+|metadata:[^/]+(/[^/]+)+)$"
+    });
 }
