@@ -126,6 +126,41 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def report_floor(by_case):
+    """(c) against the floor (c0): how much of its cost is idem's own work."""
+    if not all(k in by_case for k in ("a", "c", "c0")):
+        return
+    c, c0, a = by_case["c"], by_case["c0"], by_case["a"]
+    extra_floor = c0["cpu_us_per_req"] - a["cpu_us_per_req"]
+    extra_idem = c["cpu_us_per_req"] - a["cpu_us_per_req"]
+    print("floor: (c0) ratio %.2f, +%.1f us Envoy CPU/req over (a); (c) ratio %.2f, +%.1f us; idem's own work "
+          "%.1f us/req; (c) cost per request is %.0f %% over the floor's (target: (c) >= 0.80 or within 10 %%)" % (
+              c0["ratio"], extra_floor, c["ratio"], extra_idem, c["cpu_us_per_req"] - c0["cpu_us_per_req"],
+              100.0 * (c["cpu_us_per_req"] / c0["cpu_us_per_req"] - 1) if c0["cpu_us_per_req"] else 0.0))
+
+
+def report_fleet(by_case):
+    """The Redis Cluster path against the single node."""
+    for fleet, single in (("ec", "e"), ("fc", "f")):
+        if fleet not in by_case or single not in by_case:
+            continue
+        rel = by_case[fleet]["ratio"] / by_case[single]["ratio"] if by_case[single]["ratio"] else 0.0
+        by_case[fleet]["vs_single_node"] = rel
+        print("Redis Cluster path vs single node: (%s)/(%s) = %.2f (target >= 0.90) %s" % (
+            fleet, single, rel, "ok" if rel >= 0.90 else "MISSED"))
+
+
+def store_reading(side):
+    """(Webdis CPU s, Redis CPU s, Redis commands processed) for a case's store side, or None."""
+    if not side:
+        return None
+    webdis_pid, redis = side
+    info = redis.command("INFO", "stats").decode()
+    processed = int(next(line.split(":")[1] for line in info.splitlines()
+                         if line.startswith("total_commands_processed:")))
+    return (cpu_seconds(webdis_pid) if webdis_pid else 0.0, cpu_seconds(redis.proc.pid), processed)
+
+
 def main():
     ap = argparse.ArgumentParser(description="idem benchmark")
     ap.add_argument("--duration", type=float, default=2.0, help="seconds per measured run (default 2)")
@@ -135,7 +170,17 @@ def main():
     ap.add_argument("--workers", type=int, default=1, help="Envoy-under-test worker threads (default 1)")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--cases", help="comma-separated case ids to run (default: all; (a) and (b') always run)")
     args = ap.parse_args()
+    cases = CASES
+    if args.cases:
+        wanted = set(args.cases.split(",")) | {"a", "b'"}
+        unknown = wanted - {c[0] for c in CASES}
+        if unknown:
+            print("error: unknown case(s) %s; cases are %s" % (", ".join(sorted(unknown)),
+                                                              ", ".join(c[0] for c in CASES)), file=sys.stderr)
+            return 2
+        cases = [c for c in CASES if c[0] in wanted]
 
     stack.require_envoy()
     stack.require_wasm()
@@ -179,6 +224,8 @@ def main():
         # (port, pid) of what wrk talks to; CPU/req is that process's CPU time.
         targets = {name: (env.listen_port, env.proc.pid) for name, env in envoys.items()}
         targets["webdis"] = (webdis.port, webdis.proc.pid)
+        # The store side of the Redis cases: Webdis' and Redis' CPU, and Redis commands, per request.
+        store_side = {"redis": (webdis.proc.pid, redis), "webdis": (None, redis)}
         webdis_auth = base64.b64encode(stack.WEBDIS_AUTH.encode()).decode()
         print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
               % (args.threads, args.connections, args.duration, args.reps, args.workers))
@@ -212,17 +259,26 @@ def main():
                     raise stack.StackError("the replay key is not replayed after priming")
             else:
                 sargs = [path]
+            side = store_side.get(which)
+            before = store_reading(side)
             cpu0 = cpu_seconds(pid)
             res = stack.run_wrk(port, path, stack.WRK_SCRIPTS / script, sargs,
                                 duration=duration, connections=args.connections, threads=args.threads)
-            res["cpu_us_per_req"] = (cpu_seconds(pid) - cpu0) * 1e6 / max(1, res["requests"])
+            n = max(1, res["requests"])
+            res["cpu_us_per_req"] = (cpu_seconds(pid) - cpu0) * 1e6 / n
+            if side:
+                after = store_reading(side)
+                res["webdis_us_per_req"] = (after[0] - before[0]) * 1e6 / n
+                res["redis_us_per_req"] = (after[1] - before[1]) * 1e6 / n
+                # minus the INFO that took the reading
+                res["redis_cmds_per_req"] = (after[2] - before[2] - 1) / n
             return res
 
         # warm-up: JIT tiers, connection pools, the replay key's first (stored) answer
-        for case in CASES:
+        for case in cases:
             run(case, 1)
         for rep in range(args.reps):
-            for case in CASES:
+            for case in cases:
                 res = run(case, args.duration)
                 results[case[0]].append(res)
                 bad = res["non_2xx"] + res["socket_errors"]
@@ -238,7 +294,7 @@ def main():
         table = []
         base_runs = results["a"]
         base_cpu = statistics.median(r["cpu_us_per_req"] for r in base_runs)
-        for cid, label, _, _, _, _, target in CASES:
+        for cid, label, _, _, _, _, target in cases:
             runs = results[cid]
             cpu = statistics.median(r["cpu_us_per_req"] for r in runs)
             row = {"case": cid, "label": label,
@@ -252,33 +308,37 @@ def main():
                    "errors": sum(r["non_2xx"] + r["socket_errors"] for r in runs),
                    "runs_rps": [r["rps"] for r in runs]}
             row["meets"] = None if target is None else row["ratio"] >= target
+            for k in ("webdis_us_per_req", "redis_us_per_req", "redis_cmds_per_req"):
+                if k in runs[0]:
+                    row[k] = statistics.median(r[k] for r in runs)
             table.append(row)
+        base = table[0]
+        for r in table:
+            # what the filter adds to a request's latency, against (a) of the same run
+            r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
+            r["added_p99_ms"] = r["p99_ms"] - base["p99_ms"]
 
         print()
-        print("| case | what | req/s (median) | p50 ms | p99 ms | ratio to (a) | target | | CPU/req | cost ratio |")
-        print("|---|---|---:|---:|---:|---:|---|---|---:|---:|")
+        print("| case | what | req/s (median) | p50 ms | p99 ms | added p50 / p99 ms | ratio to (a) | target | "
+              "| CPU/req | cost ratio |")
+        print("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|")
         for r in table:
             verdict = "" if r["meets"] is None else ("ok" if r["meets"] else "MISSED")
-            print("| (%s) | %s | %.0f | %.2f | %.2f | %.2f | %s | %s | %.1f us | %.2f |" % (
-                r["case"], r["label"], r["rps"], r["p50_ms"], r["p99_ms"], r["ratio"],
+            added = "" if r is base else "%+.2f / %+.2f" % (r["added_p50_ms"], r["added_p99_ms"])
+            print("| (%s) | %s | %.0f | %.2f | %.2f | %s | %.2f | %s | %s | %.1f us | %.2f |" % (
+                r["case"], r["label"], r["rps"], r["p50_ms"], r["p99_ms"], added, r["ratio"],
                 ">= %.2f" % r["target"] if r["target"] else "", verdict, r["cpu_us_per_req"], r["cost_ratio"]))
+        for r in table:
+            if "redis_cmds_per_req" in r:
+                print("store side of (%s): %.2f Redis commands/req, Webdis %.1f us CPU/req, Redis %.1f us CPU/req" % (
+                    r["case"], r["redis_cmds_per_req"], r.get("webdis_us_per_req", 0.0), r["redis_us_per_req"]))
         print("\nidem.bench-key counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                       for k, v in sorted(counters.items()) if v))
         print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                         for k, v in sorted(redis_counters.items()) if v))
         by_case = {r["case"]: r for r in table}
-        c, c0, a = by_case["c"], by_case["c0"], by_case["a"]
-        extra_floor = c0["cpu_us_per_req"] - a["cpu_us_per_req"]
-        extra_idem = c["cpu_us_per_req"] - a["cpu_us_per_req"]
-        print("floor: (c0) ratio %.2f, +%.1f us Envoy CPU/req over (a); (c) ratio %.2f, +%.1f us; idem's own work "
-              "%.1f us/req; (c) cost per request is %.0f %% over the floor's (target: (c) >= 0.80 or within 10 %%)" % (
-                  c0["ratio"], extra_floor, c["ratio"], extra_idem, c["cpu_us_per_req"] - c0["cpu_us_per_req"],
-                  100.0 * (c["cpu_us_per_req"] / c0["cpu_us_per_req"] - 1) if c0["cpu_us_per_req"] else 0.0))
-        for fleet, single in (("ec", "e"), ("fc", "f")):
-            rel = by_case[fleet]["ratio"] / by_case[single]["ratio"] if by_case[single]["ratio"] else 0.0
-            by_case[fleet]["vs_single_node"] = rel
-            print("Redis Cluster path vs single node: (%s)/(%s) = %.2f (target >= 0.90) %s" % (
-                fleet, single, rel, "ok" if rel >= 0.90 else "MISSED"))
+        report_floor(by_case)
+        report_fleet(by_case)
         print("(w) is wrk straight to Webdis (its CPU/req is Webdis' own); (e)/(f) CPU/req is their Envoy's only, "
               "not Webdis' or Redis'.")
         control = next(r for r in table if r["case"] == "b'")

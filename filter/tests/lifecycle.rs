@@ -215,9 +215,166 @@ fn a_refused_completion_is_retried_and_a_retry_meanwhile_waits() {
     assert_eq!(again, complete);
     answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
     assert_eq!(count(&host, "r", "stored"), 1);
-    // Written: the next retry asks Redis again (and would be replayed).
-    let (_, _) = send(&host, &w, 12, "/r", "k1");
+    // Written: the next retry is replayed from the answer this Envoy kept, without Redis.
+    let (_, flow) = send(&host, &w, 12, "/r", "k1");
+    assert_eq!(flow, Flow::Pause);
+    let acts = host.take_acts();
+    assert!(!acts.iter().any(|a| matches!(a, Act::Dispatch { .. })), "{acts:?}");
+    assert_eq!(replies(&acts, 12)[0].0, 201);
+}
+
+/// A stored answer, as Webdis returns it to a claim: `C|owner|fp|first|status|base64(response)`.
+fn completed_reply(host: &FakeHost, w: &Rc<Worker>) -> Vec<u8> {
+    // Have this worker complete a request, capture the record it writes, and answer the claim
+    // of a second worker (another Envoy) with it.
+    let (_s, token, complete) = completion_sent(host, w);
+    answer_root(host, w, token, 200, br#"{"EVAL":1}"#);
+    let decoded = percent_decode(&complete);
+    let record = decoded.split('/').find(|a| a.starts_with("C|")).expect("a completed record").to_string();
+    format!(r#"{{"SET":"{record}"}}"#).into_bytes()
+}
+
+#[test]
+fn a_completed_answer_read_from_redis_is_kept_and_replayed_without_redis() {
+    let (host, w) = setup(&redis_policy(""));
+    let reply = completed_reply(&host, &w);
+    // Another Envoy (its own shared data): its first repeat asks Redis and is replayed.
+    let (host2, w2) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host2, &w2, 20, "/r", "k1");
+    dispatched(&host2.take_acts(), 20);
+    let acts = answer_stream(&host2, &mut s, 20, 200, &reply);
+    assert_eq!(replies(&acts, 20)[0].0, 201, "{acts:?}");
+    // Its next repeats are answered from its own copy, with no Webdis call.
+    for ctx in 21..24 {
+        let (_, flow) = send(&host2, &w2, ctx, "/r", "k1");
+        assert_eq!(flow, Flow::Pause);
+        let acts = host2.take_acts();
+        assert!(!acts.iter().any(|a| matches!(a, Act::Dispatch { .. })), "{acts:?}");
+        let r = replies(&acts, ctx);
+        assert_eq!((r[0].0, r[0].1["order"].as_i64()), (201, Some(1)));
+    }
+    assert_eq!(count(&host2, "r", "replayed"), 4);
+    // Another payload under the same key is refused locally too (422), as Redis would.
+    let req = FakeStream::request(
+        "POST",
+        "/r",
+        &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")],
+        br#"{"sku":"B2"}"#,
+    );
+    host2.open(30, req);
+    let mut s = Stream::new(Rc::clone(&w2), 30);
+    s.on_request_headers(&host2, false);
+    s.on_request_body(&host2, 12, true);
+    let acts = host2.take_acts();
+    assert!(!acts.iter().any(|a| matches!(a, Act::Dispatch { .. })), "{acts:?}");
+    assert_eq!(replies(&acts, 30)[0].1["code"].as_str(), Some("IDEMPOTENCY_KEY_REUSED"));
+    // Past the local copy's life (answer_cache, 60 s by default), Redis is asked again.
+    host2.advance(60_001);
+    send(&host2, &w2, 31, "/r", "k1");
+    dispatched(&host2.take_acts(), 31);
+}
+
+#[test]
+fn the_local_copy_never_outlives_the_record_and_answer_cache_0s_turns_it_off() {
+    // ttl = 10s: the local copy (60 s by default) ends with the record, 10 s after first seen.
+    let (host, w) = setup(&redis_policy("[route.key]\nttl = \"10s\"\n"));
+    completed_reply(&host, &w);
+    let (_, _) = send(&host, &w, 11, "/r", "k1");
+    assert!(!host.take_acts().iter().any(|a| matches!(a, Act::Dispatch { .. })), "kept");
+    host.advance(10_001);
+    send(&host, &w, 12, "/r", "k1");
     dispatched(&host.take_acts(), 12);
+
+    let off = redis_policy("").replace("prefix = \"t:\"", "prefix = \"t:\"\nanswer_cache = \"0s\"");
+    let (host, w) = setup(&off);
+    completed_reply(&host, &w);
+    send(&host, &w, 11, "/r", "k1");
+    dispatched(&host.take_acts(), 11);
+}
+
+/// `n` duplicates of a claimed Redis key, held (`on_in_flight = "wait"`), contexts 11..11+n.
+/// Returns the first request's stream, the held ones, and the Webdis reply "still in flight".
+fn held_on_redis(host: &FakeHost, w: &Rc<Worker>, n: u32) -> (Stream, Vec<Stream>, Vec<u8>) {
+    let (mut first, _) = send(host, w, 10, "/r", "k1");
+    let (_, claim) = dispatched(&host.take_acts(), 10);
+    answer_stream(host, &mut first, 10, 200, br#"{"SET":null}"#);
+    host.take_acts();
+    // The first request's own in-flight record (same payload) is what the duplicates find.
+    let record = percent_decode(&claim).split('/').nth(2).unwrap().to_string();
+    let in_flight = format!(r#"{{"SET":"{record}"}}"#).into_bytes();
+    let mut held = Vec::new();
+    for ctx in 11..11 + n {
+        let (mut s, _) = send(host, w, ctx, "/r", "k1");
+        host.take_acts();
+        assert!(answer_stream(host, &mut s, ctx, 200, &in_flight).is_empty(), "held");
+        held.push(s);
+    }
+    (first, held, in_flight)
+}
+
+const WAIT: &str = "[route.key]\non_in_flight = \"wait\"\nwait_timeout = \"10s\"\n";
+
+#[test]
+fn held_duplicates_of_one_key_share_one_poll_that_backs_off() {
+    let (host, w) = setup(&redis_policy(WAIT));
+    let (_first, _held, in_flight) = held_on_redis(&host, &w, 50);
+    // 3 s of ticks every 20 ms: one group, polls at 20, 40, 80, … ms gaps, at most 500 ms apart.
+    let mut polls = 0;
+    for _ in 0..150 {
+        host.advance(20);
+        host.enter(ROOT);
+        w.on_tick(&host);
+        for a in host.take_acts() {
+            if let Act::Dispatch { token, body, .. } = a {
+                assert!(String::from_utf8(body).unwrap().starts_with("SET/"));
+                polls += 1;
+                assert!(answer_root(&host, &w, token, 200, &in_flight).is_empty(), "still held");
+            }
+        }
+    }
+    assert!((6..=12).contains(&polls), "{polls} polls for 50 held requests over 3 s");
+}
+
+#[test]
+fn an_answer_written_by_this_envoy_wakes_its_held_duplicates_without_a_poll() {
+    let (host, w) = setup(&redis_policy(WAIT));
+    let (mut first, _held, _) = held_on_redis(&host, &w, 3);
+    upstream_answers(&host, &mut first, 10);
+    host.take_acts();
+    let (token, _) = dispatched(&root_sends(&host, &w), ROOT);
+    answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    host.advance(20);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    assert!(!acts.iter().any(|a| matches!(a, Act::Dispatch { .. })), "{acts:?}");
+    for ctx in 11..14 {
+        let r = replies(&acts, ctx);
+        assert_eq!((r.len(), r[0].0, r[0].1["order"].as_i64()), (1, 201, Some(1)), "{acts:?}");
+    }
+    assert_eq!(count(&host, "r", "replayed"), 3);
+    assert_eq!(host.histogram(&wait_histogram_name("r")).len(), 3);
+}
+
+#[test]
+fn a_poll_that_finds_the_key_free_gives_it_to_one_held_duplicate() {
+    let (host, w) = setup(&redis_policy(WAIT));
+    let (_first, _held, _) = held_on_redis(&host, &w, 3);
+    host.advance(20);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let (token, _) = dispatched(&host.take_acts(), ROOT);
+    // The first request's claim was released (its upstream failed): the poll's SET NX wins.
+    let acts = answer_root(&host, &w, token, 200, br#"{"SET":null}"#);
+    let resumed: Vec<u32> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Act::ResumeRequest { context } => Some(*context),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resumed, vec![11], "the oldest held request takes the key over; {acts:?}");
+    assert_eq!(count(&host, "r", "waited"), 1);
 }
 
 #[test]

@@ -353,7 +353,10 @@ fn a_renewed_lease_is_not_taken_over_and_a_lost_one_cannot_be_renewed() {
     assert!(s.renew(&host, &t, 1_000).unwrap());
     host.advance(900); // 1.8 s after the claim: past the first lease, inside the renewed one
     assert!(matches!(s.claim(&host, &id("slow"), &FP, 1_000).unwrap(), Claim::InFlight { .. }));
-    assert_eq!(s.in_flight(&host, &id("slow")).unwrap(), Some(1_700_000_000_000));
+    assert!(matches!(
+        s.lookup(&host, &id("slow"), &FP).unwrap(),
+        Some(Claim::InFlight { first_seen_ms: 1_700_000_000_000, .. })
+    ));
     // Not renewed (the gateway died): taken over, and the old ticket cannot renew any more.
     host.advance(1_100);
     let _new = claimed(s.claim(&host, &id("slow"), &FP, 1_000).unwrap());
@@ -371,9 +374,38 @@ fn an_unknown_outcome_is_held_past_the_lease_then_freed() {
         s.claim(&host, &id("gone"), &FP, 1_000).unwrap(),
         Claim::Unknown { held_until_ms, same_payload: true, .. } if held_until_ms == 1_700_000_060_000
     ));
-    assert_eq!(s.in_flight(&host, &id("gone")).unwrap(), None, "an unknown outcome is not in flight");
+    assert!(matches!(s.lookup(&host, &id("gone"), &FP).unwrap(), Some(Claim::Unknown { .. })));
     host.advance(55_001);
     claimed(s.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+}
+
+#[test]
+fn a_remembered_answer_is_looked_up_read_only_until_it_expires() {
+    let (host, s) = store(4, 4);
+    let fp16 = [7u8; 16];
+    assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None, "nothing yet, and nothing claimed by looking");
+    assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None);
+    let r = ok_response(r#"{"order":1}"#);
+    let until = 1_700_000_010_000;
+    assert!(s.remember(&host, &id("copy"), &fp16, 1_699_999_999_000, 201, Some(&r), until).unwrap());
+    match s.lookup(&host, &id("copy"), &FP).unwrap() {
+        Some(Claim::Completed { status: 201, response: Some(got), same_payload: true, first_seen_ms }) => {
+            assert_eq!((got, first_seen_ms), (r.clone(), 1_699_999_999_000));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(s.lookup(&host, &id("copy"), &[9; 32]).unwrap(), Some(Claim::Completed { same_payload: false, .. })));
+    // Remembered again (another copy read back): one entry, the latest.
+    assert!(s.remember(&host, &id("copy"), &fp16, 1_699_999_999_000, 201, None, until).unwrap());
+    assert!(matches!(s.lookup(&host, &id("copy"), &FP).unwrap(), Some(Claim::Completed { response: None, .. })));
+    host.advance(10_001);
+    assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None, "expired");
+    // A bucket whose every entry is in flight keeps its claims: the copy is not kept.
+    let (host, s) = store(1, 2);
+    claimed(s.claim(&host, &id("a"), &FP, 60_000).unwrap());
+    claimed(s.claim(&host, &id("b"), &FP, 60_000).unwrap());
+    assert!(!s.remember(&host, &id("c"), &fp16, 0, 201, Some(&r), until).unwrap());
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 60_000).unwrap(), Claim::InFlight { .. }));
 }
 
 /// Two idem plugins in one Envoy without a `vm_id` share Envoy's shared data: each keeps to its

@@ -2,7 +2,7 @@
 //! either store; lease renewal; and the mark of a Redis answer not written yet.
 
 use super::verdict::{Ending, Finish, StoreTicket, Ticket};
-use super::{shadowed, Engine, Outcome, Prepared, Verdict};
+use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
 use crate::key;
 use crate::response::{self, StoredResponse};
@@ -10,21 +10,75 @@ use crate::store::{shared, Claim, Completion, StoreError};
 use sha2::Digest;
 
 impl Engine {
-    /// Redis routes: whether this Envoy process holds an answer for this key that Redis refused
-    /// so far (marked with [`Engine::mark_unwritten`]). A retry that reaches the process meanwhile
-    /// gets 409 `REQUEST_IN_PROGRESS` instead of claiming a key whose Redis lease may have run out
-    /// during the outage — the one way it could run the business again.
-    pub fn unwritten(&self, host: &dyn Host, p: &Prepared, redis_key: &str) -> Option<Verdict> {
-        let first_seen_ms = self.shared.in_flight(host, &unwritten_id(redis_key)).ok()??;
+    /// Redis routes: what this Envoy process knows of a key without asking Redis, as a verdict.
+    ///
+    /// - An answer Redis refused so far (marked with [`Engine::mark_unwritten`]): a retry that
+    ///   reaches the process meanwhile gets 409 `REQUEST_IN_PROGRESS` instead of claiming a key
+    ///   whose Redis lease may have run out during the outage — the one way it could run the
+    ///   business again.
+    /// - A completed answer seen here (written by this process or read back from Redis; see
+    ///   [`Engine::remember_answer`]): replayed (or refused as a duplicate, or as a reused key)
+    ///   exactly as Redis' copy would be, without a round trip. A completed record never changes
+    ///   in Redis until it expires, and the local copy expires no later.
+    pub fn local_answer(
+        &self,
+        host: &dyn Host,
+        p: &Prepared,
+        redis_key: &str,
+        waiting_until: Option<u64>,
+    ) -> Option<Verdict> {
+        let fingerprint = match &p.op {
+            StoreOp::Claim { fingerprint, .. } => fingerprint,
+            StoreOp::UseToken { .. } => &[0; 32],
+        };
+        let claim = self.shared.lookup(host, &local_id(redis_key), fingerprint).ok()??;
         let policy = self.policy(p.route)?;
-        let reply = response::in_progress(first_seen_ms);
-        Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
+        match claim {
+            Claim::InFlight { first_seen_ms, .. } => {
+                let reply = response::in_progress(first_seen_ms);
+                Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
+            }
+            Claim::Completed { first_seen_ms, status, response, same_payload }
+                if matches!(p.op, StoreOp::Claim { .. }) =>
+            {
+                let found = Claim::Completed { first_seen_ms, status, response, same_payload };
+                Some(self.after_claim(p, Ok(found), host.now_ms(), waiting_until))
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps a completed Redis answer in this process for repeats of its key, for at most
+    /// `[redis] answer_cache` and never past the record's own expiry in Redis (`first_seen_ms`
+    /// plus the route's `ttl`: the record was written later, so it lives longer). Only answers
+    /// to the same request are kept (`fingerprint` is the request's).
+    pub fn remember_answer(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        redis_key: &str,
+        fingerprint: &[u8; 32],
+        first_seen_ms: u64,
+        status: u16,
+        response: Option<&StoredResponse>,
+    ) {
+        let (Some(policy), Some(cfg)) = (self.policy(route), self.bundle.redis.as_ref()) else {
+            return;
+        };
+        let now = host.now_ms();
+        let until = now.saturating_add(cfg.answer_cache.millis).min(first_seen_ms.saturating_add(policy.key.ttl.millis));
+        if until <= now {
+            return;
+        }
+        let mut fp = [0u8; 16];
+        fp.copy_from_slice(&fingerprint[..16]);
+        let _ = self.shared.remember(host, &local_id(redis_key), &fp, first_seen_ms, status, response, until);
     }
 
     /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
     pub fn mark_unwritten(&self, host: &dyn Host, redis_key: &str, until_ms: u64) -> Option<shared::Ticket> {
         let lease = until_ms.saturating_sub(host.now_ms()).max(1);
-        match self.shared.claim(host, &unwritten_id(redis_key), &[0; 32], lease) {
+        match self.shared.claim(host, &local_id(redis_key), &[0; 32], lease) {
             Ok(Claim::Claimed(t)) => Some(t),
             _ => None,
         }
@@ -101,7 +155,8 @@ impl Engine {
 }
 
 /// Where the shared store marks a Redis key whose answer is not written yet.
-fn unwritten_id(redis_key: &str) -> [u8; 32] {
+/// The id of a Redis key's local entry (its unwritten mark, then its remembered answer).
+fn local_id(redis_key: &str) -> [u8; 32] {
     let mut h = sha2::Sha256::new();
     key::put(&mut h, b"unwritten");
     key::put(&mut h, redis_key.as_bytes());

@@ -53,7 +53,7 @@ pub struct Prepared {
     pub key: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StoreOp {
     Claim { id: [u8; 32], fingerprint: [u8; 32] },
     UseToken { id: [u8; 32] },

@@ -12,6 +12,7 @@
 //!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
 //!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
 //!
+//! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
 //!
@@ -21,6 +22,7 @@ mod body_gate;
 mod detached;
 mod leases;
 mod stream;
+mod waiters;
 mod worker;
 mod writes;
 

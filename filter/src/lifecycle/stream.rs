@@ -5,7 +5,8 @@
 use super::body_gate::BodyDelivery;
 use super::detached::Detached;
 use super::leases::LeaseOwner;
-use super::worker::{send, status_of, Waiter, Worker};
+use super::waiters::Waiter;
+use super::worker::{send, status_of, Worker};
 use super::writes::After;
 use super::Flow;
 use crate::engine::{Action as Do, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
@@ -228,7 +229,9 @@ impl Stream {
                     // The SET may still reach Redis after the timeout: free it if it did.
                     w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
                 }
+                let redis_key = ticket.key.clone();
                 let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
+                w.remember_found(host, prepared.route, &redis_key, fingerprint, &claim);
                 let v = w.engine.after_claim(&prepared, claim, now, None);
                 self.apply(host, prepared.route, v, true);
             }
@@ -375,7 +378,7 @@ impl Stream {
                 Flow::Pause
             }
             Do::Wait { prepared, deadline_ms } => {
-                let waiter = Waiter { prepared: *prepared, deadline_ms, polling: false, since_ms: host.now_ms() };
+                let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms());
                 w.waiters.borrow_mut().insert(self.context, waiter);
                 self.phase = Phase::Held { route };
                 Flow::Pause
@@ -404,7 +407,7 @@ impl Stream {
         let Some((cmd, ticket)) = w.redis_op(host, &prepared, now) else {
             return Flow::Continue;
         };
-        if let Some(v) = w.engine.unwritten(host, &prepared, &ticket.key) {
+        if let Some(v) = w.engine.local_answer(host, &prepared, &ticket.key, None) {
             return self.apply(host, route, v, false);
         }
         match w.dispatch(host, &cmd) {

@@ -4,10 +4,11 @@
 use super::body_gate::{AwaitingBody, BodyDelivery, BODY_CHECK_MS};
 use super::detached::Detached;
 use super::leases::{Lease, LeaseOwner};
+use super::waiters::{Poll, Waiter};
 use super::writes::Job;
 use super::POLL_MS;
 use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
-use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
 use crate::policy::{parse_bundle, OnInFlight, StoreKind};
@@ -15,16 +16,6 @@ use crate::response::LocalReply;
 use crate::store::{redis, Claim, StoreError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
-
-/// A held duplicate, polled by the root context.
-pub(super) struct Waiter {
-    pub(super) prepared: Prepared,
-    pub(super) deadline_ms: u64,
-    /// A Webdis poll is on its way (Redis routes).
-    pub(super) polling: bool,
-    /// When it was held (for `idem_wait_ms`).
-    pub(super) since_ms: u64,
-}
 
 /// What every context of one worker shares.
 pub struct Worker {
@@ -47,8 +38,8 @@ pub struct Worker {
     wake_queue: Option<u32>,
     /// Held duplicates by stream context id.
     pub(super) waiters: RefCell<HashMap<u32, Waiter>>,
-    /// Root-context Webdis polls: callout token → (stream, route, the poll's claim ticket).
-    pub(super) polls: RefCell<HashMap<u32, (u32, usize, redis::Ticket, u64)>>,
+    /// Root-context Webdis polls of held duplicates: callout token → the poll.
+    pub(super) polls: RefCell<HashMap<u32, Poll>>,
     /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
     pub(super) handoff: RefCell<HashMap<u32, (Ticket, String)>>,
     /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
@@ -193,6 +184,13 @@ impl Worker {
         }
     }
 
+    /// A held duplicate of this route was resolved after waiting since `since_ms`.
+    pub(super) fn record_wait(&self, host: &dyn Host, route: usize, since_ms: u64) {
+        if let Some(Some(id)) = self.wait_histograms.get(route) {
+            host.record(*id, host.now_ms().saturating_sub(since_ms));
+        }
+    }
+
     pub(super) fn count_unmatched(&self, host: &dyn Host, rejected: bool) {
         if let Some(id) = self.unmatched_counters[usize::from(rejected)] {
             host.count(id);
@@ -275,6 +273,21 @@ impl Worker {
         })
     }
 
+    /// A completed answer a Redis claim found, kept in this process for the key's next repeats
+    /// (when it answers this very request: the same fingerprint).
+    pub(super) fn remember_found<T>(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        redis_key: &str,
+        fingerprint: &[u8; 32],
+        claim: &Result<Claim<T>, StoreError>,
+    ) {
+        if let Ok(Claim::Completed { first_seen_ms, status, response, same_payload: true }) = claim {
+            self.engine.remember_answer(host, route, redis_key, fingerprint, *first_seen_ms, *status, response.as_ref());
+        }
+    }
+
     /// Sends a Webdis command through the `[redis]` cluster.
     pub(super) fn dispatch(&self, host: &dyn Host, cmd: &redis::Command) -> Result<u32, StoreError> {
         let (Some(cfg), Some(store)) = (self.engine.bundle.redis.as_ref(), self.engine.redis()) else {
@@ -314,43 +327,7 @@ impl Worker {
         self.check_body_delivery(host);
         self.send_outbox(host);
         self.renew_leases(host);
-        let due: Vec<(u32, Prepared, u64)> = self
-            .waiters
-            .borrow()
-            .iter()
-            .filter(|(_, w)| !w.polling)
-            .map(|(ctx, w)| (*ctx, w.prepared.clone(), w.deadline_ms))
-            .collect();
-        for (ctx, prepared, deadline) in due {
-            if !self.redis_route(prepared.route) {
-                let v = self.engine.run_shared(host, &prepared, Some(deadline));
-                self.resolve_waiter(host, ctx, v);
-                continue;
-            }
-            let now = host.now_ms();
-            let Some((cmd, ticket)) = self.redis_op(host, &prepared, now) else {
-                continue;
-            };
-            if let Some(v) = self.engine.unwritten(host, &prepared, &ticket.key) {
-                // The first answer is in this process, not yet in Redis: keep holding.
-                if now >= deadline {
-                    self.resolve_waiter(host, ctx, v);
-                }
-                continue;
-            }
-            match self.dispatch(host, &cmd) {
-                Ok(token) => {
-                    self.polls.borrow_mut().insert(token, (ctx, prepared.route, ticket, now));
-                    if let Some(w) = self.waiters.borrow_mut().get_mut(&ctx) {
-                        w.polling = true;
-                    }
-                }
-                Err(e) => {
-                    let v = self.engine.after_claim(&prepared, Err(e), now, Some(deadline));
-                    self.resolve_waiter(host, ctx, v);
-                }
-            }
-        }
+        self.recheck_waiters(host);
     }
 
     /// The answer of a call the root owns (a write, a renewal, a detached call, a poll).
@@ -375,73 +352,11 @@ impl Worker {
             return;
         }
         let poll = self.polls.borrow_mut().remove(&token);
-        if let Some((ctx, route, ticket, sent_ms)) = poll {
-            self.store_call_took(host, route, sent_ms);
-            self.polled(host, ctx, route, ticket, status, &body);
+        if let Some(poll) = poll {
+            self.polled(host, poll, status, &body);
         }
     }
 
-    /// A held duplicate's poll answered.
-    fn polled(&self, host: &dyn Host, ctx: u32, route: usize, ticket: redis::Ticket, status: u16, body: &[u8]) {
-        let Some(store) = self.engine.redis() else {
-            return;
-        };
-        let pending = self.waiters.borrow().get(&ctx).map(|w| (w.prepared.clone(), w.deadline_ms));
-        let Some((prepared, deadline)) = pending else {
-            // The held client left while its poll was out: a claim it won has nobody to finish it.
-            if status == 0 || matches!(store.parse_claim(ticket.clone(), &[0; 32], status, body), Ok(Claim::Claimed(_)))
-            {
-                self.release_orphan(host, route, None, &ticket);
-                self.send_outbox(host);
-            }
-            return;
-        };
-        let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
-            return;
-        };
-        if status == 0 {
-            self.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
-        }
-        let claim = store.parse_claim(ticket, fingerprint, status, body).map(|c| c.map(StoreTicket::Redis));
-        let v = self.engine.after_claim(&prepared, claim, host.now_ms(), Some(deadline));
-        self.resolve_waiter(host, ctx, v);
-    }
-
-    /// A held request's verdict, acted on from the root context.
-    pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
-        let route = {
-            let mut waiters = self.waiters.borrow_mut();
-            if let Do::Wait { .. } = &v.action {
-                if let Some(w) = waiters.get_mut(&ctx) {
-                    w.polling = false;
-                }
-                return;
-            }
-            match waiters.remove(&ctx) {
-                Some(w) => {
-                    if let Some(Some(id)) = self.wait_histograms.get(w.prepared.route) {
-                        host.record(*id, host.now_ms().saturating_sub(w.since_ms));
-                    }
-                    w.prepared.route
-                }
-                None => return, // the client went away meanwhile
-            }
-        };
-        self.record(host, route, &v);
-        self.on_stream(host, ctx, || {
-            self.annotate(host, route, &v);
-            match v.action {
-                Do::Forward(ticket) => {
-                    if let Some(t) = ticket {
-                        self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
-                    }
-                    let _ = host.resume_request();
-                }
-                Do::Reply(r) => send(host, &r),
-                Do::Wait { .. } => {}
-            }
-        });
-    }
 }
 
 /// The shared-data namespace of a bundle that names none: the plugin's name with what a

@@ -4,7 +4,7 @@
 use super::worker::{send, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
-use crate::response::LocalReply;
+use crate::response::{LocalReply, StoredResponse};
 use crate::store::{redis, shared, Completion, StoreError};
 use std::collections::VecDeque;
 
@@ -35,6 +35,17 @@ pub(super) struct Job {
     mark: Option<shared::Ticket>,
     /// When the current attempt was sent (for `idem_store_call_ms`).
     sent_ms: u64,
+    /// The answer a completion writes, kept in this process once Redis has it.
+    answer: Option<Answer>,
+}
+
+/// A completed answer, as [`crate::engine::Engine::remember_answer`] keeps it.
+pub(super) struct Answer {
+    status: u16,
+    /// `None` for a tombstone.
+    response: Option<StoredResponse>,
+    fingerprint: [u8; 32],
+    first_seen_ms: u64,
 }
 
 /// The client side of a finish.
@@ -91,6 +102,7 @@ impl Worker {
         };
         let now = host.now_ms();
         let lease = policy.key.lock_ttl.millis;
+        let mut answer = None;
         let (cmd, kind, cause, lasts_ms) = match self.engine.plan_finish(route, ticket, &ending) {
             Finish::Nothing { outcome, cause } => {
                 self.record_finish(host, route, outcome, key.as_deref(), &cause);
@@ -102,6 +114,14 @@ impl Worker {
             }
             Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
                 let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms, lease);
+                if let Ticket::Claim(_) = ticket {
+                    answer = Some(Answer {
+                        status: response.status,
+                        response: (!tombstone).then_some(response),
+                        fingerprint: rt.fingerprint,
+                        first_seen_ms: rt.first_seen_ms,
+                    });
+                }
                 (cmd, FinishKind::Complete { tombstone }, cause, ttl_ms)
             }
             Finish::HoldUnknown { hold_ms, cause } => {
@@ -123,6 +143,7 @@ impl Worker {
             redis_key,
             mark: None,
             sent_ms: now,
+            answer,
         };
         self.queue(host, job);
         None
@@ -171,6 +192,7 @@ impl Worker {
             redis_key: ticket.key.clone(),
             mark: None,
             sent_ms: now,
+            answer: None,
         };
         self.queue(host, job);
     }
@@ -252,6 +274,10 @@ impl Worker {
         self.record_finish(host, job.route, outcome, job.key.as_deref(), &cause);
         if let Some(mark) = &job.mark {
             self.engine.unmark_unwritten(host, mark);
+        }
+        if let (Some(a), Some(Outcome::Stored | Outcome::Tombstoned)) = (&job.answer, outcome) {
+            let r = a.response.as_ref();
+            self.engine.remember_answer(host, job.route, &job.redis_key, &a.fingerprint, a.first_seen_ms, a.status, r);
         }
         // The client gets its answer only now, so its next retry finds the record written.
         self.carry_out(host, job.after);

@@ -65,6 +65,10 @@ pub struct RedisConfig {
     /// What to do when Redis or Webdis fails: `reject` (503) or `allow` (forward unprotected).
     #[serde(default = "default_on_store_error")]
     pub on_store_error: OnStoreError,
+    /// How long each Envoy keeps a completed answer it wrote or read, to answer repeats of the
+    /// key without a Redis round trip (never past the record's expiry); `"0s"` turns it off.
+    #[serde(default = "default_answer_cache")]
+    pub answer_cache: Duration,
 }
 
 fn default_authority() -> String {
@@ -72,6 +76,9 @@ fn default_authority() -> String {
 }
 fn default_redis_timeout() -> Duration {
     Duration { millis: 500 }
+}
+fn default_answer_cache() -> Duration {
+    Duration { millis: 60_000 }
 }
 fn default_prefix() -> String {
     "idem:".into()

@@ -43,6 +43,8 @@ pub struct Ticket {
     pub key: String,
     pub record: String,
     pub first_seen_ms: u64,
+    /// The claiming request's fingerprint (zeros for a token), for the answer kept locally.
+    pub fingerprint: [u8; 32],
 }
 
 const COMPLETE: &str = "local v=redis.call('GET',KEYS[1]) \
@@ -91,7 +93,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("k:", id);
         let record = format!("I|{owner:016x}|{}|{now}|{}", hex16(fp), now.saturating_add(lock_ttl_ms));
         let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
-        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now })
+        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now, fingerprint: *fp })
     }
 
     /// Reads the claim reply.
@@ -165,7 +167,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("t:", id);
         let record = format!("U|{owner:016x}|{now}");
         let body = command(&["EVAL", USE_TOKEN, "1", &key, &record]);
-        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now })
+        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now, fingerprint: [0; 32] })
     }
 
     pub fn parse_use_token(&self, ticket: Ticket, status: u16, body: &[u8]) -> Result<TokenUse<Ticket>, StoreError> {

@@ -256,33 +256,13 @@ impl SharedStore {
         self.modify(host, b, |entries, now| {
             if let Some(i) = entries.iter().position(|e| e.id == short && e.live(now)) {
                 let e = entries[i];
-                let same_payload = e.fingerprint == fp;
-                return Ok(Edit::Done(match e.state {
-                    State::InFlight => {
-                        Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: e.until_ms, same_payload }
-                    }
-                    State::Unknown => {
-                        Claim::Unknown { first_seen_ms: e.first_seen_ms, held_until_ms: e.until_ms, same_payload }
-                    }
-                    State::Tombstone | State::Issued | State::Used => Claim::Completed {
-                        first_seen_ms: e.first_seen_ms,
-                        status: e.status,
-                        response: None,
-                        same_payload,
-                    },
-                    _ => match self.load_response(host, b, i as u32, e.owner)? {
-                        Some(r) => Claim::Completed {
-                            first_seen_ms: e.first_seen_ms,
-                            status: e.status,
-                            response: Some(r),
-                            same_payload,
-                        },
-                        // The slot is being rewritten: answer as in flight, never with wrong data.
-                        None => {
-                            Claim::InFlight { first_seen_ms: e.first_seen_ms, lease_ends_ms: now + 1000, same_payload }
-                        }
-                    },
-                }));
+                // A slot being rewritten answers as in flight, never with wrong data.
+                let found = self.found(host, b, i, &e, &fp)?.unwrap_or(Claim::InFlight {
+                    first_seen_ms: e.first_seen_ms,
+                    lease_ends_ms: now + 1000,
+                    same_payload: e.fingerprint == fp,
+                });
+                return Ok(Edit::Done(found));
             }
             // A takeover reuses the position of the expired claim for the same key, so the old
             // owner's late completion finds another owner there and is fenced off.
@@ -301,12 +281,90 @@ impl SharedStore {
         })
     }
 
-    /// Whether `id` is held in flight right now (read only): when it was first seen.
-    pub fn in_flight(&self, host: &dyn Host, id: &[u8; 32]) -> Result<Option<u64>, StoreError> {
+    /// What a live entry of position `i` in bucket `b` says to a request with fingerprint `fp`;
+    /// `None` when its response slot is being rewritten.
+    fn found<T>(
+        &self,
+        host: &dyn Host,
+        b: u32,
+        i: usize,
+        e: &Entry,
+        fp: &[u8; 16],
+    ) -> Result<Option<Claim<T>>, StoreError> {
+        let same_payload = e.fingerprint == *fp;
+        let first_seen_ms = e.first_seen_ms;
+        Ok(Some(match e.state {
+            State::InFlight => Claim::InFlight { first_seen_ms, lease_ends_ms: e.until_ms, same_payload },
+            State::Unknown => Claim::Unknown { first_seen_ms, held_until_ms: e.until_ms, same_payload },
+            State::Tombstone | State::Issued | State::Used => {
+                Claim::Completed { first_seen_ms, status: e.status, response: None, same_payload }
+            }
+            _ => match self.load_response(host, b, i as u32, e.owner)? {
+                Some(r) => Claim::Completed { first_seen_ms, status: e.status, response: Some(r), same_payload },
+                None => return Ok(None),
+            },
+        }))
+    }
+
+    /// What this process holds for `id` (read only, nothing claimed): `None` when nothing live,
+    /// or when a response slot is being rewritten. The Redis routes' local view (see
+    /// [`SharedStore::remember`]).
+    pub fn lookup(&self, host: &dyn Host, id: &[u8; 32], fingerprint: &[u8; 32]) -> Result<Option<Claim<()>>, StoreError> {
         let (b, short) = self.locate(id);
+        let mut fp = [0u8; 16];
+        fp.copy_from_slice(&fingerprint[..16]);
         let now = host.now_ms();
         let (entries, _) = self.read(host, b)?;
-        Ok(entries.iter().find(|e| e.id == short && e.state == State::InFlight && e.live(now)).map(|e| e.first_seen_ms))
+        match entries.iter().position(|e| e.id == short && e.live(now)) {
+            Some(i) => self.found(host, b, i, &entries[i], &fp),
+            None => Ok(None),
+        }
+    }
+
+    /// Records a completed answer for `id` until `until_ms`, whoever held the position before
+    /// (the same key's entry, else an expired or the oldest completed one): a copy of what a
+    /// remote store holds, so repeats of it are answered without asking that store. `response`
+    /// `None` records a tombstone (status only).
+    pub fn remember(
+        &self,
+        host: &dyn Host,
+        id: &[u8; 32],
+        fingerprint: &[u8; 16],
+        first_seen_ms: u64,
+        status: u16,
+        response: Option<&StoredResponse>,
+        until_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let (b, short) = self.locate(id);
+        let owner = host.random_u64()?;
+        let mut slot_written = None;
+        self.modify(host, b, |entries, now| {
+            let same_key = entries.iter().position(|e| e.id == short && e.state != State::Empty);
+            let Some(i) = same_key.or_else(|| victim(entries, now)) else {
+                return Ok(Edit::Done(false));
+            };
+            if let Some(r) = response {
+                // The slot goes first, under our owner id: a reader of the old entry sees an
+                // owner mismatch and ignores it.
+                if slot_written != Some(i) {
+                    let mut v = Vec::with_capacity(8 + r.encoded_len());
+                    v.extend_from_slice(&owner.to_le_bytes());
+                    r.encode_into(&mut v);
+                    host.shared_set(&self.slot_key(b, i as u32), &v, None)?;
+                    slot_written = Some(i);
+                }
+            }
+            entries[i] = Entry {
+                id: short,
+                state: if response.is_some() { State::Completed } else { State::Tombstone },
+                status,
+                owner,
+                fingerprint: *fingerprint,
+                first_seen_ms,
+                until_ms,
+            };
+            Ok(Edit::Write(true))
+        })
     }
 
     /// Records a freshly issued token (its scoped id) valid for `ttl_ms`.

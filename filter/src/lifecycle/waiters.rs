@@ -1,0 +1,220 @@
+//! Held duplicates (`on_in_flight = "wait"`): the root context re-checks them on its tick until
+//! the first request's answer is there, their wait times out, or the key is free again.
+//!
+//! On the shared store a re-check is a local read, done every tick. On Redis it is a Webdis call,
+//! so a burst of held duplicates must not become a storm of calls: held requests for the same
+//! key and payload are re-checked as one group (one local look, one Webdis poll), and a group's
+//! polls back off from [`POLL_MS`] to [`MAX_POLL_GAP_MS`]. Between polls, the group looks at what
+//! this process knows every tick: an answer written by this Envoy (see
+//! `Engine::remember_answer`) wakes its duplicates on the next tick without asking Redis.
+
+use super::worker::{send, Worker};
+use super::POLL_MS;
+use crate::engine::{Action as Do, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
+use crate::host::Host;
+use crate::store::{redis, Claim};
+use std::collections::HashMap;
+
+/// The longest gap between two Webdis polls of one group of held duplicates.
+pub const MAX_POLL_GAP_MS: u64 = 500;
+
+/// A held duplicate.
+pub(super) struct Waiter {
+    pub(super) prepared: Prepared,
+    pub(super) deadline_ms: u64,
+    /// When it was held (for `idem_wait_ms`).
+    pub(super) since_ms: u64,
+    /// A Webdis poll for it (its group) is on its way (Redis routes).
+    pub(super) polling: bool,
+    /// Webdis polls so far, and when the next may go (Redis routes).
+    pub(super) polls: u32,
+    pub(super) next_poll_ms: u64,
+}
+
+impl Waiter {
+    pub(super) fn new(prepared: Prepared, deadline_ms: u64, now: u64) -> Self {
+        // The claim that held it was the first look; the first poll follows one tick later.
+        Waiter { prepared, deadline_ms, since_ms: now, polling: false, polls: 0, next_poll_ms: now + POLL_MS }
+    }
+}
+
+/// A Webdis poll for a group of held duplicates (same route, key and payload).
+pub(super) struct Poll {
+    members: Vec<u32>,
+    route: usize,
+    ticket: redis::Ticket,
+    sent_ms: u64,
+}
+
+/// The gap before the next poll of a group that polled `polls` times: doubling, capped.
+fn poll_gap_ms(polls: u32) -> u64 {
+    POLL_MS.saturating_mul(1 << polls.min(10)).min(MAX_POLL_GAP_MS)
+}
+
+impl Worker {
+    /// The tick's re-check of every held duplicate not being polled already.
+    pub(super) fn recheck_waiters(&self, host: &dyn Host) {
+        let mut groups: HashMap<(usize, StoreOp), Vec<u32>> = HashMap::new();
+        let mut shared = Vec::new();
+        for (ctx, w) in self.waiters.borrow().iter().filter(|(_, w)| !w.polling) {
+            if self.redis_route(w.prepared.route) {
+                groups.entry((w.prepared.route, w.prepared.op.clone())).or_default().push(*ctx);
+            } else {
+                shared.push((*ctx, w.prepared.clone(), w.deadline_ms));
+            }
+        }
+        for (ctx, prepared, deadline) in shared {
+            let v = self.engine.run_shared(host, &prepared, Some(deadline));
+            self.resolve_waiter(host, ctx, v);
+        }
+        for (_, mut members) in groups {
+            // Oldest context first: the one that takes the key over, if it is free again.
+            members.sort_unstable();
+            self.recheck_group(host, members);
+        }
+    }
+
+    /// One group of held duplicates on Redis: this process' view every tick, Redis when due.
+    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>) {
+        let now = host.now_ms();
+        let (prepared, first_deadline, due) = {
+            let waiters = self.waiters.borrow();
+            let Some(first) = members.first().and_then(|c| waiters.get(c)) else {
+                return;
+            };
+            let due = members.iter().filter_map(|c| waiters.get(c)).any(|w| now >= w.next_poll_ms.min(w.deadline_ms));
+            (first.prepared.clone(), first.deadline_ms, due)
+        };
+        let Some((cmd, ticket)) = self.redis_op(host, &prepared, now) else {
+            return;
+        };
+        if let Some(v) = self.engine.local_answer(host, &prepared, &ticket.key, Some(first_deadline)) {
+            // An unwritten mark (this process' answer not yet in Redis) keeps them held until
+            // their deadline; an answer kept here resolves them all now.
+            for ctx in members {
+                let deadline = self.waiters.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(0);
+                if v.outcome != Outcome::InFlight || now >= deadline {
+                    self.resolve_waiter(host, ctx, v.clone());
+                }
+            }
+            return;
+        }
+        if !due {
+            return;
+        }
+        match self.dispatch(host, &cmd) {
+            Ok(token) => {
+                let mut waiters = self.waiters.borrow_mut();
+                for ctx in &members {
+                    if let Some(w) = waiters.get_mut(ctx) {
+                        w.polling = true;
+                        w.polls += 1;
+                    }
+                }
+                drop(waiters);
+                let poll = Poll { members, route: prepared.route, ticket, sent_ms: now };
+                self.polls.borrow_mut().insert(token, poll);
+            }
+            Err(e) => {
+                for ctx in members {
+                    let deadline = self.waiters.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(now);
+                    let v = self.engine.after_claim(&prepared, Err(e.clone()), now, Some(deadline));
+                    self.resolve_waiter(host, ctx, v);
+                }
+            }
+        }
+    }
+
+    /// A group's poll answered: each member's verdict. A claim the poll won goes to the oldest
+    /// member still here (the others go on waiting); with nobody left, it is released.
+    pub(super) fn polled(&self, host: &dyn Host, poll: Poll, status: u16, body: &[u8]) {
+        self.store_call_took(host, poll.route, poll.sent_ms);
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        let now = host.now_ms();
+        let members: Vec<(u32, Prepared, u64)> = {
+            let waiters = self.waiters.borrow();
+            let live = poll.members.iter().filter_map(|c| waiters.get(c).map(|w| (*c, w)));
+            live.map(|(c, w)| (c, w.prepared.clone(), w.deadline_ms)).collect()
+        };
+        let Some((_, first, _)) = members.first() else {
+            // Every held client left while the poll was out: a claim it won has nobody to finish it.
+            if status == 0 || matches!(store.parse_claim(poll.ticket.clone(), &[0; 32], status, body), Ok(Claim::Claimed(_)))
+            {
+                self.release_orphan(host, poll.route, None, &poll.ticket);
+                self.send_outbox(host);
+            }
+            return;
+        };
+        let StoreOp::Claim { fingerprint, .. } = &first.op else {
+            return;
+        };
+        if status == 0 {
+            self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);
+        }
+        let redis_key = poll.ticket.key.clone();
+        let claim = store.parse_claim(poll.ticket, fingerprint, status, body).map(|c| c.map(StoreTicket::Redis));
+        self.remember_found(host, first.route, &redis_key, fingerprint, &claim);
+        let mut taken = false;
+        for (ctx, prepared, deadline) in members {
+            let found = match &claim {
+                // The key is free again: the first member takes it over; the rest wait on it.
+                Ok(Claim::Claimed(_)) if taken => {
+                    Ok(Claim::InFlight { first_seen_ms: now, lease_ends_ms: deadline, same_payload: true })
+                }
+                other => other.clone(),
+            };
+            taken |= matches!(found, Ok(Claim::Claimed(_)));
+            let v = self.engine.after_claim(&prepared, found, now, Some(deadline));
+            self.resolve_waiter(host, ctx, v);
+        }
+    }
+
+    /// A held request's verdict, acted on from the root context.
+    pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
+        let route = {
+            let mut waiters = self.waiters.borrow_mut();
+            if let Do::Wait { .. } = &v.action {
+                if let Some(w) = waiters.get_mut(&ctx) {
+                    w.polling = false;
+                    w.next_poll_ms = host.now_ms().saturating_add(poll_gap_ms(w.polls));
+                }
+                return;
+            }
+            match waiters.remove(&ctx) {
+                Some(w) => {
+                    self.record_wait(host, w.prepared.route, w.since_ms);
+                    w.prepared.route
+                }
+                None => return, // the client went away meanwhile
+            }
+        };
+        self.record(host, route, &v);
+        self.on_stream(host, ctx, || {
+            self.annotate(host, route, &v);
+            match v.action {
+                Do::Forward(ticket) => {
+                    if let Some(t) = ticket {
+                        self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
+                    }
+                    let _ = host.resume_request();
+                }
+                Do::Reply(r) => send(host, &r),
+                Do::Wait { .. } => {}
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_back_off_to_the_cap() {
+        let gaps: Vec<u64> = (0..8).map(poll_gap_ms).collect();
+        assert_eq!(gaps, vec![20, 40, 80, 160, 320, 500, 500, 500]);
+        assert_eq!(poll_gap_ms(u32::MAX), MAX_POLL_GAP_MS);
+    }
+}
