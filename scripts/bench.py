@@ -19,6 +19,8 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
   (g)  key mode with `forward = "detached"` (the root context sends
        the request upstream itself), unique keys: the option's cost  informational
+  (e0) the floor of (e): the no-op module of (c0) also making the two Webdis calls of a fresh key
+       (one before forwarding, one holding the answer until it is answered)  the floor for (e)
   (e)  key mode on the Redis store (through Webdis), unique keys:
        claim + completion = two Webdis round trips + the upstream  target >= 0.45 x (a)
   (f)  key mode on the Redis store, replays (one Webdis round trip) target >= 0.80 x (a)
@@ -27,6 +29,8 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (fc) (f) on the Redis Cluster                                   target >= 0.90 x (f)'s ratio
   (w)  wrk straight against Webdis issuing the claim's
        `SET k v NX PX 30000 GET`: the store's own ceiling           context only
+  (h)  held duplicates on Redis (`on_in_flight = "wait"`): 200 requests with one key while the
+       first takes 2 s upstream; prints the Redis commands per held request and the wait
 
 The Redis cases use a real redis-server and webdis (examples/webdis.json, ports rewritten) on
 loopback, and their own Envoy (same worker count) with the `webdis` cluster; the cluster cases
@@ -88,6 +92,17 @@ lock_ttl = "30s"
 ttl = "10m"
 """
 
+WAIT_POLICY = stack.redis_table(timeout="500ms", prefix="idem-bench-wait:") + """
+[[route]]
+name = "bench-wait"
+match = { method = "POST", path = "/api/order/create" }
+store = "redis"
+
+[route.key]
+on_in_flight = "wait"
+wait_timeout = "10s"
+"""
+
 ROUTES = [
     {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
     {"name": "bench-detached", "match": {"path": "/api/order/detached"}, "idem": True},
@@ -106,6 +121,8 @@ CASES = [
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
     ("g", "key mode, forward = detached, unique keys", "idem", "/api/order/detached", "unique_keys.lua", "unique",
      None),
+    ("e0", "floor of (e): no-op filter + the same two Webdis calls", "floor-redis", "/api/order/create",
+     "unique_keys.lua", "unique", None),
     ("e", "Redis store, unique keys", "redis", "/api/order/create", "unique_keys.lua", "unique", 0.45),
     ("f", "Redis store, replays (same key)", "redis", "/api/order/create", "same_key.lua", "same", 0.80),
     ("ec", "Redis Cluster via redis_proxy, unique keys", "cluster", "/api/order/create", "unique_keys.lua", "unique",
@@ -139,6 +156,18 @@ def report_floor(by_case):
               100.0 * (c["cpu_us_per_req"] / c0["cpu_us_per_req"] - 1) if c0["cpu_us_per_req"] else 0.0))
 
 
+def report_redis_floor(by_case):
+    """(e) against its floor (e0): how much of the Redis path is idem's own work."""
+    if not all(k in by_case for k in ("a", "e", "e0")):
+        return
+    e, e0, a = by_case["e"], by_case["e0"], by_case["a"]
+    print("Redis floor: (e0) ratio %.2f, +%.1f us Envoy CPU/req over (a); (e) ratio %.2f, +%.1f us; idem's own work "
+          "%.1f us/req; (e) cost per request is %.0f %% over the floor's" % (
+              e0["ratio"], e0["cpu_us_per_req"] - a["cpu_us_per_req"], e["ratio"],
+              e["cpu_us_per_req"] - a["cpu_us_per_req"], e["cpu_us_per_req"] - e0["cpu_us_per_req"],
+              100.0 * (e["cpu_us_per_req"] / e0["cpu_us_per_req"] - 1) if e0["cpu_us_per_req"] else 0.0))
+
+
 def report_fleet(by_case):
     """The Redis Cluster path against the single node."""
     for fleet, single in (("ec", "e"), ("fc", "f")):
@@ -148,6 +177,34 @@ def report_fleet(by_case):
         by_case[fleet]["vs_single_node"] = rel
         print("Redis Cluster path vs single node: (%s)/(%s) = %.2f (target >= 0.90) %s" % (
             fleet, single, rel, "ok" if rel >= 0.90 else "MISSED"))
+
+
+def held_burst(env, redis, n=200, delay_ms=2000):
+    """(h): one request with a fresh key takes `delay_ms` upstream; `n - 1` duplicates arrive while
+    it is in flight and are held. Returns what Redis did meanwhile, per held request."""
+    import concurrent.futures
+    key = "bench-held-%s" % uuid.uuid4().hex[:8]
+    hdrs = {"Idempotency-Key": key, "Content-Type": "application/json", "Authorization": "Bearer bench",
+            "x-demo-delay-ms": str(delay_ms)}
+    body = b'{"sku":"A1","qty":1}'
+    before = store_reading((None, redis))
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        first = pool.submit(stack.request, env.listen_port, "POST", "/api/order/create", hdrs, body, 30.0)
+        time.sleep(0.3)  # the first request has claimed the key
+        held = [pool.submit(stack.request, env.listen_port, "POST", "/api/order/create", hdrs, body, 30.0)
+                for _ in range(n - 1)]
+        answers = [f.result() for f in held]
+        first_answer = first.result()
+    elapsed = time.monotonic() - t0
+    after = store_reading((None, redis))
+    commands = after[2] - before[2] - 1
+    replayed = sum(1 for r in answers if r.status == 200 and r.header("idempotent-replayed") == "true")
+    if first_answer.status != 200 or replayed != n - 1:
+        raise stack.StackError("(h): the first answered %d, %d of %d held duplicates were replayed"
+                               % (first_answer.status, replayed, n - 1))
+    return {"held": n - 1, "redis_commands": commands, "commands_per_held": commands / (n - 1),
+            "seconds": elapsed, "redis_cpu_s": after[1] - before[1]}
 
 
 def store_reading(side):
@@ -175,7 +232,7 @@ def main():
     cases = CASES
     if args.cases:
         wanted = set(args.cases.split(",")) | {"a", "b'"}
-        unknown = wanted - {c[0] for c in CASES}
+        unknown = wanted - {c[0] for c in CASES} - {"h"}
         if unknown:
             print("error: unknown case(s) %s; cases are %s" % (", ".join(sorted(unknown)),
                                                               ", ".join(c[0] for c in CASES)), file=sys.stderr)
@@ -220,13 +277,25 @@ def main():
                                              extra_clusters=[stack.webdis_cluster(cluster_store.webdis.port)],
                                              name="envoy-idem-cluster")
         procs.append(cluster_env)
-        envoys = {"plain": plain, "idem": idem, "floor": floor, "redis": redis_env, "cluster": cluster_env}
+        demo_upstream = stack.Upstream(workdir)
+        procs.append(demo_upstream)
+        wait_env = stack.start_idem_envoy(workdir, demo_upstream.port, WAIT_POLICY, routes=ROUTES,
+                                          concurrency=args.workers, extra_clusters=[stack.webdis_cluster(webdis.port)],
+                                          name="envoy-idem-wait")
+        procs.append(wait_env)
+        webdis_auth = base64.b64encode(stack.WEBDIS_AUTH.encode()).decode()
+        floor_redis = stack.start_idem_envoy(workdir, fast.listen_port, "callouts webdis %s" % webdis_auth,
+                                             routes=ROUTES, concurrency=args.workers, wasm_path=FLOOR_WASM,
+                                             extra_clusters=[stack.webdis_cluster(webdis.port)],
+                                             name="envoy-floor-redis")
+        procs.append(floor_redis)
+        envoys = {"plain": plain, "idem": idem, "floor": floor, "floor-redis": floor_redis, "redis": redis_env, "cluster": cluster_env}
         # (port, pid) of what wrk talks to; CPU/req is that process's CPU time.
         targets = {name: (env.listen_port, env.proc.pid) for name, env in envoys.items()}
         targets["webdis"] = (webdis.port, webdis.proc.pid)
         # The store side of the Redis cases: Webdis' and Redis' CPU, and Redis commands, per request.
-        store_side = {"redis": (webdis.proc.pid, redis), "webdis": (None, redis)}
-        webdis_auth = base64.b64encode(stack.WEBDIS_AUTH.encode()).decode()
+        store_side = {"redis": (webdis.proc.pid, redis), "floor-redis": (webdis.proc.pid, redis),
+                      "webdis": (None, redis)}
         print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
               % (args.threads, args.connections, args.duration, args.reps, args.workers))
         print("generated Envoy configs and logs: %s" % workdir)
@@ -288,6 +357,10 @@ def main():
                     "  (%d non-2xx/socket errors)" % bad if bad else ""), flush=True)
                 time.sleep(0.3)
 
+        burst = None
+        if not args.cases or "h" in args.cases.split(","):
+            burst = held_burst(wait_env, redis)
+
         counters = idem.stats("idem.bench-key.")
         counters.update(idem.stats("idem.bench-detached."))
         redis_counters = redis_env.stats("idem.bench-redis.")
@@ -338,7 +411,13 @@ def main():
                                                         for k, v in sorted(redis_counters.items()) if v))
         by_case = {r["case"]: r for r in table}
         report_floor(by_case)
+        report_redis_floor(by_case)
         report_fleet(by_case)
+        if burst:
+            print("(h) held duplicates on Redis: %d held while the first took 2 s; %d Redis commands in all "
+                  "(the first's claim and completion included) = %.2f per held request (each held request's own "
+                  "claim is 1; polls are shared per key and back off), done in %.1f s" % (
+                      burst["held"], burst["redis_commands"], burst["commands_per_held"], burst["seconds"]))
         print("(w) is wrk straight to Webdis (its CPU/req is Webdis' own); (e)/(f) CPU/req is their Envoy's only, "
               "not Webdis' or Redis'.")
         control = next(r for r in table if r["case"] == "b'")
@@ -349,7 +428,7 @@ def main():
         for r in errors:
             print("warning: case (%s) saw %d non-2xx answers or socket errors" % (r["case"], r["errors"]))
         if args.json:
-            Path(args.json).write_text(json.dumps({"cases": table, "counters": counters,
+            Path(args.json).write_text(json.dumps({"cases": table, "counters": counters, "held_burst": burst,
                                                    "redis_counters": redis_counters,
                                                    "duration_s": args.duration, "reps": args.reps,
                                                    "connections": args.connections}, indent=2))
