@@ -4,13 +4,13 @@
 use super::verdict::{Ending, Finish, StoreTicket, Ticket};
 use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
-use crate::key;
 use crate::response::{self, StoredResponse};
 use crate::store::{shared, Claim, Completion, StoreError};
-use sha2::Digest;
 
 impl Engine {
     /// Redis routes: what this Envoy process knows of a key without asking Redis, as a verdict.
+    /// `id` is the key's scoped id, which names its entry in this process' shared store (a
+    /// Redis route keeps nothing else there, and ids of different routes differ).
     ///
     /// - An answer Redis refused so far (marked with [`Engine::mark_unwritten`]): a retry that
     ///   reaches the process meanwhile gets 409 `REQUEST_IN_PROGRESS` instead of claiming a key
@@ -24,14 +24,14 @@ impl Engine {
         &self,
         host: &dyn Host,
         p: &Prepared,
-        redis_key: &str,
+        id: &[u8; 32],
         waiting_until: Option<u64>,
     ) -> Option<Verdict> {
         let fingerprint = match &p.op {
             StoreOp::Claim { fingerprint, .. } => fingerprint,
             StoreOp::UseToken { .. } => &[0; 32],
         };
-        let claim = self.shared.lookup(host, &local_id(redis_key), fingerprint).ok()??;
+        let claim = self.shared.lookup(host, id, fingerprint).ok()??;
         let policy = self.policy(p.route)?;
         match claim {
             Claim::InFlight { first_seen_ms, .. } => {
@@ -56,7 +56,7 @@ impl Engine {
         &self,
         host: &dyn Host,
         route: usize,
-        redis_key: &str,
+        id: &[u8; 32],
         fingerprint: &[u8; 32],
         first_seen_ms: u64,
         status: u16,
@@ -72,13 +72,13 @@ impl Engine {
         }
         let mut fp = [0u8; 16];
         fp.copy_from_slice(&fingerprint[..16]);
-        let _ = self.shared.remember(host, &local_id(redis_key), &fp, first_seen_ms, status, response, until);
+        let _ = self.shared.remember(host, id, &fp, first_seen_ms, status, response, until);
     }
 
     /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
-    pub fn mark_unwritten(&self, host: &dyn Host, redis_key: &str, until_ms: u64) -> Option<shared::Ticket> {
+    pub fn mark_unwritten(&self, host: &dyn Host, id: &[u8; 32], until_ms: u64) -> Option<shared::Ticket> {
         let lease = until_ms.saturating_sub(host.now_ms()).max(1);
-        match self.shared.claim(host, &local_id(redis_key), &[0; 32], lease) {
+        match self.shared.claim(host, id, &[0; 32], lease) {
             Ok(Claim::Claimed(t)) => Some(t),
             _ => None,
         }
@@ -155,13 +155,6 @@ impl Engine {
 }
 
 /// Where the shared store marks a Redis key whose answer is not written yet.
-/// The id of a Redis key's local entry (its unwritten mark, then its remembered answer).
-fn local_id(redis_key: &str) -> [u8; 32] {
-    let mut h = sha2::Sha256::new();
-    key::put(&mut h, b"unwritten");
-    key::put(&mut h, redis_key.as_bytes());
-    h.finalize().into()
-}
 
 /// The outcome of a release, on either store.
 pub fn released(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {

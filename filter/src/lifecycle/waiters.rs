@@ -88,7 +88,7 @@ impl Worker {
         let Some((cmd, ticket)) = self.redis_op(host, &prepared, now) else {
             return;
         };
-        if let Some(v) = self.engine.local_answer(host, &prepared, &ticket.key, Some(first_deadline)) {
+        if let Some(v) = self.engine.local_answer(host, &prepared, &ticket.id, Some(first_deadline)) {
             // An unwritten mark (this process' answer not yet in Redis) keeps them held until
             // their deadline; an answer kept here resolves them all now.
             for ctx in members {
@@ -153,9 +153,9 @@ impl Worker {
         if status == 0 {
             self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);
         }
-        let redis_key = poll.ticket.key.clone();
+        let redis_id = poll.ticket.id;
         let claim = store.parse_claim(poll.ticket, fingerprint, status, body).map(|c| c.map(StoreTicket::Redis));
-        self.remember_found(host, first.route, &redis_key, fingerprint, &claim);
+        self.remember_found(host, first.route, &redis_id, fingerprint, &claim);
         let mut taken = false;
         for (ctx, prepared, deadline) in members {
             let found = match &claim {

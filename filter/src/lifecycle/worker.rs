@@ -34,6 +34,8 @@ pub struct Worker {
     /// switches back to itself, or its next callout would belong to that stream (and be
     /// cancelled with it — Envoy crashed on exactly that).
     root_id: u32,
+    /// The headers of every Webdis call (the same each time: made once).
+    redis_headers: Vec<(String, String)>,
     /// This worker's wake-up queue: a stream enqueues, the root's queue event sends.
     wake_queue: Option<u32>,
     /// Held duplicates by stream context id.
@@ -139,6 +141,7 @@ impl Worker {
                     .flatten()
             })
             .collect();
+        let redis_headers = engine.redis().map(|s| s.headers()).unwrap_or_default();
         Ok(Worker {
             engine,
             counters,
@@ -146,6 +149,7 @@ impl Worker {
             wait_histograms,
             store_call_histograms,
             log_level: setup.log_level(),
+            redis_headers,
             root_id,
             wake_queue,
             waiters: RefCell::new(HashMap::new()),
@@ -279,21 +283,21 @@ impl Worker {
         &self,
         host: &dyn Host,
         route: usize,
-        redis_key: &str,
+        redis_id: &[u8; 32],
         fingerprint: &[u8; 32],
         claim: &Result<Claim<T>, StoreError>,
     ) {
         if let Ok(Claim::Completed { first_seen_ms, status, response, same_payload: true }) = claim {
-            self.engine.remember_answer(host, route, redis_key, fingerprint, *first_seen_ms, *status, response.as_ref());
+            self.engine.remember_answer(host, route, redis_id, fingerprint, *first_seen_ms, *status, response.as_ref());
         }
     }
 
     /// Sends a Webdis command through the `[redis]` cluster.
     pub(super) fn dispatch(&self, host: &dyn Host, cmd: &redis::Command) -> Result<u32, StoreError> {
-        let (Some(cfg), Some(store)) = (self.engine.bundle.redis.as_ref(), self.engine.redis()) else {
+        let Some(cfg) = self.engine.bundle.redis.as_ref() else {
             return Err(StoreError::Host("no [redis] table".into()));
         };
-        host.dispatch(&cfg.cluster, &store.headers(), cmd.body.as_bytes(), cfg.timeout.millis.max(1))
+        host.dispatch(&cfg.cluster, &self.redis_headers, cmd.body.as_bytes(), cfg.timeout.millis.max(1))
             .map_err(|e| StoreError::Host(format!("dispatch_http_call to cluster {}: {e:?}", cfg.cluster)))
     }
 

@@ -30,8 +30,9 @@ pub(super) struct Job {
     attempts: u32,
     next_at_ms: u64,
     deadline_ms: u64,
-    /// The Redis key, marked in this process' shared store while its answer is not written.
-    redis_key: String,
+    /// The Redis key's scoped id: its entry in this process' shared store is marked while its
+    /// answer is not written, then holds the answer.
+    redis_id: [u8; 32],
     mark: Option<shared::Ticket>,
     /// When the current attempt was sent (for `idem_store_call_ms`).
     sent_ms: u64,
@@ -129,7 +130,7 @@ impl Worker {
             }
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
-        let redis_key = rt.key.clone();
+        let redis_id = rt.id;
         let job = Job {
             route,
             key,
@@ -140,7 +141,7 @@ impl Worker {
             attempts: 0,
             next_at_ms: now,
             deadline_ms,
-            redis_key,
+            redis_id,
             mark: None,
             sent_ms: now,
             answer,
@@ -189,7 +190,7 @@ impl Worker {
             attempts: 0,
             next_at_ms: now,
             deadline_ms: ticket.first_seen_ms.saturating_add(lease),
-            redis_key: ticket.key.clone(),
+            redis_id: ticket.id,
             mark: None,
             sent_ms: now,
             answer: None,
@@ -277,7 +278,7 @@ impl Worker {
         }
         if let (Some(a), Some(Outcome::Stored | Outcome::Tombstoned)) = (&job.answer, outcome) {
             let r = a.response.as_ref();
-            self.engine.remember_answer(host, job.route, &job.redis_key, &a.fingerprint, a.first_seen_ms, a.status, r);
+            self.engine.remember_answer(host, job.route, &job.redis_id, &a.fingerprint, a.first_seen_ms, a.status, r);
         }
         // The client gets its answer only now, so its next retry finds the record written.
         self.carry_out(host, job.after);
@@ -297,7 +298,7 @@ impl Worker {
             return self.record_finish(host, job.route, Some(Outcome::StoreError), job.key.as_deref(), &cause);
         }
         if job.mark.is_none() && matches!(job.kind, FinishKind::Complete { .. } | FinishKind::HoldUnknown) {
-            job.mark = self.engine.mark_unwritten(host, &job.redis_key, job.deadline_ms);
+            job.mark = self.engine.mark_unwritten(host, &job.redis_id, job.deadline_ms);
         }
         let backoff = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(RETRY_MAX_MS);
         job.attempts += 1;

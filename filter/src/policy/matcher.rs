@@ -2,6 +2,7 @@
 //! frameworks route it (normalised, aliases folded).
 
 use super::Bundle;
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Matcher {
@@ -55,9 +56,13 @@ impl PathTemplate {
     /// segments compare ignoring ASCII case, since many frameworks route `/Create` and `/create/`
     /// to the same handler, and a policy that such an alias slips past runs the business twice.
     pub fn matches(&self, path: &str) -> bool {
-        let segments = normalize_path(path);
+        self.matches_segments(&normalize_path(path))
+    }
+
+    /// [`PathTemplate::matches`] on a path already normalised (once for every template).
+    fn matches_segments(&self, segments: &[Cow<'_, str>]) -> bool {
         segments.len() == self.segments.len()
-            && self.segments.iter().zip(&segments).all(|(seg, p)| match seg {
+            && self.segments.iter().zip(segments).all(|(seg, p)| match seg {
                 Segment::Literal(lit) => lit.eq_ignore_ascii_case(p),
                 Segment::Param => !p.is_empty(),
             })
@@ -79,11 +84,11 @@ impl PathTemplate {
 /// characters decoded (`%63reate` is `create`), empty segments dropped (`//` and a trailing `/`)
 /// and `.`/`..` resolved. Envoy's `normalize_path` and `merge_slashes` do the same before routing;
 /// doing it here too keeps a policy from being bypassed where the listener lacks them.
-pub fn normalize_path(path: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
+pub fn normalize_path(path: &str) -> Vec<Cow<'_, str>> {
+    let mut out: Vec<Cow<'_, str>> = Vec::new();
     for raw in path.split('/') {
         let seg = decode_unreserved(raw);
-        match seg.as_str() {
+        match seg.as_ref() {
             "" | "." => {}
             ".." => {
                 out.pop();
@@ -96,9 +101,9 @@ pub fn normalize_path(path: &str) -> Vec<String> {
 
 /// Decodes `%XX` only where it stands for an unreserved character (RFC 3986 §2.3); other escapes
 /// (`%2F`, `%20`, …) stay as they are, as Envoy's normalisation keeps them.
-fn decode_unreserved(seg: &str) -> String {
+fn decode_unreserved(seg: &str) -> Cow<'_, str> {
     if !seg.contains('%') {
-        return seg.to_string();
+        return Cow::Borrowed(seg);
     }
     let bytes = seg.as_bytes();
     let mut out = String::with_capacity(seg.len());
@@ -121,7 +126,7 @@ fn decode_unreserved(seg: &str) -> String {
             }
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 impl Bundle {
@@ -135,6 +140,7 @@ impl Bundle {
         route_name: impl FnOnce() -> Option<String>,
     ) -> Option<usize> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
+        let segments = normalize_path(path);
         if self.routes.iter().any(|r| matches!(r.matcher, Matcher::RouteName(_))) {
             if let Some(name) = route_name() {
                 let hit = self.routes.iter().position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
@@ -150,7 +156,7 @@ impl Bundle {
                 let Matcher::Request { method: wanted, path: t } = &r.matcher else {
                     continue;
                 };
-                if t.is_exact() != exact || !t.matches(path) {
+                if t.is_exact() != exact || !t.matches_segments(&segments) {
                     continue;
                 }
                 let Some(wanted) = wanted else {
@@ -176,10 +182,10 @@ impl Matcher {
         let bare = path.split(['?', '#']).next().unwrap_or(path);
         let mut segments = normalize_path(bare);
         if let Matcher::Request { path: t, .. } = self {
-            if t.matches(bare) {
+            if t.matches_segments(&segments) {
                 for (seg, lit) in segments.iter_mut().zip(&t.segments) {
                     if let Segment::Literal(l) = lit {
-                        seg.clone_from(l);
+                        *seg = Cow::Borrowed(l.as_str());
                     }
                 }
             }

@@ -43,6 +43,8 @@ pub struct Ticket {
     pub key: String,
     pub record: String,
     pub first_seen_ms: u64,
+    /// The scoped id the key is made of, which also names the key's entry in this process.
+    pub id: [u8; 32],
     /// The claiming request's fingerprint (zeros for a token), for the answer kept locally.
     pub fingerprint: [u8; 32],
 }
@@ -93,7 +95,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("k:", id);
         let record = format!("I|{owner:016x}|{}|{now}|{}", hex16(fp), now.saturating_add(lock_ttl_ms));
         let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
-        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now, fingerprint: *fp })
+        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now, id: *id, fingerprint: *fp })
     }
 
     /// Reads the claim reply.
@@ -167,7 +169,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("t:", id);
         let record = format!("U|{owner:016x}|{now}");
         let body = command(&["EVAL", USE_TOKEN, "1", &key, &record]);
-        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now, fingerprint: [0; 32] })
+        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now, id: *id, fingerprint: [0; 32] })
     }
 
     pub fn parse_use_token(&self, ticket: Ticket, status: u16, body: &[u8]) -> Result<TokenUse<Ticket>, StoreError> {
@@ -239,16 +241,19 @@ fn hex(bytes: &[u8]) -> String {
 /// `CMD/arg/…` with every byte outside `[A-Za-z0-9_~-]` percent-encoded (Webdis splits on `/`
 /// and treats `.` as a format extension).
 pub fn command(args: &[&str]) -> String {
-    let mut out = String::new();
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(args.iter().map(|a| a.len() * 3 + 1).sum());
     for (i, a) in args.iter().enumerate() {
         if i > 0 {
             out.push('/');
         }
         for b in a.bytes() {
             if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-                out.push(b as char);
+                out.push(char::from(b));
             } else {
-                out.push_str(&format!("%{b:02X}"));
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 15)]));
             }
         }
     }
