@@ -48,6 +48,31 @@ lock_ttl = "30s"
 ttl = "10m"
 "#;
 
+/// Counts heap allocations (the harness' included), to show how many a request makes.
+struct CountingAlloc;
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+// SAFETY: forwards every call unchanged to the system allocator; only counts.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on as it is.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
 const ROOT: u32 = 1;
 const BODY: &[u8] = br#"{"sku":"A1","qty":1}"#;
 const ANSWER: &[u8] = br#"{"ok":true}"#;
@@ -131,16 +156,19 @@ fn main() {
         }
         let tally = counting.take();
         // The core's time, on the plain in-memory host.
+        let allocs0 = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
         let start = Instant::now();
         for i in sample..sample + n {
             one(&fake, &fake, &w, 10 + i, &key(i), redis);
         }
         let per_req_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+        let allocs = (ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed) - allocs0) as f64 / f64::from(n);
         let calls: u64 = tally.iter().map(|t| t.1).sum();
         let bytes: u64 = tally.iter().map(|t| t.2).sum();
         let per = |x: u64| x as f64 / f64::from(sample);
         println!(
-            "({case}) {:5.1} host calls/req, {:6.0} bytes across the boundary/req, core {:5.2} us/req natively",
+            "({case}) {:5.1} host calls/req, {:6.0} bytes across the boundary/req, core {:5.2} us/req natively, \
+             {allocs:.0} allocations/req (harness included)",
             per(calls),
             per(bytes),
             per_req_us

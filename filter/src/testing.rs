@@ -369,7 +369,13 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("record_metric", 8);
         self.inner.record(histogram, value)
     }
-    fn dispatch(&self, cluster: &str, headers: &[(String, String)], body: &[u8], timeout_ms: u64) -> Result<u32, HostError> {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
         let h: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
         self.add("dispatch_http_call", cluster.len() + h + body.len());
         self.inner.dispatch(cluster, headers, body, timeout_ms)

@@ -5,7 +5,7 @@ use idem_filter::host::{Host, HostError};
 use idem_filter::policy::SharedConfig;
 use idem_filter::response::StoredResponse;
 use idem_filter::store::shared::*;
-use idem_filter::store::{Claim, Completion, StoreError, TokenUse};
+use idem_filter::store::{Answer, Claim, Completion, StoreError, TokenUse};
 use idem_filter::testing::FakeHost;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -382,21 +382,26 @@ fn an_unknown_outcome_is_held_past_the_lease_then_freed() {
 #[test]
 fn a_remembered_answer_is_looked_up_read_only_until_it_expires() {
     let (host, s) = store(4, 4);
-    let fp16 = [7u8; 16];
+    fn answer(first_seen_ms: u64, response: Option<&StoredResponse>) -> Answer<'_> {
+        Answer { fingerprint: [7; 16], first_seen_ms, status: 201, response }
+    }
     assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None, "nothing yet, and nothing claimed by looking");
     assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None);
     let r = ok_response(r#"{"order":1}"#);
     let until = 1_700_000_010_000;
-    assert!(s.remember(&host, &id("copy"), &fp16, 1_699_999_999_000, 201, Some(&r), until).unwrap());
+    assert!(s.remember(&host, &id("copy"), &answer(1_699_999_999_000, Some(&r)), until).unwrap());
     match s.lookup(&host, &id("copy"), &FP).unwrap() {
         Some(Claim::Completed { status: 201, response: Some(got), same_payload: true, first_seen_ms }) => {
             assert_eq!((got, first_seen_ms), (r.clone(), 1_699_999_999_000));
         }
         other => panic!("{other:?}"),
     }
-    assert!(matches!(s.lookup(&host, &id("copy"), &[9; 32]).unwrap(), Some(Claim::Completed { same_payload: false, .. })));
+    assert!(matches!(
+        s.lookup(&host, &id("copy"), &[9; 32]).unwrap(),
+        Some(Claim::Completed { same_payload: false, .. })
+    ));
     // Remembered again (another copy read back): one entry, the latest.
-    assert!(s.remember(&host, &id("copy"), &fp16, 1_699_999_999_000, 201, None, until).unwrap());
+    assert!(s.remember(&host, &id("copy"), &answer(1_699_999_999_000, None), until).unwrap());
     assert!(matches!(s.lookup(&host, &id("copy"), &FP).unwrap(), Some(Claim::Completed { response: None, .. })));
     host.advance(10_001);
     assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None, "expired");
@@ -404,7 +409,7 @@ fn a_remembered_answer_is_looked_up_read_only_until_it_expires() {
     let (host, s) = store(1, 2);
     claimed(s.claim(&host, &id("a"), &FP, 60_000).unwrap());
     claimed(s.claim(&host, &id("b"), &FP, 60_000).unwrap());
-    assert!(!s.remember(&host, &id("c"), &fp16, 0, 201, Some(&r), until).unwrap());
+    assert!(!s.remember(&host, &id("c"), &answer(0, Some(&r)), until).unwrap());
     assert!(matches!(s.claim(&host, &id("a"), &FP, 60_000).unwrap(), Claim::InFlight { .. }));
 }
 

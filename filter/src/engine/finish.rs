@@ -5,7 +5,7 @@ use super::verdict::{Ending, Finish, StoreTicket, Ticket};
 use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
 use crate::response::{self, StoredResponse};
-use crate::store::{shared, Claim, Completion, StoreError};
+use crate::store::{shared, Answer, Claim, Completion, StoreError};
 
 impl Engine {
     /// Redis routes: what this Envoy process knows of a key without asking Redis, as a verdict.
@@ -49,30 +49,18 @@ impl Engine {
     }
 
     /// Keeps a completed Redis answer in this process for repeats of its key, for at most
-    /// `[redis] answer_cache` and never past the record's own expiry in Redis (`first_seen_ms`
-    /// plus the route's `ttl`: the record was written later, so it lives longer). Only answers
-    /// to the same request are kept (`fingerprint` is the request's).
-    pub fn remember_answer(
-        &self,
-        host: &dyn Host,
-        route: usize,
-        id: &[u8; 32],
-        fingerprint: &[u8; 32],
-        first_seen_ms: u64,
-        status: u16,
-        response: Option<&StoredResponse>,
-    ) {
+    /// `[redis] answer_cache` and never past the record's own expiry in Redis (first seen plus
+    /// the route's `ttl`: the record was written later, so it lives longer).
+    pub fn remember_answer(&self, host: &dyn Host, route: usize, id: &[u8; 32], answer: &Answer) {
         let (Some(policy), Some(cfg)) = (self.policy(route), self.bundle.redis.as_ref()) else {
             return;
         };
         let now = host.now_ms();
-        let until = now.saturating_add(cfg.answer_cache.millis).min(first_seen_ms.saturating_add(policy.key.ttl.millis));
-        if until <= now {
-            return;
+        let expires = answer.first_seen_ms.saturating_add(policy.key.ttl.millis);
+        let until = now.saturating_add(cfg.answer_cache.millis).min(expires);
+        if until > now {
+            let _ = self.shared.remember(host, id, answer, until);
         }
-        let mut fp = [0u8; 16];
-        fp.copy_from_slice(&fingerprint[..16]);
-        let _ = self.shared.remember(host, id, &fp, first_seen_ms, status, response, until);
     }
 
     /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
@@ -153,8 +141,6 @@ impl Engine {
         self.shared.renew(host, ticket, lease)
     }
 }
-
-/// Where the shared store marks a Redis key whose answer is not written yet.
 
 /// The outcome of a release, on either store.
 pub fn released(r: Result<bool, StoreError>, cause: String) -> (Option<Outcome>, String) {

@@ -229,7 +229,7 @@ impl Stream {
                     // The SET may still reach Redis after the timeout: free it if it did.
                     w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
                 }
-                let redis_id = ticket.id;
+                let redis_id = ticket.id();
                 let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
                 w.remember_found(host, prepared.route, &redis_id, fingerprint, &claim);
                 let v = w.engine.after_claim(&prepared, claim, now, None);
@@ -407,7 +407,7 @@ impl Stream {
         let Some((cmd, ticket)) = w.redis_op(host, &prepared, now) else {
             return Flow::Continue;
         };
-        if let Some(v) = w.engine.local_answer(host, &prepared, &ticket.id, None) {
+        if let Some(v) = w.engine.local_answer(host, &prepared, &ticket.id(), None) {
             return self.apply(host, route, v, false);
         }
         match w.dispatch(host, &cmd) {

@@ -88,7 +88,7 @@ impl Worker {
         let Some((cmd, ticket)) = self.redis_op(host, &prepared, now) else {
             return;
         };
-        if let Some(v) = self.engine.local_answer(host, &prepared, &ticket.id, Some(first_deadline)) {
+        if let Some(v) = self.engine.local_answer(host, &prepared, &ticket.id(), Some(first_deadline)) {
             // An unwritten mark (this process' answer not yet in Redis) keeps them held until
             // their deadline; an answer kept here resolves them all now.
             for ctx in members {
@@ -140,7 +140,8 @@ impl Worker {
         };
         let Some((_, first, _)) = members.first() else {
             // Every held client left while the poll was out: a claim it won has nobody to finish it.
-            if status == 0 || matches!(store.parse_claim(poll.ticket.clone(), &[0; 32], status, body), Ok(Claim::Claimed(_)))
+            if status == 0
+                || matches!(store.parse_claim(poll.ticket.clone(), &[0; 32], status, body), Ok(Claim::Claimed(_)))
             {
                 self.release_orphan(host, poll.route, None, &poll.ticket);
                 self.send_outbox(host);
@@ -153,7 +154,7 @@ impl Worker {
         if status == 0 {
             self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);
         }
-        let redis_id = poll.ticket.id;
+        let redis_id = poll.ticket.id();
         let claim = store.parse_claim(poll.ticket, fingerprint, status, body).map(|c| c.map(StoreTicket::Redis));
         self.remember_found(host, first.route, &redis_id, fingerprint, &claim);
         let mut taken = false;

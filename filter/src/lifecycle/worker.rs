@@ -13,7 +13,7 @@ use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
 use crate::policy::{parse_bundle, OnInFlight, StoreKind};
 use crate::response::LocalReply;
-use crate::store::{redis, Claim, StoreError};
+use crate::store::{redis, Answer, Claim, StoreError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -288,7 +288,11 @@ impl Worker {
         claim: &Result<Claim<T>, StoreError>,
     ) {
         if let Ok(Claim::Completed { first_seen_ms, status, response, same_payload: true }) = claim {
-            self.engine.remember_answer(host, route, redis_id, fingerprint, *first_seen_ms, *status, response.as_ref());
+            let mut fp = [0u8; 16];
+            fp.copy_from_slice(&fingerprint[..16]);
+            let answer =
+                Answer { fingerprint: fp, first_seen_ms: *first_seen_ms, status: *status, response: response.as_ref() };
+            self.engine.remember_answer(host, route, redis_id, &answer);
         }
     }
 
@@ -360,7 +364,6 @@ impl Worker {
             self.polled(host, poll, status, &body);
         }
     }
-
 }
 
 /// The shared-data namespace of a bundle that names none: the plugin's name with what a

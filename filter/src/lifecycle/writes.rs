@@ -5,7 +5,7 @@ use super::worker::{send, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
 use crate::response::{LocalReply, StoredResponse};
-use crate::store::{redis, shared, Completion, StoreError};
+use crate::store::{redis, shared, Answer, Completion, StoreError};
 use std::collections::VecDeque;
 
 /// Pending Redis writes per worker are bounded: a long Redis outage must not grow a worker's
@@ -33,20 +33,15 @@ pub(super) struct Job {
     /// The Redis key's scoped id: its entry in this process' shared store is marked while its
     /// answer is not written, then holds the answer.
     redis_id: [u8; 32],
+    /// The claim's fingerprint (first half) and first-seen time, for the answer kept here.
+    fingerprint: [u8; 16],
+    first_seen_ms: u64,
     mark: Option<shared::Ticket>,
     /// When the current attempt was sent (for `idem_store_call_ms`).
     sent_ms: u64,
-    /// The answer a completion writes, kept in this process once Redis has it.
-    answer: Option<Answer>,
-}
-
-/// A completed answer, as [`crate::engine::Engine::remember_answer`] keeps it.
-pub(super) struct Answer {
-    status: u16,
-    /// `None` for a tombstone.
-    response: Option<StoredResponse>,
-    fingerprint: [u8; 32],
-    first_seen_ms: u64,
+    /// The answer a completion writes, kept in this process once Redis has it: status and
+    /// response (`None` for a tombstone).
+    answer: Option<(u16, Option<StoredResponse>)>,
 }
 
 /// The client side of a finish.
@@ -116,12 +111,7 @@ impl Worker {
             Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
                 let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms, lease);
                 if let Ticket::Claim(_) = ticket {
-                    answer = Some(Answer {
-                        status: response.status,
-                        response: (!tombstone).then_some(response),
-                        fingerprint: rt.fingerprint,
-                        first_seen_ms: rt.first_seen_ms,
-                    });
+                    answer = Some((response.status, (!tombstone).then_some(response)));
                 }
                 (cmd, FinishKind::Complete { tombstone }, cause, ttl_ms)
             }
@@ -130,7 +120,7 @@ impl Worker {
             }
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
-        let redis_id = rt.id;
+        let redis_id = rt.id();
         let job = Job {
             route,
             key,
@@ -142,6 +132,8 @@ impl Worker {
             next_at_ms: now,
             deadline_ms,
             redis_id,
+            fingerprint: rt.fingerprint16(),
+            first_seen_ms: rt.first_seen_ms,
             mark: None,
             sent_ms: now,
             answer,
@@ -190,7 +182,9 @@ impl Worker {
             attempts: 0,
             next_at_ms: now,
             deadline_ms: ticket.first_seen_ms.saturating_add(lease),
-            redis_id: ticket.id,
+            redis_id: ticket.id(),
+            fingerprint: ticket.fingerprint16(),
+            first_seen_ms: ticket.first_seen_ms,
             mark: None,
             sent_ms: now,
             answer: None,
@@ -276,9 +270,14 @@ impl Worker {
         if let Some(mark) = &job.mark {
             self.engine.unmark_unwritten(host, mark);
         }
-        if let (Some(a), Some(Outcome::Stored | Outcome::Tombstoned)) = (&job.answer, outcome) {
-            let r = a.response.as_ref();
-            self.engine.remember_answer(host, job.route, &job.redis_id, &a.fingerprint, a.first_seen_ms, a.status, r);
+        if let (Some((status, response)), Some(Outcome::Stored | Outcome::Tombstoned)) = (&job.answer, outcome) {
+            let answer = Answer {
+                fingerprint: job.fingerprint,
+                first_seen_ms: job.first_seen_ms,
+                status: *status,
+                response: response.as_ref(),
+            };
+            self.engine.remember_answer(host, job.route, &job.redis_id, &answer);
         }
         // The client gets its answer only now, so its next retry finds the record written.
         self.carry_out(host, job.after);

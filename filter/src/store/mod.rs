@@ -41,6 +41,17 @@ impl<T> Claim<T> {
     }
 }
 
+/// A completed answer as this process keeps a copy of it (see `shared::SharedStore::remember`).
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The first half of the answered request's fingerprint (what records compare).
+    pub fingerprint: [u8; 16],
+    pub first_seen_ms: u64,
+    pub status: u16,
+    /// `None` for a tombstone (status only).
+    pub response: Option<&'a StoredResponse>,
+}
+
 /// What presenting a token found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenUse<T> {

@@ -43,10 +43,30 @@ pub struct Ticket {
     pub key: String,
     pub record: String,
     pub first_seen_ms: u64,
-    /// The scoped id the key is made of, which also names the key's entry in this process.
-    pub id: [u8; 32],
-    /// The claiming request's fingerprint (zeros for a token), for the answer kept locally.
-    pub fingerprint: [u8; 32],
+}
+
+impl Ticket {
+    /// The scoped id the key is made of (`<prefix>k:<hex id>`), which also names the key's entry
+    /// in this process' shared store.
+    pub fn id(&self) -> [u8; 32] {
+        let hex = self.key.get(self.key.len().saturating_sub(64)..).unwrap_or("");
+        unhex(hex)
+    }
+
+    /// The first half of the claiming request's fingerprint, as the in-flight record holds it.
+    pub fn fingerprint16(&self) -> [u8; 16] {
+        unhex(claim_parts(&self.record).1)
+    }
+}
+
+/// Lowercase hex to bytes; what is missing or not hex reads as zeros.
+fn unhex<const N: usize>(hex: &str) -> [u8; N] {
+    let digit = |c: u8| char::from(c).to_digit(16).unwrap_or(0) as u8;
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        *o = digit(pair[0]) << 4 | digit(pair[1]);
+    }
+    out
 }
 
 const COMPLETE: &str = "local v=redis.call('GET',KEYS[1]) \
@@ -95,7 +115,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("k:", id);
         let record = format!("I|{owner:016x}|{}|{now}|{}", hex16(fp), now.saturating_add(lock_ttl_ms));
         let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
-        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now, id: *id, fingerprint: *fp })
+        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now })
     }
 
     /// Reads the claim reply.
@@ -169,7 +189,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("t:", id);
         let record = format!("U|{owner:016x}|{now}");
         let body = command(&["EVAL", USE_TOKEN, "1", &key, &record]);
-        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now, id: *id, fingerprint: [0; 32] })
+        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now })
     }
 
     pub fn parse_use_token(&self, ticket: Ticket, status: u16, body: &[u8]) -> Result<TokenUse<Ticket>, StoreError> {

@@ -13,7 +13,7 @@
 //! Every claim carries a random owner id; completion and release check it (fencing), and a stored
 //! response carries its owner so a replay never serves a slot that another owner rewrote.
 
-use super::{Claim, Completion, StoreError, TokenUse};
+use super::{Answer, Claim, Completion, StoreError, TokenUse};
 use crate::host::{Host, HostError};
 use crate::policy::SharedConfig;
 use crate::response::StoredResponse;
@@ -313,7 +313,12 @@ impl SharedStore {
     /// What this process holds for `id` (read only, nothing claimed): `None` when nothing live,
     /// or when a response slot is being rewritten. The Redis routes' local view (see
     /// [`SharedStore::remember`]).
-    pub fn lookup(&self, host: &dyn Host, id: &[u8; 32], fingerprint: &[u8; 32]) -> Result<Option<Claim<()>>, StoreError> {
+    pub fn lookup(
+        &self,
+        host: &dyn Host,
+        id: &[u8; 32],
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Claim<()>>, StoreError> {
         let (b, short) = self.locate(id);
         let mut fp = [0u8; 16];
         fp.copy_from_slice(&fingerprint[..16]);
@@ -327,18 +332,9 @@ impl SharedStore {
 
     /// Records a completed answer for `id` until `until_ms`, whoever held the position before
     /// (the same key's entry, else an expired or the oldest completed one): a copy of what a
-    /// remote store holds, so repeats of it are answered without asking that store. `response`
-    /// `None` records a tombstone (status only).
-    pub fn remember(
-        &self,
-        host: &dyn Host,
-        id: &[u8; 32],
-        fingerprint: &[u8; 16],
-        first_seen_ms: u64,
-        status: u16,
-        response: Option<&StoredResponse>,
-        until_ms: u64,
-    ) -> Result<bool, StoreError> {
+    /// remote store holds, so repeats of it are answered without asking that store.
+    pub fn remember(&self, host: &dyn Host, id: &[u8; 32], answer: &Answer, until_ms: u64) -> Result<bool, StoreError> {
+        let response = answer.response;
         let (b, short) = self.locate(id);
         let owner = host.random_u64()?;
         let mut slot_written = None;
@@ -361,10 +357,10 @@ impl SharedStore {
             entries[i] = Entry {
                 id: short,
                 state: if response.is_some() { State::Completed } else { State::Tombstone },
-                status,
+                status: answer.status,
                 owner,
-                fingerprint: *fingerprint,
-                first_seen_ms,
+                fingerprint: answer.fingerprint,
+                first_seen_ms: answer.first_seen_ms,
                 until_ms,
             };
             Ok(Edit::Write(true))
