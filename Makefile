@@ -56,6 +56,7 @@ test: setup fmt-check clippy unit e2e lint-corpora
 bench: build
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
 	$(PY) scripts/bench.py
+	$(PY) scripts/breakdown.py
 	bash scripts/bench-lint.sh
 
 # The filter as OCI images for Istio / Envoy Gateway, in the OCI layout target/oci/idem: tag `oci`

@@ -7,7 +7,7 @@
 #   - pyyaml==6.0.3, jsonschema==4.26.0 into .venv (the deploy tests: examples/istio, envoy-gateway,
 #     higress; the bundle schema)
 #   - oras==0.2.43 (oras-py) into .venv     (`make oci`: pushes the Wasm OCI artifact)
-#   - wrk, redis-server, webdis, prometheus, skopeo, umoci, docker-registry (Debian packages, only
+#   - wrk, redis-server, webdis, prometheus, skopeo, umoci, docker-registry, valgrind (Debian packages, only
 #     when the binaries are missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +76,8 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 command -v umoci >/dev/null 2>&1 || missing+=(umoci)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+# `make bench`'s breakdown (scripts/breakdown.py) counts instructions under callgrind.
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -312,11 +312,16 @@ impl Setup for FakeHost {
 pub struct CountingHost<'a, H: Host + Setup> {
     inner: &'a H,
     tally: Mutex<std::collections::BTreeMap<&'static str, (u64, u64)>>,
+    clock_read: AtomicBool,
 }
 
 impl<'a, H: Host + Setup> CountingHost<'a, H> {
     pub fn new(inner: &'a H) -> Self {
-        CountingHost { inner, tally: Mutex::new(Default::default()) }
+        CountingHost { inner, tally: Mutex::new(Default::default()), clock_read: AtomicBool::new(false) }
+    }
+    /// A new callback begins: Envoy's glue reads the clock at most once per callback.
+    pub fn entered(&self) {
+        self.clock_read.store(false, Ordering::SeqCst);
     }
     fn add(&self, call: &'static str, bytes: usize) {
         let mut t = lock(&self.tally);
@@ -336,7 +341,9 @@ fn pairs_len(p: &[Pair]) -> usize {
 
 impl<H: Host + Setup> Host for CountingHost<'_, H> {
     fn now_ms(&self) -> u64 {
-        self.add("get_current_time", 8);
+        if !self.clock_read.swap(true, Ordering::SeqCst) {
+            self.add("get_current_time", 8);
+        }
         self.inner.now_ms()
     }
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
@@ -350,7 +357,7 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.inner.shared_set(key, value, cas)
     }
     fn random_u64(&self) -> Result<u64, HostError> {
-        self.add("random_get", 8);
+        // No host call in Envoy: the glue draws owner ids from a generator seeded once per VM.
         self.inner.random_u64()
     }
     fn random_token(&self) -> Result<[u8; 16], HostError> {
@@ -457,5 +464,118 @@ impl<H: Host + Setup> Setup for CountingHost<'_, H> {
     }
     fn log_level(&self) -> u32 {
         self.inner.log_level()
+    }
+}
+
+/// The request `make bench` sends (wrk's headers and body), run through the core as Envoy runs
+/// it: shared by the breakdown example (`filter/examples/breakdown.rs`) and the host-call budget
+/// test, so both count the same path.
+pub mod bench {
+    use super::{Act, FakeHost, FakeStream};
+    use crate::host::Host;
+    use crate::lifecycle::{Stream, Worker};
+    use std::rc::Rc;
+
+    /// Case (c)/(d): the shared store.
+    pub const SHARED_POLICY: &str = r#"
+[shared]
+buckets = 4096
+entries_per_bucket = 8
+max_response_bytes = 4096
+
+[[route]]
+name = "bench-key"
+match = { method = "POST", path = "/api/order/create" }
+
+[route.key]
+lock_ttl = "30s"
+ttl = "24h"
+"#;
+
+    /// Case (e)/(f): Redis through Webdis.
+    pub const REDIS_POLICY: &str = r#"
+[redis]
+cluster = "webdis"
+basic_auth = "idem:bench"
+prefix = "idem-bench:"
+
+[[route]]
+name = "bench-redis"
+match = { method = "POST", path = "/api/order/create" }
+store = "redis"
+
+[route.key]
+lock_ttl = "30s"
+ttl = "10m"
+"#;
+
+    /// The root context's id.
+    pub const ROOT: u32 = 1;
+    const BODY: &[u8] = br#"{"sku":"A1","qty":1}"#;
+    const ANSWER: &[u8] = br#"{"ok":true}"#;
+
+    fn request(key: &str) -> FakeStream {
+        let headers: [(&str, &[u8]); 6] = [
+            (":authority", b"127.0.0.1:10000"),
+            ("idempotency-key", key.as_bytes()),
+            ("content-type", b"application/json"),
+            ("authorization", b"Bearer bench"),
+            ("content-length", b"20"),
+            ("x-request-id", b"5e0c3c58-4a0f-4b7e-9a53-3c1b0c8f7d21"),
+        ];
+        FakeStream::request("POST", "/api/order/create", &headers, BODY).with_response(
+            200,
+            &[
+                ("content-type", b"application/json"),
+                ("content-length", b"11"),
+                ("date", b"Tue, 01 Dec 2026 14:00:00 GMT"),
+            ],
+            ANSWER,
+        )
+    }
+
+    /// One request through the stream's callbacks, as Envoy makes them; on Redis, the Webdis
+    /// replies and the root's completion too. `entered` runs before each callback.
+    pub fn drive(
+        fake: &FakeHost,
+        host: &dyn Host,
+        entered: &dyn Fn(),
+        w: &Rc<Worker>,
+        ctx: u32,
+        key: &str,
+        redis: bool,
+    ) {
+        fake.open(ctx, request(key));
+        let mut s = Stream::new(Rc::clone(w), ctx);
+        entered();
+        s.on_request_headers(host, false);
+        entered();
+        s.on_request_body(host, BODY.len(), true);
+        if redis && fake.take_acts().iter().any(|a| matches!(a, Act::Dispatch { .. })) {
+            fake.deliver(200, br#"{"SET":null}"#);
+            entered();
+            s.on_call_response(host, 1, 12);
+        }
+        entered();
+        s.on_response_headers(host, false);
+        entered();
+        s.on_response_body(host, ANSWER.len(), true);
+        if redis {
+            fake.enter(ROOT);
+            entered();
+            w.on_queue_ready(host);
+            for a in fake.take_acts() {
+                if let Act::Dispatch { token, .. } = a {
+                    fake.deliver(200, br#"{"EVAL":1}"#);
+                    entered();
+                    w.on_call_response(host, token, 1, 10);
+                }
+            }
+            fake.enter(ctx);
+        }
+        entered();
+        s.on_log(host);
+        fake.close(ctx);
+        fake.take_acts();
     }
 }

@@ -608,3 +608,42 @@ fn routes_deciding_at_the_headers_never_wait_for_the_body() {
     assert_eq!(s.on_request_headers(&host, false), Flow::Continue, "decided at the headers");
     assert_eq!(count(&host, "h", "forwarded"), 1);
 }
+
+/// The host calls the bench's request costs (each one a VM exit in Envoy), counted as
+/// `make bench`'s breakdown counts them, held to a budget: a change that adds calls to a hot
+/// path fails here, not only as a slower bench on a noisy machine.
+#[test]
+fn the_bench_paths_stay_within_their_host_call_budgets() {
+    use idem_filter::testing::bench::{drive, REDIS_POLICY, ROOT, SHARED_POLICY};
+    use idem_filter::testing::CountingHost;
+    let cases = [
+        ("(c) shared store, fresh key", SHARED_POLICY, false, false, 19),
+        ("(d) shared store, replay", SHARED_POLICY, false, true, 14),
+        ("(e) Redis, fresh key", REDIS_POLICY, true, false, 32),
+        ("(f) Redis, replay of a kept answer", REDIS_POLICY, true, true, 15),
+    ];
+    for (case, policy, redis, replay, budget) in cases {
+        let fake = FakeHost::new(1_800_000_000_000);
+        fake.set_log_level(2); // Envoy's default: info
+        fake.enter(ROOT);
+        let w = Rc::new(Worker::configure(&fake, &fake, ROOT, policy.as_bytes()).unwrap());
+        if replay {
+            drive(&fake, &fake, &|| (), &w, 2, "replayed", redis);
+        }
+        let counting = CountingHost::new(&fake);
+        for i in 0..50u32 {
+            let key = if replay { "replayed".to_string() } else { format!("k-{i}") };
+            drive(&fake, &counting, &|| counting.entered(), &w, 10 + i, &key, redis);
+        }
+        let tally = counting.take();
+        let calls: u64 = tally.iter().map(|t| t.1).sum();
+        assert!(calls > 0, "{case}: nothing counted");
+        // Rounded: a few calls are once per worker (the route name, read once and kept).
+        let per_request = (calls as f64 / 50.0).round() as u64;
+        assert!(per_request <= budget, "{case}: {per_request} host calls per request, budget {budget}: {tally:?}");
+        if replay {
+            let stored = tally.iter().find(|t| t.0 == "set_shared_data").map_or(0, |t| t.1);
+            assert_eq!(stored, 0, "{case}: a replay writes nothing: {tally:?}");
+        }
+    }
+}

@@ -4,9 +4,22 @@ use super::abi;
 use crate::host::{Host, HostError, Level, Setup};
 use crate::pairs::Pair;
 use crate::response::LocalReply;
+use std::cell::Cell;
 
-/// [`Host`] on Envoy's hostcalls.
-pub(super) struct Envoy;
+/// [`Host`] on Envoy's hostcalls, made anew for each callback ([`Envoy::entered`]): the clock is
+/// read once per callback, not once per use (each read is a VM exit), which is as fine as leases
+/// and deadlines in milliseconds need.
+#[derive(Default)]
+pub(super) struct Envoy {
+    now_ms: Cell<Option<u64>>,
+}
+
+impl Envoy {
+    /// The host for one callback.
+    pub(super) fn entered() -> Self {
+        Envoy::default()
+    }
+}
 
 fn failed(call: &str) -> impl Fn(abi::Status) -> HostError + '_ {
     move |s| HostError::Failed(format!("{call}: status {s}"))
@@ -14,7 +27,12 @@ fn failed(call: &str) -> impl Fn(abi::Status) -> HostError + '_ {
 
 impl Host for Envoy {
     fn now_ms(&self) -> u64 {
-        abi::now_ms().unwrap_or(0)
+        if let Some(now) = self.now_ms.get() {
+            return now;
+        }
+        let now = abi::now_ms().unwrap_or(0);
+        self.now_ms.set(Some(now));
+        now
     }
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
         abi::shared_get(key).map_err(failed("get_shared_data"))

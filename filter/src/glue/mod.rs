@@ -16,7 +16,7 @@ use proxy_wasm::traits::RootContext;
 
 proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
-        envoy::Envoy.log(Level::Critical, &format!("idem: panic: {info}"));
+        envoy::Envoy::entered().log(Level::Critical, &format!("idem: panic: {info}"));
     }));
     proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> { Box::new(root::Root { id, worker: None }) });
 }}

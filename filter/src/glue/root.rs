@@ -18,7 +18,7 @@ pub(super) struct Root {
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         if let Some(w) = &self.worker {
-            w.on_call_response(&Envoy, token, num_headers, body_size);
+            w.on_call_response(&Envoy::entered(), token, num_headers, body_size);
         }
     }
 }
@@ -27,7 +27,7 @@ impl RootContext for Root {
     fn on_queue_ready(&mut self, queue_id: u32) {
         while let Ok(true) = abi::dequeue(queue_id) {}
         if let Some(w) = &self.worker {
-            w.on_queue_ready(&Envoy);
+            w.on_queue_ready(&Envoy::entered());
         }
     }
 
@@ -36,17 +36,18 @@ impl RootContext for Root {
             Ok(bytes) => bytes.unwrap_or_default(),
             Err(s) => {
                 let line = format!("idem: invalid policy: cannot read plugin configuration: status {s}");
-                Envoy.log(Level::Critical, &line);
+                Envoy::entered().log(Level::Critical, &line);
                 return false;
             }
         };
-        match Worker::configure(&Envoy, &Envoy, self.id, &config) {
+        let host = Envoy::entered();
+        match Worker::configure(&host, &host, self.id, &config) {
             Ok(w) => {
                 self.worker = Some(Rc::new(w));
                 true
             }
             Err(line) => {
-                Envoy.log(Level::Critical, &line);
+                host.log(Level::Critical, &line);
                 false
             }
         }
@@ -54,7 +55,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(w) = &self.worker {
-            w.on_tick(&Envoy);
+            w.on_tick(&Envoy::entered());
         }
     }
 
