@@ -437,6 +437,39 @@ def test_webdis_killed_mid_run_allow_forwards_unprotected(make_fleet, own_redis_
     assert "route=r-key" in lines[-1], lines[-1]
 
 
+@pytest.mark.parametrize("answer_cache", ["60s", "0s"])
+def test_a_repeat_is_answered_from_the_envoys_own_copy_while_webdis_is_down(make_fleet, own_redis_stack, upstream,
+                                                                           answer_cache):
+    """`[redis] answer_cache`: an Envoy that has seen an answer replays it without asking Webdis,
+    so a Webdis outage does not turn repeats of finished requests into 503s there. The other
+    Envoy never saw it and must ask; "0s" turns the copy off."""
+    rs = own_redis_stack
+    kept = policy("reject").replace('on_store_error = "reject"',
+                                    'on_store_error = "reject"\nanswer_cache = "%s"' % answer_cache)
+    a, b = make_fleet(kept, ROUTES, rs.webdis.port, n=2)
+    key = new_key("kept-" + answer_cache)
+    first = post(a, "/r/key", key)
+    assert_upstream_answer(first, key=key, n=1)
+    rs.webdis.stop()
+    again = post(a, "/r/key", key)
+    changed = post(a, "/r/key", key, {"sku": "X", "qty": 9})
+    elsewhere = post(b, "/r/key", key)
+    fresh = post(a, "/r/key", new_key("fresh"))
+    if answer_cache == "60s":
+        assert_replay_of(again, first)
+        assert_local(changed, 422, "IDEMPOTENCY_KEY_REUSED")
+    else:
+        assert_local(again, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+        assert_local(changed, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+    assert_local(elsewhere, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+    assert_local(fresh, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+    assert upstream.calls(key) == 1
+    rs.webdis.start()
+    wait_for(lambda: post(b, "/r/key", key).status == 200, 15, interval=0.2, what="the replay on the other Envoy")
+    assert_replay_of(post(b, "/r/key", key), first)
+    assert upstream.calls(key) == 1
+
+
 def test_redis_restart_recovers_without_restarting_envoy(make_fleet, own_redis_stack, upstream):
     rs = own_redis_stack
     envs = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=2)

@@ -106,6 +106,12 @@ fn text(bytes: Option<Vec<u8>>) -> String {
     bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
+/// `:method` among the request's headers (a pseudo-header: there is one).
+fn method_of(headers: &[Pair]) -> String {
+    let value = headers.iter().find(|(n, _)| n == b":method").map(|(_, v)| v.clone());
+    text(value)
+}
+
 /// One request's state machine.
 pub struct Stream {
     worker: Rc<Worker>,
@@ -132,15 +138,16 @@ impl Stream {
             }
         }
         let route_name = || host.property(&["xds", "route_name"]).map(|b| text(Some(b)));
-        // The method is read only if a policy's path matches, and then only once.
-        let mut method = None;
-        let read_method = || method.insert(header(":method")).clone();
+        // The method is read only if a policy's path matches, and then with every header at
+        // once: one host call where `:method` and then the headers would be two.
+        let mut headers = None;
+        let read_method = || method_of(headers.insert(host.request_headers()));
         let Some(route) = w.engine.bundle.find(read_method, &self.request.path, route_name) else {
             self.phase = Phase::Idle;
             return self.unmatched(host);
         };
-        self.request.headers = host.request_headers();
-        self.request.method = method.unwrap_or_else(|| header(":method"));
+        self.request.headers = headers.unwrap_or_else(|| host.request_headers());
+        self.request.method = method_of(&self.request.headers);
         let needs_body = w.engine.policy(route).is_some_and(|p| p.needs_body());
         if needs_body && !end_of_stream {
             // Refuse a missing or malformed key now, not after the body arrived.
