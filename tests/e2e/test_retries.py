@@ -78,11 +78,14 @@ def test_4xx_answer_is_remembered(idem, upstream):
     assert upstream.calls(key) == 1
 
 
-def _client_gives_up(env, upstream, path, key, delay_ms, client_timeout):
+def _client_gives_up(env, upstream, route, path, key, delay_ms, client_timeout):
     """Send a request, wait until the upstream has started working on it, then abandon it (close the
     connection without reading the answer) once client_timeout seconds have passed -- what an SDK
-    with a short timeout does. Deterministic: the request was certainly forwarded."""
+    with a short timeout does. Deterministic: the request was certainly forwarded, and this returns
+    only once the gateway has seen the client leave and held the claim (the close reaches Envoy
+    asynchronously; a retry sent before that would still find the claim in flight)."""
     body = b'{"sku": "A1", "qty": 1}'
+    held_before = counters(env, route).get("held", 0)
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", env.listen_port), timeout=10) as s:
         s.sendall(("POST %s HTTP/1.1\r\nHost: idem.test\r\nContent-Type: application/json\r\n"
@@ -97,6 +100,8 @@ def _client_gives_up(env, upstream, path, key, delay_ms, client_timeout):
         except BlockingIOError:
             early = b""
         assert not early, "the answer came back before the client gave up: %r" % early[:200]
+    wait_for(lambda: counters(env, route).get("held", 0) > held_before, 5,
+             what="the gateway to hold the abandoned request's claim")
     return started
 
 
@@ -104,7 +109,7 @@ def test_client_timeout_and_retries_never_execute_twice(idem, upstream):
     """SDK times out (1 s) while the upstream still works (3 s), then retries with the same key."""
     key = new_key()
     before = counters(idem, "create-order")
-    started = _client_gives_up(idem, upstream, CREATE, key, 3000, 1.0)
+    started = _client_gives_up(idem, upstream, "create-order", CREATE, key, 3000, 1.0)
     assert upstream.calls(key) == 1
     statuses = []
     # The client left, so Envoy reset the upstream request: the outcome is unknown. Retries while
@@ -159,7 +164,7 @@ def test_unknown_outcome_is_held_past_the_lease_until_its_hold_ends(idem, upstre
     when its lease ends (an SDK honouring Retry-After would come back exactly then), only when
     the hold ends."""
     key = new_key()
-    started = _client_gives_up(idem, upstream, "/t/short-lease", key, 1000, 0.5)
+    started = _client_gives_up(idem, upstream, "short-lease", "/t/short-lease", key, 1000, 0.5)
     assert_outcome_unknown(post(idem, "/t/short-lease", key))
     # Durations are the scenario here: the lease and the hold end by the clock.
     time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))  # past the 2 s lease
