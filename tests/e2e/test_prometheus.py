@@ -146,16 +146,17 @@ def test_the_dashboard_is_generated_and_every_panel_queries(make_envoy, promethe
         assert r.status == 200 and body.get("status") == "success", "%s: %s" % (expr, r.body[:300])
 
 
-def test_held_duplicates_wait_time_is_a_histogram(make_envoy):
+def test_held_duplicates_wait_time_is_a_histogram(make_envoy, upstream):
     """What a counter cannot show: how long held duplicates waited, `idem_wait_ms{route}` (Envoy
     merges histograms on its stats flush, every 5 s by default)."""
     import threading
     policy = POLICY + '[route.key]\non_in_flight = "wait"\n'
     env = make_envoy(policy, concurrency=1)
     key = new_key("wait")
-    first = threading.Thread(target=lambda: post(env, "/api/order/create", key, headers={"x-demo-delay-ms": "300"}))
+    first = threading.Thread(target=lambda: post(env, "/api/order/create", key, headers={"x-demo-delay-ms": "1000"}))
     first.start()
-    time.sleep(0.1)  # the duplicate arrives while the first is in flight
+    # The duplicate arrives while the first is in flight (at the upstream for 1 s more).
+    wait_for(lambda: upstream.calls(key) == 1, 10, what="the first to reach the upstream")
     second = post(env, "/api/order/create", key)
     first.join(10)
     assert second.header("idempotent-replayed") == "true", second

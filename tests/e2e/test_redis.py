@@ -219,7 +219,8 @@ def test_wait_mode_one_waiter_takes_over_after_a_5xx(fleet, upstream, store):
     envs = _wait_envs(fleet, store)
     path, route = ("/r/wait", "r-wait") if store == "redis" else ("/s/wait", "s-wait")
     key = new_key("takeover")
-    hdrs = {"x-demo-delay-ms": "1000", "x-demo-fail-first": "1"}
+    # 2 s at the upstream: all 10 waiters are certainly held before the first fails.
+    hdrs = {"x-demo-delay-ms": "2000", "x-demo-fail-first": "1"}
     before = [counters(e, route) for e in fleet]
     with ThreadPoolExecutor(max_workers=1) as pool:
         first_f = pool.submit(post, envs[0], path, key, None, hdrs, None, 30)
@@ -245,9 +246,10 @@ def test_wait_mode_one_waiter_takes_over_after_a_5xx(fleet, upstream, store):
 def test_client_disconnect_holds_the_key_past_its_lease_on_every_envoy(fleet, upstream, redis_stack):
     a, b = fleet
     key = new_key("gone")
-    # The client gives up after 0.5 s while the upstream takes 10 s: the outcome is unknown.
+    # The client gives up after 1.5 s (time for the Webdis claim and the forward on a busy
+    # machine) while the upstream takes 10 s: the outcome is unknown.
     with pytest.raises(OSError):
-        post(a, "/r/disconnect", key, headers={"x-demo-delay-ms": "10000"}, timeout=0.5)
+        post(a, "/r/disconnect", key, headers={"x-demo-delay-ms": "10000"}, timeout=1.5)
     gave_up = time.monotonic()
     wait_for(lambda: upstream.calls(key) == 1, 5, what="the first request to reach the upstream")
     # The claim in Redis is an unknown-outcome record held for the key's ttl (24 h), not the 3 s lease.

@@ -165,11 +165,12 @@ def test_unknown_outcome_is_held_past_the_lease_until_its_hold_ends(idem, upstre
     the hold ends."""
     key = new_key()
     started = _client_gives_up(idem, upstream, "short-lease", "/t/short-lease", key, 1000, 0.5)
+    held_at = time.monotonic()  # the hold began no later than this (the helper saw it counted)
     assert_outcome_unknown(post(idem, "/t/short-lease", key))
     # Durations are the scenario here: the lease and the hold end by the clock.
     time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))  # past the 2 s lease
     assert_outcome_unknown(post(idem, "/t/short-lease", key))
-    time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))  # past the 4 s hold
+    time.sleep(max(0.0, 4.3 - (time.monotonic() - held_at)))  # past the 4 s hold
     retry = post(idem, "/t/short-lease", key)
     assert_upstream_answer(retry, key=key, n=2)
     assert_replay_of(post(idem, "/t/short-lease", key), retry)
@@ -225,20 +226,21 @@ def test_slow_request_keeps_its_lease_while_the_gateway_lives(idem, upstream):
     t.start()
     try:
         wait_for(lambda: upstream.calls(key) == 1, 10, what="A to reach the upstream")
+        reached = time.monotonic()
         time.sleep(2.8)  # a duration: past A's first lease (by the clock), A is still running
         answers = []
-        while t.is_alive():
+        # B polls while A certainly still runs (A's upstream answers 5 s after it was reached;
+        # polling closer to that would race A's completion, not test the lease).
+        while time.monotonic() - reached < 4.2:
             r = post(idem, "/t/short-lease", key)
             answers.append(r)
-            if r.status != 409:
-                break
             assert_local(r, 409, "REQUEST_IN_PROGRESS", retry_after=True)
             time.sleep(1.0)  # B's pace: Retry-After says 1 s
     finally:
         t.join(30)
     a = out["a"]
     assert_upstream_answer(a, key=key, n=1)
-    assert answers and all(r.status == 409 for r in answers), [describe(r) for r in answers]
+    assert len(answers) >= 1
     assert_replay_of(post(idem, "/t/short-lease", key), a)
     assert upstream.calls(key) == 1
 
@@ -321,10 +323,16 @@ def test_release_and_hold_log_lines_name_route_key_and_cause(idem, upstream):
 
     def lines(action):
         return [l for l in idem.log_text().splitlines() if re.search(r"idem: %s\b" % action, l)]
-    wait_for(lambda: lines("released") and lines("held"), 5, what="released and held log lines")
-    for action, key, route in (("released", released, "create-order"), ("held", held, "timeouts")):
+
+    def named(action, key, route):
+        return [l for l in lines(action)
+                if re.search(r"route=%s key=%s\S* cause=\S+" % (route, re.escape(key[:8])), l)]
+    cases = (("released", released, "create-order"), ("held", held, "timeouts"))
+    # Wait for this test's own lines (earlier tests wrote released/held lines of their own).
+    wait_for(lambda: all(named(*c) for c in cases), 5, what="this test's released and held log lines")
+    for action, key, route in cases:
         mine = [l for l in lines(action) if "route=%s " % route in l]
-        assert any(re.search(r"route=%s key=%s\S* cause=\S+" % (route, re.escape(key[:8])), l) for l in mine), \
+        assert named(action, key, route), \
             "no `idem: %s route=%s key=%s… cause=…` line; %s lines: %s" % (action, route, key[:8], action, mine[-3:])
 
 

@@ -120,8 +120,12 @@ def test_sdk_timeout_retry_never_runs_twice_and_gets_a_clear_error(gateway, upst
     assert result["body"]["code"] == "IDEMPOTENCY_OUTCOME_UNKNOWN", json.dumps(result)
     last = result["attempts"][-1]
     assert last["x_should_retry"] == "false" and last["retry_after"] is None, json.dumps(result)
-    # The SDK stopped there instead of sleeping until the lease ended and retrying.
-    assert len(result["attempts"]) == 2, json.dumps(result)
+    # The SDK stopped there instead of sleeping until the lease ended and retrying. A retry that
+    # reached the gateway before it had seen the first attempt's client leave (the close and, on
+    # Redis, the held record's write are asynchronous) was told "in progress, retry in 1 s".
+    middle = result["attempts"][1:-1]
+    assert all(a["status"] == 409 and a["retry_after"] == "1" for a in middle), json.dumps(result)
+    assert 2 <= len(result["attempts"]) <= 3, json.dumps(result)
     print("\n%s SDK, default forwarding, %s store:\n%s" % (lang, store_of(gateway), json.dumps(result, indent=1)))
 
 
