@@ -324,15 +324,14 @@ def test_release_and_hold_log_lines_name_route_key_and_cause(idem, upstream):
     def lines(action):
         return [l for l in idem.log_text().splitlines() if re.search(r"idem: %s\b" % action, l)]
 
-    def named(action, key, route):
-        return [l for l in lines(action)
-                if re.search(r"route=%s key=%s\S* cause=\S+" % (route, re.escape(key[:8])), l)]
     cases = (("released", released, "create-order"), ("held", held, "timeouts"))
-    # Wait for this test's own lines (earlier tests wrote released/held lines of their own).
-    wait_for(lambda: all(named(*c) for c in cases), 5, what="this test's released and held log lines")
+    # Wait for this test's own lines (earlier tests wrote released/held lines of their own), then
+    # check their format.
+    wait_for(lambda: all(any(key[:8] in l for l in lines(action)) for action, key, _ in cases), 5,
+             what="this test's released and held log lines")
     for action, key, route in cases:
         mine = [l for l in lines(action) if "route=%s " % route in l]
-        assert named(action, key, route), \
+        assert any(re.search(r"route=%s key=%s\S* cause=\S+" % (route, re.escape(key[:8])), l) for l in mine), \
             "no `idem: %s route=%s key=%s… cause=…` line; %s lines: %s" % (action, route, key[:8], action, mine[-3:])
 
 
