@@ -140,6 +140,16 @@ impl FakeHost {
         let headers = if status == 0 { vec![] } else { vec![(b":status".to_vec(), status.to_string().into_bytes())] };
         *lock(&self.call) = (headers, body.to_vec());
     }
+    /// A callout that timed out, as Envoy's async client answers it: its router's local reply
+    /// (`504`, `upstream request timeout`), not a failure without headers.
+    pub fn deliver_timeout(&self) {
+        let headers = vec![
+            (b":status".to_vec(), b"504".to_vec()),
+            (b"content-length".to_vec(), b"24".to_vec()),
+            (b"content-type".to_vec(), b"text/plain".to_vec()),
+        ];
+        *lock(&self.call) = (headers, b"upstream request timeout".to_vec());
+    }
     /// Everything done so far, and forgets it.
     pub fn take_acts(&self) -> Vec<Act> {
         std::mem::take(&mut *lock(&self.acts))

@@ -176,6 +176,90 @@ fn a_claim_reply_after_the_client_left_is_released() {
     assert_eq!(count(&host, "r", "orphan_released"), 1);
 }
 
+/// The root's timer fires `ms` later; what it sent.
+fn root_ticks_after(host: &FakeHost, w: &Worker, ms: u64) -> Vec<Act> {
+    host.advance(ms);
+    host.enter(ROOT);
+    w.on_tick(host);
+    host.take_acts()
+}
+
+fn dispatches(acts: &[Act]) -> usize {
+    acts.iter().filter(|a| matches!(a, Act::Dispatch { .. })).count()
+}
+
+/// A claim whose Webdis callout timed out (Envoy answers it 504): the client is told 503, and
+/// the root's owner-checked release is on its way. Returns the release's token and command.
+fn claim_timed_out(host: &FakeHost, w: &Rc<Worker>) -> (u32, String) {
+    let (mut s, _) = send(host, w, 10, "/r", "k1");
+    let (_, claim) = dispatched(&host.take_acts(), 10);
+    host.enter(10);
+    host.deliver_timeout();
+    s.on_call_response(host, 3, 24);
+    let replied = replies(&host.take_acts(), 10);
+    assert_eq!(replied.len(), 1);
+    assert_eq!((replied[0].0, replied[0].1["code"].as_str()), (503, Some("IDEMPOTENCY_STORE_UNAVAILABLE")));
+    let (token, release) = dispatched(&root_sends(host, w), ROOT);
+    let record = claim.split('/').nth(2).unwrap();
+    assert!(release.starts_with("EVAL/") && release.contains(record), "owner-checked release: {release}");
+    (token, release)
+}
+
+#[test]
+fn a_claim_whose_callout_timed_out_is_released_when_it_lands_late() {
+    let (host, w) = setup(&redis_policy(""));
+    let (token, release) = claim_timed_out(&host, &w);
+    // The release reaches Redis before the late SET: nothing there yet.
+    let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":2}"#);
+    assert_eq!(dispatches(&acts), 0, "{acts:?}");
+    // The root looks again shortly; by then the SET has landed, and it is ours: deleted.
+    let (token, again) = dispatched(&root_ticks_after(&host, &w, 100), ROOT);
+    assert_eq!(again, release);
+    answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert_eq!(count(&host, "r", "orphan_released"), 1);
+    assert_eq!(dispatches(&root_ticks_after(&host, &w, 60_000)), 0, "done once released");
+}
+
+#[test]
+fn the_look_for_a_late_claim_ends_with_another_owner_or_the_lease() {
+    let (host, w) = setup(&redis_policy(""));
+    let (token, _) = claim_timed_out(&host, &w);
+    // Another request holds the key now: left alone, not looked for again.
+    answer_root(&host, &w, token, 200, br#"{"EVAL":0}"#);
+    assert_eq!(dispatches(&root_ticks_after(&host, &w, 60_000)), 0);
+    assert_eq!(count(&host, "r", "orphan_released"), 0);
+
+    // Never there: looked for about once a second, and no longer than the lease (30 s).
+    let (mut token, _) = {
+        host.enter(ROOT);
+        let (mut s, _) = send(&host, &w, 20, "/r", "k2");
+        host.take_acts();
+        host.enter(20);
+        host.deliver_timeout();
+        s.on_call_response(&host, 3, 24);
+        host.take_acts();
+        dispatched(&root_sends(&host, &w), ROOT)
+    };
+    let mut looks = 1;
+    for _ in 0..100 {
+        answer_root(&host, &w, token, 200, br#"{"EVAL":2}"#);
+        let acts = root_ticks_after(&host, &w, 1000);
+        match acts.iter().find_map(|a| match a {
+            Act::Dispatch { token, .. } => Some(*token),
+            _ => None,
+        }) {
+            Some(t) => {
+                token = t;
+                looks += 1;
+            }
+            None => break,
+        }
+    }
+    // At once, then a second apart (100, 200, 400, 800 ms, then 1 s: each within one tick
+    // here) until the lease's 30 s have passed: the look at 30 s is the last.
+    assert_eq!(looks, 31, "looks within the 30 s lease");
+}
+
 #[test]
 fn a_completion_reply_after_the_lease_ended_is_lease_lost() {
     let (host, w) = setup(&redis_policy(""));

@@ -40,15 +40,15 @@ fn claim_is_one_set_nx_px_get() {
     assert!(cmd.body.ends_with("/NX/PX/30000/GET"), "{}", cmd.body);
     assert_eq!(t.record, format!("I|0000000000001234|{}|1000|31000", "01".repeat(16)));
     // nil: we own it.
-    assert_eq!(s.parse_claim(t.clone(), &[1; 32], 200, br#"{"SET":null}"#).unwrap(), Claim::Claimed(t.clone()));
+    assert_eq!(s.parse_claim(&[1; 32], 200, br#"{"SET":null}"#).unwrap(), Claim::Claimed(()));
     // Someone else's in-flight record.
     let other = format!(r#"{{"SET":"I|00000000000000ff|{}|900|30900"}}"#, "01".repeat(16));
     assert_eq!(
-        s.parse_claim(t.clone(), &[1; 32], 200, other.as_bytes()).unwrap(),
+        s.parse_claim(&[1; 32], 200, other.as_bytes()).unwrap(),
         Claim::InFlight { first_seen_ms: 900, lease_ends_ms: 30900, same_payload: true }
     );
     assert!(matches!(
-        s.parse_claim(t, &[2; 32], 200, other.as_bytes()).unwrap(),
+        s.parse_claim(&[2; 32], 200, other.as_bytes()).unwrap(),
         Claim::InFlight { same_payload: false, .. }
     ));
 }
@@ -71,7 +71,7 @@ fn completed_records_round_trip_binary_bodies() {
     assert!(percent_decode(&cmd.body).contains(&record));
     let stored = percent_decode(cmd.body.split('/').nth(5).unwrap());
     let reply = serde_json::json!({ "SET": stored }).to_string();
-    match s.parse_claim(t.clone(), &[1; 32], 200, reply.as_bytes()).unwrap() {
+    match s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap() {
         Claim::Completed { status: 201, response: Some(r), first_seen_ms: 1000, same_payload: true } => {
             assert_eq!(r.body, vec![0, 159, 255, 10]);
         }
@@ -93,22 +93,23 @@ fn fenced_updates_read_one_or_zero() {
 fn every_failure_is_a_store_error() {
     let c = cfg();
     let s = RedisStore::new(&c);
-    let (_, t) = s.claim(&[3; 32], &[1; 32], 7, 1000, 30_000);
-    let cases: [(u16, &[u8], &str); 6] = [
+    let cases: [(u16, &[u8], &str); 7] = [
         (200, br#"{"SET":[false,"ERR syntax error"]}"#, "redis error: ERR syntax error"),
         (200, br#"{"EVAL":[false,"NOSCRIPT"]}"#, "no \"SET\""),
         (0, b"", "callout failed"),
+        // Envoy answers a callout that timed out itself, with a 504.
+        (504, b"upstream request timeout", "HTTP 504"),
         (503, b"Service Unavailable", "HTTP 503"),
         (403, b"", "HTTP 403"),
         (200, b"<html>", "not JSON"),
     ];
     for (status, body, want) in cases {
-        match s.parse_claim(t.clone(), &[1; 32], status, body) {
+        match s.parse_claim(&[1; 32], status, body) {
             Err(StoreError::Host(m)) => assert!(m.contains(want), "{m} vs {want}"),
             other => panic!("{status}: {other:?}"),
         }
     }
-    assert!(s.parse_claim(t, &[1; 32], 200, br#"{"SET":"garbage"}"#).is_err());
+    assert!(s.parse_claim(&[1; 32], 200, br#"{"SET":"garbage"}"#).is_err());
 }
 
 #[test]
@@ -141,7 +142,7 @@ fn tokens_are_128_bit_url_safe() {
 }
 
 #[test]
-fn unknown_outcomes_renewals_and_completions_are_fenced_scripts() {
+fn unknown_outcome_records_and_renewals_carry_the_claims_record() {
     let c = cfg();
     let s = RedisStore::new(&c);
     let (_, t) = s.claim(&[4; 32], &[1; 32], 9, 1000, 30_000);
@@ -151,14 +152,11 @@ fn unknown_outcomes_renewals_and_completions_are_fenced_scripts() {
     assert!(hold.contains(&t.record), "fenced by our in-flight record: {hold}");
     let reply = serde_json::json!({ "SET": unknown }).to_string();
     assert_eq!(
-        s.parse_claim(t.clone(), &[1; 32], 200, reply.as_bytes()).unwrap(),
+        s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap(),
         Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, same_payload: true }
     );
+    // What the scripts do with another owner's record is tested on a real Redis
+    // (tests/redis_owner_checks.rs); here, only what they are given.
     let renew = percent_decode(&s.renew(&t, 30_000).body);
-    assert!(renew.contains("PEXPIRE") && renew.contains(&t.record) && renew.ends_with("/30000"), "{renew}");
-    // A refused write extends our lease in the same script, and an empty key is written too.
-    let (cmd, _) = s.complete(&t, &StoredResponse::new(200, vec![], vec![]), 1024, 60_000, 30_000);
-    let complete = percent_decode(&cmd.body);
-    assert!(complete.contains("pcall('SET'") && complete.contains("PEXPIRE"), "{complete}");
-    assert!(complete.contains("if v and v~=ARGV[1] then return 0 end"), "{complete}");
+    assert!(renew.contains(&t.record) && renew.ends_with("/30000"), "{renew}");
 }

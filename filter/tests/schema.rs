@@ -24,3 +24,20 @@ fn the_schema_describes_every_top_level_table_and_refuses_others() {
     assert_eq!(route["additionalProperties"], false);
     assert_eq!(route["required"], serde_json::json!(["name"]));
 }
+
+#[test]
+fn the_filter_refuses_the_bundles_the_schema_must_refuse() {
+    // The same file drives tests/e2e/test_schema.py, which checks the schema refuses each one.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/refused-bundles.json");
+    let cases: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut checked = 0;
+    for (case, bundle) in cases.iter().filter(|(k, _)| !k.starts_with('_')) {
+        let text = bundle.to_string();
+        assert!(idem_filter::policy::parse_bundle(&text, "case").is_err(), "the filter accepts {case}: {text}");
+        checked += 1;
+    }
+    assert_eq!(checked, 10);
+    let good = r#"{"route":[{"name":"a","match":{"method":"POST","path":"/a"}}]}"#;
+    assert!(idem_filter::policy::parse_bundle(good, "good").is_ok());
+}

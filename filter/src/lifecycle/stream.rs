@@ -232,12 +232,14 @@ impl Stream {
                 let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
                     return;
                 };
-                if status == 0 {
-                    // The SET may still reach Redis after the timeout: free it if it did.
+                let found = store.parse_claim(fingerprint, status, &body);
+                if found.is_err() {
+                    // A timeout (Envoy answers it 504), a reset, an unreadable reply: the SET
+                    // may still reach Redis, with nobody to finish it. Free it if it does.
                     w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
                 }
                 let redis_id = ticket.id();
-                let claim = store.parse_claim(ticket, fingerprint, status, &body).map(|c| c.map(StoreTicket::Redis));
+                let claim = found.map(|c| c.map(|()| StoreTicket::Redis(ticket)));
                 w.remember_found(host, prepared.route, &redis_id, fingerprint, &claim);
                 let v = w.engine.after_claim(&prepared, claim, now, None);
                 self.apply(host, prepared.route, v, true);

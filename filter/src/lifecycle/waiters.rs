@@ -140,9 +140,11 @@ impl Worker {
         };
         let Some((_, first, _)) = members.first() else {
             // Every held client left while the poll was out: a claim it won has nobody to finish it.
-            if status == 0
-                || matches!(store.parse_claim(poll.ticket.clone(), &[0; 32], status, body), Ok(Claim::Claimed(_)))
-            {
+            let someone_elses = matches!(
+                store.parse_claim(&[0; 32], status, body),
+                Ok(Claim::InFlight { .. } | Claim::Completed { .. } | Claim::Unknown { .. })
+            );
+            if !someone_elses {
                 self.release_orphan(host, poll.route, None, &poll.ticket);
                 self.send_outbox(host);
             }
@@ -151,11 +153,13 @@ impl Worker {
         let StoreOp::Claim { fingerprint, .. } = &first.op else {
             return;
         };
-        if status == 0 {
+        let found = store.parse_claim(fingerprint, status, body);
+        if found.is_err() {
+            // As for a stream's claim: the poll's SET may still land (see `Stream::on_call_response`).
             self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);
         }
         let redis_id = poll.ticket.id();
-        let claim = store.parse_claim(poll.ticket, fingerprint, status, body).map(|c| c.map(StoreTicket::Redis));
+        let claim = found.map(|c| c.map(|()| StoreTicket::Redis(poll.ticket)));
         self.remember_found(host, first.route, &redis_id, fingerprint, &claim);
         let mut taken = false;
         for (ctx, prepared, deadline) in members {

@@ -5,7 +5,8 @@ use super::worker::{send, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
 use crate::response::{LocalReply, StoredResponse};
-use crate::store::{redis, shared, Answer, Completion, StoreError};
+use crate::store::redis::{self, Released};
+use crate::store::{shared, Answer, Completion, StoreError};
 use std::collections::VecDeque;
 
 /// Pending Redis writes per worker are bounded: a long Redis outage must not grow a worker's
@@ -15,6 +16,9 @@ const MAX_PENDING_BYTES: usize = 16 << 20;
 /// Backoff of a refused write: 100 ms, doubling, at most 2 s between attempts.
 const RETRY_FIRST_MS: u64 = 100;
 const RETRY_MAX_MS: u64 = 2000;
+/// An orphaned claim not found yet is looked for again at most this far apart, so a late claim
+/// is freed within about a second of landing.
+const ORPHAN_RECHECK_MAX_MS: u64 = 1000;
 
 /// A Redis write finishing a ticket, sent by the root context so it completes even though the
 /// request's stream (and any callout the stream owns) is gone by then. A write the store refuses
@@ -181,7 +185,8 @@ impl Worker {
             cause: "orphaned_claim".into(),
             attempts: 0,
             next_at_ms: now,
-            deadline_ms: ticket.first_seen_ms.saturating_add(lease),
+            // Looked for until a lease from now: a claim landing later than that is not expected.
+            deadline_ms: now.saturating_add(lease),
             redis_id: ticket.id(),
             fingerprint: ticket.fingerprint16(),
             first_seen_ms: ticket.first_seen_ms,
@@ -246,14 +251,16 @@ impl Worker {
             return;
         };
         self.store_call_took(host, job.route, job.sent_ms);
+        if matches!(job.kind, FinishKind::Release | FinishKind::ReleaseOrphan) {
+            return self.release_answered(host, store, job, status, body);
+        }
         let applied = match store.parse_update(status, body) {
             Ok(applied) => applied,
             Err(e) => return self.write_failed(host, job, e, host.now_ms()),
         };
         let ok = Ok(applied);
         let (outcome, cause) = match job.kind {
-            FinishKind::Release => engine::released(ok, job.cause),
-            FinishKind::ReleaseOrphan => (applied.then_some(Outcome::OrphanReleased), job.cause),
+            FinishKind::Release | FinishKind::ReleaseOrphan => (None, job.cause),
             FinishKind::Restore => engine::restored(ok, job.cause),
             FinishKind::HoldUnknown => engine::held(ok, job.cause),
             FinishKind::Complete { tombstone } => {
@@ -280,6 +287,33 @@ impl Worker {
             self.engine.remember_answer(host, job.route, &job.redis_id, &answer);
         }
         // The client gets its answer only now, so its next retry finds the record written.
+        self.carry_out(host, job.after);
+    }
+
+    /// The reply to a release. An orphaned claim that is not there (yet) is looked for again
+    /// until `lock_ttl` has passed: the `SET` of a callout that timed out may land after the
+    /// first release, and would otherwise lock the key for its whole lease.
+    fn release_answered(&self, host: &dyn Host, store: redis::RedisStore<'_>, mut job: Job, status: u16, body: &[u8]) {
+        let now = host.now_ms();
+        let released = match store.parse_release(status, body) {
+            Ok(r) => r,
+            Err(e) => return self.write_failed(host, job, e, now),
+        };
+        let (outcome, cause) = match (job.kind, released) {
+            (FinishKind::ReleaseOrphan, Released::Absent) if now < job.deadline_ms => {
+                let gap = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(ORPHAN_RECHECK_MAX_MS);
+                job.attempts += 1;
+                job.next_at_ms = now.saturating_add(gap);
+                self.outbox.borrow_mut().push_back(job);
+                return;
+            }
+            (FinishKind::ReleaseOrphan, Released::Deleted) => (Some(Outcome::OrphanReleased), job.cause),
+            (FinishKind::ReleaseOrphan, _) => (None, job.cause),
+            // Absent: the lease ran out and nobody took the key; it is free all the same.
+            (_, Released::Deleted | Released::Absent) => engine::released(Ok(true), job.cause),
+            (_, Released::NotOurs) => engine::released(Ok(false), job.cause),
+        };
+        self.record_finish(host, job.route, outcome, job.key.as_deref(), &cause);
         self.carry_out(host, job.after);
     }
 

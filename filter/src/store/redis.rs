@@ -8,7 +8,7 @@
 //! | claim | `SET k <in-flight record> NX PX <lock_ttl> GET` (Redis ≥ 7): nil = claimed, else the record | 1 |
 //! | complete | `EVAL`: if `GET k` is our in-flight record or nothing, `SET k <completed record> PX <ttl>`; if that `SET` fails, `PEXPIRE` our record (lease kept while the write is retried) | 1 |
 //! | hold unknown | `EVAL`: if `GET k` is our in-flight record or nothing, `SET k <unknown record> PX <hold>` | 1 |
-//! | release | `EVAL`: if `GET k` is still our in-flight record, `DEL k` | 1 |
+//! | release | `EVAL`: if `GET k` is still our in-flight record, `DEL k`; says whether the key was ours, someone else's or absent | 1 |
 //! | renew lease | `EVAL`: if `GET k` is still our in-flight record, `PEXPIRE k <lock_ttl>` | 1 |
 //! | issue token | `SET t <issued record> PX <ttl>` | 1 |
 //! | use token | `EVAL`: `GET t`; if issued, `SET t <used record> KEEPTTL`; return the old value | 1 |
@@ -77,7 +77,8 @@ const COMPLETE: &str = "local v=redis.call('GET',KEYS[1]) \
     return 1";
 const RENEW: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
     return redis.call('PEXPIRE',KEYS[1],ARGV[2]) else return 0 end";
-const RELEASE: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 else return 0 end";
+const RELEASE: &str = "local v=redis.call('GET',KEYS[1]) \
+    if v==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 elseif v then return 0 else return 2 end";
 const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return false end \
     if string.sub(v,1,2)=='K|' then redis.call('SET',KEYS[1],ARGV[1],'KEEPTTL') end return v";
 const RESTORE_TOKEN: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
@@ -118,16 +119,12 @@ impl<'a> RedisStore<'a> {
         (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now })
     }
 
-    /// Reads the claim reply.
-    pub fn parse_claim(
-        &self,
-        ticket: Ticket,
-        fp: &[u8; 32],
-        status: u16,
-        body: &[u8],
-    ) -> Result<Claim<Ticket>, StoreError> {
+    /// Reads the claim reply: `Claimed(())` means the ticket's claim is ours. An error leaves it
+    /// open whether the `SET` landed (a callout that timed out may still reach Redis), so the
+    /// caller releases the ticket, owner-checked.
+    pub fn parse_claim(&self, fp: &[u8; 32], status: u16, body: &[u8]) -> Result<Claim<()>, StoreError> {
         match reply("SET", status, body)? {
-            serde_json::Value::Null => Ok(Claim::Claimed(ticket)),
+            serde_json::Value::Null => Ok(Claim::Claimed(())),
             serde_json::Value::String(record) => parse_record(&record, &hex16(fp)),
             other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
         }
@@ -209,11 +206,24 @@ impl<'a> RedisStore<'a> {
         Command { name: "EVAL", body: command(&["EVAL", RESTORE_TOKEN, "1", &t.key, &t.record, &issued]) }
     }
 
-    /// Reads a fenced update's reply (`complete`, `release`, `restore_token`): `true` if it applied,
-    /// `false` if another owner holds the key now.
+    /// Reads a fenced update's reply (`complete`, `hold_unknown`, `renew`, `restore_token`): `true`
+    /// if it applied, `false` if another owner holds the key now.
     pub fn parse_update(&self, status: u16, body: &[u8]) -> Result<bool, StoreError> {
         match reply("EVAL", status, body)? {
             serde_json::Value::Number(n) => Ok(n.as_i64() == Some(1)),
+            other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
+        }
+    }
+
+    /// Reads a release's reply.
+    pub fn parse_release(&self, status: u16, body: &[u8]) -> Result<Released, StoreError> {
+        match reply("EVAL", status, body)? {
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(1) => Ok(Released::Deleted),
+                Some(0) => Ok(Released::NotOurs),
+                Some(2) => Ok(Released::Absent),
+                _ => Err(StoreError::Host(format!("unexpected release reply {n}"))),
+            },
             other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
         }
     }
@@ -225,6 +235,17 @@ impl<'a> RedisStore<'a> {
             other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
         }
     }
+}
+
+/// What a release found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// Our in-flight record was there and is deleted.
+    Deleted,
+    /// Another owner's record is there (it took the key over): left alone.
+    NotOurs,
+    /// Nothing is there: our lease ran out, or our claim has not landed (yet).
+    Absent,
 }
 
 /// A fresh token from 16 random bytes (128 bits), URL-safe.
@@ -303,7 +324,7 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
 }
 
 /// An existing claim record as the claim's answer.
-fn parse_record(record: &str, fp: &str) -> Result<Claim<Ticket>, StoreError> {
+fn parse_record(record: &str, fp: &str) -> Result<Claim<()>, StoreError> {
     let f: Vec<&str> = record.splitn(6, '|').collect();
     let num = |i: usize| field(&f, i).parse::<u64>().unwrap_or(0);
     let same_payload = field(&f, 2) == fp;

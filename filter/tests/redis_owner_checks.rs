@@ -1,0 +1,266 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::string_slice)]
+//! The owner checks of the Redis store's scripts, run against a real `redis-server` behind a real
+//! Webdis (Debian's packages; `examples/webdis.json` with its ports rewritten): the exact commands
+//! the filter sends, and what Redis holds afterwards. Whatever the Lua text says, another owner's
+//! record is never deleted, overwritten or renewed.
+
+use idem_filter::policy::parse_bundle;
+use idem_filter::response::StoredResponse;
+use idem_filter::store::redis::{command, Command, RedisStore, Released, Ticket};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
+use std::time::{Duration, Instant};
+
+const REDIS_PASSWORD: &str = "idem-redis-password";
+const WEBDIS_AUTH: &str = "idem:idem-webdis-password";
+
+/// redis-server and Webdis on free loopback ports, stopped when dropped.
+struct Live {
+    children: Vec<Child>,
+    webdis_port: u16,
+    _dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn binary(name: &str) -> String {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/bin", "/usr/sbin"]) {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return p.to_string_lossy().into_owned();
+        }
+    }
+    panic!("{name} not found: run `make setup` (it installs Debian's redis-server and webdis)");
+}
+
+impl Live {
+    fn start(tag: &str) -> Live {
+        let dir = std::env::temp_dir().join(format!("idem-owner-checks-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let redis_port = free_port();
+        let redis = Process::new(binary("redis-server"))
+            .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--requirepass", REDIS_PASSWORD])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let webdis_port = free_port();
+        let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/webdis.json");
+        let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(template).unwrap()).unwrap();
+        cfg["redis_port"] = redis_port.into();
+        cfg["http_port"] = webdis_port.into();
+        cfg["logfile"] = dir.join("webdis.log").to_string_lossy().into_owned().into();
+        let cfg_path = dir.join("webdis.json");
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let webdis =
+            Process::new(binary("webdis")).arg(&cfg_path).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let live = Live { children: vec![redis, webdis], webdis_port, _dir: dir };
+        // Webdis answers 503 until each connection of its pool (16) has reached Redis: ready once
+        // twice that many calls in a row succeeded.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut in_a_row = 0;
+        while in_a_row < 32 {
+            match live.try_call(&command(&["SET", "idem:probe", "1"])) {
+                Ok((200, body)) if body.contains("true") => in_a_row += 1,
+                _ => {
+                    in_a_row = 0;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            assert!(Instant::now() < deadline, "redis-server and webdis did not come up on 127.0.0.1:{webdis_port}");
+        }
+        live
+    }
+
+    fn try_call(&self, body: &str) -> std::io::Result<(u16, String)> {
+        let mut conn = TcpStream::connect(("127.0.0.1", self.webdis_port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let auth = base64_basic(WEBDIS_AUTH);
+        let request = format!(
+            "POST / HTTP/1.1\r\nHost: webdis\r\nAuthorization: Basic {auth}\r\nContent-Type: text/plain\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(request.as_bytes())?;
+        let mut raw = String::new();
+        conn.read_to_string(&mut raw)?;
+        let status = raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        Ok((status, body))
+    }
+
+    /// Sends one of the filter's commands; its HTTP status and body, as the filter reads them.
+    fn send(&self, cmd: &Command) -> (u16, Vec<u8>) {
+        let (status, body) = self.try_call(&cmd.body).unwrap();
+        (status, body.into_bytes())
+    }
+
+    /// The value of a key (through a script, as Webdis only allows SET and EVAL).
+    fn get(&self, key: &str) -> Option<String> {
+        let (_, body) = self.try_call(&command(&["EVAL", "return redis.call('GET',KEYS[1])", "1", key])).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["EVAL"].as_str().map(str::to_string)
+    }
+
+    /// The remaining life of a key in ms (-2 when absent).
+    fn pttl(&self, key: &str) -> i64 {
+        let (_, body) = self.try_call(&command(&["EVAL", "return redis.call('PTTL',KEYS[1])", "1", key])).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["EVAL"].as_i64().unwrap_or_else(|| panic!("PTTL reply {body}"))
+    }
+
+    fn del(&self, key: &str) {
+        self.try_call(&command(&["EVAL", "return redis.call('DEL',KEYS[1])", "1", key])).unwrap();
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn base64_basic(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn store_config() -> idem_filter::policy::RedisConfig {
+    parse_bundle("[redis]\ncluster = \"webdis\"\nprefix = \"idem:oc:\"\n", "test").unwrap().redis.unwrap()
+}
+
+const ID: [u8; 32] = [7; 32];
+const FP: [u8; 32] = [1; 32];
+
+/// Owner `owner` claims the key; the claim must land (the key was free).
+fn claim(live: &Live, store: &RedisStore<'_>, owner: u64, now: u64) -> Ticket {
+    let (cmd, ticket) = store.claim(&ID, &FP, owner, now, 30_000);
+    let (status, body) = live.send(&cmd);
+    assert_eq!(store.parse_claim(&FP, status, &body), Ok(idem_filter::store::Claim::Claimed(())));
+    ticket
+}
+
+/// Owner A's claim, lost to B: A's lease ran out (the key expired) and B claimed the key.
+fn taken_over(live: &Live, store: &RedisStore<'_>) -> (Ticket, Ticket) {
+    let a = claim(live, store, 0xa, 1000);
+    live.del(&a.key);
+    let b = claim(live, store, 0xb, 40_000);
+    assert_eq!(live.get(&b.key).as_deref(), Some(b.record.as_str()));
+    (a, b)
+}
+
+fn answer() -> StoredResponse {
+    StoredResponse::new(201, vec![("content-type".into(), b"application/json".to_vec())], b"{\"id\":1}".to_vec())
+}
+
+#[test]
+fn a_release_deletes_only_its_own_claim() {
+    let live = Live::start("release");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let (a, b) = taken_over(&live, &store);
+    let (status, body) = live.send(&store.release(&a));
+    assert_eq!(store.parse_release(status, &body), Ok(Released::NotOurs));
+    assert_eq!(live.get(&b.key).as_deref(), Some(b.record.as_str()), "B's claim survives A's release");
+    let (status, body) = live.send(&store.release(&b));
+    assert_eq!(store.parse_release(status, &body), Ok(Released::Deleted));
+    assert_eq!(live.get(&b.key), None);
+    let (status, body) = live.send(&store.release(&b));
+    assert_eq!(store.parse_release(status, &body), Ok(Released::Absent));
+}
+
+#[test]
+fn a_completion_never_overwrites_another_owners_record() {
+    let live = Live::start("complete");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let (a, b) = taken_over(&live, &store);
+    let (cmd, _) = store.complete(&a, &answer(), 4096, 86_400_000, 30_000);
+    let (status, body) = live.send(&cmd);
+    assert_eq!(store.parse_update(status, &body), Ok(false), "fenced out");
+    assert_eq!(live.get(&b.key).as_deref(), Some(b.record.as_str()), "B's claim survives A's late answer");
+    let (cmd, _) = store.complete(&b, &answer(), 4096, 86_400_000, 30_000);
+    let (status, body) = live.send(&cmd);
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    let record = live.get(&b.key).unwrap();
+    assert!(record.starts_with("C|000000000000000b|"), "{record}");
+    assert!(live.pttl(&b.key) > 86_000_000, "kept for the key's ttl");
+    // The same final write again (its first reply lost) still reads as applied.
+    let (status, body) = live.send(&cmd);
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+}
+
+#[test]
+fn an_answer_whose_claim_expired_unclaimed_is_still_stored() {
+    let live = Live::start("expired");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let a = claim(&live, &store, 0xa, 1000);
+    live.del(&a.key); // A's lease ran out; nobody took the key over
+    let (cmd, _) = store.complete(&a, &answer(), 4096, 86_400_000, 30_000);
+    let (status, body) = live.send(&cmd);
+    assert_eq!(store.parse_update(status, &body), Ok(true), "the answer in hand is not thrown away");
+    assert!(live.get(&a.key).unwrap().starts_with("C|000000000000000a|"));
+}
+
+#[test]
+fn an_unknown_outcome_never_overwrites_another_owners_record() {
+    let live = Live::start("unknown");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let (a, b) = taken_over(&live, &store);
+    let (status, body) = live.send(&store.hold_unknown(&a, 3_600_000, 50_000, 30_000));
+    assert_eq!(store.parse_update(status, &body), Ok(false));
+    assert_eq!(live.get(&b.key).as_deref(), Some(b.record.as_str()));
+    let (status, body) = live.send(&store.hold_unknown(&b, 3_600_000, 50_000, 30_000));
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    assert!(live.get(&b.key).unwrap().starts_with("U|000000000000000b|"));
+    assert!(live.pttl(&b.key) > 3_500_000, "held for the hold, not the lease");
+}
+
+#[test]
+fn a_renewal_never_extends_another_owners_lease() {
+    let live = Live::start("renew");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let (a, b) = taken_over(&live, &store);
+    let (status, body) = live.send(&store.renew(&a, 600_000));
+    assert_eq!(store.parse_update(status, &body), Ok(false));
+    assert!(live.pttl(&b.key) <= 30_000, "B's lease is B's");
+    let (status, body) = live.send(&store.renew(&b, 600_000));
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    assert!(live.pttl(&b.key) > 30_000);
+}
+
+#[test]
+fn a_token_is_restored_only_by_the_request_that_used_it() {
+    let live = Live::start("token");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let (status, body) = live.send(&store.issue_token(&ID, 1000, 600_000));
+    store.parse_ok(status, &body).unwrap();
+    let (cmd, first) = store.use_token(&ID, 0xa, 2000);
+    let (status, body) = live.send(&cmd);
+    assert!(matches!(
+        store.parse_use_token(first.clone(), status, &body),
+        Ok(idem_filter::store::TokenUse::Consumed(_))
+    ));
+    // Someone else's use of the same token (another request's record) is not ours to restore.
+    let (_, other) = store.use_token(&ID, 0xb, 3000);
+    let (status, body) = live.send(&store.restore_token(&other));
+    assert_eq!(store.parse_update(status, &body), Ok(false));
+    assert_eq!(live.get(&first.key).as_deref(), Some(first.record.as_str()), "still used");
+    let (status, body) = live.send(&store.restore_token(&first));
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    assert!(live.get(&first.key).unwrap().starts_with("K|"), "issued again");
+}
