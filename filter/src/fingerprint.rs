@@ -1,21 +1,27 @@
 //! The request fingerprint: what must be identical for a repeat to count as the same request.
 
-use crate::key::{put, RequestView};
-use crate::policy::{FingerprintBody, FingerprintPart, KeyPolicy};
+use crate::key::{self, put, KeyError, RequestView};
+use crate::policy::{FingerprintBody, FingerprintPart, KeyPolicy, PathTemplate, Source};
 use sha2::{Digest, Sha256};
 
 /// SHA-256 over the configured parts; all zeros when the policy turns the check off. `path` is
 /// the request path as the route's matcher names it ([`crate::policy::Matcher::canonical_path`]),
-/// so two aliases of one endpoint are one request.
-pub fn fingerprint(policy: &KeyPolicy, req: &dyn RequestView, path: &str) -> [u8; 32] {
+/// so two aliases of one endpoint are one request. A JSON body (or part) that names a member
+/// twice is ambiguous, as for body keys.
+pub fn fingerprint(
+    policy: &KeyPolicy,
+    template: Option<&PathTemplate>,
+    req: &dyn RequestView,
+    path: &str,
+) -> Result<[u8; 32], KeyError> {
     if policy.fingerprint.is_empty() {
-        return [0; 32];
+        return Ok([0; 32]);
     }
     let mut h = Sha256::new();
     let query = req.path().split_once('?').map(|(_, q)| q).unwrap_or("");
     for part in &policy.fingerprint {
         match part {
-            FingerprintPart::Method => put(&mut h, req.method().as_bytes()),
+            FingerprintPart::Method => put(&mut h, req.method().to_ascii_uppercase().as_bytes()),
             FingerprintPart::Path => put(&mut h, path.as_bytes()),
             FingerprintPart::Query => put(&mut h, query.as_bytes()),
             FingerprintPart::Header(name) => {
@@ -29,20 +35,41 @@ pub fn fingerprint(policy: &KeyPolicy, req: &dyn RequestView, path: &str) -> [u8
                 let body = req.body().unwrap_or_default();
                 match policy.fingerprint_body {
                     FingerprintBody::Raw => put(&mut h, body),
-                    FingerprintBody::CanonicalJson => put(&mut h, &canonical_json(body)),
+                    FingerprintBody::CanonicalJson => match crate::json::canonical(body) {
+                        Ok(c) => put(&mut h, &c),
+                        // Not JSON: hashed as it is.
+                        Err(crate::json::PointerError::NotJson(_)) => put(&mut h, body),
+                        Err(crate::json::PointerError::Ambiguous(m)) => return Err(ambiguous(&m, "")),
+                    },
+                }
+            }
+            FingerprintPart::Value(source) => {
+                let value = match source {
+                    // A body part is any JSON value, objects included, in canonical form.
+                    Source::Body(pointer) => match crate::json::canonical_at(req.body().unwrap_or_default(), pointer) {
+                        Ok(v) => v,
+                        Err(crate::json::PointerError::NotJson(_)) => None,
+                        Err(crate::json::PointerError::Ambiguous(m)) => return Err(ambiguous(&m, pointer)),
+                    },
+                    _ => key::read(source, template, req)?.map(String::into_bytes),
+                };
+                // Absent is hashed apart from every present value.
+                match value {
+                    Some(v) => {
+                        h.update([1]);
+                        put(&mut h, &v);
+                    }
+                    None => h.update([0]),
                 }
             }
         }
     }
-    h.finalize().into()
+    Ok(h.finalize().into())
 }
 
-/// JSON re-serialized with object keys sorted and no insignificant whitespace; arrays keep their
-/// order. A body that is not JSON is hashed as it is.
-pub fn canonical_json(body: &[u8]) -> Vec<u8> {
-    // serde_json's map is a BTreeMap (no `preserve_order`), so serialization sorts keys.
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(v) => serde_json::to_vec(&v).unwrap_or_else(|_| body.to_vec()),
-        Err(_) => body.to_vec(),
-    }
+fn ambiguous(member: &str, pointer: &str) -> KeyError {
+    KeyError::Invalid(format!(
+        "the JSON body names {member:?} twice{}; which one counts is ambiguous",
+        if pointer.is_empty() { String::new() } else { format!(" under {pointer}") }
+    ))
 }

@@ -31,14 +31,52 @@ pub enum PointerError {
 /// The string or number at `pointer` (RFC 6901), `Ok(None)` when there is none (absent, or an
 /// object, array, boolean or null).
 pub fn at_pointer(body: &[u8], pointer: &str) -> Result<Option<Leaf>, PointerError> {
+    let Some(value) = walk(body, pointer)? else {
+        return Ok(None);
+    };
+    let raw = value.get().trim();
+    if raw.starts_with('"') {
+        let s: String = serde_json::from_str(raw).map_err(not_json)?;
+        return Ok(Some(Leaf::String(s)));
+    }
+    if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        return Ok(canonical_number(raw).map(Leaf::Number));
+    }
+    Ok(None)
+}
+
+/// The canonical text of a whole JSON document: see [`canonical_at`].
+pub fn canonical(body: &[u8]) -> Result<Vec<u8>, PointerError> {
+    Ok(canonical_at(body, "")?.unwrap_or_default())
+}
+
+/// The canonical text of the value at `pointer` (`""`: the whole document), `Ok(None)` when
+/// there is none: objects with their members sorted by name, arrays in order, numbers by
+/// [`canonical_number`] (never through floating point: `1.0` and `1` are one number, two
+/// 20-digit ids that differ in the last digit are two), strings re-escaped the one way
+/// `serde_json` writes them, no whitespace. A member named twice anywhere is ambiguous.
+pub fn canonical_at(body: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, PointerError> {
+    let Some(value) = walk(body, pointer)? else {
+        return Ok(None);
+    };
+    let mut out = Vec::with_capacity(value.get().len());
+    write_canonical(value, &mut out)?;
+    Ok(Some(out))
+}
+
+fn not_json(e: serde_json::Error) -> PointerError {
+    PointerError::NotJson(e.to_string())
+}
+
+/// The value at `pointer`, as raw text.
+fn walk<'b>(body: &'b [u8], pointer: &str) -> Result<Option<&'b RawValue>, PointerError> {
     let text = std::str::from_utf8(body).map_err(|e| PointerError::NotJson(e.to_string()))?;
-    let root: &RawValue = serde_json::from_str(text).map_err(|e| PointerError::NotJson(e.to_string()))?;
-    let mut cur = root;
+    let mut cur: &RawValue = serde_json::from_str(text).map_err(not_json)?;
     for token in pointer.split('/').skip(1) {
         let token = token.replace("~1", "/").replace("~0", "~");
         let raw = cur.get().trim_start();
         if raw.starts_with('{') {
-            let Members(members) = serde_json::from_str(raw).map_err(|e| PointerError::NotJson(e.to_string()))?;
+            let Members(members) = serde_json::from_str(raw).map_err(not_json)?;
             let mut hits = members.into_iter().filter(|(name, _)| *name == token);
             let Some((_, value)) = hits.next() else {
                 return Ok(None);
@@ -48,7 +86,7 @@ pub fn at_pointer(body: &[u8], pointer: &str) -> Result<Option<Leaf>, PointerErr
             }
             cur = value;
         } else if raw.starts_with('[') {
-            let items: Vec<&RawValue> = serde_json::from_str(raw).map_err(|e| PointerError::NotJson(e.to_string()))?;
+            let items: Vec<&RawValue> = serde_json::from_str(raw).map_err(not_json)?;
             let index = (token == "0" || (!token.starts_with('0') && !token.is_empty()))
                 .then(|| token.parse::<usize>().ok())
                 .flatten();
@@ -60,15 +98,51 @@ pub fn at_pointer(body: &[u8], pointer: &str) -> Result<Option<Leaf>, PointerErr
             return Ok(None);
         }
     }
-    let raw = cur.get().trim();
-    if raw.starts_with('"') {
-        let s: String = serde_json::from_str(raw).map_err(|e| PointerError::NotJson(e.to_string()))?;
-        return Ok(Some(Leaf::String(s)));
+    Ok(Some(cur))
+}
+
+fn write_canonical(value: &RawValue, out: &mut Vec<u8>) -> Result<(), PointerError> {
+    let raw = value.get().trim();
+    match raw.as_bytes().first() {
+        Some(b'{') => {
+            let Members(mut members) = serde_json::from_str(raw).map_err(not_json)?;
+            members.sort_by(|a, b| a.0.cmp(&b.0));
+            if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(PointerError::Ambiguous(w[0].0.clone()));
+            }
+            out.push(b'{');
+            for (i, (name, v)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, name).map_err(not_json)?;
+                out.push(b':');
+                write_canonical(v, out)?;
+            }
+            out.push(b'}');
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(raw).map_err(not_json)?;
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(v, out)?;
+            }
+            out.push(b']');
+        }
+        Some(b'"') => {
+            let s: String = serde_json::from_str(raw).map_err(not_json)?;
+            serde_json::to_writer(&mut *out, &s).map_err(not_json)?;
+        }
+        Some(b'-' | b'0'..=b'9') => {
+            let n = canonical_number(raw).ok_or_else(|| PointerError::NotJson(format!("number {raw} out of range")))?;
+            out.extend_from_slice(n.as_bytes());
+        }
+        _ => out.extend_from_slice(raw.as_bytes()), // true, false, null
     }
-    if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
-        return Ok(canonical_number(raw).map(Leaf::Number));
-    }
-    Ok(None)
+    Ok(())
 }
 
 /// A JSON number's value as canonical decimal text, computed on its digits: `1001`, `1001.0`,
@@ -153,6 +227,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -182,5 +257,22 @@ mod tests {
         assert_eq!(at_pointer(br#"{"id":1,"id":2}"#, "/id"), Err(PointerError::Ambiguous("id".into())));
         assert!(matches!(at_pointer(b"{", "/id"), Err(PointerError::NotJson(_))));
         assert!(matches!(at_pointer(b"\xff", "/id"), Err(PointerError::NotJson(_))));
+    }
+
+    #[test]
+    fn canonical_text_is_exact_and_sorted() {
+        let c = |s: &str| String::from_utf8(canonical(s.as_bytes()).unwrap()).unwrap();
+        assert_eq!(
+            c(r#" { "b" : [1.0, 1e2, "x\u0041"], "a": {"z": null, "y": true} } "#),
+            r#"{"a":{"y":true,"z":null},"b":[1,100,"xA"]}"#
+        );
+        assert_ne!(c(r#"{"amount":12345678901234567890}"#), c(r#"{"amount":12345678901234567891}"#));
+        assert_eq!(c(r#"{"amount":1001}"#), c(r#"{"amount":1.001e3}"#));
+        assert_eq!(canonical(br#"{"a":{"id":1,"id":2}}"#), Err(PointerError::Ambiguous("id".into())));
+        assert_eq!(
+            canonical_at(br#"{"data":{"b":2,"a":1},"time":"t"}"#, "/data").unwrap().unwrap(),
+            br#"{"a":1,"b":2}"#
+        );
+        assert_eq!(canonical_at(br#"{"data":1}"#, "/nothing").unwrap(), None);
     }
 }

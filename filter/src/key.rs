@@ -1,7 +1,7 @@
 //! Idempotency keys: where they come from, what a valid one is, and the scoped hash that is the
 //! only form a key ever takes in the store.
 
-use crate::policy::{Anonymous, KeyPolicy, KeySource, ScopePart};
+use crate::policy::{Anonymous, KeyPolicy, PathTemplate, Source};
 use sha2::{Digest, Sha256};
 
 /// The longest key accepted, in bytes (Stripe and the IETF draft use the same bound).
@@ -34,17 +34,106 @@ pub trait RequestView {
     }
 }
 
-/// Extracts and validates the client's key. Body keys need the body.
-pub fn extract(policy: &KeyPolicy, req: &dyn RequestView) -> Result<String, KeyError> {
-    let raw = match policy.from {
-        KeySource::Header => single_header(req, &policy.name)?
-            .ok_or_else(|| KeyError::Missing(format!("header {} is missing", policy.name)))?,
-        KeySource::Query => query_param(req.path(), &policy.name)
-            .ok_or_else(|| KeyError::Missing(format!("query parameter {} is missing", policy.name)))?,
-        KeySource::Body => body_key(req.body(), &policy.name)?,
+/// Between the parts of a composite key. Every part is free of control characters
+/// ([`validate`]), so the joined key reads back into its parts one way only.
+pub const PART_SEPARATOR: char = '\u{1f}';
+
+/// Extracts and validates the client's key: one part, or the parts of a composite key joined
+/// with [`PART_SEPARATOR`]. `template` is the route's path template (for `path:` parts); body
+/// parts need the body.
+pub fn extract(policy: &KeyPolicy, template: Option<&PathTemplate>, req: &dyn RequestView) -> Result<String, KeyError> {
+    if let [one] = policy.sources.as_slice() {
+        let key = read(one, template, req)?.ok_or_else(|| missing(one))?;
+        validate(&key)?;
+        return Ok(key);
+    }
+    let mut key = String::new();
+    for (i, part) in policy.sources.iter().enumerate() {
+        let value = read(part, template, req)?.ok_or_else(|| missing(part))?;
+        validate(&value).map_err(|e| match e {
+            KeyError::Invalid(why) => KeyError::Invalid(format!("key part {part}: {why}")),
+            other => other,
+        })?;
+        if i > 0 {
+            key.push(PART_SEPARATOR);
+        }
+        key.push_str(&value);
+    }
+    Ok(key)
+}
+
+fn missing(source: &Source) -> KeyError {
+    let what = match source {
+        Source::Header(n) => format!("header {n} is missing"),
+        Source::Query(n) => format!("query parameter {n} is missing"),
+        Source::Cookie(n) => format!("cookie {n} is missing"),
+        Source::Metadata(_) => format!("{source} is not in the request's metadata"),
+        Source::Body(p) => format!("the JSON body has no string or number at {p}"),
+        Source::Form(n) => format!("the form body has no field {n}"),
+        Source::Xml(_) => format!("the XML body has no element {}", source.to_string().trim_start_matches("xml:")),
+        Source::Path(n) => format!("the path has no {{{n}}}"),
     };
-    validate(&raw)?;
-    Ok(raw)
+    KeyError::Missing(what)
+}
+
+/// The one value a source takes in this request: exact text, `Ok(None)` when absent. A value
+/// sent twice (a header, a query parameter, a form field, an XML element, a JSON member on the
+/// way) is ambiguous — the gateway and the upstream could each read another one.
+pub fn read(
+    source: &Source,
+    template: Option<&PathTemplate>,
+    req: &dyn RequestView,
+) -> Result<Option<String>, KeyError> {
+    match source {
+        Source::Header(name) => single_header(req, name),
+        Source::Query(name) => query_param(req.path(), name),
+        Source::Cookie(name) => match cookies(req, name).as_slice() {
+            [] => Ok(None),
+            [one] => text(one.clone(), source).map(Some),
+            many => Err(KeyError::Invalid(format!("cookie {name} was sent {} times", many.len()))),
+        },
+        Source::Metadata(path) => {
+            let mut full = vec!["metadata", "filter_metadata"];
+            full.extend(path.iter().map(String::as_str));
+            req.property(&full).map(|v| text(v, source)).transpose()
+        }
+        Source::Body(pointer) => body_key(req.body(), pointer),
+        Source::Form(name) => match crate::form::field(req.body().unwrap_or_default(), name) {
+            Ok(v) => Ok(v),
+            Err(crate::form::FormError::Ambiguous) => Err(KeyError::Invalid(format!(
+                "the form body sends field {name} more than once; which one is the key is ambiguous"
+            ))),
+            Err(crate::form::FormError::NotUtf8) => {
+                Err(KeyError::Invalid(format!("form field {name} is not UTF-8 once percent-decoded")))
+            }
+        },
+        Source::Xml(path) => match crate::xml::element_text(req.body().unwrap_or_default(), path) {
+            Ok(v) => Ok(v),
+            Err(crate::xml::XmlError::NotXml(e)) => {
+                Err(KeyError::Missing(format!("the body is not XML ({e}), so {source} cannot be read")))
+            }
+            Err(crate::xml::XmlError::Refused(what)) => Err(KeyError::Invalid(format!(
+                "the XML body holds {what}; DTDs, entities and processing instructions are refused, never expanded"
+            ))),
+            Err(crate::xml::XmlError::Ambiguous) => Err(KeyError::Invalid(format!(
+                "the XML body holds {source} more than once; which one is the key is ambiguous"
+            ))),
+            Err(crate::xml::XmlError::NotText) => {
+                Err(KeyError::Invalid(format!("{source} holds other elements, not text")))
+            }
+        },
+        Source::Path(name) => match template.map(|t| t.param(req.path(), name)) {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(_)) => {
+                Err(KeyError::Invalid(format!("path parameter {{{name}}} is not UTF-8 once percent-decoded")))
+            }
+            None => Ok(None),
+        },
+    }
+}
+
+fn text(bytes: Vec<u8>, source: &Source) -> Result<String, KeyError> {
+    String::from_utf8(bytes).map_err(|_| KeyError::Invalid(format!("{source} is not valid UTF-8")))
 }
 
 /// An Item-typed header (the IETF `Idempotency-Key`, our token header): sent once, UTF-8, a
@@ -112,20 +201,28 @@ pub fn validate(key: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// The decoded value of a query parameter in `path` (`/x?a=1&b=2`).
-pub fn query_param(path: &str, name: &str) -> Option<String> {
-    let query = path.split_once('?')?.1;
+/// The decoded value of a query parameter in `path` (`/x?a=1&b=2`); twice is ambiguous.
+pub fn query_param(path: &str, name: &str) -> Result<Option<String>, KeyError> {
+    let Some((_, query)) = path.split_once('?') else {
+        return Ok(None);
+    };
     let query = query.split('#').next().unwrap_or(query);
-    form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
+    let mut values = form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name).map(|(_, v)| v);
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(KeyError::Invalid(format!("query parameter {name} was sent more than once; send it exactly once")));
+    }
+    Ok(first.map(|v| v.into_owned()))
 }
 
-fn body_key(body: Option<&[u8]>, pointer: &str) -> Result<String, KeyError> {
-    let missing = || KeyError::Missing(format!("the JSON body has no string or number at {pointer}"));
-    let body = body.ok_or_else(missing)?;
+fn body_key(body: Option<&[u8]>, pointer: &str) -> Result<Option<String>, KeyError> {
+    let Some(body) = body else {
+        return Ok(None);
+    };
     match crate::json::at_pointer(body, pointer) {
-        Ok(Some(crate::json::Leaf::String(s))) => Ok(s),
-        Ok(Some(crate::json::Leaf::Number(n))) => Ok(n),
-        Ok(None) => Err(missing()),
+        Ok(Some(crate::json::Leaf::String(s))) => Ok(Some(s)),
+        Ok(Some(crate::json::Leaf::Number(n))) => Ok(Some(n)),
+        Ok(None) => Ok(None),
         Err(crate::json::PointerError::NotJson(e)) => {
             Err(KeyError::Missing(format!("the body is not JSON ({e}), so {pointer} cannot be read")))
         }
@@ -142,16 +239,17 @@ fn body_key(body: Option<&[u8]>, pointer: &str) -> Result<String, KeyError> {
 /// missing `Authorization` must not turn every cookie-session user into one caller.
 pub fn scoped_id(
     route: &str,
-    scope: &[ScopePart],
+    scope: &[Source],
     anonymous: Anonymous,
     key: &str,
+    template: Option<&PathTemplate>,
     req: &dyn RequestView,
 ) -> Result<[u8; 32], KeyError> {
     let mut h = Sha256::new();
     put(&mut h, route.as_bytes());
     for part in scope {
         put(&mut h, part.to_string().as_bytes());
-        let values = scope_values(part, req);
+        let values = scope_values(part, template, req)?;
         if values.iter().any(|v| std::str::from_utf8(v).is_err()) {
             return Err(KeyError::Invalid(format!("the caller scope {part} is not valid UTF-8")));
         }
@@ -176,18 +274,24 @@ pub fn scoped_id(
     Ok(h.finalize().into())
 }
 
-/// The non-empty values a scope part takes for this request.
-fn scope_values(part: &ScopePart, req: &dyn RequestView) -> Vec<Vec<u8>> {
+/// The non-empty values a scope part takes for this request: every value of a header or cookie
+/// (a caller's identity may span several), the one value of any other source.
+fn scope_values(
+    part: &Source,
+    template: Option<&PathTemplate>,
+    req: &dyn RequestView,
+) -> Result<Vec<Vec<u8>>, KeyError> {
     let values = match part {
-        ScopePart::Header(name) => req.header_values(name).into_iter().map(<[u8]>::to_vec).collect(),
-        ScopePart::Cookie(name) => cookies(req, name),
-        ScopePart::Metadata(path) => {
+        Source::Header(name) => req.header_values(&name.to_ascii_lowercase()).into_iter().map(<[u8]>::to_vec).collect(),
+        Source::Cookie(name) => cookies(req, name),
+        Source::Metadata(path) => {
             let mut full = vec!["metadata", "filter_metadata"];
             full.extend(path.iter().map(String::as_str));
             req.property(&full).into_iter().collect()
         }
+        _ => read(part, template, req)?.map(String::into_bytes).into_iter().collect(),
     };
-    values.into_iter().filter(|v: &Vec<u8>| !v.is_empty()).collect()
+    Ok(values.into_iter().filter(|v: &Vec<u8>| !v.is_empty()).collect())
 }
 
 /// Every value of cookie `name` across the `Cookie` headers (a browser may send two).

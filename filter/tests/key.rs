@@ -3,9 +3,10 @@
 
 mod common;
 use common::Req;
-use idem_filter::fingerprint::{canonical_json, fingerprint};
+use idem_filter::fingerprint::fingerprint;
+use idem_filter::json::canonical;
 use idem_filter::key::*;
-use idem_filter::policy::{parse_bundle, Anonymous, KeyPolicy, ScopePart};
+use idem_filter::policy::{parse_bundle, Anonymous, KeyPolicy, RoutePolicy, Source};
 
 fn policy(key_toml: &str) -> KeyPolicy {
     let src = format!("[[route]]\nname = \"r\"\n[route.key]\n{key_toml}\n");
@@ -15,13 +16,13 @@ fn policy(key_toml: &str) -> KeyPolicy {
 #[test]
 fn header_key_bare_and_structured_field_forms() {
     let p = policy("");
-    assert_eq!(extract(&p, &Req::post("/").key("abc-1")).unwrap(), "abc-1");
-    assert_eq!(extract(&p, &Req::post("/").key("\"8e03978e-40d5\"")).unwrap(), "8e03978e-40d5");
-    assert_eq!(extract(&p, &Req::post("/").key(r#""a\"b\\c""#)).unwrap(), r#"a"b\c"#);
+    assert_eq!(extract(&p, None, &Req::post("/").key("abc-1")).unwrap(), "abc-1");
+    assert_eq!(extract(&p, None, &Req::post("/").key("\"8e03978e-40d5\"")).unwrap(), "8e03978e-40d5");
+    assert_eq!(extract(&p, None, &Req::post("/").key(r#""a\"b\\c""#)).unwrap(), r#"a"b\c"#);
     for bad in [r#""unterminated"#, r#""a"b"#, r#""bad\escape""#, "\"caf\u{e9}\""] {
-        assert!(matches!(extract(&p, &Req::post("/").key(bad)), Err(KeyError::Invalid(_))), "{bad}");
+        assert!(matches!(extract(&p, None, &Req::post("/").key(bad)), Err(KeyError::Invalid(_))), "{bad}");
     }
-    assert!(matches!(extract(&p, &Req::post("/")), Err(KeyError::Missing(m)) if m.contains("Idempotency-Key")));
+    assert!(matches!(extract(&p, None, &Req::post("/")), Err(KeyError::Missing(m)) if m.contains("Idempotency-Key")));
 }
 
 #[test]
@@ -37,33 +38,37 @@ fn validation_bounds_length_and_control_characters() {
 fn query_key_is_decoded() {
     let p = policy("from = \"query\"\nname = \"request_id\"");
     let req = Req::post("/pay?x=1&request_id=a%20b%2Bc");
-    assert_eq!(extract(&p, &req).unwrap(), "a b+c");
-    assert!(matches!(extract(&p, &Req::post("/pay?x=1")), Err(KeyError::Missing(_))));
-    assert_eq!(query_param("/p?a=1#frag", "a").as_deref(), Some("1"));
+    assert_eq!(extract(&p, None, &req).unwrap(), "a b+c");
+    assert!(matches!(extract(&p, None, &Req::post("/pay?x=1")), Err(KeyError::Missing(_))));
+    assert_eq!(query_param("/p?a=1#frag", "a").unwrap().as_deref(), Some("1"));
+    // A parameter sent twice is ambiguous.
+    assert!(
+        matches!(extract(&p, None, &Req::post("/pay?request_id=1&request_id=1")), Err(KeyError::Invalid(m)) if m.contains("more than once"))
+    );
 }
 
 #[test]
 fn body_key_by_json_pointer() {
     let p = policy("from = \"body\"\nname = \"/data/transaction_id\"");
     let ok = Req::post("/cb").body(r#"{"data":{"transaction_id":"tx-9"}}"#);
-    assert_eq!(extract(&p, &ok).unwrap(), "tx-9");
+    assert_eq!(extract(&p, None, &ok).unwrap(), "tx-9");
     let num = Req::post("/cb").body(r#"{"data":{"transaction_id":12345}}"#);
-    assert_eq!(extract(&p, &num).unwrap(), "12345");
+    assert_eq!(extract(&p, None, &num).unwrap(), "12345");
     let not_json = Req::post("/cb").body("tx=1");
-    assert!(matches!(extract(&p, &not_json), Err(KeyError::Missing(m)) if m.contains("not JSON")));
+    assert!(matches!(extract(&p, None, &not_json), Err(KeyError::Missing(m)) if m.contains("not JSON")));
     let absent = Req::post("/cb").body(r#"{"data":{}}"#);
-    assert!(matches!(extract(&p, &absent), Err(KeyError::Missing(m)) if m.contains("/data/transaction_id")));
+    assert!(matches!(extract(&p, None, &absent), Err(KeyError::Missing(m)) if m.contains("/data/transaction_id")));
     let object = Req::post("/cb").body(r#"{"data":{"transaction_id":{}}}"#);
-    assert!(extract(&p, &object).is_err());
+    assert!(extract(&p, None, &object).is_err());
 }
 
-fn id(route: &str, scope: &[ScopePart], key: &str, req: &Req) -> [u8; 32] {
-    scoped_id(route, scope, Anonymous::Reject, key, req).unwrap()
+fn id(route: &str, scope: &[Source], key: &str, req: &Req) -> [u8; 32] {
+    scoped_id(route, scope, Anonymous::Reject, key, None, req).unwrap()
 }
 
 #[test]
 fn scope_separates_callers_and_routes() {
-    let scope = vec![ScopePart::Header("authorization".into())];
+    let scope = vec![Source::Header("authorization".into())];
     let alice = Req::post("/").header("authorization", "Bearer alice");
     let bob = Req::post("/").header("authorization", "Bearer bob");
     let a1 = id("r", &scope, "k", &alice);
@@ -79,23 +84,23 @@ fn scope_separates_callers_and_routes() {
 
 #[test]
 fn a_missing_scope_never_collapses_into_everyone() {
-    let scope = vec![ScopePart::Header("authorization".into())];
+    let scope = vec![Source::Header("authorization".into())];
     let cookie_user = Req::post("/").header("cookie", "session=alice");
-    let err = scoped_id("r", &scope, Anonymous::Reject, "k", &cookie_user).unwrap_err();
+    let err = scoped_id("r", &scope, Anonymous::Reject, "k", None, &cookie_user).unwrap_err();
     assert!(matches!(&err, KeyError::ScopeMissing(m) if m.contains("header:authorization")), "{err:?}");
     // An empty value is no identity either.
     let empty = Req::post("/").header("authorization", "");
-    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &empty), Err(KeyError::ScopeMissing(_))));
+    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", None, &empty), Err(KeyError::ScopeMissing(_))));
     // Shared on purpose: anonymous callers share one scope, apart from every identified one.
-    let anon = scoped_id("r", &scope, Anonymous::Shared, "k", &cookie_user).unwrap();
-    assert_eq!(anon, scoped_id("r", &scope, Anonymous::Shared, "k", &Req::post("/")).unwrap());
+    let anon = scoped_id("r", &scope, Anonymous::Shared, "k", None, &cookie_user).unwrap();
+    assert_eq!(anon, scoped_id("r", &scope, Anonymous::Shared, "k", None, &Req::post("/")).unwrap());
     let with_empty_value = Req::post("/").header("authorization", "x");
-    assert_ne!(anon, scoped_id("r", &scope, Anonymous::Shared, "k", &with_empty_value).unwrap());
+    assert_ne!(anon, scoped_id("r", &scope, Anonymous::Shared, "k", None, &with_empty_value).unwrap());
 }
 
 #[test]
 fn cookie_scope_separates_session_users() {
-    let scope = vec![ScopePart::Cookie("session".into())];
+    let scope = vec![Source::Cookie("session".into())];
     let alice = Req::post("/").header("cookie", "theme=dark; session=alice");
     let bob = Req::post("/").header("cookie", "session=bob;theme=dark");
     let alice2 = Req::post("/").header("cookie", "session=alice");
@@ -103,7 +108,7 @@ fn cookie_scope_separates_session_users() {
     assert_eq!(id("r", &scope, "k", &alice), id("r", &scope, "k", &alice2));
     // `sessionx=` is another cookie.
     let other = Req::post("/").header("cookie", "sessionx=alice");
-    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &other), Err(KeyError::ScopeMissing(_))));
+    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", None, &other), Err(KeyError::ScopeMissing(_))));
 }
 
 #[test]
@@ -127,27 +132,29 @@ fn metadata_scope_reads_the_verified_identity() {
             (path == want).then(|| self.1.as_bytes().to_vec())
         }
     }
-    let scope =
-        vec![ScopePart::Metadata(vec!["envoy.filters.http.jwt_authn".into(), "jwt_payload".into(), "sub".into()])];
+    let scope = vec![Source::Metadata(vec!["envoy.filters.http.jwt_authn".into(), "jwt_payload".into(), "sub".into()])];
     // A refreshed token (another Authorization value) keeps the subject, so the scope stays.
     let before = WithSub(Req::post("/").header("authorization", "Bearer old"), "user-1");
     let after = WithSub(Req::post("/").header("authorization", "Bearer new"), "user-1");
     let other = WithSub(Req::post("/"), "user-2");
-    let a = scoped_id("r", &scope, Anonymous::Reject, "k", &before).unwrap();
-    assert_eq!(a, scoped_id("r", &scope, Anonymous::Reject, "k", &after).unwrap());
-    assert_ne!(a, scoped_id("r", &scope, Anonymous::Reject, "k", &other).unwrap());
-    assert!(matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &Req::post("/")), Err(KeyError::ScopeMissing(_))));
+    let a = scoped_id("r", &scope, Anonymous::Reject, "k", None, &before).unwrap();
+    assert_eq!(a, scoped_id("r", &scope, Anonymous::Reject, "k", None, &after).unwrap());
+    assert_ne!(a, scoped_id("r", &scope, Anonymous::Reject, "k", None, &other).unwrap());
+    assert!(matches!(
+        scoped_id("r", &scope, Anonymous::Reject, "k", None, &Req::post("/")),
+        Err(KeyError::ScopeMissing(_))
+    ));
 }
 
 #[test]
 fn a_key_header_sent_twice_or_as_a_list_is_ambiguous() {
     let p = policy("");
     let twice = Req::post("/").key("a").key("b");
-    assert!(matches!(extract(&p, &twice), Err(KeyError::Invalid(m)) if m.contains("2 times")));
+    assert!(matches!(extract(&p, None, &twice), Err(KeyError::Invalid(m)) if m.contains("2 times")));
     let listed = Req::post("/").key("a, b");
-    assert!(matches!(extract(&p, &listed), Err(KeyError::Invalid(m)) if m.contains("list")));
+    assert!(matches!(extract(&p, None, &listed), Err(KeyError::Invalid(m)) if m.contains("list")));
     // Quoted, a comma is part of the key.
-    assert_eq!(extract(&p, &Req::post("/").key("\"a, b\"")).unwrap(), "a, b");
+    assert_eq!(extract(&p, None, &Req::post("/").key("\"a, b\"")).unwrap(), "a, b");
 }
 
 #[test]
@@ -169,18 +176,18 @@ fn non_utf8_header_bytes_are_invalid_keys_and_scopes() {
     }
     let p = policy("");
     let key = Raw(vec![("idempotency-key".into(), b"caf\xe9".to_vec())]);
-    assert!(matches!(extract(&p, &key), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
-    let scope = vec![ScopePart::Header("authorization".into())];
+    assert!(matches!(extract(&p, None, &key), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
+    let scope = vec![Source::Header("authorization".into())];
     let auth = Raw(vec![("authorization".into(), b"Bearer \xe9".to_vec())]);
     assert!(
-        matches!(scoped_id("r", &scope, Anonymous::Reject, "k", &auth), Err(KeyError::Invalid(m)) if m.contains("UTF-8"))
+        matches!(scoped_id("r", &scope, Anonymous::Reject, "k", None, &auth), Err(KeyError::Invalid(m)) if m.contains("UTF-8"))
     );
 }
 
 #[test]
 fn numeric_body_keys_are_exact() {
     let p = policy("from = \"body\"\nname = \"/transaction_id\"");
-    let k = |body: &str| extract(&p, &Req::post("/cb").body(body));
+    let k = |body: &str| extract(&p, None, &Req::post("/cb").body(body));
     // Two 20-digit ids that one f64 cannot tell apart stay two keys.
     assert_eq!(k(r#"{"transaction_id":42000000000000000001}"#).unwrap(), "42000000000000000001");
     assert_eq!(k(r#"{"transaction_id":42000000000000000002}"#).unwrap(), "42000000000000000002");
@@ -202,7 +209,7 @@ fn keys_are_truncated_for_logs() {
 #[test]
 fn fingerprint_covers_configured_parts_only() {
     let p = policy("");
-    let fp = |p: &KeyPolicy, r: &Req| fingerprint(p, r, "/o");
+    let fp = |p: &KeyPolicy, r: &Req| fingerprint(p, None, r, "/o").unwrap();
     let base = Req::post("/o?a=1").key("k").body(r#"{"b":1,"a":2}"#);
     let first = fp(&p, &base);
     assert_eq!(first, fp(&p, &base.clone().header("x-other", "1")));
@@ -213,16 +220,126 @@ fn fingerprint_covers_configured_parts_only() {
     other_query.path = "/o?a=2".into();
     assert_ne!(first, fp(&p, &other_query));
     // The path comes from the matcher (aliases are one request), not from the raw :path.
-    assert_ne!(first, fingerprint(&p, &base, "/other"));
+    assert_ne!(first, fingerprint(&p, None, &base, "/other").unwrap());
 
     let canon = policy("fingerprint_body = \"canonical-json\"");
     assert_eq!(fp(&canon, &base), fp(&canon, &other_body));
-    assert_eq!(canonical_json(b"{ \"b\": [2, 1], \"a\": {\"d\":1,\"c\":2} }"), br#"{"a":{"c":2,"d":1},"b":[2,1]}"#);
-    assert_eq!(canonical_json(b"not json"), b"not json");
+    assert_eq!(canonical(b"{ \"b\": [2, 1], \"a\": {\"d\":1,\"c\":2} }").unwrap(), br#"{"a":{"c":2,"d":1},"b":[2,1]}"#);
 
     let off = policy("fingerprint = []");
     assert_eq!(fp(&off, &base), fp(&off, &other_query));
 
     let hdr = policy("fingerprint = [\"header:x-sig\"]");
     assert_ne!(fp(&hdr, &base.clone().header("x-sig", "1")), fp(&hdr, &base.clone().header("x-sig", "2")));
+}
+
+fn route(toml: &str) -> RoutePolicy {
+    parse_bundle(&format!("[[route]]\nname = \"r\"\n{toml}\n"), "p").unwrap().routes.remove(0)
+}
+
+fn key_of(r: &RoutePolicy, req: &Req) -> Result<String, KeyError> {
+    extract(&r.key, r.template(), req)
+}
+
+const ALIPAY: &str = "gmt_create=2024-01-01+12%3A00%3A00&charset=utf-8&notify_time=2024-01-01+12%3A00%3A05\
+&notify_id=2024010100222120005abcdef&out_trade_no=T20240101-0001&app_id=2021000000000000&trade_status=TRADE_SUCCESS\
+&sign_type=RSA2&sign=aBc%2B%2Fdef%3D%3D";
+
+#[test]
+fn form_keys_are_decoded_fields_and_a_field_twice_is_ambiguous() {
+    let r = route("[route.key]\nfrom = \"form\"\nname = \"notify_id\"\nscope = [\"form:app_id\"]");
+    assert_eq!(key_of(&r, &Req::post("/n").body(ALIPAY)).unwrap(), "2024010100222120005abcdef");
+    let twice = format!("{ALIPAY}&notify_id=other");
+    assert!(
+        matches!(key_of(&r, &Req::post("/n").body(&twice)), Err(KeyError::Invalid(m)) if m.contains("more than once"))
+    );
+    assert!(matches!(key_of(&r, &Req::post("/n").body("a=1")), Err(KeyError::Missing(m)) if m.contains("notify_id")));
+    // The scope comes from the body too: two apps' notify ids are two claims.
+    let a = scoped_id("r", &r.key.scope, Anonymous::Reject, "k", None, &Req::post("/n").body(ALIPAY)).unwrap();
+    let other_app = ALIPAY.replace("app_id=2021000000000000", "app_id=2021000000000001");
+    let b = scoped_id("r", &r.key.scope, Anonymous::Reject, "k", None, &Req::post("/n").body(&other_app)).unwrap();
+    assert_ne!(a, b);
+    assert!(matches!(
+        scoped_id("r", &r.key.scope, Anonymous::Reject, "k", None, &Req::post("/n").body("x=1")),
+        Err(KeyError::ScopeMissing(_))
+    ));
+}
+
+const WECHAT_V2: &str = "<xml><appid><![CDATA[wx2421b1c4370ec43b]]></appid><mch_id><![CDATA[10000100]]></mch_id>\
+<transaction_id><![CDATA[1004400740201409030005092168]]></transaction_id><out_trade_no>1409811653</out_trade_no>\
+<sign><![CDATA[B552ED6B279343CB493C5DD0D78AB241]]></sign></xml>";
+
+#[test]
+fn xml_keys_read_plain_elements_and_refuse_dtds() {
+    let r = route("[route.key]\nfrom = \"xml\"\nname = \"/xml/transaction_id\"\nscope = [\"xml:/xml/mch_id\"]");
+    assert_eq!(key_of(&r, &Req::post("/n").body(WECHAT_V2)).unwrap(), "1004400740201409030005092168");
+    let bomb =
+        format!("<!DOCTYPE xml [<!ENTITY a \"aaaa\">]>{}", WECHAT_V2.replace("1004400740201409030005092168", "&a;"));
+    assert!(matches!(key_of(&r, &Req::post("/n").body(&bomb)), Err(KeyError::Invalid(m)) if m.contains("DTD")));
+    let entity = WECHAT_V2.replace("<out_trade_no>1409811653", "<out_trade_no>&ext;");
+    assert!(matches!(key_of(&r, &Req::post("/n").body(&entity)), Err(KeyError::Invalid(m)) if m.contains("&ext;")));
+    assert!(matches!(key_of(&r, &Req::post("/n").body("{}")), Err(KeyError::Missing(m)) if m.contains("not XML")));
+}
+
+#[test]
+fn path_keys_read_the_template_parameter() {
+    let r = route("match = { method = \"POST\", path = \"/orders/{order_id}/pay\" }\n[route.key]\nfrom = \"path\"\nname = \"order_id\"");
+    assert_eq!(key_of(&r, &Req::post("/orders/A-1001/pay")).unwrap(), "A-1001");
+    assert_eq!(key_of(&r, &Req::post("/orders/%E8%AE%A2%E5%8D%95/pay?x=1")).unwrap(), "订单");
+    assert!(matches!(key_of(&r, &Req::post("/orders/%FF/pay")), Err(KeyError::Invalid(m)) if m.contains("UTF-8")));
+}
+
+#[test]
+fn composite_keys_join_exact_parts_unambiguously() {
+    let r = route("[route.key]\nparts = [\"form:app_id\", \"form:out_trade_no\"]\nscope = []");
+    let k = key_of(&r, &Req::post("/n").body(ALIPAY)).unwrap();
+    assert_eq!(k, format!("2021000000000000{PART_SEPARATOR}T20240101-0001"));
+    // Moving text between parts makes another key.
+    let a = key_of(&r, &Req::post("/n").body("app_id=ab&out_trade_no=c")).unwrap();
+    let b = key_of(&r, &Req::post("/n").body("app_id=a&out_trade_no=bc")).unwrap();
+    assert_ne!(a, b);
+    // A separator smuggled into a part (percent-encoded) is a control character: refused.
+    let smuggled = key_of(&r, &Req::post("/n").body("app_id=a%1Fb&out_trade_no=c"));
+    assert!(matches!(smuggled, Err(KeyError::Invalid(m)) if m.contains("form:app_id") && m.contains("control")));
+    // Every part is required.
+    assert!(
+        matches!(key_of(&r, &Req::post("/n").body("app_id=a")), Err(KeyError::Missing(m)) if m.contains("out_trade_no"))
+    );
+    // Parts from several sources, JSON numbers by their digits.
+    let mixed = route(
+        "match = { method = \"POST\", path = \"/m/{mchid}/pay\" }\n[route.key]\nparts = [\"path:mchid\", \"body:/out_trade_no\", \"header:x-app\"]",
+    );
+    let req = Req::post("/m/1900000109/pay").header("x-app", "a1").body(r#"{"out_trade_no":12345678901234567890}"#);
+    assert_eq!(key_of(&mixed, &req).unwrap(), format!("1900000109{0}12345678901234567890{0}a1", PART_SEPARATOR));
+}
+
+#[test]
+fn fingerprints_over_parts_of_the_body() {
+    let r = route("[route.key]\nfrom = \"body\"\nname = \"/id\"\nscope = []\nfingerprint = [\"body:/data\"]");
+    let fp = |body: &str| fingerprint(&r.key, None, &Req::post("/e").body(body), "/e");
+    let first = fp(r#"{"id":"e1","time":"t1","data":{"a":1,"b":[1,2]}}"#).unwrap();
+    // Another delivery: new time, members reordered, numbers written otherwise: the same event.
+    assert_eq!(first, fp(r#"{"time":"t2","data":{"b":[1.0,2],"a":1},"id":"e1"}"#).unwrap());
+    assert_ne!(first, fp(r#"{"id":"e1","time":"t1","data":{"a":2,"b":[1,2]}}"#).unwrap());
+    assert_ne!(first, fp(r#"{"id":"e1","time":"t1"}"#).unwrap(), "absent is not empty");
+    assert!(matches!(fp(r#"{"id":"e1","data":{"a":1,"a":2}}"#), Err(KeyError::Invalid(m)) if m.contains("twice")));
+}
+
+#[test]
+fn canonical_json_fingerprints_never_round_through_floating_point() {
+    let r = route("[route.key]\nfingerprint = [\"body\"]\nfingerprint_body = \"canonical-json\"");
+    let fp = |body: &str| fingerprint(&r.key, None, &Req::post("/o").key("k").body(body), "/o").unwrap();
+    assert_ne!(fp(r#"{"amount":12345678901234567890}"#), fp(r#"{"amount":12345678901234567891}"#));
+    assert_eq!(fp(r#"{"amount":100, "id":"x"}"#), fp(r#"{"id":"x","amount":1e2}"#));
+    let dup = fingerprint(&r.key, None, &Req::post("/o").body(r#"{"a":1,"a":2}"#), "/o");
+    assert!(matches!(dup, Err(KeyError::Invalid(_))));
+}
+
+#[test]
+fn methods_in_the_fingerprint_are_case_insensitive() {
+    let r = route("");
+    let mut lower = Req::post("/o").key("k").body("{}");
+    lower.method = "post".into();
+    let upper = Req::post("/o").key("k").body("{}");
+    assert_eq!(fingerprint(&r.key, None, &lower, "/o").unwrap(), fingerprint(&r.key, None, &upper, "/o").unwrap());
 }

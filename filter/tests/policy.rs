@@ -55,7 +55,7 @@ fn full_policy_parses_with_every_field() {
         Matcher::Request { method: Some("POST".into()), path: PathTemplate::parse("/api/order/create").unwrap() }
     );
     assert_eq!((r.max_body_bytes, r.max_response_bytes), (1024, 2048));
-    assert_eq!(r.key.scope, vec![ScopePart::Header("authorization".into()), ScopePart::Header("x-tenant".into())]);
+    assert_eq!(r.key.scope, vec![Source::Header("Authorization".into()), Source::Header("x-tenant".into())]);
     assert_eq!(r.key.fingerprint_body, FingerprintBody::CanonicalJson);
     assert_eq!(r.key.lock_ttl.millis, 250);
     assert_eq!(r.key.ttl.millis, 7 * 86_400_000);
@@ -72,9 +72,9 @@ fn defaults_follow_the_design() {
     let r = &b.routes[0];
     assert_eq!(r.matcher, Matcher::RouteName("a".into()));
     assert_eq!(r.mode, Mode::Key);
-    assert_eq!(r.key.name, "Idempotency-Key");
+    assert_eq!(r.key.sources, vec![Source::Header("Idempotency-Key".into())]);
     assert!(r.key.required);
-    assert_eq!(r.key.scope, vec![ScopePart::Header("authorization".into())]);
+    assert_eq!(r.key.scope, vec![Source::Header("authorization".into())]);
     assert_eq!(r.key.lock_ttl.millis, 30_000);
     assert_eq!(r.key.ttl.millis, 86_400_000);
     assert_eq!((r.duplicate.status, r.duplicate.code.as_str()), (409, "DUPLICATE_REQUEST"));
@@ -177,6 +177,28 @@ fn conflicting_matchers_are_rejected() {
 }
 
 #[test]
+fn key_sources_resolve_to_parts() {
+    let b = parse_bundle(
+        "[[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/m/{mchid}/pay\" }\n[route.key]\n\
+         parts = [\"path:mchid\", \"body:/out_trade_no\"]\nscope = [\"form:app_id\"]\n\
+         fingerprint = [\"body:/data\", \"header:X-Sig\"]\n\
+         [[route]]\nname = \"b\"\n[route.key]\nfrom = \"xml\"\nname = \"/xml/transaction_id\"\n",
+        "p",
+    )
+    .unwrap();
+    let a = &b.routes[0].key;
+    assert_eq!(a.sources, vec![Source::Path("mchid".into()), Source::Body("/out_trade_no".into())]);
+    assert_eq!(a.scope, vec![Source::Form("app_id".into())]);
+    assert_eq!(
+        a.fingerprint,
+        vec![FingerprintPart::Value(Source::Body("/data".into())), FingerprintPart::Header("x-sig".into())]
+    );
+    assert!(b.routes[0].needs_body());
+    assert_eq!(b.routes[1].key.sources, vec![Source::Xml(vec!["xml".into(), "transaction_id".into()])]);
+    assert_eq!(Source::Xml(vec!["xml".into(), "id".into()]).to_string(), "xml:/xml/id");
+}
+
+#[test]
 fn other_field_errors_are_precise() {
     let cases = [
         ("[[route]]\nname = \"Create Order\"\n", "invalid route name"),
@@ -193,7 +215,7 @@ fn other_field_errors_are_precise() {
         ("[[route]]\nname = \"a\"\nmatch = { path = \"x\" }\n", "must start with '/'"),
         ("[[route]]\nname = \"a\"\nmatch = { path = \"/o/x{id}\" }\n", "whole segment"),
         ("[[route]]\nname = \"a\"\n[route.key]\nfrom = \"body\"\nname = \"tx\"\n", "JSON pointer"),
-        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"cookie:\"]\n", "invalid scope part"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"cookie:\"]\n", "invalid source \"cookie:\""),
         ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"metadata:jwt\"]\n", "metadata:<filter>/<field>"),
         ("[[route]]\nname = \"a\"\n[route.key]\nanonymous = \"everyone\"\n", "unknown variant `everyone`"),
         ("[[route]]\nname = \"a\"\nforward = \"detachd\"\n", "unknown variant `detachd`"),
@@ -205,6 +227,21 @@ fn other_field_errors_are_precise() {
         ("[shared]\nmax_response_bytes = 10\n[[route]]\nname = \"a\"\nmax_response_bytes = 20\n", "exceeds [shared]"),
         ("[[route]]\nname = \"a\"\n[route.key]\nttl = \"0s\"\n", "must be positive"),
         ("[[route]\nname = \"a\"\n", "unclosed array table"),
+        // Key sources: forms, XML, path parameters, composite keys.
+        ("[[route]]\nname = \"a\"\n[route.key]\nfrom = \"xml\"\nname = \"xml/id\"\n", "element path from the root"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nfrom = \"xml\"\nname = \"/xml/a b\"\n", "not an element name"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nfrom = \"path\"\nname = \"id\"\n", "has no match.path"),
+        (
+            "[[route]]\nname = \"a\"\nmatch = { path = \"/o/{order_id}/pay\" }\n[route.key]\nfrom = \"path\"\nname = \"id\"\n",
+            "match.path \"/o/{order_id}/pay\" has no {id}",
+        ),
+        ("[[route]]\nname = \"a\"\n[route.key]\nparts = [\"form:a\"]\nfrom = \"form\"\n", "drop key.from and key.name"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nparts = [\"form:a\", \"form:a\"]\n", "names form:a twice"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nparts = [\"form\"]\n", "no `kind:`"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nparts = [\"body:id\"]\n", "JSON pointer"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"path:merchant\"]\n", "path:merchant names a parameter"),
+        ("[[route]]\nname = \"a\"\n[route.key]\nfingerprint = [\"cookie:x\"]\n", "invalid fingerprint part"),
+        ("[[route]]\nname = \"a\"\nmatch = { path = \"/o/{id}/{id}\" }\n", "appears twice"),
     ];
     for (src, want) in cases {
         let e = err(src);
@@ -224,6 +261,8 @@ fn find_prefers_route_name_then_exact_path_then_template() {
     assert_eq!(name(b.find(|| "POST".into(), "/orders/42/pay", || None)), Some("exact"));
     assert_eq!(name(b.find(|| "POST".into(), "/orders/42/pay", || Some("named".into()))), Some("named"));
     assert_eq!(name(b.find(|| "GET".into(), "/orders/7/pay", || None)), None);
+    // HTTP/2 lets a client send `:method: post`; frameworks run the POST handler for it.
+    assert_eq!(name(b.find(|| "post".into(), "/orders/7/pay", || None)), Some("tpl"));
     assert_eq!(name(b.find(|| "POST".into(), "/orders//pay", || None)), None);
     assert_eq!(name(b.find(|| "POST".into(), "/orders/7/pay/x", || None)), None);
     assert_eq!(name(b.find(|| "POST".into(), "/other", || Some("unknown".into()))), None);

@@ -60,6 +60,12 @@ pub struct Body<'a> {
     pub schemas: Vec<At<'a>>,
     /// Body fields declared one by one: Swagger 2.0 `in: formData` parameters.
     pub fields: Vec<Param<'a>>,
+    /// Every media type of the body is `application/x-www-form-urlencoded` (Swagger 2.0: form
+    /// fields and that media type in `consumes`, or no `consumes`).
+    pub form: bool,
+    /// Every media type of the body is XML, and its root element is named (the schema's
+    /// `xml.name`): a body key is then an element under it.
+    pub xml_root: Option<String>,
 }
 
 impl Operation<'_> {
@@ -103,7 +109,7 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
             params.extend(own);
             let body = match ws.version {
                 Version::OpenApi3 => body_v3(ws, op),
-                Version::Swagger2 => body_v2(&params),
+                Version::Swagger2 => body_v2(ws, op, &params),
             };
             let responses = op.node.get("responses").and_then(|r| ws.resolve(At { file: op.file, node: r }));
             out.push(Operation {
@@ -132,13 +138,35 @@ fn body_v3<'a>(ws: &'a Workspace, op: At<'a>) -> Body<'a> {
     if let Some(content) = rb.node.get("content").and_then(Node::as_map) {
         body.schemas =
             content.iter().filter_map(|m| m.value.get("schema")).map(|n| At { file: rb.file, node: n }).collect();
+        let media: Vec<String> = content.iter().map(|m| media_type(&m.key)).collect();
+        body.form = !media.is_empty() && media.iter().all(|m| m == "application/x-www-form-urlencoded");
+        if !media.is_empty() && media.iter().all(|m| m == "application/xml" || m == "text/xml") {
+            body.xml_root = body.schemas.iter().find_map(|s| {
+                let schema = ws.resolve(*s)?;
+                schema.node.get("xml")?.get("name")?.as_str().map(str::to_string)
+            });
+        }
     }
     body
 }
 
+/// A media type without parameters, lower-case: `Application/JSON; charset=utf-8` → `application/json`.
+fn media_type(key: &str) -> String {
+    key.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+}
+
 /// Swagger 2.0: the `in: body` parameter's `schema`, and the `in: formData` parameters.
-fn body_v2<'a>(params: &[Param<'a>]) -> Body<'a> {
+fn body_v2<'a>(ws: &'a Workspace, op: At<'a>, params: &[Param<'a>]) -> Body<'a> {
     let mut body = Body::default();
+    let consumes = op.node.get("consumes").or_else(|| ws.root().node.get("consumes")).and_then(Node::as_seq);
+    let urlencoded = match consumes {
+        Some(list) => {
+            let media: Vec<String> = list.iter().filter_map(Node::as_str).map(media_type).collect();
+            !media.is_empty() && media.iter().all(|m| m == "application/x-www-form-urlencoded")
+        }
+        None => true,
+    };
+    body.form = urlencoded && params.iter().any(|p| p.location == "formData");
     for p in params {
         match p.location {
             "body" => {

@@ -71,7 +71,7 @@ impl Engine {
     /// The answer to a request on a filter-enabled route that no policy matches: `None` to let
     /// it pass (`unmatched = "pass"`, or a safe method), else 400 `IDEMPOTENCY_NO_POLICY`.
     pub fn unmatched(&self, method: &str) -> Option<LocalReply> {
-        let safe = matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE");
+        let safe = ["GET", "HEAD", "OPTIONS", "TRACE"].iter().any(|m| m.eq_ignore_ascii_case(method));
         if self.bundle.unmatched == Unmatched::Pass || safe {
             return None;
         }
@@ -97,10 +97,10 @@ impl Engine {
     /// such a request is refused without waiting for its body. Cheap: reads the key, hashes nothing.
     pub fn precheck(&self, route: usize, req: &dyn RequestView) -> Option<Verdict> {
         let policy = self.policy(route)?;
-        if policy.mode == Mode::Token || policy.key.from == crate::policy::KeySource::Body {
+        if policy.mode == Mode::Token || policy.key.key_reads_body() {
             return None;
         }
-        key::extract(&policy.key, req).err().map(|e| key_error(policy, e))
+        key::extract(&policy.key, policy.template(), req).err().map(|e| key_error(policy, e))
     }
 
     /// The request body is larger than the route allows.
@@ -163,15 +163,20 @@ impl Engine {
             };
             return Some(Begin::Store(Prepared { route, op: StoreOp::UseToken { id }, key: token }));
         }
-        let client_key = match key::extract(&policy.key, req) {
+        let template = policy.template();
+        let client_key = match key::extract(&policy.key, template, req) {
             Ok(k) => k,
             Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
-        let id = match key::scoped_id(&policy.name, &policy.key.scope, policy.key.anonymous, &client_key, req) {
+        let scope = (&policy.key.scope, policy.key.anonymous);
+        let id = match key::scoped_id(&policy.name, scope.0, scope.1, &client_key, template, req) {
             Ok(id) => id,
             Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
-        let fp = fingerprint(&policy.key, req, &policy.matcher.canonical_path(req.path()));
+        let fp = match fingerprint(&policy.key, template, req, &policy.matcher.canonical_path(req.path())) {
+            Ok(fp) => fp,
+            Err(e) => return Some(Begin::Done(key_error(policy, e))),
+        };
         Some(Begin::Store(Prepared { route, op: StoreOp::Claim { id, fingerprint: fp }, key: client_key }))
     }
 

@@ -22,7 +22,7 @@ impl Engine {
             .filter(|&i| self.bundle.routes[i].mode == Mode::Token && self.bundle.routes[i].token.issue_path == bare)
             .collect();
         let first = *routes.first()?;
-        if method != "POST" {
+        if !method.eq_ignore_ascii_case("POST") {
             let mut reply = response::json_reply(405, "METHOD_NOT_ALLOWED", "tokens are issued with POST", &[]);
             reply.headers.push(("allow".into(), "POST".into()));
             return Some(Issue::Reply { route: Some(first), reply, cause: "method_not_allowed".into() });
@@ -30,7 +30,7 @@ impl Engine {
         let route = if routes.len() == 1 {
             first
         } else {
-            let wanted = key::query_param(path, "route");
+            let wanted = key::query_param(path, "route").ok().flatten();
             match routes.iter().find(|&&i| Some(&self.bundle.routes[i].name) == wanted.as_ref()) {
                 Some(&i) => i,
                 None => {
@@ -93,5 +93,6 @@ impl Engine {
 
 /// The stored identity of a token: route + caller scope + token, as for keys, in its own domain.
 pub(super) fn token_id(policy: &RoutePolicy, token: &str, req: &dyn RequestView) -> Result<[u8; 32], KeyError> {
-    key::scoped_id(&format!("token:{}", policy.name), &policy.token.scope, policy.token.anonymous, token, req)
+    let scope = (&policy.token.scope, policy.token.anonymous);
+    key::scoped_id(&format!("token:{}", policy.name), scope.0, scope.1, token, policy.template(), req)
 }

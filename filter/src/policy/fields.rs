@@ -1,7 +1,7 @@
 //! Field deserializers: each field validates its value, so the parser attaches the position
 //! (line, column, field) to the error.
 
-use super::{Duration, FingerprintPart, ScopePart, StatusSet};
+use super::{Duration, FingerprintPart, Source, StatusSet};
 use serde::{de, Deserialize, Deserializer};
 
 pub(super) fn de_route_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -38,6 +38,10 @@ pub(super) fn de_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::
     } else {
         Ok(s)
     }
+}
+
+pub(super) fn de_opt_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    de_nonempty(d).map(Some)
 }
 
 pub(super) fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {
@@ -133,36 +137,16 @@ impl<'de> Deserialize<'de> for FingerprintPart {
             "path" => Ok(FingerprintPart::Path),
             "query" => Ok(FingerprintPart::Query),
             "body" => Ok(FingerprintPart::Body),
-            _ => match s.strip_prefix("header:") {
-                Some(h) if !h.is_empty() => Ok(FingerprintPart::Header(h.to_ascii_lowercase())),
+            _ => match Source::parse(&s) {
+                Ok(Source::Header(h)) => Ok(FingerprintPart::Header(h.to_ascii_lowercase())),
+                Ok(v @ (Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::Query(_) | Source::Path(_))) => {
+                    Ok(FingerprintPart::Value(v))
+                }
                 _ => Err(de::Error::custom(format!(
-                    "invalid fingerprint part {s:?}: expected method, path, query, body or header:<name>"
+                    "invalid fingerprint part {s:?}: expected method, path, query, body, header:<name>, \
+                     query:<name>, body:/<JSON pointer>, form:<field>, xml:/<element>[/…] or path:<parameter>"
                 ))),
             },
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for ScopePart {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let bad = || {
-            de::Error::custom(format!(
-                "invalid scope part {s:?}: expected header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…]"
-            ))
-        };
-        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
-        match kind {
-            "header" if !rest.is_empty() => Ok(ScopePart::Header(rest.to_ascii_lowercase())),
-            "cookie" if !rest.is_empty() => Ok(ScopePart::Cookie(rest.to_string())),
-            "metadata" => {
-                let path: Vec<String> = rest.split('/').map(str::to_string).collect();
-                if path.len() < 2 || path.iter().any(String::is_empty) {
-                    return Err(bad());
-                }
-                Ok(ScopePart::Metadata(path))
-            }
-            _ => Err(bad()),
         }
     }
 }
@@ -170,7 +154,7 @@ impl<'de> Deserialize<'de> for ScopePart {
 /// JSON Schemas of the values with their own syntax (feature `schema`), kept beside their parsers.
 #[cfg(feature = "schema")]
 mod schema {
-    use super::super::{Duration, FingerprintPart, ScopePart, StatusSet};
+    use super::super::{Duration, FingerprintPart, StatusSet};
     use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
     use std::borrow::Cow;
 
@@ -201,13 +185,8 @@ mod schema {
         ]
     });
     schema_of!(FingerprintPart, "FingerprintPart", {
-        "description": "method, path, query, body or header:<name>.",
+        "description": "method, path, query, body, header:<name>, query:<name>, body:/<JSON pointer>, form:<field>, xml:/<element>[/…] or path:<parameter>.",
         "type": "string",
-        "pattern": "^(method|path|query|body|header:.+)$"
-    });
-    schema_of!(ScopePart, "ScopePart", {
-        "description": "header:<name>, cookie:<name> or metadata:<filter>/<field>[/<field>…].",
-        "type": "string",
-        "pattern": "^(header:.+|cookie:.+|metadata:[^/]+(/[^/]+)+)$"
+        "pattern": "^(method|path|query|body|header:.+|query:.+|body:/.*|form:.+|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+)$"
     });
 }

@@ -22,7 +22,8 @@ pub struct PathTemplate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
-    Param,
+    /// `{name}`: one non-empty segment.
+    Param(String),
 }
 
 impl PathTemplate {
@@ -35,8 +36,16 @@ impl PathTemplate {
         }
         let mut segments = Vec::new();
         for seg in source.split('/').filter(|s| !s.is_empty()) {
-            if seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2 {
-                segments.push(Segment::Param);
+            if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')).filter(|n| !n.is_empty()) {
+                if !super::is_param_name(name) {
+                    return Err(format!(
+                        "path {source:?}: parameter {{{name}}} must be a name of letters, digits, '_', '-' or '.'"
+                    ));
+                }
+                if segments.iter().any(|s| matches!(s, Segment::Param(n) if n == name)) {
+                    return Err(format!("path {source:?}: parameter {{{name}}} appears twice"));
+                }
+                segments.push(Segment::Param(name.to_string()));
             } else if seg.contains('{') || seg.contains('}') {
                 return Err(format!(
                     "path {source:?}: a template parameter must be a whole segment, like /orders/{{id}}"
@@ -64,8 +73,32 @@ impl PathTemplate {
         segments.len() == self.segments.len()
             && self.segments.iter().zip(segments).all(|(seg, p)| match seg {
                 Segment::Literal(lit) => lit.eq_ignore_ascii_case(p),
-                Segment::Param => !p.is_empty(),
+                Segment::Param(_) => !p.is_empty(),
             })
+    }
+
+    /// Whether the template has the parameter `{name}`.
+    pub fn has_param(&self, name: &str) -> bool {
+        self.segments.iter().any(|s| matches!(s, Segment::Param(n) if n == name))
+    }
+
+    /// The value of parameter `{name}` in a request path (query string allowed), percent-decoded:
+    /// `Ok(None)` when the path does not match the template or the segment is absent, `Err` when the
+    /// decoded value is not UTF-8.
+    pub fn param(&self, path: &str, name: &str) -> Result<Option<String>, std::string::FromUtf8Error> {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        let segments = normalize_path(bare);
+        if !self.matches_segments(&segments) {
+            return Ok(None);
+        }
+        let Some(i) = self.segments.iter().position(|s| matches!(s, Segment::Param(n) if n == name)) else {
+            return Ok(None);
+        };
+        let Some(raw) = segments.get(i) else {
+            return Ok(None);
+        };
+        let bytes = percent_decode(raw.as_bytes());
+        String::from_utf8(bytes).map(Some)
     }
 
     /// The shape used to detect two templates that match the same paths.
@@ -74,10 +107,30 @@ impl PathTemplate {
             .iter()
             .map(|s| match s {
                 Segment::Literal(l) => Some(l.to_ascii_lowercase()),
-                Segment::Param => None,
+                Segment::Param(_) => None,
             })
             .collect()
     }
+}
+
+/// Every `%XX` decoded (a path parameter is the value the framework hands its handler).
+pub fn percent_decode(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).and_then(|&b| hex(b)), bytes.get(i + 2).and_then(|&b| hex(b))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// A request path as the policy matcher sees it: its segments, with percent-encoded unreserved
@@ -165,7 +218,9 @@ impl Bundle {
                 if actual.is_none() {
                     actual = method.take().map(|f| f());
                 }
-                if actual.as_deref() == Some(wanted.as_str()) {
+                // Methods are case-sensitive in HTTP, but frameworks upper-case them (an HTTP/2
+                // `:method: post` runs the POST handler), so the policy must match it too.
+                if actual.as_deref().is_some_and(|a| a.eq_ignore_ascii_case(wanted)) {
                     return Some(i);
                 }
             }

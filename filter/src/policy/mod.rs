@@ -9,15 +9,16 @@
 mod fields;
 mod matcher;
 mod parse;
+mod source;
 
 pub use fields::parse_duration;
-pub use matcher::{normalize_path, Matcher, PathTemplate};
+pub use matcher::{normalize_path, percent_decode, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
 pub use parse::{line_col, parse_bundle, PolicyError};
+pub use source::{is_param_name, xml_path, Source};
 
 use serde::Deserialize;
-use std::fmt;
 
 /// A validated bundle: the filter's whole plugin configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,13 +166,21 @@ pub enum StoreKind {
     Redis,
 }
 
+/// `key.from`: where a one-part key is (`key.name` says which one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum KeySource {
     Header,
     Query,
+    /// A JSON body member, `name` a JSON pointer.
     Body,
+    /// An `application/x-www-form-urlencoded` body field.
+    Form,
+    /// A plain XML body element, `name` its path from the root (`/xml/transaction_id`).
+    Xml,
+    /// A `{param}` of the route's path template.
+    Path,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -203,32 +212,15 @@ pub enum FingerprintBody {
 pub enum FingerprintPart {
     Method,
     Path,
+    /// The whole query string.
     Query,
+    /// The whole body.
     Body,
+    /// Every value of a header.
     Header(String),
-}
-
-/// One entry of the caller scope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScopePart {
-    /// `header:<name>`: every value of a request header.
-    Header(String),
-    /// `cookie:<name>`: a cookie of the `Cookie` header (session-cookie callers).
-    Cookie(String),
-    /// `metadata:<filter>/<field>/…`: a value an earlier Envoy filter verified and wrote to the
-    /// request's dynamic metadata, e.g. `metadata:envoy.filters.http.jwt_authn/jwt_payload/sub`
-    /// (a JWT's subject stays the same when the client refreshes its token).
-    Metadata(Vec<String>),
-}
-
-impl fmt::Display for ScopePart {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ScopePart::Header(h) => write!(f, "header:{h}"),
-            ScopePart::Cookie(c) => write!(f, "cookie:{c}"),
-            ScopePart::Metadata(path) => write!(f, "metadata:{}", path.join("/")),
-        }
-    }
+    /// One value: a body member (its canonical JSON, objects included: `body:/data`), a form
+    /// field, an XML element, a query parameter, a path parameter.
+    Value(Source),
 }
 
 /// What a request lacking its caller scope gets.
@@ -246,11 +238,21 @@ pub enum Anonymous {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct KeyPolicy {
-    pub from: KeySource,
-    #[serde(deserialize_with = "fields::de_nonempty")]
-    pub name: String,
+    /// Where a one-part key is (default `header`); not with `parts`.
+    pub from: Option<KeySource>,
+    /// Which header, parameter, pointer, field, element or path parameter (default
+    /// `Idempotency-Key`); not with `parts`.
+    #[serde(deserialize_with = "fields::de_opt_nonempty")]
+    pub name: Option<String>,
+    /// A key made of several values, in order (`["form:app_id", "form:out_trade_no"]`); not with
+    /// `from`/`name`.
+    pub parts: Vec<Source>,
+    /// The key's parts as the filter reads them: `parts`, or the one `from` + `name` names.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub sources: Vec<Source>,
     pub required: bool,
-    pub scope: Vec<ScopePart>,
+    pub scope: Vec<Source>,
     pub anonymous: Anonymous,
     pub fingerprint: Vec<FingerprintPart>,
     pub fingerprint_body: FingerprintBody,
@@ -282,7 +284,7 @@ pub struct TokenPolicy {
     /// An upstream 5xx puts the token back (with its remaining TTL) so the user's retry can pass.
     pub restore_on_failure: bool,
     /// Caller identity the token is bound to, besides the route.
-    pub scope: Vec<ScopePart>,
+    pub scope: Vec<Source>,
     pub anonymous: Anonymous,
 }
 
@@ -293,7 +295,7 @@ impl Default for TokenPolicy {
             issue_path: "/api/idempotent/token".into(),
             ttl: Duration::from_secs(600),
             restore_on_failure: true,
-            scope: vec![ScopePart::Header("authorization".to_string())],
+            scope: vec![Source::Header("authorization".to_string())],
             anonymous: Anonymous::Reject,
         }
     }
@@ -302,10 +304,12 @@ impl Default for TokenPolicy {
 impl Default for KeyPolicy {
     fn default() -> Self {
         KeyPolicy {
-            from: KeySource::Header,
-            name: "Idempotency-Key".to_string(),
+            from: None,
+            name: None,
+            parts: Vec::new(),
+            sources: vec![Source::Header("Idempotency-Key".to_string())],
             required: true,
-            scope: vec![ScopePart::Header("authorization".to_string())],
+            scope: vec![Source::Header("authorization".to_string())],
             anonymous: Anonymous::Reject,
             fingerprint: vec![
                 FingerprintPart::Method,
@@ -387,14 +391,40 @@ impl Duration {
     }
 }
 
+impl KeyPolicy {
+    /// Whether reading the key (not its scope or fingerprint) needs the request body.
+    pub fn key_reads_body(&self) -> bool {
+        self.sources.iter().any(Source::reads_body)
+    }
+}
+
+impl FingerprintPart {
+    fn reads_body(&self) -> bool {
+        match self {
+            FingerprintPart::Body => true,
+            FingerprintPart::Value(s) => s.reads_body(),
+            _ => false,
+        }
+    }
+}
+
 impl RoutePolicy {
-    /// Whether the decision needs the request body (a body key or a body fingerprint).
+    /// The route's path template, when it is matched by one (`path:` sources read it).
+    pub fn template(&self) -> Option<&PathTemplate> {
+        match &self.matcher {
+            Matcher::Request { path, .. } => Some(path),
+            Matcher::RouteName(_) => None,
+        }
+    }
+
+    /// Whether the decision needs the request body (a body key, scope or fingerprint part).
     pub fn needs_body(&self) -> bool {
         if self.mode == Mode::Token {
-            return false;
+            return self.token.scope.iter().any(Source::reads_body);
         }
         self.forward == Forward::Detached
-            || self.key.from == KeySource::Body
-            || self.key.fingerprint.contains(&FingerprintPart::Body)
+            || self.key.key_reads_body()
+            || self.key.scope.iter().any(Source::reads_body)
+            || self.key.fingerprint.iter().any(FingerprintPart::reads_body)
     }
 }

@@ -2,8 +2,8 @@
 //! errors that name the line, column and field.
 
 use super::{
-    Bundle, DuplicateResponse, Duration, Forward, KeyPolicy, KeySource, Matcher, Mode, PathTemplate, RedisConfig,
-    RoutePolicy, SharedConfig, StoreKind, TokenPolicy, Unmatched,
+    Bundle, DuplicateResponse, Duration, FingerprintPart, Forward, KeyPolicy, KeySource, Matcher, Mode, PathTemplate,
+    RedisConfig, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, Unmatched,
 };
 use serde::{de, Deserialize, Deserializer};
 use std::fmt;
@@ -300,8 +300,30 @@ impl RawBundle {
                     r.name
                 )));
             }
-            let key = r.key.unwrap_or_default();
+            let mut key = r.key.unwrap_or_default();
+            key.sources = key_sources(&key).map_err(|m| error(format!("route {:?}: {m}", r.name)))?;
             let token = r.token.unwrap_or_default();
+            let template = match &matcher {
+                Matcher::Request { path, .. } => Some(path),
+                Matcher::RouteName(_) => None,
+            };
+            let fingerprint_values = key.fingerprint.iter().filter_map(|f| match f {
+                FingerprintPart::Value(v) => Some(v),
+                _ => None,
+            });
+            let mut read = key.sources.iter().chain(&key.scope).chain(fingerprint_values).chain(&token.scope);
+            if let Some(Source::Path(p)) =
+                read.find(|s| matches!(s, Source::Path(p) if !template.is_some_and(|t| t.has_param(p))))
+            {
+                return Err(error(format!(
+                    "route {:?}: path:{p} names a parameter of the route's path template, and {}",
+                    r.name,
+                    match template {
+                        Some(t) => format!("match.path {:?} has no {{{p}}}", t.source),
+                        None => "this route has no match.path (it is matched by Envoy route name)".to_string(),
+                    }
+                )));
+            }
             if is_token {
                 if !token.issue_path.starts_with('/') || token.issue_path.contains('?') {
                     return Err(error(format!(
@@ -312,12 +334,6 @@ impl RawBundle {
                 if token.ttl.millis == 0 {
                     return Err(error(format!("route {:?}: token.ttl must be positive", r.name)));
                 }
-            }
-            if key.from == KeySource::Body && !key.name.starts_with('/') {
-                return Err(error(format!(
-                    "route {:?}: key.name {:?} must be a JSON pointer like \"/transaction_id\" when key.from = \"body\"",
-                    r.name, key.name
-                )));
             }
             if r.forward == Forward::Detached && is_token {
                 return Err(error(format!(
@@ -354,6 +370,50 @@ impl RawBundle {
         }
         Ok(Bundle { shared: self.shared, redis: self.redis, routes, unmatched: self.unmatched })
     }
+}
+
+/// The longest composite key: more parts than this is a mistake, not a key.
+const MAX_KEY_PARTS: usize = 8;
+
+/// The key's parts: `key.parts`, or the one `key.from` + `key.name` name.
+fn key_sources(key: &KeyPolicy) -> Result<Vec<Source>, String> {
+    if !key.parts.is_empty() {
+        if key.from.is_some() || key.name.is_some() {
+            return Err("key.parts names every part of the key: drop key.from and key.name".into());
+        }
+        if key.parts.len() > MAX_KEY_PARTS {
+            return Err(format!("key.parts has {} parts; at most {MAX_KEY_PARTS}", key.parts.len()));
+        }
+        if let Some((i, dup)) = key.parts.iter().enumerate().find(|(i, p)| key.parts[..*i].contains(p)) {
+            return Err(format!(
+                "key.parts names {dup} twice (parts #{} and #{})",
+                key.parts[..i].iter().position(|p| p == dup).unwrap_or(0) + 1,
+                i + 1
+            ));
+        }
+        return Ok(key.parts.clone());
+    }
+    let from = key.from.unwrap_or(KeySource::Header);
+    let name = key.name.as_deref().unwrap_or("Idempotency-Key");
+    let source = match from {
+        KeySource::Header => Source::Header(name.to_string()),
+        KeySource::Query => Source::Query(name.to_string()),
+        KeySource::Form => Source::Form(name.to_string()),
+        KeySource::Body if name.starts_with('/') => Source::Body(name.to_string()),
+        KeySource::Body => {
+            return Err(format!(
+                "key.name {name:?} must be a JSON pointer like \"/transaction_id\" when key.from = \"body\""
+            ))
+        }
+        KeySource::Xml => Source::Xml(super::xml_path(name).map_err(|e| format!("key.name {name:?}: {e}"))?),
+        KeySource::Path if super::is_param_name(name) => Source::Path(name.to_string()),
+        KeySource::Path => {
+            return Err(format!(
+                "key.name {name:?} must be the name of a path template parameter when key.from = \"path\""
+            ))
+        }
+    };
+    Ok(vec![source])
 }
 
 /// Line and column of the `i`-th `[[route]]` header (TOML), or of the `"name"` member of the

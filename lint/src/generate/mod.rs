@@ -8,7 +8,8 @@
 //! |---|---|
 //! | the operation's method and path (as written under `paths`) | `match = { method, path }` |
 //! | `operationId` (kebab-case), else method and path | `name`, and the file name |
-//! | key in a header, the query or the body (a body key becomes a JSON pointer: `transaction_id` → `/transaction_id`, `$.data.id` → `/data/id`) | `[route.key]` `from`, `name` |
+//! | key in a header, the query, the path or the body (a JSON body key becomes a JSON pointer: `transaction_id` → `/transaction_id`, `$.data.id` → `/data/id`; a form-encoded body's is a `form` field; an XML body's an element under the schema's `xml.name` root) | `[route.key]` `from`, `name` |
+//! | key made of several names (`out_trade_no + trade_no（body）`) | `[route.key]` `parts = ["body:/out_trade_no", "body:/trade_no"]` |
 //! | key without a location | the location of the parameter or body property that declares it |
 //! | a header key named `…token…` whose issue endpoint (a documented `POST`) the operation's or the header's description names | `mode = "token"`, `[route.token]` `header`, `issue_path` |
 //! | expiry | `ttl` of the key or the token |
@@ -16,8 +17,8 @@
 //! | duplicate status 2xx | `on_completed = "replay"` (the first answer is replayed) and `[route.duplicate]` |
 //!
 //! An operation that cannot be written as a policy the filter enforces as documented (no key, a
-//! composite or path key, a 5xx duplicate, an undeclared key without location) is skipped with
-//! the reason: `idem-lint SPEC --policies DIR` then reports it (IDEM102), as it should.
+//! path key the path does not have, a 5xx duplicate, an undeclared key without location) is
+//! skipped with the reason: `idem-lint SPEC --policies DIR` then reports it (IDEM102), as it should.
 //!
 //! Every file is checked with the filter's parser before anything is written ([`write`]).
 
@@ -29,9 +30,11 @@ use crate::config::Config;
 use crate::loader::Workspace;
 use crate::model::{operations, Operation, METHODS};
 use crate::node::Node;
+use crate::policy::keys::{key_toml, spec_sources};
 use crate::policy::PolicyFile;
-use crate::section::{duration_secs, KeyIn, Tri};
+use crate::section::{duration_secs, Tri};
 use crate::statement::{statements, Loc, Statement};
+use idem_filter::policy::Source;
 
 /// One policy file to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,8 +121,7 @@ struct Policy {
     method: String,
     path: String,
     token: Option<String>,
-    from: &'static str,
-    key: String,
+    key: Vec<Source>,
     ttl: Option<String>,
     on_completed: Option<&'static str>,
     duplicate: Option<(u16, Option<String>)>,
@@ -134,7 +136,11 @@ impl Policy {
         match &self.token {
             Some(issue) => {
                 t.push_str("mode = \"token\"\n\n[route.token]\n");
-                t.push_str(&format!("header = {}\n", q(&self.key)));
+                let header = match self.key.as_slice() {
+                    [Source::Header(h)] => h.as_str(),
+                    _ => "",
+                };
+                t.push_str(&format!("header = {}\n", q(header)));
                 t.push_str(&format!("issue_path = {}\n", q(issue)));
                 if let Some(ttl) = &self.ttl {
                     t.push_str(&format!("ttl = {}\n", q(ttl)));
@@ -142,8 +148,7 @@ impl Policy {
             }
             None => {
                 t.push_str("mode = \"key\"\n\n[route.key]\n");
-                t.push_str(&format!("from = {}\n", q(self.from)));
-                t.push_str(&format!("name = {}\n", q(&self.key)));
+                t.push_str(&key_toml(&self.key));
                 if let Some(ttl) = &self.ttl {
                     t.push_str(&format!("ttl = {}\n", q(ttl)));
                 }
@@ -171,48 +176,13 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
             "it names no idempotency key (IDEM003): the gateway has nothing to deduplicate on".into(),
         ));
     };
-    let name = match key.value.names.as_slice() {
-        [] => {
-            return Err((
-                key.loc.clone(),
-                "its statement says it has no key: the gateway has nothing to deduplicate on".into(),
-            ))
-        }
-        [one] => one.trim().trim_matches('`').to_string(),
-        many => {
-            return Err((
-                key.loc.clone(),
-                format!(
-                    "its key is composite ({}): a policy key is one value; document one key the caller derives from these fields",
-                    many.join(" + ")
-                ),
-            ))
-        }
-    };
-    let location = match &key.value.location {
-        Some(l) => l.clone(),
-        None => declared_location(ws, op, &name).ok_or_else(|| {
-            (
-                key.loc.clone(),
-                format!("its key \"{name}\" has no location and is not declared as a header, query parameter or body property (IDEM004)"),
-            )
-        })?,
-    };
-    let from = match location {
-        KeyIn::Header => "header",
-        KeyIn::Query => "query",
-        KeyIn::Body => "body",
-        KeyIn::Path => {
-            return Err((
-                key.loc.clone(),
-                format!(
-                "its key \"{name}\" is a path parameter: the filter takes keys from a header, the query or the body"
-            ),
-            ))
-        }
-        KeyIn::Other(o) => return Err((key.loc.clone(), format!("its key location \"{o}\" is unknown (IDEM004)"))),
-    };
-    let key_name = if from == "body" { body_pointer(&name) } else { name.clone() };
+    if key.value.names.is_empty() {
+        return Err((
+            key.loc.clone(),
+            "its statement says it has no key: the gateway has nothing to deduplicate on".into(),
+        ));
+    }
+    let sources = spec_sources(ws, op, &key.value).map_err(|why| (key.loc.clone(), why))?;
     let duplicate =
         match &st.duplicate {
             Some(d) => match d.value.status {
@@ -242,10 +212,9 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
             _ => duration_secs(raw).filter(|s| *s > 0).map(duration_text),
         }
     });
-    let token = if from == "header" && name.to_ascii_lowercase().contains("token") {
-        issue_endpoint(ops, op, &name)
-    } else {
-        None
+    let token = match sources.as_slice() {
+        [Source::Header(name)] if name.to_ascii_lowercase().contains("token") => issue_endpoint(ops, op, name),
+        _ => None,
     };
     let on_completed = match (&token, &duplicate) {
         (None, Some((s, _))) if *s >= 400 => Some("reject"),
@@ -257,43 +226,11 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
         method: op.method.to_ascii_uppercase(),
         path: op.path.to_string(),
         token,
-        from,
-        key: key_name,
+        key: sources,
         ttl,
         on_completed,
         duplicate,
     })
-}
-
-/// Where an operation declares a key without a stated location: a header, then a query
-/// parameter, then a top-level body property.
-fn declared_location(ws: &Workspace, op: &Operation<'_>, name: &str) -> Option<KeyIn> {
-    if op.params.iter().any(|p| p.location == "header" && p.name.eq_ignore_ascii_case(name)) {
-        return Some(KeyIn::Header);
-    }
-    if op.params.iter().any(|p| p.location == "query" && p.name == name) {
-        return Some(KeyIn::Query);
-    }
-    let segments = crate::node::split_pointer(&body_pointer(name))?;
-    let in_body = op.body.fields.iter().any(|f| segments.len() == 1 && f.name == segments[0])
-        || op.body.schemas.iter().any(|s| {
-            let mut seen = std::collections::HashSet::new();
-            crate::rules::idem004_undeclared_key::schema_has(ws, *s, &segments, &mut seen)
-        });
-    in_body.then_some(KeyIn::Body)
-}
-
-/// A body key as the filter's JSON pointer: a pointer stays, a JSONPath `$.data.id` is
-/// `/data/id`, a property name is a top-level property (`transaction_id` → `/transaction_id`;
-/// `a.b` is the property called `a.b`, as IDEM004 reads it).
-fn body_pointer(name: &str) -> String {
-    if name.starts_with('/') {
-        return name.to_string();
-    }
-    match name.strip_prefix("$.") {
-        Some(path) => crate::node::pointer(path.split('.')),
-        None => crate::node::pointer([name]),
-    }
 }
 
 /// The token issue endpoint of a token-header operation: a documented `POST` operation whose
@@ -393,11 +330,6 @@ mod tests {
         assert_eq!(kebab("HTTPServerStart"), "http-server-start");
         assert_eq!(kebab("post /api/orders/{id}/pay"), "post-api-orders-id-pay");
         assert_eq!(kebab("下单"), "");
-        assert_eq!(body_pointer("transaction_id"), "/transaction_id");
-        assert_eq!(body_pointer("$.data.id"), "/data/id");
-        assert_eq!(body_pointer("/a/b"), "/a/b");
-        assert_eq!(body_pointer("a.b"), "/a.b");
-        assert_eq!(body_pointer("a/b"), "/a~1b");
         assert_eq!(duration_text(86_400), "1d");
         assert_eq!(duration_text(36 * 3600), "36h");
         assert_eq!(duration_text(600), "10m");

@@ -10,11 +10,13 @@
 //! - `file.rs`: one policy file, parsed, with the spans of its fields;
 //! - `set.rs`: the files of a set, loaded and checked across files, and their routes;
 //! - `bundle.rs`: the set merged into one table, written as TOML or JSON;
-//! - `envoy.rs`: the Envoy `http_filters` entry that carries a bundle.
+//! - `envoy.rs`: the Envoy `http_filters` entry that carries a bundle;
+//! - `keys.rs`: a spec's key as the filter's sources (what the generator writes, IDEM103 compares).
 
 mod bundle;
 mod envoy;
 mod file;
+pub mod keys;
 mod set;
 
 pub use self::envoy::envoy_filter;

@@ -1,19 +1,18 @@
 //! ## What it checks
 //!
 //! The policy takes the idempotency key (or, in token mode, the token) from another place, or
-//! under another name, than the operation's 幂等性说明 says. Compared, for every policy route and
-//! operation it matches:
+//! under another name, than the operation's 幂等性说明 says. For every policy route and operation it
+//! matches, the policy's key parts (`key.from` + `key.name`, or `key.parts`; token mode:
+//! `token.header`) are compared with the spec's key, each name with its location, read as the
+//! filter reads it: a body key is a JSON pointer (the spec's `transaction_id` is the policy's
+//! `/transaction_id`), a form field when the operation's body is form-encoded, an XML element
+//! under the schema's `xml.name` root when it is XML; header names compare case-insensitively. A
+//! key made of several names (`out_trade_no + trade_no`) must be the policy's `parts`, in any order.
 //!
-//! - the location: the policy's `key.from` (`header`, `query`, `body`; token mode: `header`)
-//!   against the spec's key location, when the spec names one;
-//! - the name: the policy's `key.name` (token mode: `token.header`) against the spec's key name.
-//!   Header names compare case-insensitively; a body key compares as a JSON pointer, so the spec's
-//!   `transaction_id` and the policy's `/transaction_id` are the same key. A spec key made of
-//!   several fields (`merchant_id + bill_date`) cannot match a policy, which takes one value.
-//!
-//! Operations whose statement names no key are IDEM003's business, not this rule's. The finding
-//! points at the policy's `key.from` or `key.name` (`token.header`); the related location is the
-//! spec's key.
+//! Operations whose statement names no key are IDEM003's business, and keys the filter cannot
+//! read as documented IDEM004's, not this rule's. The finding points at the policy's `key.from`
+//! when the kinds of place differ, else at `key.name` or `key.parts` (`token.header`); the related
+//! location is the spec's key.
 //!
 //! ## Why
 //!
@@ -41,8 +40,9 @@
 
 use super::cross::{CrossFinding, Place, PolicyCtx};
 use super::{Rule, Severity};
-use crate::section::KeyIn;
-use idem_filter::policy::{KeySource, Mode};
+use crate::policy::keys::{same_sources, spec_sources};
+use idem_filter::policy::{Mode, Source};
+use std::mem::discriminant;
 
 /// IDEM103 key-mismatch: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {
@@ -59,95 +59,52 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
         let route = ctx.routes[ri].route;
         let s = ctx.spans(ri);
-        let (from, name, what, from_place, name_place) = if route.mode == Mode::Token {
-            (
-                KeySource::Header,
-                route.token.header.as_str(),
-                "token",
-                ctx.policy_place(ri, &[(&s.token_header, "token/header"), (&s.token, "token"), (&s.mode, "mode")]),
-                ctx.policy_place(ri, &[(&s.token_header, "token/header"), (&s.token, "token"), (&s.mode, "mode")]),
-            )
+        let (policy, what, kind_place, name_place) = if route.mode == Mode::Token {
+            let token =
+                ctx.policy_place(ri, &[(&s.token_header, "token/header"), (&s.token, "token"), (&s.mode, "mode")]);
+            (vec![Source::Header(route.token.header.clone())], "token", token.clone(), token)
         } else {
             (
-                route.key.from,
-                route.key.name.as_str(),
+                route.key.sources.clone(),
                 "key",
-                ctx.policy_place(ri, &[(&s.key_from, "key/from"), (&s.key, "key")]),
-                ctx.policy_place(ri, &[(&s.key_name, "key/name"), (&s.key, "key")]),
+                ctx.policy_place(ri, &[(&s.key_from, "key/from"), (&s.key_parts, "key/parts"), (&s.key, "key")]),
+                ctx.policy_place(ri, &[(&s.key_name, "key/name"), (&s.key_parts, "key/parts"), (&s.key, "key")]),
             )
-        };
-        let from_str = match from {
-            KeySource::Header => "header",
-            KeySource::Query => "query",
-            KeySource::Body => "body",
         };
         for &oi in matched {
             let op = &ctx.ops[oi];
             let Some(st) = &op.statement else { continue };
             let Some(key) = &st.key else { continue };
-            let spec_place = Place::Spec { ws: op.ws, loc: key.loc.clone() };
-            let related = vec![(spec_place, format!("the key in {} of {}", st.origin.describe(), op.label()))];
-            if let Some(loc) = &key.value.location {
-                let same = matches!(
-                    (loc, from),
-                    (KeyIn::Header, KeySource::Header)
-                        | (KeyIn::Query, KeySource::Query)
-                        | (KeyIn::Body, KeySource::Body)
-                );
-                if !same {
-                    out.push(CrossFinding {
-                        code: RULE.code,
-                        primary: from_place.clone(),
-                        message: format!(
-                            "policy {:?} takes the {what} from the {from_str}, but the spec says {} of {} has it in the {}",
-                            route.name,
-                            key.value.names.join(" + "),
-                            op.label(),
-                            loc.as_str()
-                        ),
-                        related: related.clone(),
-                        op: Some(oi),
-                    });
-                    continue;
-                }
-            }
-            let names = &key.value.names;
-            if names.is_empty() {
+            if key.value.names.is_empty() {
                 continue;
             }
-            let matches_name = names.len() == 1 && same_name(from, name, &names[0]);
-            if !matches_name {
-                let spec_names = names.join(" + ");
-                let hint = if names.len() > 1 {
-                    " (a policy key is one value: document a single key, e.g. one the caller derives from these fields)"
-                } else {
-                    ""
-                };
-                out.push(CrossFinding {
-                    code: RULE.code,
-                    primary: name_place.clone(),
-                    message: format!(
-                        "policy {:?} names the {what} {name:?} ({from_str}), but the spec names {spec_names:?} for {}{hint}",
-                        route.name,
-                        op.label()
-                    ),
-                    related,
-                    op: Some(oi),
-                });
+            // A key the filter cannot read as documented is IDEM004's (or the generator's) finding.
+            let Ok(spec) = spec_sources(&ctx.workspaces[op.ws], &op.op, &key.value) else { continue };
+            if same_sources(&policy, &spec) {
+                continue;
             }
-        }
-    }
-}
-
-fn same_name(from: KeySource, policy: &str, spec: &str) -> bool {
-    let spec = spec.trim().trim_matches('`');
-    match from {
-        KeySource::Header => policy.eq_ignore_ascii_case(spec),
-        KeySource::Query => policy == spec,
-        KeySource::Body => {
-            let p = policy.strip_prefix('/').unwrap_or(policy);
-            let s = spec.strip_prefix("$.").or_else(|| spec.strip_prefix('/')).unwrap_or(spec);
-            p == s || p == s.replace('.', "/")
+            let kinds = |v: &[Source]| {
+                let mut k: Vec<_> = v.iter().map(discriminant).collect();
+                k.dedup();
+                k
+            };
+            let primary = if kinds(&policy) != kinds(&spec) { kind_place.clone() } else { name_place.clone() };
+            let list = |v: &[Source]| v.iter().map(Source::to_string).collect::<Vec<_>>().join(" + ");
+            let spec_place = Place::Spec { ws: op.ws, loc: key.loc.clone() };
+            out.push(CrossFinding {
+                code: RULE.code,
+                primary,
+                message: format!(
+                    "policy {:?} reads the {what} from {}, but the spec's key for {} is {} ({})",
+                    route.name,
+                    list(&policy),
+                    op.label(),
+                    list(&spec),
+                    key.raw.trim()
+                ),
+                related: vec![(spec_place, format!("the key in {} of {}", st.origin.describe(), op.label()))],
+                op: Some(oi),
+            });
         }
     }
 }

@@ -1,0 +1,129 @@
+//! Where a value of the request comes from: `header:<name>`, `query:<name>`, `cookie:<name>`,
+//! `metadata:<filter>/<field>/…`, `body:<JSON pointer>`, `form:<field>`, `xml:/<element>/…` and
+//! `path:<template parameter>`. Key parts, scope parts and fingerprint parts all name their
+//! values this way; what each role does with a value is in [`crate::key`] and
+//! [`crate::fingerprint`].
+
+use serde::{de, Deserialize, Deserializer};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A request header (its name as written; compared, hashed and shown in lower case where
+    /// it matters: header names are case-insensitive).
+    Header(String),
+    /// A query-string parameter (decoded).
+    Query(String),
+    /// A cookie of the `Cookie` header (session-cookie callers).
+    Cookie(String),
+    /// A value an earlier Envoy filter verified and wrote to the request's dynamic metadata,
+    /// e.g. `metadata:envoy.filters.http.jwt_authn/jwt_payload/sub` (a JWT's subject stays the
+    /// same when the client refreshes its token).
+    Metadata(Vec<String>),
+    /// A member of the JSON body, by JSON pointer (`/transaction_id`).
+    Body(String),
+    /// A field of an `application/x-www-form-urlencoded` body (Alipay's notify).
+    Form(String),
+    /// The text of an element of a plain XML body, by its path from the root (WeChat Pay v2's
+    /// `/xml/transaction_id`).
+    Xml(Vec<String>),
+    /// A `{param}` of the route's path template (`path:order_id` for `/orders/{order_id}/pay`).
+    Path(String),
+}
+
+impl Source {
+    /// Whether reading it needs the request body.
+    pub fn reads_body(&self) -> bool {
+        matches!(self, Source::Body(_) | Source::Form(_) | Source::Xml(_))
+    }
+
+    /// Parses `kind:argument`.
+    pub fn parse(s: &str) -> Result<Source, String> {
+        let bad = |why: &str| format!("invalid source {s:?}: {why}; expected {EXPECTED}");
+        let (kind, arg) = s.split_once(':').ok_or_else(|| bad("no `kind:`"))?;
+        if arg.is_empty() {
+            return Err(bad("nothing after the colon"));
+        }
+        match kind {
+            "header" => Ok(Source::Header(arg.to_string())),
+            "query" => Ok(Source::Query(arg.to_string())),
+            "cookie" => Ok(Source::Cookie(arg.to_string())),
+            "form" => Ok(Source::Form(arg.to_string())),
+            "path" if is_param_name(arg) => Ok(Source::Path(arg.to_string())),
+            "path" => Err(bad("a path parameter is a name like `order_id`")),
+            "body" if arg.starts_with('/') => Ok(Source::Body(arg.to_string())),
+            "body" => Err(bad("a body source is a JSON pointer like `body:/transaction_id`")),
+            "xml" => xml_path(arg).map(Source::Xml).map_err(|why| bad(&why)),
+            "metadata" => {
+                let path: Vec<String> = arg.split('/').map(str::to_string).collect();
+                if path.len() < 2 || path.iter().any(String::is_empty) {
+                    return Err(bad("metadata needs a filter and a field, like `metadata:envoy.filters.http.jwt_authn/jwt_payload/sub`"));
+                }
+                Ok(Source::Metadata(path))
+            }
+            _ => Err(bad(&format!("unknown kind `{kind}`"))),
+        }
+    }
+}
+
+const EXPECTED: &str =
+    "header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, \
+form:<field>, xml:/<element>[/…] or path:<template parameter>";
+
+/// `/xml/transaction_id` → `["xml", "transaction_id"]`: element names (XML `Name`s without a
+/// namespace prefix), from the root.
+pub fn xml_path(arg: &str) -> Result<Vec<String>, String> {
+    let Some(rest) = arg.strip_prefix('/') else {
+        return Err("an XML source is an element path from the root, like `xml:/xml/transaction_id`".into());
+    };
+    let names: Vec<String> = rest.split('/').map(str::to_string).collect();
+    let valid = |n: &str| {
+        n.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+            && n.chars().all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    if let Some(bad) = names.iter().find(|n| !valid(n)) {
+        return Err(format!("`{bad}` is not an element name"));
+    }
+    Ok(names)
+}
+
+/// A template parameter name: `{order_id}`'s `order_id`.
+pub fn is_param_name(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Header(h) => write!(f, "header:{}", h.to_ascii_lowercase()),
+            Source::Query(q) => write!(f, "query:{q}"),
+            Source::Cookie(c) => write!(f, "cookie:{c}"),
+            Source::Metadata(path) => write!(f, "metadata:{}", path.join("/")),
+            Source::Body(p) => write!(f, "body:{p}"),
+            Source::Form(n) => write!(f, "form:{n}"),
+            Source::Xml(path) => write!(f, "xml:/{}", path.join("/")),
+            Source::Path(p) => write!(f, "path:{p}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Source {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Source::parse(&s).map_err(de::Error::custom)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Source {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Source".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…] or path:<template parameter>.",
+            "type": "string",
+            "pattern": "^(header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+)$"
+        })
+    }
+}
