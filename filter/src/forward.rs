@@ -65,9 +65,16 @@ pub fn ending(status: u16, headers: Vec<Pair>, body: Vec<u8>, max_response_bytes
 
 /// What the waiting client gets once the detached call ended: the upstream's answer with its
 /// replayable headers (whole, even when too large to store), or the unknown-outcome answer.
-pub fn answer(status: u16, headers: &[Pair], body: &[u8], first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
+pub fn answer(
+    answers: &crate::answers::Answers,
+    status: u16,
+    headers: &[Pair],
+    body: &[u8],
+    first_seen_ms: u64,
+    held_until_ms: u64,
+) -> LocalReply {
     if status == 0 {
-        return response::outcome_unknown(first_seen_ms, held_until_ms);
+        return response::outcome_unknown(answers, first_seen_ms, held_until_ms);
     }
     // The first caller's own answer keeps its cookies (only replays drop them); what Envoy
     // recomputes for a local reply (length, date, hop-by-hop) is left out.

@@ -8,6 +8,7 @@
 //! root context does for all of them), all talking to Envoy through the [`host::Host`] trait.
 //! The proxy-wasm glue in `glue` is compiled only for `wasm32` and only translates callbacks.
 
+pub mod answers;
 pub mod engine;
 pub mod fingerprint;
 pub mod form;

@@ -1,6 +1,7 @@
 //! Answers the filter gives itself: stored responses (what is kept, how it is encoded, how it is
 //! replayed) and the JSON local replies with their stable codes.
 
+use crate::answers::{Answer, Answers};
 use crate::policy::DuplicateResponse;
 
 /// A header: a lower-case name and its value as bytes (an upstream may send Latin-1).
@@ -12,6 +13,12 @@ pub struct LocalReply {
     pub status: u16,
     pub headers: Vec<Header>,
     pub body: Vec<u8>,
+}
+
+impl LocalReply {
+    pub fn new(status: u16, content_type: &str, body: Vec<u8>) -> Self {
+        LocalReply { status, headers: vec![("content-type".into(), content_type.as_bytes().to_vec())], body }
+    }
 }
 
 /// A remembered upstream response: status, the headers safe to replay, body.
@@ -121,7 +128,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A JSON local reply with a stable `code`.
+/// A JSON local reply with a stable `code` (the token endpoint's answers; the gateway's own
+/// errors take the route's shape through [`Answers`]).
 pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_json::Value)]) -> LocalReply {
     let mut body = serde_json::Map::new();
     body.insert("code".into(), code.into());
@@ -129,19 +137,15 @@ pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_
     for (k, v) in extra {
         body.insert((*k).into(), v.clone());
     }
-    LocalReply {
-        status,
-        headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: serde_json::to_vec(&body).unwrap_or_default(),
-    }
+    LocalReply::new(status, "application/json", serde_json::to_vec(&body).unwrap_or_default())
 }
 
-/// The route's duplicate response, with when the first request was seen (when known).
-pub fn duplicate(dup: &DuplicateResponse, first_seen_ms: Option<u64>) -> LocalReply {
-    match first_seen_ms {
-        Some(ms) => json_reply(dup.status, &dup.code, &dup.message, &[("first_seen_at", rfc3339(ms).into())]),
-        None => json_reply(dup.status, &dup.code, &dup.message, &[]),
-    }
+/// The route's duplicate response, with when the first request was seen (when known): its own
+/// `body` when it has one (a provider's exact success answer), else in the route's shape.
+pub fn duplicate(answers: &Answers, dup: &DuplicateResponse, first_seen_ms: Option<u64>) -> LocalReply {
+    let a = Answer { status: dup.status, code: &dup.code, message: &dup.message, first_seen_ms, ..Default::default() };
+    let own = dup.body.as_ref().map(|b| (b, dup.content_type.as_str()));
+    answers.render_with(&a, own)
 }
 
 /// How long a client should wait before asking again about a request still in progress.
@@ -152,13 +156,15 @@ pub const IN_PROGRESS_RETRY_AFTER_S: u64 = 1;
 
 /// `409 REQUEST_IN_PROGRESS` with a short `Retry-After`: the first request is still waiting for
 /// the upstream, and its answer will be replayed to a later retry.
-pub fn in_progress(first_seen_ms: u64) -> LocalReply {
-    let mut reply = json_reply(
-        409,
-        "REQUEST_IN_PROGRESS",
-        "a request with this idempotency key is still being processed; retry shortly",
-        &[("first_seen_at", rfc3339(first_seen_ms).into())],
-    );
+pub fn in_progress(answers: &Answers, first_seen_ms: u64) -> LocalReply {
+    let mut reply = answers.render(&Answer {
+        status: 409,
+        code: "REQUEST_IN_PROGRESS",
+        message: "a request with this idempotency key is still being processed; retry shortly",
+        first_seen_ms: Some(first_seen_ms),
+        held_until_ms: None,
+        retryable: true,
+    });
     reply.headers.push(("retry-after".into(), IN_PROGRESS_RETRY_AFTER_S.to_string().into_bytes()));
     reply
 }
@@ -167,16 +173,24 @@ pub fn in_progress(first_seen_ms: u64) -> LocalReply {
 /// (client gone, upstream reset or timeout), so the service may have done the work. Retrying
 /// cannot help — only reconciliation can say — so there is no `Retry-After`, and
 /// `x-should-retry: false` stops SDKs (Stainless-generated ones honour it) from trying again.
-pub fn outcome_unknown(first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
-    let mut reply = json_reply(
-        409,
-        "IDEMPOTENCY_OUTCOME_UNKNOWN",
-        "an earlier request with this idempotency key was forwarded and its outcome is unknown; \
-         it may have been carried out. Check its effect before sending new work with another key",
-        &[("first_seen_at", rfc3339(first_seen_ms).into()), ("held_until", rfc3339(held_until_ms).into())],
-    );
+pub fn outcome_unknown(answers: &Answers, first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
+    let mut reply = answers.render(&Answer {
+        status: 409,
+        code: "IDEMPOTENCY_OUTCOME_UNKNOWN",
+        message: "an earlier request with this idempotency key was forwarded and its outcome is unknown; \
+                  it may have been carried out. Check its effect before sending new work with another key",
+        first_seen_ms: Some(first_seen_ms),
+        held_until_ms: Some(held_until_ms),
+        retryable: false,
+    });
     reply.headers.push(("x-should-retry".into(), b"false".to_vec()));
     reply
+}
+
+/// One of the gateway's errors (`IDEMPOTENCY_*`), in the route's shape.
+pub fn error(answers: &Answers, status: u16, code: &str, message: &str) -> LocalReply {
+    let retryable = matches!(code, "IDEMPOTENCY_STORE_UNAVAILABLE" | "IDEMPOTENCY_UPSTREAM_UNAVAILABLE");
+    answers.render(&Answer { status, code, message, retryable, ..Default::default() })
 }
 
 /// RFC 3339 UTC timestamp, second precision.

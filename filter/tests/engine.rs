@@ -567,3 +567,77 @@ fn arbitrary_header_bytes_always_get_a_decision() {
         }
     }
 }
+
+const SHAPED: &str = r#"
+[answers]
+format = "problem"
+type_base = "https://errors.example.com/idem/"
+
+[[route]]
+name = "stripe"
+match = { method = "POST", path = "/v1/charges" }
+[route.key]
+scope = []
+[route.answers]
+template = '{"error":{"type":"idempotency_error","code":"{{code}}","message":"{{message}}"}}'
+headers = { "Stripe-Should-Retry" = "{{should_retry}}" }
+
+[[route]]
+name = "problem"
+match = { method = "POST", path = "/orders" }
+[route.key]
+scope = []
+
+[[route]]
+name = "alipay"
+match = { method = "POST", path = "/notify" }
+[route.key]
+from = "form"
+name = "notify_id"
+scope = []
+fingerprint = []
+on_completed = "reject"
+[route.duplicate]
+status = 200
+body = "success"
+"#;
+
+fn header<'a>(r: &'a LocalReply, name: &str) -> Option<&'a str> {
+    r.headers.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
+}
+
+#[test]
+fn answers_take_the_apis_own_shape() {
+    let (host, e) = engine_with(SHAPED);
+    let charge = |key: &str, body: &str| Req::post("/v1/charges").key(key).body(body);
+    decide(&host, &e, &charge("c1", r#"{"amount":100}"#));
+    // In progress, in Stripe's envelope: retryable, with Retry-After beside Stripe's header.
+    let busy = decide(&host, &e, &charge("c1", r#"{"amount":100}"#));
+    let (r, v) = reply(&busy);
+    assert_eq!((r.status, v["error"]["code"].as_str()), (409, Some("REQUEST_IN_PROGRESS")));
+    assert_eq!(v["error"]["type"], "idempotency_error");
+    assert_eq!((header(r, "stripe-should-retry"), header(r, "retry-after")), (Some("true"), Some("1")));
+    // Another payload under the key: not retryable.
+    let reused = decide(&host, &e, &charge("c1", r#"{"amount":999}"#));
+    let (r, v) = reply(&reused);
+    assert_eq!((r.status, v["error"]["code"].as_str()), (422, Some("IDEMPOTENCY_KEY_REUSED")));
+    assert_eq!(header(r, "stripe-should-retry"), Some("false"));
+    // A route without its own shape takes the bundle's: RFC 9457.
+    let missing = decide(&host, &e, &Req::post("/orders"));
+    let (r, v) = reply(&missing);
+    assert_eq!(header(r, "content-type"), Some("application/problem+json"));
+    assert_eq!(v["type"], "https://errors.example.com/idem/idempotency-key-missing");
+    assert_eq!((v["status"].as_u64(), v["code"].as_str()), (Some(400), Some("IDEMPOTENCY_KEY_MISSING")));
+    assert!(v["detail"].as_str().unwrap().contains("Idempotency-Key"));
+    // A duplicate with its own body: the provider's exact success answer.
+    let notify = Req::post("/notify").body("notify_id=n1&trade_status=TRADE_SUCCESS");
+    let first = decide(&host, &e, &notify);
+    let r = route(&e, &notify);
+    e.finish_shared(&host, r, &ticket(&first), ok(200, "success"));
+    let again = decide(&host, &e, &notify);
+    let (r, _) = reply(&again);
+    assert_eq!(
+        (r.status, r.body.as_slice(), header(r, "content-type")),
+        (200, &b"success"[..], Some("text/plain; charset=utf-8"))
+    );
+}

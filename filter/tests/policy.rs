@@ -242,6 +242,19 @@ fn other_field_errors_are_precise() {
         ("[[route]]\nname = \"a\"\n[route.key]\nscope = [\"path:merchant\"]\n", "path:merchant names a parameter"),
         ("[[route]]\nname = \"a\"\n[route.key]\nfingerprint = [\"cookie:x\"]\n", "invalid fingerprint part"),
         ("[[route]]\nname = \"a\"\nmatch = { path = \"/o/{id}/{id}\" }\n", "appears twice"),
+        // Answers in the API's own shape.
+        ("[answers]\ntemplate = '{\"code\":\"{{kode}}\"}'\n", "unknown placeholder `{{kode}}`"),
+        ("[answers]\ntemplate = '{\"code\":{{message}}}'\n", "not JSON once its placeholders are filled in"),
+        ("[answers]\nformat = \"xml\"\n", "unknown format \"xml\""),
+        ("[answers]\nformat = \"template\"\n", "needs `template`"),
+        ("[answers]\nheaders = { \"Bad Name\" = \"x\" }\n", "not a header name"),
+        ("[answers]\ncolour = \"red\"\n", "unknown field `colour`"),
+        ("[[route]]\nname = \"a\"\n[route.answers]\ntemplate = \"{{code\"\n", "unclosed placeholder"),
+        (
+            "[[route]]\nname = \"a\"\n[route.duplicate]\nstatus = 200\nbody = '{\"code\":SUCCESS}'\ncontent_type = \"application/json\"\n",
+            "[route.duplicate] `body` is not JSON",
+        ),
+        ("[[route]]\nname = \"a\"\n[route.duplicate]\nbody = \"{{nope}}\"\n", "unknown placeholder `{{nope}}`"),
     ];
     for (src, want) in cases {
         let e = err(src);

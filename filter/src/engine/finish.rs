@@ -35,7 +35,7 @@ impl Engine {
         let policy = self.policy(p.route)?;
         match claim {
             Claim::InFlight { first_seen_ms, .. } => {
-                let reply = response::in_progress(first_seen_ms);
+                let reply = response::in_progress(&policy.answers, first_seen_ms);
                 Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
             }
             Claim::Completed { first_seen_ms, status, response, same_payload }

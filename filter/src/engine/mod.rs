@@ -51,7 +51,8 @@ impl Engine {
     /// The policy of a route index the engine handed out (`Bundle::find`, a `Prepared`), or, for
     /// one it never did (a bug), the 503 answer instead of a panic.
     fn checked(&self, route: usize) -> Result<&RoutePolicy, Verdict> {
-        self.policy(route).ok_or_else(|| verdict(Outcome::StoreError, store_unavailable(), "unknown route", None))
+        self.policy(route)
+            .ok_or_else(|| verdict(Outcome::StoreError, store_unavailable(&self.bundle.answers), "unknown route", None))
     }
 
     /// A route's lease (`lock_ttl`), in milliseconds.
@@ -75,11 +76,11 @@ impl Engine {
         if self.bundle.unmatched == Unmatched::Pass || safe {
             return None;
         }
-        Some(response::json_reply(
+        Some(response::error(
+            &self.bundle.answers,
             400,
             "IDEMPOTENCY_NO_POLICY",
             "no idempotency policy matches this method and path on a route that requires one",
-            &[],
         ))
     }
 
@@ -106,11 +107,11 @@ impl Engine {
     /// The request body is larger than the route allows.
     pub fn body_too_large(&self, route: usize) -> Option<Verdict> {
         let policy = self.policy(route)?;
-        let reply = response::json_reply(
+        let reply = response::error(
+            &policy.answers,
             413,
             "IDEMPOTENCY_BODY_TOO_LARGE",
             &format!("the request body exceeds {} bytes", policy.max_body_bytes),
-            &[],
         );
         Some(shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None))
     }
@@ -119,12 +120,12 @@ impl Engine {
     /// (`allow_on_headers_stop_iteration` is off): refuse promptly rather than hang.
     pub fn body_withheld(&self, route: usize) -> Option<Verdict> {
         let policy = self.policy(route)?;
-        let reply = response::json_reply(
+        let reply = response::error(
+            &policy.answers,
             500,
             "IDEMPOTENCY_MISCONFIGURED",
             "the gateway does not pass the request body to the idempotency filter before forwarding, and this \
              route needs it; the gateway's operators must enable allow_on_headers_stop_iteration",
-            &[],
         );
         Some(shadowed(policy, Outcome::Misconfigured, reply, "body_withheld".into(), None))
     }
@@ -136,23 +137,23 @@ impl Engine {
             let token = match key::single_header(req, &policy.token.header) {
                 Ok(Some(t)) if key::validate(&t).is_ok() => t,
                 Ok(Some(_)) | Err(_) => {
-                    let reply = response::json_reply(
+                    let reply = response::error(
+                        &policy.answers,
                         400,
                         "IDEMPOTENCY_TOKEN_INVALID",
                         &format!("header {} is not a valid token", policy.token.header),
-                        &[],
                     );
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "invalid_token", None)));
                 }
                 Ok(None) => {
-                    let reply = response::json_reply(
+                    let reply = response::error(
+                        &policy.answers,
                         400,
                         "IDEMPOTENCY_TOKEN_MISSING",
                         &format!(
                             "header {} is missing; get a token from POST {}",
                             policy.token.header, policy.token.issue_path
                         ),
-                        &[],
                     );
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "missing_token", None)));
                 }
@@ -234,16 +235,16 @@ impl Engine {
             Claim::InFlight { same_payload: false, .. }
             | Claim::Completed { same_payload: false, .. }
             | Claim::Unknown { same_payload: false, .. } => {
-                let reply = response::json_reply(
+                let reply = response::error(
+                    &policy.answers,
                     422,
                     "IDEMPOTENCY_KEY_REUSED",
                     "this idempotency key was already used with a different request",
-                    &[],
                 );
                 shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
             }
             Claim::Unknown { first_seen_ms, held_until_ms, .. } => {
-                let reply = response::outcome_unknown(first_seen_ms, held_until_ms);
+                let reply = response::outcome_unknown(&policy.answers, first_seen_ms, held_until_ms);
                 shadowed(policy, Outcome::OutcomeUnknown, reply, "outcome_unknown".into(), k)
             }
             Claim::InFlight { first_seen_ms, .. } => {
@@ -258,7 +259,7 @@ impl Engine {
                     };
                 }
                 let cause = if waited { "in_flight_wait_timeout" } else { "in_flight" };
-                let reply = response::in_progress(first_seen_ms);
+                let reply = response::in_progress(&policy.answers, first_seen_ms);
                 shadowed(policy, Outcome::InFlight, reply, cause.into(), k)
             }
             Claim::Completed { response: Some(stored), .. } if policy.key.on_completed == OnCompleted::Replay => {
@@ -267,7 +268,7 @@ impl Engine {
             }
             Claim::Completed { first_seen_ms, response, .. } => {
                 let cause = if response.is_none() { "tombstone" } else { "completed" };
-                let reply = response::duplicate(&policy.duplicate, Some(first_seen_ms));
+                let reply = response::duplicate(&policy.answers, &policy.duplicate, Some(first_seen_ms));
                 shadowed(policy, Outcome::RejectedDuplicate, reply, cause.into(), k)
             }
         }
@@ -290,13 +291,13 @@ impl Engine {
             },
             Ok(TokenUse::Used { used_at_ms }) => Verdict {
                 outcome: Outcome::TokenRejected,
-                action: Action::Reply(response::duplicate(&policy.duplicate, Some(used_at_ms))),
+                action: Action::Reply(response::duplicate(&policy.answers, &policy.duplicate, Some(used_at_ms))),
                 cause: "token_used".into(),
                 key: k,
             },
             Ok(TokenUse::Unknown) => Verdict {
                 outcome: Outcome::TokenRejected,
-                action: Action::Reply(response::duplicate(&policy.duplicate, None)),
+                action: Action::Reply(response::duplicate(&policy.answers, &policy.duplicate, None)),
                 cause: "token_unknown_or_expired".into(),
                 key: k,
             },
@@ -314,7 +315,7 @@ impl Engine {
                 key,
             };
         }
-        shadowed(policy, Outcome::StoreError, store_unavailable(), e.to_string(), key)
+        shadowed(policy, Outcome::StoreError, store_unavailable(&policy.answers), e.to_string(), key)
     }
 }
 
@@ -322,8 +323,8 @@ pub(super) fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Opt
     Verdict { outcome, action: Action::Reply(reply), cause: cause.into(), key }
 }
 
-pub(super) fn store_unavailable() -> LocalReply {
-    response::json_reply(503, "IDEMPOTENCY_STORE_UNAVAILABLE", "the idempotency store is unavailable; retry later", &[])
+pub(super) fn store_unavailable(answers: &crate::answers::Answers) -> LocalReply {
+    response::error(answers, 503, "IDEMPOTENCY_STORE_UNAVAILABLE", "the idempotency store is unavailable; retry later")
 }
 
 pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
@@ -335,15 +336,15 @@ pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
             key: None,
         },
         KeyError::Missing(why) => {
-            let reply = response::json_reply(400, "IDEMPOTENCY_KEY_MISSING", &why, &[]);
+            let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_KEY_MISSING", &why);
             shadowed(policy, Outcome::MissingKey, reply, "missing_key".into(), None)
         }
         KeyError::Invalid(why) => {
-            let reply = response::json_reply(400, "IDEMPOTENCY_KEY_INVALID", &why, &[]);
+            let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_KEY_INVALID", &why);
             shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
         }
         KeyError::ScopeMissing(why) => {
-            let reply = response::json_reply(400, "IDEMPOTENCY_SCOPE_MISSING", &why, &[]);
+            let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_SCOPE_MISSING", &why);
             shadowed(policy, Outcome::MissingScope, reply, "missing_scope".into(), None)
         }
     }

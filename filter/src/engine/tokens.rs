@@ -72,7 +72,7 @@ impl Engine {
             Err(v) => return v,
         };
         if let Err(e) = stored {
-            return verdict(Outcome::StoreError, store_unavailable(), &e.to_string(), None);
+            return verdict(Outcome::StoreError, store_unavailable(&policy.answers), &e.to_string(), None);
         }
         let ttl = policy.token.ttl.millis;
         let mut reply = response::json_reply(

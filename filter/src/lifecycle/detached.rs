@@ -40,11 +40,13 @@ impl Worker {
                 }
                 Err(e) => {
                     host.log(Level::Error, &format!("idem: detached call to cluster {} not sent: {e:?}", call.cluster));
-                    let reply = crate::response::json_reply(
+                    let default = crate::answers::Answers::default();
+                    let answers = self.engine.policy(call.route).map_or(&default, |p| &p.answers);
+                    let reply = crate::response::error(
+                        answers,
                         503,
                         "IDEMPOTENCY_UPSTREAM_UNAVAILABLE",
                         "the request could not be sent upstream; retry later",
-                        &[],
                     );
                     let ending = Ending::NoResponse { forwarded: false };
                     let after = After::Deliver(call.ctx, reply);
@@ -70,7 +72,7 @@ impl Worker {
             return;
         };
         let hold_until = host.now_ms().saturating_add(policy.key.unknown_hold_ms());
-        let reply = crate::forward::answer(status, &headers, &body, call.first_seen_ms, hold_until);
+        let reply = crate::forward::answer(&policy.answers, status, &headers, &body, call.first_seen_ms, hold_until);
         let ending = crate::forward::ending(status, headers, body, policy.max_response_bytes as usize);
         let after = After::Deliver(call.ctx, reply);
         if let Some(after) = self.finish_ticket(host, call.route, &call.ticket, call.key, ending, after) {

@@ -515,11 +515,13 @@ impl Stream {
         let headers = match crate::forward::upstream_headers(&self.request.headers) {
             Ok(h) => h,
             Err(name) => {
-                let reply = crate::response::json_reply(
+                let default = crate::answers::Answers::default();
+                let answers = w.engine.policy(route).map_or(&default, |p| &p.answers);
+                let reply = crate::response::error(
+                    answers,
                     400,
                     "IDEMPOTENCY_HEADER_INVALID",
                     &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
-                    &[],
                 );
                 let ending = Ending::NoResponse { forwarded: false };
                 let _ = w.finish_ticket(host, route, &ticket, key, ending, After::Nothing);

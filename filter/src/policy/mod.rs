@@ -24,6 +24,8 @@ use serde::Deserialize;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bundle {
     pub shared: SharedConfig,
+    /// The shape of the gateway's own answers (`[answers]`), for routes without their own.
+    pub answers: crate::answers::Answers,
     /// The `[redis]` table; required when a route uses `store = "redis"`.
     pub redis: Option<RedisConfig>,
     pub routes: Vec<RoutePolicy>,
@@ -131,6 +133,8 @@ pub struct RoutePolicy {
     pub key: KeyPolicy,
     pub token: TokenPolicy,
     pub duplicate: DuplicateResponse,
+    /// The shape of the gateway's own answers on this route (`[route.answers]`, else `[answers]`).
+    pub answers: crate::answers::Answers,
     pub forward: Forward,
     /// Timeout of the upstream call when `forward = "detached"`.
     pub upstream_timeout: Duration,
@@ -351,6 +355,11 @@ pub struct DuplicateResponse {
     #[serde(deserialize_with = "fields::de_nonempty")]
     pub code: String,
     pub message: String,
+    /// The duplicate answer's own body (a template), instead of the route's answer shape: a
+    /// provider's exact success answer (Alipay's `success`, WeChat Pay's `{"code":"SUCCESS"}`).
+    pub body: Option<crate::answers::Template>,
+    /// The content type of `body`.
+    pub content_type: String,
 }
 
 impl Default for DuplicateResponse {
@@ -359,6 +368,8 @@ impl Default for DuplicateResponse {
             status: 409,
             code: "DUPLICATE_REQUEST".to_string(),
             message: "duplicate request".to_string(),
+            body: None,
+            content_type: "text/plain; charset=utf-8".to_string(),
         }
     }
 }

@@ -5,6 +5,7 @@ use super::{
     Bundle, DuplicateResponse, Duration, FingerprintPart, Forward, KeyPolicy, KeySource, Matcher, Mode, PathTemplate,
     RedisConfig, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, Unmatched,
 };
+use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
 use std::fmt;
 
@@ -114,6 +115,9 @@ struct RawBundle {
     route: Vec<RawRoute>,
     #[serde(default = "default_unmatched")]
     unmatched: Unmatched,
+    /// The shape of the gateway's own answers, for every route without `[route.answers]`.
+    #[serde(default)]
+    answers: Option<Answers>,
     /// Higress' per-route rules (its WasmPlugin `matchRules`, sent as `_rules_` with
     /// `_match_route_`): refused with what to write instead, not as an unknown field.
     #[serde(rename = "_rules_", default)]
@@ -164,6 +168,9 @@ struct RawRoute {
     token: Option<TokenPolicy>,
     #[serde(default)]
     duplicate: DuplicateResponse,
+    /// The shape of the gateway's own answers on this route.
+    #[serde(default)]
+    answers: Option<Answers>,
 }
 
 fn default_mode() -> Mode {
@@ -354,6 +361,10 @@ impl RawBundle {
                     r.name
                 )));
             }
+            if let Some(body) = &r.duplicate.body {
+                crate::answers::check_body(body, &r.duplicate.content_type)
+                    .map_err(|e| error(format!("route {:?}: [route.duplicate] `body` {e}", r.name)))?;
+            }
             routes.push(RoutePolicy {
                 name: r.name,
                 matcher,
@@ -364,11 +375,18 @@ impl RawBundle {
                 key,
                 token,
                 duplicate: r.duplicate,
+                answers: r.answers.or_else(|| self.answers.clone()).unwrap_or_default(),
                 forward: r.forward,
                 upstream_timeout: r.upstream_timeout,
             });
         }
-        Ok(Bundle { shared: self.shared, redis: self.redis, routes, unmatched: self.unmatched })
+        Ok(Bundle {
+            shared: self.shared,
+            redis: self.redis,
+            routes,
+            unmatched: self.unmatched,
+            answers: self.answers.unwrap_or_default(),
+        })
     }
 }
 

@@ -1,0 +1,489 @@
+//! The shape of the answers the gateway gives itself (400, 409, 413, 422, 500, 503 and the
+//! duplicate response), so that the API's own SDKs read them: our JSON (`{"code","message",…}`,
+//! the default), RFC 9457 `application/problem+json`, or a template of the API's own envelope
+//! (Stripe's `{"error":{"type":…,"code":…,"message":…}}`), plus headers (`Stripe-Should-Retry`).
+//!
+//! Set bundle-wide in `[answers]`, per route in `[route.answers]`. Templates name values as
+//! `{{code}}`, `{{message}}`, `{{status}}`, `{{title}}`, `{{type}}`, `{{first_seen_at}}`,
+//! `{{held_until}}` and `{{should_retry}}` (`true`/`false`); a value is escaped for the
+//! template's content type (JSON string escapes when it says `json`, XML escapes when it says
+//! `xml`). A template is checked when the policy loads: unknown names are refused, and a JSON
+//! template must be JSON once filled in.
+
+use crate::response::LocalReply;
+use serde::{de, Deserialize, Deserializer};
+use std::collections::BTreeMap;
+
+/// One value a template can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Var {
+    Code,
+    Message,
+    Status,
+    Title,
+    Type,
+    FirstSeenAt,
+    HeldUntil,
+    ShouldRetry,
+}
+
+const VARS: [(&str, Var); 8] = [
+    ("code", Var::Code),
+    ("message", Var::Message),
+    ("status", Var::Status),
+    ("title", Var::Title),
+    ("type", Var::Type),
+    ("first_seen_at", Var::FirstSeenAt),
+    ("held_until", Var::HeldUntil),
+    ("should_retry", Var::ShouldRetry),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Var(Var),
+}
+
+/// A text with `{{name}}` placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    pieces: Vec<Piece>,
+}
+
+impl Template {
+    pub fn parse(source: &str) -> Result<Template, String> {
+        let mut pieces = Vec::new();
+        let mut rest = source;
+        while let Some(start) = rest.find("{{") {
+            let (text, after) = rest.split_at(start);
+            if !text.is_empty() {
+                pieces.push(Piece::Text(text.to_string()));
+            }
+            let after = after.get(2..).unwrap_or("");
+            let Some(end) = after.find("}}") else {
+                return Err(format!("unclosed placeholder `{{{{{}`", after.chars().take(20).collect::<String>()));
+            };
+            let name = after.get(..end).unwrap_or("").trim();
+            let var = VARS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).ok_or_else(|| {
+                let known: Vec<String> = VARS.iter().map(|(n, _)| format!("{{{{{n}}}}}")).collect();
+                format!("unknown placeholder `{{{{{name}}}}}`; known: {}", known.join(", "))
+            })?;
+            pieces.push(Piece::Var(var));
+            rest = after.get(end + 2..).unwrap_or("");
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Text(rest.to_string()));
+        }
+        Ok(Template { pieces })
+    }
+
+    /// The text with every value filled in, escaped by `escape`.
+    fn fill(&self, values: &dyn Fn(Var) -> String, escape: Escape) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Var(v) => escape.push(&mut out, &values(*v)),
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Escape {
+    Json,
+    Xml,
+    None,
+}
+
+impl Escape {
+    fn for_content_type(ct: &str) -> Escape {
+        let ct = ct.to_ascii_lowercase();
+        if ct.contains("json") {
+            Escape::Json
+        } else if ct.contains("xml") {
+            Escape::Xml
+        } else {
+            Escape::None
+        }
+    }
+
+    fn push(self, out: &mut String, value: &str) {
+        match self {
+            Escape::None => out.push_str(value),
+            Escape::Json => {
+                let quoted = serde_json::Value::from(value).to_string();
+                out.push_str(quoted.get(1..quoted.len().saturating_sub(1)).unwrap_or(""));
+            }
+            Escape::Xml => {
+                for c in value.chars() {
+                    match c {
+                        '<' => out.push_str("&lt;"),
+                        '>' => out.push_str("&gt;"),
+                        '&' => out.push_str("&amp;"),
+                        '"' => out.push_str("&quot;"),
+                        '\'' => out.push_str("&apos;"),
+                        c => out.push(c),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Checks a body template against its content type: a JSON one must be JSON once filled in
+/// with values that need escaping (so a placeholder outside a string is found too).
+pub fn check_body(template: &Template, content_type: &str) -> Result<(), String> {
+    if Escape::for_content_type(content_type) != Escape::Json {
+        return Ok(());
+    }
+    let sample = |v: Var| match v {
+        Var::Status => "409".to_string(),
+        Var::ShouldRetry => "false".to_string(),
+        _ => "a \"quoted\" \\ value".to_string(),
+    };
+    let text = template.fill(&sample, Escape::Json);
+    serde_json::from_str::<serde_json::Value>(&text).map(|_| ()).map_err(|e| {
+        format!(
+            "is not JSON once its placeholders are filled in ({e}); put text placeholders inside quotes, \
+             like \"{{{{message}}}}\""
+        )
+    })
+}
+
+/// How the gateway's own answers look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Format {
+    /// `{"code","message",…}` as `application/json` (the default).
+    Json,
+    /// RFC 9457 `application/problem+json`: `type` (`type_base` + the code in kebab case, else
+    /// `about:blank`), `title`, `status`, `detail`, and `code` (plus `first_seen_at`,
+    /// `held_until`) as extension members.
+    Problem { type_base: Option<String> },
+    /// The API's own envelope.
+    Template { body: Template, content_type: String },
+}
+
+/// `[answers]` / `[route.answers]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answers {
+    pub format: Format,
+    /// Extra headers on every answer (values may name placeholders).
+    pub headers: Vec<(String, Template)>,
+}
+
+impl Default for Answers {
+    fn default() -> Self {
+        Answers { format: Format::Json, headers: Vec::new() }
+    }
+}
+
+/// What the gateway says, before it takes the API's shape.
+#[derive(Debug, Clone, Default)]
+pub struct Answer<'a> {
+    pub status: u16,
+    pub code: &'a str,
+    pub message: &'a str,
+    pub first_seen_ms: Option<u64>,
+    pub held_until_ms: Option<u64>,
+    /// Whether the same request again may succeed (in progress, store unavailable): the value of
+    /// `{{should_retry}}`.
+    pub retryable: bool,
+}
+
+impl Answers {
+    /// The answer as a local reply in this shape.
+    pub fn render(&self, a: &Answer<'_>) -> LocalReply {
+        self.render_with(a, None)
+    }
+
+    /// The answer with a body of its own (a duplicate response's `body`), else in this shape;
+    /// the headers are added either way.
+    pub fn render_with(&self, a: &Answer<'_>, own: Option<(&Template, &str)>) -> LocalReply {
+        let mut reply = match (&self.format, own) {
+            (_, Some((body, content_type))) => {
+                let filled = body.fill(&|v| self.value(v, a), Escape::for_content_type(content_type));
+                LocalReply::new(a.status, content_type, filled.into_bytes())
+            }
+            (format, None) => self.shaped(format, a),
+        };
+        for (name, value) in &self.headers {
+            reply.headers.push((name.clone(), value.fill(&|v| self.value(v, a), Escape::None).into_bytes()));
+        }
+        reply
+    }
+
+    fn shaped(&self, format: &Format, a: &Answer<'_>) -> LocalReply {
+        match format {
+            Format::Json => {
+                let mut body = serde_json::Map::new();
+                body.insert("code".into(), a.code.into());
+                body.insert("message".into(), a.message.into());
+                add_times(&mut body, a);
+                LocalReply::new(a.status, "application/json", serde_json::to_vec(&body).unwrap_or_default())
+            }
+            Format::Problem { type_base } => {
+                let mut body = serde_json::Map::new();
+                body.insert("type".into(), problem_type(type_base.as_deref(), a.code).into());
+                body.insert("title".into(), title(a.code, a.status).into());
+                body.insert("status".into(), a.status.into());
+                body.insert("detail".into(), a.message.into());
+                body.insert("code".into(), a.code.into());
+                add_times(&mut body, a);
+                LocalReply::new(a.status, "application/problem+json", serde_json::to_vec(&body).unwrap_or_default())
+            }
+            Format::Template { body, content_type } => {
+                let filled = body.fill(&|v| self.value(v, a), Escape::for_content_type(content_type));
+                LocalReply::new(a.status, content_type, filled.into_bytes())
+            }
+        }
+    }
+
+    fn value(&self, v: Var, a: &Answer<'_>) -> String {
+        let time = |ms: Option<u64>| ms.map(crate::response::rfc3339).unwrap_or_default();
+        match v {
+            Var::Code => a.code.to_string(),
+            Var::Message => a.message.to_string(),
+            Var::Status => a.status.to_string(),
+            Var::Title => title(a.code, a.status).to_string(),
+            Var::Type => {
+                let base = match &self.format {
+                    Format::Problem { type_base } => type_base.as_deref(),
+                    _ => None,
+                };
+                problem_type(base, a.code)
+            }
+            Var::FirstSeenAt => time(a.first_seen_ms),
+            Var::HeldUntil => time(a.held_until_ms),
+            Var::ShouldRetry => a.retryable.to_string(),
+        }
+    }
+}
+
+fn add_times(body: &mut serde_json::Map<String, serde_json::Value>, a: &Answer<'_>) {
+    if let Some(ms) = a.first_seen_ms {
+        body.insert("first_seen_at".into(), crate::response::rfc3339(ms).into());
+    }
+    if let Some(ms) = a.held_until_ms {
+        body.insert("held_until".into(), crate::response::rfc3339(ms).into());
+    }
+}
+
+/// `type_base` + the code in kebab case (`REQUEST_IN_PROGRESS` → `request-in-progress`).
+fn problem_type(base: Option<&str>, code: &str) -> String {
+    match base {
+        Some(b) => format!("{b}{}", code.to_ascii_lowercase().replace('_', "-")),
+        None => "about:blank".to_string(),
+    }
+}
+
+/// A short title for each of the gateway's codes; the HTTP reason phrase otherwise (a route's
+/// own duplicate code).
+pub fn title(code: &str, status: u16) -> &'static str {
+    match code {
+        "REQUEST_IN_PROGRESS" => "A request with this idempotency key is in progress",
+        "IDEMPOTENCY_OUTCOME_UNKNOWN" => "The outcome of the first request is unknown",
+        "IDEMPOTENCY_KEY_REUSED" => "Idempotency key reused with another request",
+        "IDEMPOTENCY_KEY_MISSING" => "Idempotency key missing",
+        "IDEMPOTENCY_KEY_INVALID" => "Idempotency key invalid",
+        "IDEMPOTENCY_SCOPE_MISSING" => "Caller identity missing",
+        "IDEMPOTENCY_TOKEN_MISSING" => "Idempotency token missing",
+        "IDEMPOTENCY_TOKEN_INVALID" => "Idempotency token invalid",
+        "IDEMPOTENCY_BODY_TOO_LARGE" => "Request body too large",
+        "IDEMPOTENCY_STORE_UNAVAILABLE" => "Idempotency store unavailable",
+        "IDEMPOTENCY_MISCONFIGURED" => "Gateway misconfigured",
+        "IDEMPOTENCY_NO_POLICY" => "No idempotency policy",
+        "IDEMPOTENCY_UPSTREAM_UNAVAILABLE" => "Upstream unavailable",
+        "IDEMPOTENCY_HEADER_INVALID" => "Header invalid",
+        _ => reason_phrase(status),
+    }
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        409 => "Conflict",
+        410 => "Gone",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        422 => "Unprocessable Content",
+        425 => "Too Early",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Duplicate request",
+    }
+}
+
+/// An HTTP header name: a token (RFC 9110 §5.6.2).
+fn valid_header_name(n: &str) -> bool {
+    !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+impl<'de> Deserialize<'de> for Answers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(default)]
+            format: Option<String>,
+            #[serde(default)]
+            template: Option<String>,
+            #[serde(default)]
+            content_type: Option<String>,
+            #[serde(default)]
+            type_base: Option<String>,
+            #[serde(default)]
+            headers: BTreeMap<String, String>,
+        }
+        let raw = Raw::deserialize(d)?;
+        build(raw.format.as_deref(), raw.template, raw.content_type, raw.type_base, raw.headers)
+            .map_err(de::Error::custom)
+    }
+}
+
+fn build(
+    format: Option<&str>,
+    template: Option<String>,
+    content_type: Option<String>,
+    type_base: Option<String>,
+    headers: BTreeMap<String, String>,
+) -> Result<Answers, String> {
+    let format = match (format.unwrap_or(if template.is_some() { "template" } else { "json" }), template) {
+        ("json", None) => Format::Json,
+        ("problem", None) => Format::Problem { type_base },
+        ("template", Some(t)) => {
+            let content_type = content_type.unwrap_or_else(|| "application/json".into());
+            let body = Template::parse(&t).map_err(|e| format!("`template`: {e}"))?;
+            check_body(&body, &content_type).map_err(|e| format!("`template` {e}"))?;
+            Format::Template { body, content_type }
+        }
+        ("template", None) => return Err("format = \"template\" needs `template`, the body of every answer".into()),
+        ("json" | "problem", Some(_)) => {
+            return Err("`template` goes with format = \"template\" (or leave `format` out)".into())
+        }
+        (other, _) => return Err(format!("unknown format {other:?}: expected \"json\", \"problem\" or \"template\"")),
+    };
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        if !valid_header_name(&name) {
+            return Err(format!("`headers`: {name:?} is not a header name"));
+        }
+        if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            return Err(format!("`headers`: the value of {name} holds a line break"));
+        }
+        let t = Template::parse(&value).map_err(|e| format!("`headers.{name}`: {e}"))?;
+        out.push((name.to_ascii_lowercase(), t));
+    }
+    Ok(Answers { format, headers: out })
+}
+
+impl<'de> Deserialize<'de> for Template {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Template::parse(&s).map_err(de::Error::custom)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Template {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Template".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A text with {{code}}, {{message}}, {{status}}, {{title}}, {{type}}, {{first_seen_at}}, {{held_until}} or {{should_retry}} placeholders.",
+            "type": "string"
+        })
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Answers {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Answers".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "The shape of the gateway's own answers: format json (default), problem (RFC 9457) or template (the API's envelope, with {{code}}, {{message}}, {{status}}, {{title}}, {{type}}, {{first_seen_at}}, {{held_until}}, {{should_retry}}), plus headers.",
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "format": { "enum": ["json", "problem", "template"] },
+                "template": { "type": "string" },
+                "content_type": { "type": "string" },
+                "type_base": { "type": "string" },
+                "headers": { "type": "object", "additionalProperties": { "type": "string" } }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn answer() -> Answer<'static> {
+        Answer {
+            status: 409,
+            code: "REQUEST_IN_PROGRESS",
+            message: "a \"busy\" key",
+            first_seen_ms: Some(1_700_000_000_000),
+            retryable: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stripe_envelope_and_headers() {
+        let a = build(
+            None,
+            Some(r#"{"error":{"type":"idempotency_error","code":"{{code}}","message":"{{message}}"}}"#.into()),
+            None,
+            None,
+            BTreeMap::from([("Stripe-Should-Retry".to_string(), "{{should_retry}}".to_string())]),
+        )
+        .unwrap();
+        let r = a.render(&answer());
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "REQUEST_IN_PROGRESS");
+        assert_eq!(v["error"]["message"], "a \"busy\" key");
+        assert!(r.headers.contains(&("stripe-should-retry".to_string(), b"true".to_vec())));
+        assert!(r.headers.contains(&("content-type".to_string(), b"application/json".to_vec())));
+    }
+
+    #[test]
+    fn problem_json() {
+        let a =
+            build(Some("problem"), None, None, Some("https://errors.example.com/".into()), BTreeMap::new()).unwrap();
+        let r = a.render(&answer());
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["type"], "https://errors.example.com/request-in-progress");
+        assert_eq!(v["status"], 409);
+        assert_eq!(v["code"], "REQUEST_IN_PROGRESS");
+        assert_eq!(v["first_seen_at"], "2023-11-14T22:13:20Z");
+        assert!(r.headers.contains(&("content-type".to_string(), b"application/problem+json".to_vec())));
+    }
+
+    #[test]
+    fn bad_templates_are_refused() {
+        let t = |s: &str| build(None, Some(s.into()), None, None, BTreeMap::new()).unwrap_err();
+        assert!(t(r#"{"code":"{{kode}}"}"#).contains("unknown placeholder `{{kode}}`"));
+        assert!(t(r#"{"code":{{code}}}"#).contains("not JSON"));
+        assert!(t(r#"{"code":"{{code"}"#).contains("unclosed placeholder"));
+        let xml = build(None, Some("<e>{{message}}</e>".into()), Some("application/xml".into()), None, BTreeMap::new());
+        let r = xml.unwrap().render(&answer());
+        assert_eq!(r.body, b"<e>a &quot;busy&quot; key</e>");
+        let bad_header = BTreeMap::from([("Bad Header".to_string(), "x".to_string())]);
+        assert!(build(None, None, None, None, bad_header).unwrap_err().contains("not a header name"));
+        assert!(build(Some("xml"), None, None, None, BTreeMap::new()).unwrap_err().contains("unknown format"));
+    }
+}
