@@ -523,7 +523,54 @@ wait_timeout = "5s"
 name = "d"
 match = { method = "POST", path = "/d" }
 forward = "detached"
+
+[[route]]
+name = "dw"
+match = { method = "POST", path = "/dw" }
+forward = "detached"
+[route.key]
+on_in_flight = "wait"
+wait_timeout = "5s"
 "#;
+
+/// The root's calls among `acts` (on the shared store: detached calls only): token and body.
+fn detached_calls(acts: &[Act]) -> Vec<(u32, Vec<u8>)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Act::Dispatch { context: ROOT, token, body, .. } => Some((*token, body.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_held_duplicate_that_takes_a_detached_key_over_is_sent_detached_too() {
+    let (host, w) = setup(SHARED);
+    let (mut first, _) = send(&host, &w, 10, "/dw", "k1");
+    let (mut second, flow) = send(&host, &w, 11, "/dw", "k1");
+    assert_eq!(flow, Flow::Pause, "held while the first is out");
+    host.take_acts();
+    let calls = detached_calls(&root_sends(&host, &w));
+    assert_eq!(calls.len(), 1, "the first request's call");
+    // The first fails (5xx): its claim is released, and the held duplicate takes the key over —
+    // sent by the root as well, never resumed into Envoy's router.
+    answer_root(&host, &w, calls[0].0, 503, b"down");
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    assert!(!acts.iter().any(|a| matches!(a, Act::ResumeRequest { context: 11 })), "{acts:?}");
+    let mut calls = detached_calls(&acts);
+    if calls.is_empty() {
+        calls = detached_calls(&root_sends(&host, &w));
+    }
+    assert_eq!(calls.len(), 1, "the duplicate's own call: {acts:?}");
+    assert_eq!(calls[0].1, BODY);
+    let acts = answer_root(&host, &w, calls[0].0, 201, br#"{"order":2}"#);
+    let r = replies(&acts, 11);
+    assert_eq!((r.len(), r[0].0, r[0].1["order"].as_i64()), (1, 201, Some(2)));
+    second.on_log(&host);
+    first.on_log(&host);
+}
 
 #[test]
 fn a_held_duplicate_is_answered_from_the_root_once_the_first_completes() {

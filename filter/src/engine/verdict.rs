@@ -21,6 +21,17 @@ pub enum Ticket {
     Token(StoreTicket),
 }
 
+impl Ticket {
+    /// When the claim (or the token's use) was made.
+    pub fn first_seen_ms(&self) -> u64 {
+        let (Ticket::Claim(st) | Ticket::Token(st)) = self;
+        match st {
+            StoreTicket::Shared(t) => t.first_seen_ms,
+            StoreTicket::Redis(t) => t.first_seen_ms,
+        }
+    }
+}
+
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {

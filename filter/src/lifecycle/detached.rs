@@ -9,15 +9,21 @@ use crate::engine::{Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
 
+/// The request as the root context sends it upstream: the route's cluster, the headers it
+/// may carry (see [`crate::forward::upstream_headers`]) and the body.
+pub(super) struct Outbound {
+    pub(super) cluster: String,
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) body: Vec<u8>,
+}
+
 /// A claimed request the root context sends upstream (`forward = "detached"`).
 pub(super) struct Detached {
     pub(super) ctx: u32,
     pub(super) route: usize,
     pub(super) ticket: Ticket,
     pub(super) key: Option<String>,
-    pub(super) cluster: String,
-    pub(super) headers: Vec<(String, String)>,
-    pub(super) body: Vec<u8>,
+    pub(super) request: Outbound,
     pub(super) first_seen_ms: u64,
 }
 
@@ -33,13 +39,14 @@ impl Worker {
         let calls: Vec<Detached> = self.detached_out.borrow_mut().drain(..).collect();
         for call in calls {
             let timeout = self.engine.policy(call.route).map(|p| p.upstream_timeout.millis).unwrap_or(15_000);
-            match host.dispatch(&call.cluster, &call.headers, &call.body, timeout) {
+            let Outbound { cluster, headers, body } = &call.request;
+            match host.dispatch(cluster, headers, body, timeout) {
                 Ok(token) => {
                     self.hold_lease(host, LeaseOwner::Detached(call.ctx), call.route, &call.ticket);
                     self.detached.borrow_mut().insert(token, call);
                 }
                 Err(e) => {
-                    host.log(Level::Error, &format!("idem: detached call to cluster {} not sent: {e:?}", call.cluster));
+                    host.log(Level::Error, &format!("idem: detached call to cluster {cluster} not sent: {e:?}"));
                     let default = crate::answers::Answers::default();
                     let answers = self.engine.policy(call.route).map_or(&default, |p| &p.answers);
                     let reply = crate::response::error(

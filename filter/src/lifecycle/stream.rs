@@ -3,7 +3,7 @@
 //! report how it ended.
 
 use super::body_gate::BodyDelivery;
-use super::detached::Detached;
+use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
 use super::waiters::Waiter;
 use super::worker::{send, status_of, Worker};
@@ -14,7 +14,7 @@ use crate::host::Host;
 use crate::key::RequestView;
 use crate::pairs::Pair;
 use crate::policy::{Forward, Unmatched};
-use crate::response::Header;
+use crate::response::{Header, LocalReply};
 use crate::store::redis;
 use std::rc::Rc;
 
@@ -387,7 +387,18 @@ impl Stream {
                 Flow::Pause
             }
             Do::Wait { prepared, deadline_ms } => {
-                let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms());
+                // On a detached route, a held duplicate that takes the key over is sent by the
+                // root too: it keeps its request for that.
+                let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);
+                let outbound = match detached.then(|| self.outbound(host, route)).transpose() {
+                    Ok(o) => o,
+                    Err(reply) => {
+                        send(host, &reply);
+                        self.phase = Phase::Idle;
+                        return Flow::Pause;
+                    }
+                };
+                let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms(), outbound);
                 w.waiters.borrow_mut().insert(self.context, waiter);
                 self.phase = Phase::Held { route };
                 Flow::Pause
@@ -503,26 +514,31 @@ impl Stream {
         Flow::Pause
     }
 
+    /// The request as the root context sends it upstream, or the 400 for a header it cannot
+    /// carry (the callout API takes text).
+    fn outbound(&mut self, host: &dyn Host, route: usize) -> Result<Outbound, LocalReply> {
+        let headers = crate::forward::upstream_headers(&self.request.headers).map_err(|name| {
+            let default = crate::answers::Answers::default();
+            let answers = self.worker.engine.policy(route).map_or(&default, |p| &p.answers);
+            crate::response::error(
+                answers,
+                400,
+                "IDEMPOTENCY_HEADER_INVALID",
+                &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
+            )
+        })?;
+        let cluster = text(host.property(&["xds", "cluster_name"]));
+        Ok(Outbound { cluster, headers, body: self.request.body.take().unwrap_or_default() })
+    }
+
     /// Hands a claimed request to the root context, which sends it upstream itself; this
     /// request stays paused until the root answers it (or its client leaves).
     fn send_detached(&mut self, host: &dyn Host, route: usize, ticket: Ticket, key: Option<String>) -> Flow {
         let w = Rc::clone(&self.worker);
-        let (Ticket::Claim(st) | Ticket::Token(st)) = &ticket;
-        let first_seen_ms = match st {
-            StoreTicket::Shared(t) => t.first_seen_ms,
-            StoreTicket::Redis(t) => t.first_seen_ms,
-        };
-        let headers = match crate::forward::upstream_headers(&self.request.headers) {
-            Ok(h) => h,
-            Err(name) => {
-                let default = crate::answers::Answers::default();
-                let answers = w.engine.policy(route).map_or(&default, |p| &p.answers);
-                let reply = crate::response::error(
-                    answers,
-                    400,
-                    "IDEMPOTENCY_HEADER_INVALID",
-                    &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
-                );
+        let first_seen_ms = ticket.first_seen_ms();
+        let request = match self.outbound(host, route) {
+            Ok(r) => r,
+            Err(reply) => {
                 let ending = Ending::NoResponse { forwarded: false };
                 let _ = w.finish_ticket(host, route, &ticket, key, ending, After::Nothing);
                 send(host, &reply);
@@ -530,9 +546,7 @@ impl Stream {
                 return Flow::Pause;
             }
         };
-        let cluster = text(host.property(&["xds", "cluster_name"]));
-        let body = self.request.body.take().unwrap_or_default();
-        w.detach(host, Detached { ctx: self.context, route, ticket, key, cluster, headers, body, first_seen_ms });
+        w.detach(host, Detached { ctx: self.context, route, ticket, key, request, first_seen_ms });
         self.phase = Phase::Detached;
         Flow::Pause
     }

@@ -8,6 +8,7 @@
 //! this process knows every tick: an answer written by this Envoy (see
 //! `Engine::remember_answer`) wakes its duplicates on the next tick without asking Redis.
 
+use super::detached::{Detached, Outbound};
 use super::worker::{send, Worker};
 use super::POLL_MS;
 use crate::engine::{Action as Do, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
@@ -29,12 +30,14 @@ pub(super) struct Waiter {
     /// Webdis polls so far, and when the next may go (Redis routes).
     pub(super) polls: u32,
     pub(super) next_poll_ms: u64,
+    /// On a detached route: the request, sent by the root if this waiter takes the key over.
+    pub(super) outbound: Option<Outbound>,
 }
 
 impl Waiter {
-    pub(super) fn new(prepared: Prepared, deadline_ms: u64, now: u64) -> Self {
+    pub(super) fn new(prepared: Prepared, deadline_ms: u64, now: u64, outbound: Option<Outbound>) -> Self {
         // The claim that held it was the first look; the first poll follows one tick later.
-        Waiter { prepared, deadline_ms, since_ms: now, polling: false, polls: 0, next_poll_ms: now + POLL_MS }
+        Waiter { prepared, deadline_ms, since_ms: now, polling: false, polls: 0, next_poll_ms: now + POLL_MS, outbound }
     }
 }
 
@@ -178,7 +181,7 @@ impl Worker {
 
     /// A held request's verdict, acted on from the root context.
     pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
-        let route = {
+        let (route, outbound) = {
             let mut waiters = self.waiters.borrow_mut();
             if let Do::Wait { .. } = &v.action {
                 if let Some(w) = waiters.get_mut(&ctx) {
@@ -190,7 +193,7 @@ impl Worker {
             match waiters.remove(&ctx) {
                 Some(w) => {
                     self.record_wait(host, w.prepared.route, w.since_ms);
-                    w.prepared.route
+                    (w.prepared.route, w.outbound)
                 }
                 None => return, // the client went away meanwhile
             }
@@ -198,15 +201,20 @@ impl Worker {
         self.record(host, route, &v);
         self.on_stream(host, ctx, || {
             self.annotate(host, route, &v);
-            match v.action {
-                Do::Forward(ticket) => {
+            match (v.action, outbound) {
+                // A detached route's waiter won the key: the root sends it, as it sent the first.
+                (Do::Forward(Some(ticket)), Some(request)) => {
+                    let first_seen_ms = ticket.first_seen_ms();
+                    self.detach(host, Detached { ctx, route, ticket, key: v.key, request, first_seen_ms });
+                }
+                (Do::Forward(ticket), _) => {
                     if let Some(t) = ticket {
                         self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
                     }
                     let _ = host.resume_request();
                 }
-                Do::Reply(r) => send(host, &r),
-                Do::Wait { .. } => {}
+                (Do::Reply(r), _) => send(host, &r),
+                (Do::Wait { .. }, _) => {}
             }
         });
     }
