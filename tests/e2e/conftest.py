@@ -313,9 +313,10 @@ def make_fleet(workdir, upstream, request):
     """Start n Envoys with the same policy, sharing one Webdis; stopped after the test."""
     started = []
 
-    def make(policy, routes, webdis_port, n=2, **kw):
+    def make(policy, routes, webdis_port, n=2, upstream_port=None, **kw):
         try:
-            envs = stack.start_fleet(workdir, upstream.port, webdis_port, policy, routes=routes, n=n, **kw)
+            envs = stack.start_fleet(workdir, upstream_port or upstream.port, webdis_port, policy, routes=routes,
+                                     n=n, **kw)
         except stack.StackError as e:
             pytest.fail(str(e), pytrace=False)
         started.extend(envs)

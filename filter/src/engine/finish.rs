@@ -97,6 +97,15 @@ impl Engine {
             (Ended::Answered, Ending::Response { status, .. }) if !policy.key.remembers(*status) => {
                 Finish::Release { cause: format!("status_{status}") }
             }
+            (Ended::Answered, Ending::Response { body, .. })
+                if policy
+                    .key
+                    .success_body_contains
+                    .as_ref()
+                    .is_some_and(|marker| !contains(body.as_deref(), marker)) =>
+            {
+                Finish::Release { cause: "no_success_marker".into() }
+            }
             (Ended::Answered, Ending::Response { status, headers, body, .. }) => {
                 // A body we did not see whole is remembered as a tombstone: status only.
                 let limit = if body.is_some() { policy.max_response_bytes as usize } else { 0 };
@@ -140,6 +149,11 @@ impl Engine {
         let lease = self.lock_ttl_ms(route);
         self.shared.renew(host, ticket, lease)
     }
+}
+
+/// Whether a body seen whole holds `marker`.
+fn contains(body: Option<&[u8]>, marker: &str) -> bool {
+    body.is_some_and(|b| b.windows(marker.len().max(1)).any(|w| w == marker.as_bytes()))
 }
 
 /// The outcome of a release, on either store.

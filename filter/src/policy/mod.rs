@@ -270,6 +270,11 @@ pub struct KeyPolicy {
     pub on_completed: OnCompleted,
     pub remember: Vec<StatusSet>,
     pub forget: Vec<StatusSet>,
+    /// A provider callback's success marker: an answer is remembered only when its body holds
+    /// this text (Alipay's `success`, WeChat Pay v2's `SUCCESS`); any other answer releases the
+    /// key, so the provider's re-delivery runs again — as it would without the gateway.
+    #[serde(deserialize_with = "fields::de_opt_nonempty")]
+    pub success_body_contains: Option<String>,
 }
 
 /// `[route.token]`: the token mechanism (issue a one-time token, consume it once), served and
@@ -330,6 +335,7 @@ impl Default for KeyPolicy {
             on_completed: OnCompleted::Replay,
             remember: vec![StatusSet::Class(2), StatusSet::Class(3), StatusSet::Class(4)],
             forget: [408, 409, 425, 429].into_iter().map(StatusSet::Code).collect(),
+            success_body_contains: None,
         }
     }
 }
