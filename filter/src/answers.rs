@@ -296,6 +296,7 @@ pub fn title(code: &str, status: u16) -> &'static str {
         "IDEMPOTENCY_NO_POLICY" => "No idempotency policy",
         "IDEMPOTENCY_UPSTREAM_UNAVAILABLE" => "Upstream unavailable",
         "IDEMPOTENCY_HEADER_INVALID" => "Header invalid",
+        "IDEMPOTENCY_MEDIA_TYPE_UNSUPPORTED" => "Media type not supported on this route",
         _ => reason_phrase(status),
     }
 }
@@ -313,6 +314,7 @@ fn reason_phrase(status: u16) -> &'static str {
         410 => "Gone",
         412 => "Precondition Failed",
         413 => "Content Too Large",
+        415 => "Unsupported Media Type",
         422 => "Unprocessable Content",
         425 => "Too Early",
         429 => "Too Many Requests",

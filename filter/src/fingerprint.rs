@@ -45,6 +45,7 @@ pub fn fingerprint(
             }
             FingerprintPart::Value(source) => {
                 let value = match source {
+                    Source::CloudEvent(a) if a == "data" => crate::cloudevents::data(req)?,
                     // A body part is any JSON value, objects included, in canonical form.
                     Source::Body(pointer) => match crate::json::canonical_at(req.body().unwrap_or_default(), pointer) {
                         Ok(v) => v,

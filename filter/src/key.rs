@@ -15,6 +15,8 @@ pub enum KeyError {
     Invalid(String),
     /// The caller scope the policy names is absent: without it, callers would share keys.
     ScopeMissing(String),
+    /// The request carries its key in a form this route does not read (a batch of CloudEvents).
+    Unsupported(String),
 }
 
 /// The request as the key and fingerprint code sees it. Header values are bytes: Envoy passes
@@ -72,6 +74,9 @@ fn missing(source: &Source) -> KeyError {
         Source::Form(n) => format!("the form body has no field {n}"),
         Source::Xml(_) => format!("the XML body has no element {}", source.to_string().trim_start_matches("xml:")),
         Source::Path(n) => format!("the path has no {{{n}}}"),
+        Source::CloudEvent(a) => {
+            format!("the CloudEvent has no {a} (header ce-{a} in binary mode, member {a} in structured mode)")
+        }
     };
     KeyError::Missing(what)
 }
@@ -122,6 +127,7 @@ pub fn read(
                 Err(KeyError::Invalid(format!("{source} holds other elements, not text")))
             }
         },
+        Source::CloudEvent(name) => crate::cloudevents::attribute(req, name),
         Source::Path(name) => match template.map(|t| t.param(req.path(), name)) {
             Some(Ok(v)) => Ok(v),
             Some(Err(_)) => {

@@ -9,6 +9,7 @@
 //! The proxy-wasm glue in `glue` is compiled only for `wasm32` and only translates callbacks.
 
 pub mod answers;
+pub mod cloudevents;
 pub mod engine;
 pub mod fingerprint;
 pub mod form;

@@ -343,3 +343,36 @@ fn methods_in_the_fingerprint_are_case_insensitive() {
     let upper = Req::post("/o").key("k").body("{}");
     assert_eq!(fingerprint(&r.key, None, &lower, "/o").unwrap(), fingerprint(&r.key, None, &upper, "/o").unwrap());
 }
+
+#[test]
+fn cloudevent_attributes_come_from_either_mode() {
+    let r = route("[route.key]\nfrom = \"cloudevent\"\nname = \"id\"\nscope = [\"cloudevent:source\"]\nfingerprint = [\"cloudevent:type\", \"cloudevent:data\"]");
+    let binary = Req::post("/e")
+        .header("ce-id", "e1")
+        .header("ce-source", "/shop/eu")
+        .header("ce-type", "order.paid")
+        .header("ce-time", "2026-12-02T10:00:00Z")
+        .header("content-type", "application/json")
+        .body(r#"{"order":7,"amount":100}"#);
+    let structured = |source: &str, time: &str, data: &str| {
+        Req::post("/e").header("content-type", "application/cloudevents+json; charset=utf-8").body(&format!(
+            r#"{{"specversion":"1.0","id":"e1","source":"{source}","type":"order.paid","time":"{time}","data":{data}}}"#
+        ))
+    };
+    assert_eq!(key_of(&r, &binary).unwrap(), "e1");
+    let s1 = structured("/shop/eu", "t1", r#"{"order":7,"amount":100}"#);
+    assert_eq!(key_of(&r, &s1).unwrap(), "e1");
+    // The scope is the source: the same id from another source is another event.
+    let id = |req: &Req| scoped_id("r", &r.key.scope, Anonymous::Reject, "e1", None, req).unwrap();
+    assert_eq!(id(&binary), id(&s1));
+    assert_ne!(id(&s1), id(&structured("/shop/us", "t1", r#"{"order":7,"amount":100}"#)));
+    // A re-delivery with a new time (and reordered data) is the same event; other data is not.
+    let fp = |req: &Req| fingerprint(&r.key, None, req, "/e").unwrap();
+    assert_eq!(fp(&s1), fp(&structured("/shop/eu", "t2", r#"{"amount":100,"order":7}"#)));
+    assert_ne!(fp(&s1), fp(&structured("/shop/eu", "t1", r#"{"order":8,"amount":100}"#)));
+    // A batch is refused, never keyed as a whole.
+    let batch = Req::post("/e").header("content-type", "application/cloudevents-batch+json").body("[]");
+    assert!(matches!(key_of(&r, &batch), Err(KeyError::Unsupported(m)) if m.contains("one per request")));
+    let missing = Req::post("/e").header("ce-source", "/s");
+    assert!(matches!(key_of(&r, &missing), Err(KeyError::Missing(m)) if m.contains("ce-id")));
+}

@@ -347,6 +347,10 @@ pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
             let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_SCOPE_MISSING", &why);
             shadowed(policy, Outcome::MissingScope, reply, "missing_scope".into(), None)
         }
+        KeyError::Unsupported(why) => {
+            let reply = response::error(&policy.answers, 415, "IDEMPOTENCY_MEDIA_TYPE_UNSUPPORTED", &why);
+            shadowed(policy, Outcome::Unsupported, reply, "unsupported".into(), None)
+        }
     }
 }
 

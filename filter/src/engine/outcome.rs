@@ -30,10 +30,11 @@ pub enum Outcome {
     WriteDropped,
     OrphanReleased,
     Misconfigured,
+    Unsupported,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 27] = [
+    pub const ALL: [Outcome; 28] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::RejectedDuplicate,
@@ -61,6 +62,7 @@ impl Outcome {
         Outcome::WriteDropped,
         Outcome::OrphanReleased,
         Outcome::Misconfigured,
+        Outcome::Unsupported,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +94,7 @@ impl Outcome {
             Outcome::WriteDropped => "write_dropped",
             Outcome::OrphanReleased => "orphan_released",
             Outcome::Misconfigured => "misconfigured",
+            Outcome::Unsupported => "unsupported",
         }
     }
 

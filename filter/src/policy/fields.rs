@@ -139,12 +139,18 @@ impl<'de> Deserialize<'de> for FingerprintPart {
             "body" => Ok(FingerprintPart::Body),
             _ => match Source::parse(&s) {
                 Ok(Source::Header(h)) => Ok(FingerprintPart::Header(h.to_ascii_lowercase())),
-                Ok(v @ (Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::Query(_) | Source::Path(_))) => {
-                    Ok(FingerprintPart::Value(v))
-                }
+                Ok(
+                    v @ (Source::Body(_)
+                    | Source::Form(_)
+                    | Source::Xml(_)
+                    | Source::Query(_)
+                    | Source::Path(_)
+                    | Source::CloudEvent(_)),
+                ) => Ok(FingerprintPart::Value(v)),
                 _ => Err(de::Error::custom(format!(
                     "invalid fingerprint part {s:?}: expected method, path, query, body, header:<name>, \
-                     query:<name>, body:/<JSON pointer>, form:<field>, xml:/<element>[/…] or path:<parameter>"
+                     query:<name>, body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<parameter> \
+                     or cloudevent:<attribute>"
                 ))),
             },
         }
@@ -185,8 +191,8 @@ mod schema {
         ]
     });
     schema_of!(FingerprintPart, "FingerprintPart", {
-        "description": "method, path, query, body, header:<name>, query:<name>, body:/<JSON pointer>, form:<field>, xml:/<element>[/…] or path:<parameter>.",
+        "description": "method, path, query, body, header:<name>, query:<name>, body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<parameter> or cloudevent:<attribute>.",
         "type": "string",
-        "pattern": "^(method|path|query|body|header:.+|query:.+|body:/.*|form:.+|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+)$"
+        "pattern": "^(method|path|query|body|header:.+|query:.+|body:/.*|form:.+|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)$"
     });
 }

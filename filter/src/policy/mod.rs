@@ -185,6 +185,8 @@ pub enum KeySource {
     Xml,
     /// A `{param}` of the route's path template.
     Path,
+    /// A CloudEvents attribute (`name = "id"`), from the headers or the body by the event's mode.
+    Cloudevent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

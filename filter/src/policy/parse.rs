@@ -430,6 +430,7 @@ fn key_sources(key: &KeyPolicy) -> Result<Vec<Source>, String> {
                 "key.name {name:?} must be the name of a path template parameter when key.from = \"path\""
             ))
         }
+        KeySource::Cloudevent => Source::parse(&format!("cloudevent:{name}")).map_err(|e| format!("key.name: {e}"))?,
     };
     Ok(vec![source])
 }

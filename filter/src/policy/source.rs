@@ -29,12 +29,16 @@ pub enum Source {
     Xml(Vec<String>),
     /// A `{param}` of the route's path template (`path:order_id` for `/orders/{order_id}/pay`).
     Path(String),
+    /// A CloudEvents attribute, wherever the event's mode puts it: the `ce-<attribute>` header in
+    /// binary mode, the member of the JSON body in structured mode (`cloudevent:id`,
+    /// `cloudevent:source`); `cloudevent:data` is the event's data in either mode.
+    CloudEvent(String),
 }
 
 impl Source {
     /// Whether reading it needs the request body.
     pub fn reads_body(&self) -> bool {
-        matches!(self, Source::Body(_) | Source::Form(_) | Source::Xml(_))
+        matches!(self, Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::CloudEvent(_))
     }
 
     /// Parses `kind:argument`.
@@ -54,6 +58,11 @@ impl Source {
             "body" if arg.starts_with('/') => Ok(Source::Body(arg.to_string())),
             "body" => Err(bad("a body source is a JSON pointer like `body:/transaction_id`")),
             "xml" => xml_path(arg).map(Source::Xml).map_err(|why| bad(&why)),
+            // CloudEvents attribute names: lower-case letters and digits (spec v1.0 §3.1.1).
+            "cloudevent" if arg.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) => {
+                Ok(Source::CloudEvent(arg.to_string()))
+            }
+            "cloudevent" => Err(bad("a CloudEvents attribute name is lower-case letters and digits, like `id`")),
             "metadata" => {
                 let path: Vec<String> = arg.split('/').map(str::to_string).collect();
                 if path.len() < 2 || path.iter().any(String::is_empty) {
@@ -103,6 +112,7 @@ impl fmt::Display for Source {
             Source::Form(n) => write!(f, "form:{n}"),
             Source::Xml(path) => write!(f, "xml:/{}", path.join("/")),
             Source::Path(p) => write!(f, "path:{p}"),
+            Source::CloudEvent(a) => write!(f, "cloudevent:{a}"),
         }
     }
 }
@@ -121,9 +131,9 @@ impl schemars::JsonSchema for Source {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…] or path:<template parameter>.",
+            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter> or cloudevent:<attribute>.",
             "type": "string",
-            "pattern": "^(header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+)$"
+            "pattern": "^(header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)$"
         })
     }
 }

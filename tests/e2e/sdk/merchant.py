@@ -12,6 +12,8 @@ Started in-process by the sender tests (a thread serving 127.0.0.1 on a free por
     POST /v1/charges              Stripe's API (form body)    -> a charge object
     POST /orders/<id>/pay         JSON                        -> {"order":id,"paid":true,"n":n}
     POST /m/<mchid>/orders        JSON {"out_trade_no"}       -> {"mchid","out_trade_no","n"}
+    POST /events                  a CloudEvent, binary or structured mode (read with the
+                                  `cloudevents` SDK)     -> {"accepted":id,"source":…,"n":n}
 
 `slow[business_id] = seconds` makes the business take that long; `fail_first.add(business_id)`
 makes its first run answer a failure the provider retries (Alipay: `fail`, WeChat v2: FAIL in
@@ -131,6 +133,16 @@ class Merchant:
             charge = {"id": "ch_" + uuid.uuid4().hex[:24], "object": "charge", "amount": int(form.get("amount", 0)),
                       "currency": form.get("currency", "usd"), "n": n}
             return 200, "application/json", json.dumps(charge).encode()
+        if path == "/events":
+            from cloudevents.core.bindings.http import HTTPMessage, from_http
+            from cloudevents.core.formats.json import JSONFormat
+            event = from_http(HTTPMessage(headers={k.lower(): v for k, v in headers.items()}, body=body), JSONFormat())
+            ident = "%s %s" % (event.get_source(), event.get_id())
+            n, fail = self._run(ident)
+            if fail:
+                return 500, "application/json", b'{"error":"try again"}'
+            return 200, "application/json", json.dumps({"accepted": event.get_id(), "source": event.get_source(),
+                                                         "n": n}).encode()
         m = re.fullmatch(r"/orders/([^/]+)/pay", path)
         if m:
             order = urllib.parse.unquote(m.group(1))
