@@ -66,6 +66,9 @@ pub struct Body<'a> {
     /// Every media type of the body is XML, and its root element is named (the schema's
     /// `xml.name`): a body key is then an element under it.
     pub xml_root: Option<String>,
+    /// The body takes CloudEvents in structured mode (`application/cloudevents+json`): a body key
+    /// is an event attribute, which binary mode carries in a `ce-` header.
+    pub cloudevents: bool,
 }
 
 impl Operation<'_> {
@@ -140,6 +143,7 @@ fn body_v3<'a>(ws: &'a Workspace, op: At<'a>) -> Body<'a> {
             content.iter().filter_map(|m| m.value.get("schema")).map(|n| At { file: rb.file, node: n }).collect();
         let media: Vec<String> = content.iter().map(|m| media_type(&m.key)).collect();
         body.form = !media.is_empty() && media.iter().all(|m| m == "application/x-www-form-urlencoded");
+        body.cloudevents = media.iter().any(|m| m == "application/cloudevents+json");
         if !media.is_empty() && media.iter().all(|m| m == "application/xml" || m == "text/xml") {
             body.xml_root = body.schemas.iter().find_map(|s| {
                 let schema = ws.resolve(*s)?;

@@ -1,6 +1,7 @@
 //! A spec's key as the filter reads it: each name of the statement's key, with its location, as
 //! the filter's [`Source`] (`header:…`, `query:…`, `path:…`, and for the body `body:/…`, or
-//! `form:…` when the operation's body is form-encoded, or `xml:/<root>/…` when it is XML). The
+//! `form:…` when the operation's body is form-encoded, `xml:/<root>/…` when it is XML, or
+//! `cloudevent:…` when it takes CloudEvents). The
 //! policy generator writes these; IDEM103 compares a policy's key with them.
 
 use crate::loader::Workspace;
@@ -35,6 +36,7 @@ fn source_of(op: &Operation<'_>, location: &KeyIn, name: &str) -> Result<Source,
         }
         KeyIn::Path => return Err(format!("its key \"{name}\" is not a parameter of the path {}", op.path)),
         KeyIn::Body if op.body.form => Source::Form(name.to_string()),
+        KeyIn::Body if op.body.cloudevents => Source::CloudEvent(name.trim_start_matches('/').to_string()),
         KeyIn::Body => match &op.body.xml_root {
             Some(root) => {
                 let path = format!("/{root}/{}", name.trim_start_matches('/'));
@@ -110,6 +112,7 @@ pub fn key_toml(sources: &[Source]) -> String {
                 Source::Form(n) => ("form", n.clone()),
                 Source::Xml(path) => ("xml", format!("/{}", path.join("/"))),
                 Source::Path(n) => ("path", n.clone()),
+                Source::CloudEvent(a) => ("cloudevent", a.clone()),
                 other => return format!("parts = [{}]\n", q(&other.to_string())),
             };
             format!("from = {}\nname = {}\n", q(from), q(&name))
