@@ -21,6 +21,7 @@ Behaviour is chosen per request by headers the client sends (Envoy forwards them
     x-demo-fail-first: 1       the first execution for this key answers 500,
                                later ones answer normally
     x-demo-reset: 1            do the work, then drop the connection without answering
+    x-demo-cut-body: 1         do the work, send 200 headers and half the body, then drop the connection
     x-demo-latin1: 1           add a Latin-1 (non-UTF-8) header: filename="r\xe9sum\xe9.pdf"
     x-demo-trailers: 1         answer chunked, with a trailer (grpc-status: 0)
 
@@ -212,7 +213,27 @@ class Handler(BaseHTTPRequestHandler):
             extra.append(("content-disposition", 'attachment; filename="r\u00e9sum\u00e9.pdf"'))
         if self.headers.get("x-demo-trailers"):
             return self._send_chunked_with_trailer(status, answer, extra)
+        if self.headers.get("x-demo-cut-body"):
+            return self._send_cut(status, answer)
         self._send_json(status, answer, extra)
+
+    def _send_cut(self, status, obj):
+        """The headers promise the whole answer; half of it is sent, then the connection drops."""
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        try:
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+        try:
+            self.connection.shutdown(2)
+        except OSError:
+            pass
 
     def _send_chunked_with_trailer(self, status, obj, extra_headers):
         body = json.dumps(obj, separators=(",", ":")).encode()

@@ -6,27 +6,43 @@
 //! context outlives the client, so its answer is always stored, and the retry is answered with
 //! the first execution's result — as Stripe's own servers do.
 //!
-//! What it gives up, compared with Envoy's router: streaming (request and response are buffered
-//! whole), the route's retry policy, header mutations and other filters after this one, and the
-//! router's access-log fields; header values must be UTF-8 (Envoy's callout API takes text).
+//! By default (`[detached] via = "reentry"`) the call goes to a cluster whose endpoint is an
+//! Envoy internal listener with the same routes: the request re-enters Envoy and takes the route
+//! the inline request would take — its rewrites, header mutations, the filters after idem, its
+//! timeout and retry policy — with the headers the inline request carries. Envoy's async client
+//! adds `x-envoy-internal: true`, which the internal listener's connection manager strips (its
+//! peer is never an internal address). What it still gives up: streaming (request and response
+//! are buffered whole), the router's access-log fields on the outer listener; header values must
+//! be UTF-8 (Envoy's callout API takes text). `via = "cluster"` sends straight to the route's
+//! cluster and gives up the route's rewrites, header mutations and filters as well.
 
-use crate::engine::Ending;
+use crate::engine::{Body, Ending};
 use crate::pairs::Pair;
+use crate::policy::DetachedVia;
 use crate::response::{self, LocalReply};
 
-/// Request headers not sent on the detached call: hop-by-hop ones, `expect` (the callout sends
-/// the body at once), and Envoy's own control headers (a client must not steer the callout).
-fn forwardable(name: &str) -> bool {
-    !name.starts_with("x-envoy-") && name != "expect" && !response::HOP_BY_HOP.contains(&name)
+/// Request headers not sent on the detached call: hop-by-hop ones (but `te: trailers`, which gRPC
+/// needs end to end), `expect` (the callout sends the body at once), and — when the call goes
+/// straight to the cluster, where no connection manager cleans them — Envoy's own control headers
+/// (a client must not steer the callout). Through re-entry, Envoy's `x-envoy-*` headers travel as
+/// they would inline, and the internal listener cleans them as the outer one did.
+fn forwardable(name: &str, value: &[u8], via: DetachedVia) -> bool {
+    if name == "te" {
+        return value.eq_ignore_ascii_case(b"trailers");
+    }
+    if via == DetachedVia::Cluster && name.starts_with("x-envoy-") {
+        return false;
+    }
+    name != "expect" && !response::HOP_BY_HOP.contains(&name)
 }
 
 /// The detached call's headers: the client's (pseudo-headers `:method`, `:path`, `:authority`
 /// included), minus [`forwardable`]'s drops. `Err` names a header whose value is not UTF-8.
-pub fn upstream_headers(request: &[Pair]) -> Result<Vec<(String, String)>, String> {
+pub fn upstream_headers(request: &[Pair], via: DetachedVia) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::with_capacity(request.len());
     for (n, v) in request {
         let name = String::from_utf8_lossy(n).to_ascii_lowercase();
-        if !forwardable(&name) {
+        if !forwardable(&name, v, via) {
             continue;
         }
         match std::str::from_utf8(v) {
@@ -59,7 +75,7 @@ pub fn ending(status: u16, headers: Vec<Pair>, body: Vec<u8>, max_response_bytes
         _ => "via_upstream".to_string(),
     };
     let headers = headers.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
-    let body = (body.len() <= max_response_bytes).then_some(body);
+    let body = if body.len() <= max_response_bytes { Body::Whole(body) } else { Body::TooLarge };
     Ending::Response { status, headers, body, details }
 }
 
@@ -84,4 +100,43 @@ pub fn answer(
         .filter(|(n, _)| n == "set-cookie" || response::replayable_header(n))
         .collect();
     LocalReply { status, headers, body: body.to_vec() }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn detached_headers_are_the_inline_ones_through_reentry() {
+        let req: Vec<Pair> = [
+            (":method", "POST"),
+            (":path", "/svc/order"),
+            (":authority", "api.example.com"),
+            ("x-request-id", "r-1"),
+            ("x-envoy-external-address", "203.0.113.7"),
+            ("te", "trailers"),
+            ("connection", "keep-alive"),
+            ("content-length", "12"),
+            ("expect", "100-continue"),
+            ("x-user-role", "admin"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+        let names = |via| upstream_headers(&req, via).unwrap().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        assert_eq!(
+            names(DetachedVia::Reentry),
+            [":method", ":path", ":authority", "x-request-id", "x-envoy-external-address", "te", "x-user-role"]
+        );
+        // Straight to the cluster, no connection manager cleans Envoy's control headers: dropped.
+        assert_eq!(
+            names(DetachedVia::Cluster),
+            [":method", ":path", ":authority", "x-request-id", "te", "x-user-role"]
+        );
+        let te_other: Vec<Pair> = vec![(b"te".to_vec(), b"gzip".to_vec())];
+        assert!(upstream_headers(&te_other, DetachedVia::Reentry).unwrap().is_empty());
+        let latin1: Vec<Pair> = vec![(b"x-name".to_vec(), b"r\xe9sum\xe9".to_vec())];
+        assert_eq!(upstream_headers(&latin1, DetachedVia::Reentry), Err("x-name".to_string()));
+    }
 }

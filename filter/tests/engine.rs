@@ -97,7 +97,7 @@ fn ok(status: u16, body: &str) -> Ending {
     Ending::Response {
         status,
         headers: vec![("content-type".into(), "application/json".into()), ("set-cookie".into(), "s=1".into())],
-        body: Some(body.as_bytes().to_vec()),
+        body: Body::Whole(body.as_bytes().to_vec()),
         details: "via_upstream".into(),
     }
 }
@@ -229,13 +229,13 @@ fn unknown_outcome_holds_the_claim_past_its_lease() {
         Ending::Response {
             status: 504,
             headers: vec![],
-            body: Some(vec![]),
+            body: Body::Whole(vec![]),
             details: "upstream_response_timeout".into(),
         },
         Ending::Response {
             status: 503,
             headers: vec![],
-            body: Some(vec![]),
+            body: Body::Whole(vec![]),
             details: "upstream_reset_before_response_started{connection_termination}".into(),
         },
     ]
@@ -267,7 +267,7 @@ fn never_reaching_the_upstream_releases() {
     let refused = Ending::Response {
         status: 503,
         headers: vec![],
-        body: Some(vec![]),
+        body: Body::Whole(vec![]),
         details: "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}"
             .into(),
     };
@@ -288,10 +288,14 @@ fn oversized_or_unfinished_response_is_a_tombstone() {
     assert_eq!(again.outcome, Outcome::RejectedDuplicate);
     let (r, body) = reply(&again);
     assert_eq!((r.status, body["message"].as_str()), (409, Some("请勿重复提交")));
-    // Status seen, body not seen to the end (client went away): remembered as a tombstone.
+    // Status seen, body not seen to the end (the upstream reset it, the client went away): what
+    // the service answered is lost, so the outcome is unknown — held, never a tombstone.
     let v = decide(&host, &e, &order("cut", "{}"));
-    let cut = Ending::Response { status: 200, headers: vec![], body: None, details: String::new() };
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), cut).0, Some(Outcome::Tombstoned));
+    let cut = Ending::Response { status: 200, headers: vec![], body: Body::Cut, details: String::new() };
+    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), cut).0, Some(Outcome::Held));
+    let again = decide(&host, &e, &order("cut", "{}"));
+    assert_eq!(again.outcome, Outcome::OutcomeUnknown);
+    assert_eq!(reply(&again).1["code"], "IDEMPOTENCY_OUTCOME_UNKNOWN");
 }
 
 #[test]

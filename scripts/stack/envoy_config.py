@@ -47,41 +47,81 @@ DEFAULT_ROUTES = [
 
 
 def route_entry(spec, cluster="demo_upstream"):
+    """An Envoy route from a test's table row: `name`, `match`, `idem` (enable the filter), and
+    optionally `timeout`, `cluster`, `direct_response`, `route_options` (merged into `route`:
+    rewrites, retry policy) and the route's `request_headers_to_add` / `_remove`."""
     r = {"name": spec["name"], "match": spec["match"]}
     if "direct_response" in spec:
         r["direct_response"] = spec["direct_response"]
     else:
         r["route"] = {"cluster": spec.get("cluster", cluster), "timeout": spec.get("timeout", "15s")}
+        r["route"].update(spec.get("route_options", {}))
+    for field in ("request_headers_to_add", "request_headers_to_remove"):
+        if field in spec:
+            r[field] = spec[field]
     if spec.get("idem"):
         r["typed_per_filter_config"] = ENABLE_IDEM
     return r
+
+
+def hcm(stat_prefix, routes, http_filters, route_config_name):
+    """An HTTP connection manager routing `routes` through `http_filters` and the router."""
+    return {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+                     ".HttpConnectionManager",
+            "stat_prefix": stat_prefix,
+            "codec_type": "AUTO",
+            # Route on the normalised path (RFC 3986 dot segments, `//`), as examples/envoy.yaml
+            # does: an alias such as /api//order/create must not slip past a route's policy.
+            "normalize_path": True,
+            "merge_slashes": True,
+            # HTTP/1 trailers (gRPC's status) are dropped unless enabled on both sides.
+            "http_protocol_options": {"enable_trailers": True},
+            "route_config": {"name": route_config_name, "virtual_hosts": [
+                {"name": stat_prefix, "domains": ["*"], "routes": routes}]},
+            "http_filters": list(http_filters) + [{
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+            }],
+        },
+    }
 
 
 def listener(name, port, routes, http_filters, stat_prefix=None):
     return {
         "name": name,
         "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-        "filter_chains": [{"filters": [{
-            "name": "envoy.filters.network.http_connection_manager",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
-                         ".HttpConnectionManager",
-                "stat_prefix": stat_prefix or name,
-                "codec_type": "AUTO",
-                # Route on the normalised path (RFC 3986 dot segments, `//`), as examples/envoy.yaml
-                # does: an alias such as /api//order/create must not slip past a route's policy.
-                "normalize_path": True,
-                "merge_slashes": True,
-                # HTTP/1 trailers (gRPC's status) are dropped unless enabled on both sides.
-                "http_protocol_options": {"enable_trailers": True},
-                "route_config": {"name": name + "_routes", "virtual_hosts": [
-                    {"name": name, "domains": ["*"], "routes": routes}]},
-                "http_filters": http_filters + [{
-                    "name": "envoy.filters.http.router",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-                }],
-            },
-        }]}],
+        "filter_chains": [{"filters": [hcm(stat_prefix or name, routes, http_filters, name + "_routes")]}],
+    }
+
+
+# Detached forwarding re-enters Envoy here (`[detached] via = "reentry"`, the filter's default): an
+# internal listener (no socket: only the cluster below reaches it) whose connection manager has the
+# same routes and the filters that come after idem — never idem itself, and not the filters before
+# it, which the request has already passed. Its HCM keeps Envoy's defaults (no use_remote_address),
+# so the request keeps the headers the outer listener gave it: the service sees what inline sees.
+REENTRY = "idem_reentry"
+INTERNAL_LISTENER_EXTENSION = {
+    "name": "envoy.bootstrap.internal_listener",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"},
+}
+
+
+def reentry_listener(routes, post_filters=()):
+    return {"name": REENTRY, "internal_listener": {},
+            "filter_chains": [{"filters": [hcm("reentry", routes, post_filters, "reentry_routes")]}]}
+
+
+def reentry_cluster():
+    return {
+        "name": REENTRY,
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": REENTRY, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+            "envoy_internal_address": {"server_listener_name": REENTRY}}}}]}]},
+        "circuit_breakers": {"thresholds": [{"max_connections": 4096, "max_pending_requests": 4096,
+                                             "max_requests": 4096}]},
     }
 
 
@@ -102,19 +142,23 @@ def cluster(name, port):
 
 
 def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
-                with_filter=True, extra_clusters=(), pre_filters=()):
-    """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster.
-    `pre_filters` run before idem (e.g. jwt_authn, whose verified claims a scope can name)."""
+                with_filter=True, extra_clusters=(), pre_filters=(), post_filters=()):
+    """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster,
+    and the internal listener detached requests re-enter through. `pre_filters` run before idem (e.g.
+    jwt_authn, whose verified claims a scope can name), `post_filters` after it (on both listeners)."""
     routes = DEFAULT_ROUTES if routes is None else routes
     filters = list(pre_filters) + ([wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else [])
     if not with_filter:
         routes = [dict(r, idem=False) for r in routes]
+    entries = [route_entry(r) for r in routes]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": STATS_CONFIG,
+        "bootstrap_extensions": [INTERNAL_LISTENER_EXTENSION],
         "static_resources": {
-            "listeners": [listener("ingress", listen_port, [route_entry(r) for r in routes], filters)],
-            "clusters": [cluster("demo_upstream", upstream_port)] + list(extra_clusters),
+            "listeners": [listener("ingress", listen_port, entries, filters + list(post_filters)),
+                          reentry_listener(entries, post_filters)],
+            "clusters": [cluster("demo_upstream", upstream_port), reentry_cluster()] + list(extra_clusters),
         },
     }
 

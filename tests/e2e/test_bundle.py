@@ -48,8 +48,9 @@ def envoy_yaml(entry, listen_port, admin_port, upstream_port):
     indented = "".join(("          " + line if line.strip() else "") + "\n" for line in entry.splitlines())
     return (
         "admin: %s\n" % j({"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}})
+        + "bootstrap_extensions: %s\n" % j([stack.INTERNAL_LISTENER_EXTENSION])
         + "static_resources:\n"
-        + "  clusters: %s\n" % j([stack.cluster("demo_upstream", upstream_port)])
+        + "  clusters: %s\n" % j([stack.cluster("demo_upstream", upstream_port), stack.reentry_cluster()])
         + "  listeners:\n"
         + "  - name: ingress\n"
         + "    address: %s\n" % j({"socket_address": {"address": "127.0.0.1", "port_value": listen_port}})
@@ -67,6 +68,8 @@ def envoy_yaml(entry, listen_port, admin_port, upstream_port):
         + indented
         + "          - name: envoy.filters.http.router\n"
         + '            typed_config: {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}\n'
+        # Detached routes (pay-callback, the provider callbacks) re-enter through this listener.
+        + "  - %s\n" % j(stack.reentry_listener(routes))
     )
 
 

@@ -1,7 +1,7 @@
 //! What a forwarded request's ending does to its claim (complete, release, hold as unknown), on
 //! either store; lease renewal; and the mark of a Redis answer not written yet.
 
-use super::verdict::{Ending, Finish, StoreTicket, Ticket};
+use super::verdict::{Body, Ending, Finish, StoreTicket, Ticket};
 use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
 use crate::response::{self, StoredResponse};
@@ -98,19 +98,18 @@ impl Engine {
                 Finish::Release { cause: format!("status_{status}") }
             }
             (Ended::Answered, Ending::Response { body, .. })
-                if policy
-                    .key
-                    .success_body_contains
-                    .as_ref()
-                    .is_some_and(|marker| !contains(body.as_deref(), marker)) =>
+                if policy.key.success_body_contains.as_ref().is_some_and(|marker| !contains(body, marker)) =>
             {
                 Finish::Release { cause: "no_success_marker".into() }
             }
             (Ended::Answered, Ending::Response { status, headers, body, .. }) => {
-                // A body we did not see whole is remembered as a tombstone: status only.
-                let limit = if body.is_some() { policy.max_response_bytes as usize } else { 0 };
+                // A body too large to store is remembered as a tombstone: status only.
+                let (bytes, limit) = match body {
+                    Body::Whole(b) => (b.clone(), policy.max_response_bytes as usize),
+                    Body::TooLarge | Body::Cut => (Vec::new(), 0),
+                };
                 Finish::Complete {
-                    response: StoredResponse::new(*status, headers.clone(), body.clone().unwrap_or_default()),
+                    response: StoredResponse::new(*status, headers.clone(), bytes),
                     max_response_bytes: limit,
                     ttl_ms: policy.key.ttl.millis,
                     cause: format!("status_{status}"),
@@ -152,8 +151,8 @@ impl Engine {
 }
 
 /// Whether a body seen whole holds `marker`.
-fn contains(body: Option<&[u8]>, marker: &str) -> bool {
-    body.is_some_and(|b| b.windows(marker.len().max(1)).any(|w| w == marker.as_bytes()))
+fn contains(body: &Body, marker: &str) -> bool {
+    matches!(body, Body::Whole(b) if b.windows(marker.len().max(1)).any(|w| w == marker.as_bytes()))
 }
 
 /// The outcome of a release, on either store.
@@ -224,6 +223,9 @@ fn classify(ending: &Ending) -> Ended {
             }
         }
         Ending::Response { status, .. } if *status >= 500 => Ended::Failed(format!("status_{status}")),
+        // Headers came and the body was cut (upstream reset, client gone mid-body): the service
+        // answered, and what it answered is lost — an unknown outcome, never a tombstone.
+        Ending::Response { body: Body::Cut, .. } => Ended::Unknown("body_cut".into()),
         Ending::Response { .. } => Ended::Answered,
     }
 }

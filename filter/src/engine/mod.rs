@@ -17,7 +17,7 @@ pub mod verdict;
 
 pub use finish::{completed, held, released, restored, unknown_cause};
 pub use outcome::Outcome;
-pub use verdict::{Action, Begin, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 
 use crate::fingerprint::fingerprint;
 use crate::host::Host;

@@ -79,13 +79,24 @@ pub enum Begin {
     Store(Prepared),
 }
 
+/// The body of a response, as far as it was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// Seen to its end.
+    Whole(Vec<u8>),
+    /// Seen to its end, larger than the route's `max_response_bytes`: remembered as a tombstone.
+    TooLarge,
+    /// Not seen to its end: the upstream reset it or the client left mid-body. Whether the work
+    /// was done is unknown from here.
+    Cut,
+}
+
 /// How a forwarded request ended, as the glue observed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
-    /// A response came back. `body` is `None` when it was not seen to the end (client gone) or
-    /// grew past the route's `max_response_bytes`. `details` is Envoy's `response.code_details`
-    /// (`via_upstream` when the upstream produced it).
-    Response { status: u16, headers: Vec<Header>, body: Option<Vec<u8>>, details: String },
+    /// A response came back. `details` is Envoy's `response.code_details` (`via_upstream` when the
+    /// upstream produced it).
+    Response { status: u16, headers: Vec<Header>, body: Body, details: String },
     /// No response: the client went away, or the stream was reset.
     NoResponse { forwarded: bool },
 }

@@ -8,6 +8,7 @@ use super::writes::After;
 use crate::engine::{Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
+use crate::policy::DetachedVia;
 
 /// The request as the root context sends it upstream: the route's cluster, the headers it
 /// may carry (see [`crate::forward::upstream_headers`]) and the body.
@@ -46,7 +47,14 @@ impl Worker {
                     self.detached.borrow_mut().insert(token, call);
                 }
                 Err(e) => {
-                    host.log(Level::Error, &format!("idem: detached call to cluster {cluster} not sent: {e:?}"));
+                    let hint = match self.engine.bundle.detached.via {
+                        DetachedVia::Reentry => format!(
+                            "; is there a cluster {cluster} reaching the internal listener detached requests re-enter \
+                             Envoy through? (README: Detached forwarding; or [detached] via = \"cluster\")"
+                        ),
+                        DetachedVia::Cluster => String::new(),
+                    };
+                    host.log(Level::Error, &format!("idem: detached call to cluster {cluster} not sent: {e:?}{hint}"));
                     let default = crate::answers::Answers::default();
                     let answers = self.engine.policy(call.route).map_or(&default, |p| &p.answers);
                     let reply = crate::response::error(

@@ -9,11 +9,13 @@ use super::waiters::Waiter;
 use super::worker::{send, status_of, Worker};
 use super::writes::After;
 use super::Flow;
-use crate::engine::{Action as Do, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::engine::{
+    Action as Do, Begin, Body, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
+};
 use crate::host::Host;
 use crate::key::RequestView;
 use crate::pairs::Pair;
-use crate::policy::{Forward, Unmatched};
+use crate::policy::{DetachedVia, Forward, Unmatched};
 use crate::response::{Header, LocalReply};
 use crate::store::redis;
 use std::rc::Rc;
@@ -59,8 +61,8 @@ pub(super) struct Capture {
     status: u16,
     headers: Vec<Header>,
     body: Vec<u8>,
-    /// Not storable whole (too large, trailers, not seen to the end): a tombstone is stored.
-    incomplete: bool,
+    /// Not storable whole (too large, or ended with trailers): a tombstone is stored.
+    too_large: bool,
     details: String,
     /// Held (buffered) until the root has written the outcome (Redis), so a retry after the
     /// client got its answer always finds it.
@@ -267,7 +269,7 @@ impl Stream {
         let details = if status >= 500 { text(host.property(&["response", "code_details"])) } else { String::new() };
         let headers = pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
         let holding = matches!(ticket, Ticket::Claim(StoreTicket::Redis(_)) | Ticket::Token(StoreTicket::Redis(_)));
-        let capture = Capture { status, headers, body: Vec::new(), incomplete: false, details, holding };
+        let capture = Capture { status, headers, body: Vec::new(), too_large: false, details, holding };
         self.phase = Phase::Capturing { route, ticket, key, capture };
         if end_of_stream {
             return self.finish_capture(host);
@@ -291,7 +293,7 @@ impl Stream {
             if size > limit {
                 // Too large to remember (a tombstone): stop holding, let it stream.
                 capture.holding = false;
-                capture.incomplete = true;
+                capture.too_large = true;
             } else if !end_of_stream {
                 return Flow::Pause;
             } else {
@@ -299,12 +301,12 @@ impl Stream {
                 return self.finish_capture(host);
             }
         }
-        if !capture.incomplete && size > 0 {
+        if !capture.too_large && size > 0 {
             // Not pausing: each call carries only the new chunk, and the client is not delayed.
             match host.response_body(size) {
                 Some(chunk) if capture.body.len() + chunk.len() <= limit => capture.body.extend_from_slice(&chunk),
                 Some(_) => {
-                    capture.incomplete = true;
+                    capture.too_large = true;
                     capture.body = Vec::new();
                 }
                 None => {}
@@ -321,7 +323,7 @@ impl Stream {
     /// never a replay without its trailers.
     pub fn on_response_trailers(&mut self, host: &dyn Host) -> Flow {
         if let Phase::Capturing { capture, .. } = &mut self.phase {
-            capture.incomplete = true;
+            capture.too_large = true;
             capture.details = "trailers".into();
         }
         self.finish_capture(host)
@@ -340,11 +342,10 @@ impl Stream {
                 // The client left while its claim was out: the claim may land with nobody to finish it.
                 w.release_orphan(host, prepared.route, Some(prepared.key), &ticket);
             }
-            Phase::Capturing { route, ticket, key, mut capture } => {
-                // Headers came back but the body was not seen to the end: the work was done.
-                capture.incomplete = true;
-                capture.holding = false;
-                self.finish(host, route, ticket, key, capture.into_ending(), false);
+            Phase::Capturing { route, ticket, key, capture } => {
+                // Headers came back but the body was not seen to the end (the upstream reset it,
+                // or the client left): what the service answered is lost — an unknown outcome.
+                self.finish(host, route, ticket, key, capture.into_ending(true), false);
             }
             Phase::Forwarded { route, ticket, key } => {
                 self.finish(host, route, ticket, key, Ending::NoResponse { forwarded: true }, false);
@@ -517,7 +518,8 @@ impl Stream {
     /// The request as the root context sends it upstream, or the 400 for a header it cannot
     /// carry (the callout API takes text).
     fn outbound(&mut self, host: &dyn Host, route: usize) -> Result<Outbound, LocalReply> {
-        let headers = crate::forward::upstream_headers(&self.request.headers).map_err(|name| {
+        let detached = &self.worker.engine.bundle.detached;
+        let headers = crate::forward::upstream_headers(&self.request.headers, detached.via).map_err(|name| {
             let default = crate::answers::Answers::default();
             let answers = self.worker.engine.policy(route).map_or(&default, |p| &p.answers);
             crate::response::error(
@@ -527,7 +529,11 @@ impl Stream {
                 &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
             )
         })?;
-        let cluster = text(host.property(&["xds", "cluster_name"]));
+        // Through re-entry, the internal listener's routes pick the cluster, as inline.
+        let cluster = match detached.via {
+            DetachedVia::Reentry => detached.reentry_cluster.clone(),
+            DetachedVia::Cluster => text(host.property(&["xds", "cluster_name"])),
+        };
         Ok(Outbound { cluster, headers, body: self.request.body.take().unwrap_or_default() })
     }
 
@@ -557,7 +563,7 @@ impl Stream {
         match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::Capturing { route, ticket, key, capture } => {
                 let held = capture.holding;
-                self.finish(host, route, ticket, key, capture.into_ending(), held)
+                self.finish(host, route, ticket, key, capture.into_ending(false), held)
             }
             other => {
                 self.phase = other;
@@ -605,8 +611,13 @@ impl Stream {
 }
 
 impl Capture {
-    fn into_ending(self) -> Ending {
-        let body = if self.incomplete { None } else { Some(self.body) };
+    /// How the response ended: `cut` when the stream ended before the body did.
+    fn into_ending(self, cut: bool) -> Ending {
+        let body = match (cut, self.too_large) {
+            (true, _) => Body::Cut,
+            (false, true) => Body::TooLarge,
+            (false, false) => Body::Whole(self.body),
+        };
         Ending::Response { status: self.status, headers: self.headers, body, details: self.details }
     }
 }

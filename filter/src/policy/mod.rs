@@ -26,6 +26,8 @@ pub struct Bundle {
     pub shared: SharedConfig,
     /// The shape of the gateway's own answers (`[answers]`), for routes without their own.
     pub answers: crate::answers::Answers,
+    /// How detached requests reach the service (`[detached]`).
+    pub detached: DetachedConfig,
     /// The `[redis]` table; required when a route uses `store = "redis"`.
     pub redis: Option<RedisConfig>,
     pub routes: Vec<RoutePolicy>,
@@ -138,6 +140,34 @@ pub struct RoutePolicy {
     pub forward: Forward,
     /// Timeout of the upstream call when `forward = "detached"`.
     pub upstream_timeout: Duration,
+}
+
+/// `[detached]`: how the root context sends a detached request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default)]
+pub struct DetachedConfig {
+    /// `reentry`: through Envoy again, by an internal listener with the same routes, so the route's
+    /// rewrites, header mutations, filters after idem, timeout and retries apply as inline.
+    /// `cluster`: straight to the route's cluster, without any of them.
+    pub via: DetachedVia,
+    /// The Envoy cluster whose endpoint is that internal listener.
+    #[serde(deserialize_with = "fields::de_nonempty")]
+    pub reentry_cluster: String,
+}
+
+impl Default for DetachedConfig {
+    fn default() -> Self {
+        DetachedConfig { via: DetachedVia::Reentry, reentry_cluster: "idem_reentry".into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum DetachedVia {
+    Reentry,
+    Cluster,
 }
 
 /// How a claimed request reaches the upstream.

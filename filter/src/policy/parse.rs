@@ -2,8 +2,8 @@
 //! errors that name the line, column and field.
 
 use super::{
-    Bundle, DuplicateResponse, Duration, FingerprintPart, Forward, KeyPolicy, KeySource, Matcher, Mode, PathTemplate,
-    RedisConfig, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, Unmatched,
+    Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, KeyPolicy, KeySource, Matcher, Mode,
+    PathTemplate, RedisConfig, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, Unmatched,
 };
 use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
@@ -118,6 +118,9 @@ struct RawBundle {
     /// The shape of the gateway's own answers, for every route without `[route.answers]`.
     #[serde(default)]
     answers: Option<Answers>,
+    /// How detached requests reach the service.
+    #[serde(default)]
+    detached: DetachedConfig,
     /// Higress' per-route rules (its WasmPlugin `matchRules`, sent as `_rules_` with
     /// `_match_route_`): refused with what to write instead, not as an unknown field.
     #[serde(rename = "_rules_", default)]
@@ -386,6 +389,7 @@ impl RawBundle {
             routes,
             unmatched: self.unmatched,
             answers: self.answers.unwrap_or_default(),
+            detached: self.detached,
         })
     }
 }
