@@ -211,6 +211,11 @@ impl Answers {
         for (name, value) in &self.headers {
             reply.headers.push((name.clone(), value.fill(&|v| self.value(v, a), Escape::None).into_bytes()));
         }
+        reply.own = Some(Box::new(crate::response::Own {
+            code: a.code.to_string(),
+            message: a.message.to_string(),
+            first_seen_ms: a.first_seen_ms,
+        }));
         reply
     }
 

@@ -8,11 +8,16 @@ use sha2::{Digest, Sha256};
 /// the request path as the route's matcher names it ([`crate::policy::Matcher::canonical_path`]),
 /// so two aliases of one endpoint are one request. A JSON body (or part) that names a member
 /// twice is ambiguous, as for body keys.
+///
+/// A gRPC call's body is its messages, decoded ([`crate::grpc::decoded_messages`]: frame headers
+/// stripped, `gzip` decompressed, at most `max_body` bytes), so the same message sent compressed
+/// or not is the same request.
 pub fn fingerprint(
     policy: &KeyPolicy,
     template: Option<&PathTemplate>,
     req: &dyn RequestView,
     path: &str,
+    max_body: usize,
 ) -> Result<[u8; 32], KeyError> {
     if policy.fingerprint.is_empty() {
         return Ok([0; 32]);
@@ -30,6 +35,20 @@ pub fn fingerprint(
                 for v in values {
                     put(&mut h, v);
                 }
+            }
+            FingerprintPart::Body if crate::grpc::is_grpc(req) => {
+                let messages = crate::grpc::decoded_messages(req, max_body).map_err(|e| {
+                    KeyError::Invalid(match e {
+                        crate::grpc::MessageError::Framing => "the gRPC body is not whole length-prefixed messages".into(),
+                        crate::grpc::MessageError::Encoding(enc) => {
+                            format!("a gRPC message is compressed with {enc}, which the gateway does not decode (gzip, identity)")
+                        }
+                        crate::grpc::MessageError::TooLarge => {
+                            format!("the gRPC messages exceed {max_body} bytes once decompressed")
+                        }
+                    })
+                })?;
+                put(&mut h, &messages);
             }
             FingerprintPart::Body => {
                 let body = req.body().unwrap_or_default();

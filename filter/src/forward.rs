@@ -55,18 +55,32 @@ pub fn upstream_headers(request: &[Pair], via: DetachedVia) -> Result<Vec<(Strin
 
 /// How the detached call ended. `status` 0 is a callout failure (reset, or no answer in time).
 ///
-/// Envoy's async client answers some failures itself; its bodies tell which: a timeout (504
-/// "upstream request timeout") leaves the outcome unknown, a connection failure or "no healthy
-/// upstream" proves the request never reached the service.
-pub fn ending(status: u16, headers: Vec<Pair>, body: Vec<u8>, max_response_bytes: usize) -> Ending {
+/// Envoy answers some failures itself; their text tells which — in the body of an HTTP answer, in
+/// `grpc-message` of a gRPC one (the re-entered call is a gRPC call too): a timeout ("upstream
+/// request timeout") leaves the outcome unknown, a connection failure or "no healthy upstream"
+/// proves the request never reached the service.
+pub fn ending(
+    status: u16,
+    headers: Vec<Pair>,
+    body: Vec<u8>,
+    trailers: Vec<Pair>,
+    max_response_bytes: usize,
+    grpc: bool,
+) -> Ending {
     if status == 0 {
         return Ending::NoResponse { forwarded: true };
     }
-    let details = match (status, body.as_slice()) {
-        (504, b"upstream request timeout") => "upstream_response_timeout".to_string(),
-        (503, b) if b.starts_with(b"no healthy upstream") => "no_healthy_upstream".to_string(),
-        (503, b) if b.starts_with(b"upstream connect error") => {
-            if b.windows(18).any(|w| w == b"connection failure") || b.windows(17).any(|w| w == b"connection refused") {
+    let grpc_message = headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(b"grpc-message")).map(|(_, v)| v.clone());
+    let text: &[u8] = match (&grpc_message, grpc) {
+        (Some(m), true) => m,
+        _ => &body,
+    };
+    let from_envoy = grpc || status >= 500;
+    let details = match text {
+        b"upstream request timeout" if from_envoy => "upstream_response_timeout".to_string(),
+        b if from_envoy && b.starts_with(b"no healthy upstream") => "no_healthy_upstream".to_string(),
+        b if from_envoy && b.starts_with(b"upstream connect error") => {
+            if contains(b, b"connection failure") || contains(b, b"connection refused") {
                 "upstream_reset_before_response_started{connection_failure}".to_string()
             } else {
                 "upstream_reset_before_response_started{remote_reset}".to_string()
@@ -74,9 +88,15 @@ pub fn ending(status: u16, headers: Vec<Pair>, body: Vec<u8>, max_response_bytes
         }
         _ => "via_upstream".to_string(),
     };
-    let headers = headers.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
+    let lower = |p: Vec<Pair>| -> Vec<crate::response::Header> {
+        p.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect()
+    };
     let body = if body.len() <= max_response_bytes { Body::Whole(body) } else { Body::TooLarge };
-    Ending::Response { status, headers, body, details }
+    Ending::Response { status, headers: lower(headers), body, trailers: lower(trailers), details, grpc }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// What the waiting client gets once the detached call ended: the upstream's answer with its
@@ -99,7 +119,7 @@ pub fn answer(
         .map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.clone()))
         .filter(|(n, _)| n == "set-cookie" || response::replayable_header(n))
         .collect();
-    LocalReply { status, headers, body: body.to_vec() }
+    LocalReply { status, headers, body: body.to_vec(), ..Default::default() }
 }
 
 #[cfg(test)]

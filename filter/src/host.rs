@@ -67,8 +67,12 @@ pub trait Host {
     fn request_body(&self, size: usize) -> Option<Vec<u8>>;
     fn response_headers(&self) -> Vec<Pair>;
     fn response_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// The response's trailers (a gRPC answer's `grpc-status`), in `on_response_trailers`.
+    fn response_trailers(&self) -> Vec<Pair>;
     /// The answer of the HTTP call being delivered: headers (none when the call failed) and body.
     fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>);
+    /// The trailers of the HTTP call being delivered (a gRPC call's status).
+    fn call_trailers(&self) -> Vec<Pair>;
     /// A property of the current stream (`xds.route_name`, dynamic metadata, …).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// Sets filter state on the current stream; Envoy stores `name` as `wasm.<name>`, which its
@@ -77,6 +81,13 @@ pub trait Host {
     /// Answers the current stream with a local reply.
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError>;
     fn resume_request(&self) -> Result<(), HostError>;
+    /// Sets a request header of the current stream (before it is resumed): a gRPC replay points
+    /// the call at the echo listener.
+    fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError>;
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError>;
+    /// Adds a response trailer; Envoy creates the trailers only in the last response body
+    /// callback (`end_of_stream`).
+    fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError>;
     fn resume_response(&self) -> Result<(), HostError>;
 }
 

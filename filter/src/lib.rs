@@ -14,6 +14,7 @@ pub mod engine;
 pub mod fingerprint;
 pub mod form;
 pub mod forward;
+pub mod grpc;
 pub mod host;
 pub mod json;
 pub mod key;

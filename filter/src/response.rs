@@ -8,25 +8,71 @@ use crate::policy::DuplicateResponse;
 pub type Header = (String, Vec<u8>);
 
 /// An answer the filter sends instead of forwarding.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LocalReply {
     pub status: u16,
     pub headers: Vec<Header>,
     pub body: Vec<u8>,
+    /// Trailers after the body: a replayed gRPC answer's `grpc-status` and trailing metadata.
+    pub trailers: Vec<Header>,
+    /// The gateway's own answer (not a replay): what it says, for the gRPC form of it.
+    pub own: Option<Box<Own>>,
+    /// A trailers-only gRPC answer with this `grpc-status` ([`LocalReply::for_grpc`]).
+    pub grpc_status: Option<u32>,
+}
+
+/// What one of the gateway's own answers says: its stable code, its message, and when the first
+/// request was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Own {
+    pub code: String,
+    pub message: String,
+    pub first_seen_ms: Option<u64>,
 }
 
 impl LocalReply {
     pub fn new(status: u16, content_type: &str, body: Vec<u8>) -> Self {
-        LocalReply { status, headers: vec![("content-type".into(), content_type.as_bytes().to_vec())], body }
+        LocalReply {
+            status,
+            headers: vec![("content-type".into(), content_type.as_bytes().to_vec())],
+            body,
+            ..Default::default()
+        }
+    }
+
+    /// This answer to a gRPC call: the gateway's own answers become trailers-only gRPC answers —
+    /// a fitting code ([`crate::grpc::status_for`]), the stable code and message in
+    /// `grpc-message`, a `google.rpc.Status` with an `ErrorInfo` in `grpc-status-details-bin`,
+    /// `grpc-retry-pushback-ms` when a retry shortly may succeed — never Envoy's mapping of an
+    /// HTTP status to `UNKNOWN`. A replay stays as it is.
+    pub fn for_grpc(self) -> LocalReply {
+        let Some(own) = &self.own else {
+            return self;
+        };
+        let status = crate::grpc::status_for(&own.code, self.status);
+        let message = format!("{}: {}", own.code, own.message);
+        let mut meta = Vec::new();
+        if let Some(ms) = own.first_seen_ms {
+            meta.push(("first_seen_at", rfc3339(ms)));
+        }
+        let details = crate::grpc::status_details(status, &message, &own.code, &meta);
+        let mut headers = vec![("grpc-status-details-bin".to_string(), details.into_bytes())];
+        if status == crate::grpc::code::UNAVAILABLE {
+            let pushback = IN_PROGRESS_RETRY_AFTER_S * 1000;
+            headers.push(("grpc-retry-pushback-ms".to_string(), pushback.to_string().into_bytes()));
+        }
+        LocalReply { status: 200, headers, body: message.into_bytes(), grpc_status: Some(status), ..self }
     }
 }
 
-/// A remembered upstream response: status, the headers safe to replay, body.
+/// A remembered upstream response: status, the headers safe to replay, body, and (gRPC) its
+/// trailers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
     pub headers: Vec<Header>,
     pub body: Vec<u8>,
+    pub trailers: Vec<Header>,
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and the length Envoy computes itself: never copied from
@@ -69,45 +115,67 @@ impl StoredResponse {
             .into_iter()
             .filter(|(n, _)| replayable_header(n) && !named_by_connection.iter().any(|c| n.eq_ignore_ascii_case(c)))
             .collect();
-        StoredResponse { status, headers, body }
+        StoredResponse { status, headers, body, trailers: Vec::new() }
+    }
+
+    /// With the trailers a gRPC answer ended with (its `grpc-status` and trailing metadata).
+    pub fn with_trailers(mut self, trailers: Vec<Header>) -> Self {
+        self.trailers = trailers.into_iter().filter(|(n, _)| replayable_header(n)).collect();
+        self
     }
 
     /// Size of the encoded form, to compare with the slot size before storing.
     pub fn encoded_len(&self) -> usize {
-        4 + self.headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum::<usize>() + self.body.len()
+        let fields = |h: &[Header]| h.iter().map(|(n, v)| 8 + n.len() + v.len()).sum::<usize>();
+        let trailers = if self.trailers.is_empty() { 0 } else { 2 + fields(&self.trailers) };
+        4 + fields(&self.headers) + trailers + self.body.len()
     }
 
-    /// `status u16 | count u16 | (name_len u32, name, value_len u32, value)* | body`.
+    /// `status u16 | count u16 | (name_len u32, name, value_len u32, value)* | body`; with
+    /// trailers, the status carries [`TRAILERS_FLAG`] and `count u16 | fields` of the trailers
+    /// follow the headers (records written before trailers were stored read as they were).
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.status.to_le_bytes());
-        out.extend_from_slice(&(self.headers.len().min(u16::MAX as usize) as u16).to_le_bytes());
-        for (n, v) in self.headers.iter().take(u16::MAX as usize) {
-            out.extend_from_slice(&(n.len() as u32).to_le_bytes());
-            out.extend_from_slice(n.as_bytes());
-            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            out.extend_from_slice(v);
+        let flag = if self.trailers.is_empty() { 0 } else { TRAILERS_FLAG };
+        out.extend_from_slice(&(self.status | flag).to_le_bytes());
+        put_fields(out, &self.headers);
+        if !self.trailers.is_empty() {
+            put_fields(out, &self.trailers);
         }
         out.extend_from_slice(&self.body);
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let mut r = Reader(bytes);
-        let status = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
-        let count = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
-        let mut headers = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let n = String::from_utf8(r.field()?.to_vec()).ok()?;
-            let v = r.field()?.to_vec();
-            headers.push((n, v));
-        }
-        Some(StoredResponse { status, headers, body: r.0.to_vec() })
+        let raw = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
+        let headers = r.fields()?;
+        let trailers = if raw & TRAILERS_FLAG != 0 { r.fields()? } else { Vec::new() };
+        Some(StoredResponse { status: raw & !TRAILERS_FLAG, headers, body: r.0.to_vec(), trailers })
     }
 
-    /// The replay: stored status, headers and body, marked as a replay.
+    /// The replay: stored status, headers, body and trailers, marked as a replay.
     pub fn replay(&self) -> LocalReply {
         let mut headers = self.headers.clone();
         headers.push(("idempotent-replayed".into(), "true".into()));
-        LocalReply { status: self.status, headers, body: self.body.clone() }
+        LocalReply {
+            status: self.status,
+            headers,
+            body: self.body.clone(),
+            trailers: self.trailers.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The bit of an encoded status that says trailers follow the headers (statuses are < 1000).
+const TRAILERS_FLAG: u16 = 0x8000;
+
+fn put_fields(out: &mut Vec<u8>, fields: &[Header]) {
+    out.extend_from_slice(&(fields.len().min(u16::MAX as usize) as u16).to_le_bytes());
+    for (n, v) in fields.iter().take(u16::MAX as usize) {
+        out.extend_from_slice(&(n.len() as u32).to_le_bytes());
+        out.extend_from_slice(n.as_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(v);
     }
 }
 
@@ -125,6 +193,15 @@ impl<'a> Reader<'a> {
     fn field(&mut self) -> Option<&'a [u8]> {
         let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
         self.take(len)
+    }
+    fn fields(&mut self) -> Option<Vec<Header>> {
+        let count = u16::from_le_bytes(self.take(2)?.try_into().ok()?);
+        let mut out = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let n = String::from_utf8(self.field()?.to_vec()).ok()?;
+            out.push((n, self.field()?.to_vec()));
+        }
+        Some(out)
     }
 }
 

@@ -30,6 +30,7 @@ pub struct FakeStream {
     pub request_body: Vec<u8>,
     pub response_headers: Vec<Pair>,
     pub response_body: Vec<u8>,
+    pub response_trailers: Vec<Pair>,
     /// Properties by path joined with `.` (`xds.route_name`).
     pub properties: HashMap<String, Vec<u8>>,
 }
@@ -57,6 +58,7 @@ pub enum Act {
     ResumeRequest { context: u32 },
     ResumeResponse { context: u32 },
     Dispatch { context: u32, token: u32, cluster: String, body: Vec<u8> },
+    Trailer { context: u32, name: String, value: Vec<u8> },
     Enqueue { queue: u32 },
 }
 
@@ -72,6 +74,7 @@ pub struct FakeHost {
     closed: Mutex<HashSet<u32>>,
     current: AtomicU32,
     call: Mutex<(Vec<Pair>, Vec<u8>)>,
+    call_trailers: Mutex<Vec<Pair>>,
     acts: Mutex<Vec<Act>>,
     next_token: AtomicU32,
     counters: Mutex<Vec<(String, u64)>>,
@@ -139,6 +142,13 @@ impl FakeHost {
     pub fn deliver(&self, status: u16, body: &[u8]) {
         let headers = if status == 0 { vec![] } else { vec![(b":status".to_vec(), status.to_string().into_bytes())] };
         *lock(&self.call) = (headers, body.to_vec());
+        lock(&self.call_trailers).clear();
+    }
+    /// The answer of an HTTP call with its headers and trailers (a gRPC answer).
+    pub fn deliver_with(&self, headers: &[(&str, &[u8])], body: &[u8], trailers: &[(&str, &[u8])]) {
+        let pairs = |h: &[(&str, &[u8])]| h.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec())).collect();
+        *lock(&self.call) = (pairs(headers), body.to_vec());
+        *lock(&self.call_trailers) = pairs(trailers);
     }
     /// A callout that timed out, as Envoy's async client answers it: its router's local reply
     /// (`504`, `upstream request timeout`), not a failure without headers.
@@ -267,8 +277,14 @@ impl Host for FakeHost {
             .flatten()
             .filter(|b| !b.is_empty())
     }
+    fn response_trailers(&self) -> Vec<Pair> {
+        self.with_stream(|s| s.response_trailers.clone()).unwrap_or_default()
+    }
     fn call_response(&self, _num_headers: usize, _body_size: usize) -> (Vec<Pair>, Vec<u8>) {
         lock(&self.call).clone()
+    }
+    fn call_trailers(&self) -> Vec<Pair> {
+        lock(&self.call_trailers).clone()
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.with_stream(|s| s.properties.get(&path.join(".")).cloned()).flatten()
@@ -281,6 +297,26 @@ impl Host for FakeHost {
     }
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
         self.act(Act::Reply { context: self.current(), reply: reply.clone() });
+        Ok(())
+    }
+    fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        let ctx = self.current();
+        if let Some(st) = lock(&self.streams).get_mut(&ctx) {
+            st.request_headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name.as_bytes()));
+            st.request_headers.push((name.as_bytes().to_vec(), value.to_vec()));
+        }
+        Ok(())
+    }
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        let ctx = self.current();
+        if let Some(st) = lock(&self.streams).get_mut(&ctx) {
+            st.request_headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name.as_bytes()));
+        }
+        Ok(())
+    }
+    fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        let ctx = self.current();
+        self.act(Act::Trailer { context: ctx, name: name.into(), value: value.to_vec() });
         Ok(())
     }
     fn resume_request(&self) -> Result<(), HostError> {
@@ -430,9 +466,19 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("get_buffer_bytes", r.as_ref().map_or(0, Vec::len));
         r
     }
+    fn response_trailers(&self) -> Vec<Pair> {
+        let r = self.inner.response_trailers();
+        self.add("get_header_map_pairs", pairs_len(&r));
+        r
+    }
     fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>) {
         let r = self.inner.call_response(num_headers, body_size);
         self.add("get_http_call_response", pairs_len(&r.0) + r.1.len());
+        r
+    }
+    fn call_trailers(&self) -> Vec<Pair> {
+        let r = self.inner.call_trailers();
+        self.add("get_header_map_pairs", pairs_len(&r));
         r
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
@@ -448,6 +494,18 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         let h: usize = reply.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
         self.add("send_local_response", h + reply.body.len());
         self.inner.send_reply(reply)
+    }
+    fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        self.add("replace_header_map_value", name.len() + value.len());
+        self.inner.set_request_header(name, value)
+    }
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        self.add("remove_header_map_value", name.len());
+        self.inner.remove_request_header(name)
+    }
+    fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        self.add("add_header_map_value", name.len() + value.len());
+        self.inner.add_response_trailer(name, value)
     }
     fn resume_request(&self) -> Result<(), HostError> {
         self.add("continue_stream", 0);

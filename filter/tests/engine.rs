@@ -98,7 +98,9 @@ fn ok(status: u16, body: &str) -> Ending {
         status,
         headers: vec![("content-type".into(), "application/json".into()), ("set-cookie".into(), "s=1".into())],
         body: Body::Whole(body.as_bytes().to_vec()),
+        trailers: vec![],
         details: "via_upstream".into(),
+        grpc: false,
     }
 }
 
@@ -230,12 +232,16 @@ fn unknown_outcome_holds_the_claim_past_its_lease() {
             status: 504,
             headers: vec![],
             body: Body::Whole(vec![]),
+            trailers: vec![],
+            grpc: false,
             details: "upstream_response_timeout".into(),
         },
         Ending::Response {
             status: 503,
             headers: vec![],
             body: Body::Whole(vec![]),
+            trailers: vec![],
+            grpc: false,
             details: "upstream_reset_before_response_started{connection_termination}".into(),
         },
     ]
@@ -268,6 +274,8 @@ fn never_reaching_the_upstream_releases() {
         status: 503,
         headers: vec![],
         body: Body::Whole(vec![]),
+        trailers: vec![],
+        grpc: false,
         details: "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}"
             .into(),
     };
@@ -291,7 +299,14 @@ fn oversized_or_unfinished_response_is_a_tombstone() {
     // Status seen, body not seen to the end (the upstream reset it, the client went away): what
     // the service answered is lost, so the outcome is unknown — held, never a tombstone.
     let v = decide(&host, &e, &order("cut", "{}"));
-    let cut = Ending::Response { status: 200, headers: vec![], body: Body::Cut, details: String::new() };
+    let cut = Ending::Response {
+        status: 200,
+        headers: vec![],
+        body: Body::Cut,
+        trailers: vec![],
+        details: String::new(),
+        grpc: false,
+    };
     assert_eq!(e.finish_shared(&host, 0, &ticket(&v), cut).0, Some(Outcome::Held));
     let again = decide(&host, &e, &order("cut", "{}"));
     assert_eq!(again.outcome, Outcome::OutcomeUnknown);

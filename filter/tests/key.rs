@@ -209,7 +209,7 @@ fn keys_are_truncated_for_logs() {
 #[test]
 fn fingerprint_covers_configured_parts_only() {
     let p = policy("");
-    let fp = |p: &KeyPolicy, r: &Req| fingerprint(p, None, r, "/o").unwrap();
+    let fp = |p: &KeyPolicy, r: &Req| fingerprint(p, None, r, "/o", 65536).unwrap();
     let base = Req::post("/o?a=1").key("k").body(r#"{"b":1,"a":2}"#);
     let first = fp(&p, &base);
     assert_eq!(first, fp(&p, &base.clone().header("x-other", "1")));
@@ -220,7 +220,7 @@ fn fingerprint_covers_configured_parts_only() {
     other_query.path = "/o?a=2".into();
     assert_ne!(first, fp(&p, &other_query));
     // The path comes from the matcher (aliases are one request), not from the raw :path.
-    assert_ne!(first, fingerprint(&p, None, &base, "/other").unwrap());
+    assert_ne!(first, fingerprint(&p, None, &base, "/other", 65536).unwrap());
 
     let canon = policy("fingerprint_body = \"canonical-json\"");
     assert_eq!(fp(&canon, &base), fp(&canon, &other_body));
@@ -316,7 +316,7 @@ fn composite_keys_join_exact_parts_unambiguously() {
 #[test]
 fn fingerprints_over_parts_of_the_body() {
     let r = route("[route.key]\nfrom = \"body\"\nname = \"/id\"\nscope = []\nfingerprint = [\"body:/data\"]");
-    let fp = |body: &str| fingerprint(&r.key, None, &Req::post("/e").body(body), "/e");
+    let fp = |body: &str| fingerprint(&r.key, None, &Req::post("/e").body(body), "/e", 65536);
     let first = fp(r#"{"id":"e1","time":"t1","data":{"a":1,"b":[1,2]}}"#).unwrap();
     // Another delivery: new time, members reordered, numbers written otherwise: the same event.
     assert_eq!(first, fp(r#"{"time":"t2","data":{"b":[1.0,2],"a":1},"id":"e1"}"#).unwrap());
@@ -328,10 +328,10 @@ fn fingerprints_over_parts_of_the_body() {
 #[test]
 fn canonical_json_fingerprints_never_round_through_floating_point() {
     let r = route("[route.key]\nfingerprint = [\"body\"]\nfingerprint_body = \"canonical-json\"");
-    let fp = |body: &str| fingerprint(&r.key, None, &Req::post("/o").key("k").body(body), "/o").unwrap();
+    let fp = |body: &str| fingerprint(&r.key, None, &Req::post("/o").key("k").body(body), "/o", 65536).unwrap();
     assert_ne!(fp(r#"{"amount":12345678901234567890}"#), fp(r#"{"amount":12345678901234567891}"#));
     assert_eq!(fp(r#"{"amount":100, "id":"x"}"#), fp(r#"{"id":"x","amount":1e2}"#));
-    let dup = fingerprint(&r.key, None, &Req::post("/o").body(r#"{"a":1,"a":2}"#), "/o");
+    let dup = fingerprint(&r.key, None, &Req::post("/o").body(r#"{"a":1,"a":2}"#), "/o", 65536);
     assert!(matches!(dup, Err(KeyError::Invalid(_))));
 }
 
@@ -341,7 +341,10 @@ fn methods_in_the_fingerprint_are_case_insensitive() {
     let mut lower = Req::post("/o").key("k").body("{}");
     lower.method = "post".into();
     let upper = Req::post("/o").key("k").body("{}");
-    assert_eq!(fingerprint(&r.key, None, &lower, "/o").unwrap(), fingerprint(&r.key, None, &upper, "/o").unwrap());
+    assert_eq!(
+        fingerprint(&r.key, None, &lower, "/o", 65536).unwrap(),
+        fingerprint(&r.key, None, &upper, "/o", 65536).unwrap()
+    );
 }
 
 #[test]
@@ -367,7 +370,7 @@ fn cloudevent_attributes_come_from_either_mode() {
     assert_eq!(id(&binary), id(&s1));
     assert_ne!(id(&s1), id(&structured("/shop/us", "t1", r#"{"order":7,"amount":100}"#)));
     // A re-delivery with a new time (and reordered data) is the same event; other data is not.
-    let fp = |req: &Req| fingerprint(&r.key, None, req, "/e").unwrap();
+    let fp = |req: &Req| fingerprint(&r.key, None, req, "/e", 65536).unwrap();
     assert_eq!(fp(&s1), fp(&structured("/shop/eu", "t2", r#"{"amount":100,"order":7}"#)));
     assert_ne!(fp(&s1), fp(&structured("/shop/eu", "t1", r#"{"order":8,"amount":100}"#)));
     // A batch is refused, never keyed as a whole.

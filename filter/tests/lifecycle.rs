@@ -776,3 +776,169 @@ fn the_bench_paths_stay_within_their_host_call_budgets() {
         }
     }
 }
+
+// ---- gRPC
+
+const GRPC: &str = r#"
+[[route]]
+name = "g"
+match = { method = "POST", path = "/shop.Orders/Create" }
+"#;
+
+/// A unary gRPC call (one length-prefixed message), headers and body delivered.
+fn grpc_call(host: &FakeHost, w: &Rc<Worker>, ctx: u32, key: &str, message: &[u8]) -> (Stream, Flow) {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(message);
+    let req = FakeStream::request(
+        "POST",
+        "/shop.Orders/Create",
+        &[("content-type", b"application/grpc"), ("idempotency-key", key.as_bytes()), ("authorization", b"Bearer a")],
+        &frame,
+    );
+    host.open(ctx, req);
+    let mut s = Stream::new(Rc::clone(w), ctx);
+    assert_eq!(s.on_request_headers(host, false), Flow::Pause);
+    let flow = s.on_request_body(host, frame.len(), true);
+    (s, flow)
+}
+
+/// The service answers a gRPC call: headers, a message, trailers with `grpc-status`.
+fn grpc_answers(host: &FakeHost, s: &mut Stream, ctx: u32, status: &str) {
+    let body = b"\0\0\0\0\x05order";
+    host.update(ctx, |st| {
+        *st = st.clone().with_response(200, &[("content-type", b"application/grpc")], body);
+        st.response_trailers =
+            vec![(b"grpc-status".to_vec(), status.as_bytes().to_vec()), (b"x-trace".to_vec(), b"t1".to_vec())];
+    });
+    host.enter(ctx);
+    assert_eq!(s.on_response_headers(host, false), Flow::Continue);
+    s.on_response_body(host, body.len(), false);
+    s.on_response_trailers(host);
+}
+
+fn header_of(host: &FakeHost, ctx: u32, name: &str) -> Option<Vec<u8>> {
+    host.enter(ctx);
+    idem_filter::host::Host::request_header(host, name)
+}
+
+#[test]
+fn a_completed_grpc_call_is_replayed_whole_through_the_echo() {
+    let (host, w) = setup(GRPC);
+    let (mut first, flow) = grpc_call(&host, &w, 10, "k1", b"sku=A1");
+    assert_eq!(flow, Flow::Continue, "claimed and forwarded");
+    grpc_answers(&host, &mut first, 10, "0");
+    assert_eq!(count(&host, "g", "stored"), 1);
+    first.on_log(&host);
+    host.take_acts();
+
+    // The repeat goes on — to the echo listener, with the answer in a slot — not as a local reply
+    // (Envoy would make that trailers-only and drop the message).
+    let (mut again, flow) = grpc_call(&host, &w, 11, "k1", b"sku=A1");
+    assert_eq!(flow, Flow::Continue);
+    assert!(replies(&host.take_acts(), 11).is_empty());
+    assert_eq!(header_of(&host, 11, ":path").as_deref(), Some(&b"/.idem/replay"[..]));
+    assert_eq!(header_of(&host, 11, "content-type").as_deref(), Some(&b"application/x-idem-replay"[..]));
+    let token = header_of(&host, 11, "x-idem-replay").expect("the slot's token");
+
+    // The echo instance (same VM, same shared data) answers with the slot's answer, once.
+    let echo =
+        Rc::new(Worker::configure(&host, &host, ROOT, b"role = \"echo\"\n[shared]\nnamespace = \"idem\"\n").unwrap());
+    let echo_once = |ctx| {
+        let req = FakeStream::request("POST", "/.idem/replay", &[("x-idem-replay", token.as_slice())], b"");
+        host.open(ctx, req);
+        let mut e = Stream::new(Rc::clone(&echo), ctx);
+        assert_eq!(e.on_request_headers(&host, true), Flow::Pause);
+        replies_raw(&host.take_acts(), ctx)
+    };
+    let answered = echo_once(90);
+    assert_eq!(answered.len(), 1);
+    assert_eq!((answered[0].status, answered[0].body.as_slice()), (200, &b"\0\0\0\0\x05order"[..]));
+    assert!(answered[0].headers.contains(&("idempotent-replayed".into(), b"true".to_vec())));
+    assert_eq!(echo_once(91)[0].status, 404, "a slot is taken once");
+
+    // Back on the replaying stream: the echo's answer passes, and its end gets the trailers.
+    host.update(11, |st| *st = st.clone().with_response(200, &[("content-type", b"application/grpc")], b"x"));
+    host.enter(11);
+    assert_eq!(again.on_response_headers(&host, false), Flow::Continue);
+    assert_eq!(again.on_response_body(&host, 1, true), Flow::Continue);
+    let trailers: Vec<(String, Vec<u8>)> = host
+        .take_acts()
+        .into_iter()
+        .filter_map(|a| match a {
+            Act::Trailer { context: 11, name, value } => Some((name, value)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(trailers, vec![("grpc-status".into(), b"0".to_vec()), ("x-trace".into(), b"t1".to_vec())]);
+}
+
+#[test]
+fn a_failed_grpc_call_is_released_and_an_unknown_one_held() {
+    let (host, w) = setup(GRPC);
+    // UNAVAILABLE (a 200 at the HTTP level): the call failed, the retry runs.
+    let (mut first, _) = grpc_call(&host, &w, 10, "k1", b"m");
+    grpc_answers(&host, &mut first, 10, "14");
+    assert_eq!(count(&host, "g", "released"), 1);
+    let (_, flow) = grpc_call(&host, &w, 11, "k1", b"m");
+    assert_eq!(flow, Flow::Continue, "the retry is forwarded");
+    // DEADLINE_EXCEEDED from the service: it may have done the work — held, and the retry gets a
+    // trailers-only gRPC answer with a code no common retry policy retries.
+    let (mut slow, _) = grpc_call(&host, &w, 12, "k2", b"m");
+    grpc_answers(&host, &mut slow, 12, "4");
+    assert_eq!(count(&host, "g", "held"), 1);
+    host.take_acts();
+    let (_, flow) = grpc_call(&host, &w, 13, "k2", b"m");
+    assert_eq!(flow, Flow::Pause);
+    let r = replies_raw(&host.take_acts(), 13);
+    assert_eq!((r[0].status, r[0].grpc_status), (200, Some(9)), "FAILED_PRECONDITION");
+    assert!(String::from_utf8_lossy(&r[0].body).starts_with("IDEMPOTENCY_OUTCOME_UNKNOWN: "));
+    assert!(r[0].headers.iter().any(|(n, _)| n == "grpc-status-details-bin"));
+    // Another message under the key: refused (FAILED_PRECONDITION), and a repeat in flight is
+    // UNAVAILABLE with a pushback.
+    let (_, _) = grpc_call(&host, &w, 14, "k2", b"other");
+    let r = replies_raw(&host.take_acts(), 14);
+    assert!(String::from_utf8_lossy(&r[0].body).starts_with("IDEMPOTENCY_KEY_REUSED: "), "{r:?}");
+    let (_inflight, _) = grpc_call(&host, &w, 15, "k3", b"m");
+    host.take_acts();
+    let (_, _) = grpc_call(&host, &w, 16, "k3", b"m");
+    let r = replies_raw(&host.take_acts(), 16);
+    assert_eq!(r[0].grpc_status, Some(14), "UNAVAILABLE");
+    assert!(r[0].headers.contains(&("grpc-retry-pushback-ms".into(), b"1000".to_vec())));
+}
+
+#[test]
+fn a_grpc_message_sent_compressed_is_the_same_request() {
+    use std::io::Write;
+    let (host, w) = setup(GRPC);
+    let (mut first, _) = grpc_call(&host, &w, 10, "k1", b"sku=A1");
+    grpc_answers(&host, &mut first, 10, "0");
+    host.take_acts();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(b"sku=A1").unwrap();
+    let compressed = gz.finish().unwrap();
+    let mut frame = vec![1u8];
+    frame.extend_from_slice(&(compressed.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&compressed);
+    let headers: [(&str, &[u8]); 4] = [
+        ("content-type", b"application/grpc"),
+        ("grpc-encoding", b"gzip"),
+        ("idempotency-key", b"k1"),
+        ("authorization", b"Bearer a"),
+    ];
+    host.open(11, FakeStream::request("POST", "/shop.Orders/Create", &headers, &frame));
+    let mut s = Stream::new(Rc::clone(&w), 11);
+    s.on_request_headers(&host, false);
+    assert_eq!(s.on_request_body(&host, frame.len(), true), Flow::Continue, "a replay, not 422");
+    assert!(replies_raw(&host.take_acts(), 11).is_empty());
+    assert_eq!(count(&host, "g", "replayed"), 1);
+}
+
+fn replies_raw(acts: &[Act], context: u32) -> Vec<idem_filter::response::LocalReply> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Act::Reply { context: c, reply } if *c == context => Some(reply.clone()),
+            _ => None,
+        })
+        .collect()
+}

@@ -153,14 +153,15 @@ class Envoy:
 
 def start_idem_envoy(workdir, upstream_port, policy_toml, routes=None, concurrency=2, wasm_path=None,
                      with_filter=True, wait=True, timeout=60.0, extra_clusters=(), name="envoy-idem",
-                     pre_filters=(), post_filters=()):
+                     pre_filters=(), post_filters=(), upstream_http2=False):
     require_envoy()
     if with_filter:
         wasm_path = wasm_path or require_wasm()
     listen_port, admin_port = free_port(), free_port()
     cfg = idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
                       policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter,
-                      extra_clusters=extra_clusters, pre_filters=pre_filters, post_filters=post_filters)
+                      extra_clusters=extra_clusters, pre_filters=pre_filters, post_filters=post_filters,
+                      upstream_http2=upstream_http2)
     env = Envoy(cfg, workdir, concurrency=concurrency, name=name)
     if wait:
         try:
@@ -184,14 +185,15 @@ def start_fast_upstream(workdir, concurrency=1):
 
 
 def start_fleet(workdir, upstream_port, webdis_port, policy_toml, routes=None, n=2, concurrency=2, pre_filters=(),
-                post_filters=()):
+                post_filters=(), upstream_http2=False):
     """n Envoys with the same policy, each with a `webdis` cluster pointing at one Webdis."""
     envs = []
     try:
         for i in range(n):
             envs.append(start_idem_envoy(workdir, upstream_port, policy_toml, routes=routes, concurrency=concurrency,
                                          extra_clusters=[webdis_cluster(webdis_port)], name="envoy-fleet%d" % (i + 1),
-                                         pre_filters=pre_filters, post_filters=post_filters))
+                                         pre_filters=pre_filters, post_filters=post_filters,
+                                         upstream_http2=upstream_http2))
     except Exception:
         for e in envs:
             e.stop()

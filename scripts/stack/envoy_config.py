@@ -114,18 +114,57 @@ def reentry_listener(routes, post_filters=()):
             "filter_chains": [{"filters": [hcm("reentry", routes, post_filters, "reentry_routes")]}]}
 
 
-def reentry_cluster():
+def internal_cluster(name):
+    """A cluster whose endpoint is the internal listener `name`, over HTTP/2 (trailers — a gRPC
+    call's status — cross it)."""
     return {
-        "name": REENTRY,
+        "name": name,
         "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": REENTRY, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
-            "envoy_internal_address": {"server_listener_name": REENTRY}}}}]}]},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+            "envoy_internal_address": {"server_listener_name": name}}}}]}]},
         "circuit_breakers": {"thresholds": [{"max_connections": 4096, "max_pending_requests": 4096,
                                              "max_requests": 4096}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
     }
 
 
-def cluster(name, port):
+def reentry_cluster():
+    return internal_cluster(REENTRY)
+
+
+# gRPC replays go through the echo listener (`[grpc] replay = "echo"`, the filter's default): a local
+# reply to a gRPC call can only be trailers-only, so the gateway sends the repeat on to
+# ECHO_PATH with its stored answer in a replay slot, and idem with `role = "echo"` answers it
+# there (the same VM, so the same shared data); the gateway adds the trailers to that answer.
+ECHO = "idem_echo"
+ECHO_PATH = "/.idem/replay"
+
+
+def echo_route():
+    """The route that sends replays to the echo, first in a virtual host (idem enabled, so the
+    replaying stream keeps its filter on the new route)."""
+    return {"name": "idem-echo", "match": {"prefix": ECHO_PATH}, "route": {"cluster": ECHO, "timeout": "15s"},
+            "typed_per_filter_config": ENABLE_IDEM}
+
+
+def echo_listener(wasm_path):
+    echo = wasm_filter('role = "echo"\n', wasm_path, disabled=False)
+    routes = [{"name": "echo", "match": {"prefix": "/"}, "direct_response": {"status": 404}}]
+    listener = {"name": ECHO, "internal_listener": {},
+                "filter_chains": [{"filters": [hcm("echo", routes, [echo], "echo_routes")]}]}
+    # The echo reads nothing of a replay's body; a large replayed answer must fit its buffer.
+    listener["per_connection_buffer_limit_bytes"] = 16 << 20
+    return listener
+
+
+def echo_cluster():
+    return internal_cluster(ECHO)
+
+
+def cluster(name, port, http2=False):
+    protocol = {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {"enable_trailers": True}}
     return {
         "name": name,
         "type": "STATIC",
@@ -137,12 +176,12 @@ def cluster(name, port):
                                              "max_requests": 4096}]},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http_protocol_options": {"enable_trailers": True}}}},
+            "explicit_http_config": protocol}},
     }
 
 
 def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
-                with_filter=True, extra_clusters=(), pre_filters=(), post_filters=()):
+                with_filter=True, extra_clusters=(), pre_filters=(), post_filters=(), upstream_http2=False):
     """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster,
     and the internal listener detached requests re-enter through. `pre_filters` run before idem (e.g.
     jwt_authn, whose verified claims a scope can name), `post_filters` after it (on both listeners)."""
@@ -151,15 +190,18 @@ def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=N
     if not with_filter:
         routes = [dict(r, idem=False) for r in routes]
     entries = [route_entry(r) for r in routes]
+    listeners = [listener("ingress", listen_port, ([echo_route()] if with_filter else []) + entries,
+                          filters + list(post_filters)),
+                 reentry_listener(entries, post_filters)]
+    clusters = [cluster("demo_upstream", upstream_port, http2=upstream_http2), reentry_cluster()]
+    if with_filter:
+        listeners.append(echo_listener(wasm_path or WASM))
+        clusters.append(echo_cluster())
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": STATS_CONFIG,
         "bootstrap_extensions": [INTERNAL_LISTENER_EXTENSION],
-        "static_resources": {
-            "listeners": [listener("ingress", listen_port, entries, filters + list(post_filters)),
-                          reentry_listener(entries, post_filters)],
-            "clusters": [cluster("demo_upstream", upstream_port), reentry_cluster()] + list(extra_clusters),
-        },
+        "static_resources": {"listeners": listeners, "clusters": clusters + list(extra_clusters)},
     }
 
 

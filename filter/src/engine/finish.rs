@@ -4,6 +4,7 @@
 use super::verdict::{Body, Ending, Finish, StoreTicket, Ticket};
 use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
+use crate::policy::KeyPolicy;
 use crate::response::{self, StoredResponse};
 use crate::store::{shared, Answer, Claim, Completion, StoreError};
 
@@ -82,7 +83,7 @@ impl Engine {
         let Some(policy) = self.policy(route) else {
             return Finish::Nothing { outcome: None, cause: "unknown route".into() };
         };
-        let result = classify(ending);
+        let result = classify(&policy.key, ending);
         if let Ticket::Token(_) = ticket {
             return match result {
                 Ended::Failed(cause) if policy.token.restore_on_failure => Finish::RestoreToken { cause },
@@ -94,7 +95,7 @@ impl Engine {
             (Ended::Failed(cause), _) => Finish::Release { cause },
             // The service may have done the work: hold the claim, and never let a retry take it over.
             (Ended::Unknown(cause), _) => Finish::HoldUnknown { hold_ms: policy.key.unknown_hold_ms(), cause },
-            (Ended::Answered, Ending::Response { status, .. }) if !policy.key.remembers(*status) => {
+            (Ended::Answered, Ending::Response { status, grpc: false, .. }) if !policy.key.remembers(*status) => {
                 Finish::Release { cause: format!("status_{status}") }
             }
             (Ended::Answered, Ending::Response { body, .. })
@@ -102,14 +103,14 @@ impl Engine {
             {
                 Finish::Release { cause: "no_success_marker".into() }
             }
-            (Ended::Answered, Ending::Response { status, headers, body, .. }) => {
+            (Ended::Answered, Ending::Response { status, headers, body, trailers, .. }) => {
                 // A body too large to store is remembered as a tombstone: status only.
                 let (bytes, limit) = match body {
                     Body::Whole(b) => (b.clone(), policy.max_response_bytes as usize),
                     Body::TooLarge | Body::Cut => (Vec::new(), 0),
                 };
                 Finish::Complete {
-                    response: StoredResponse::new(*status, headers.clone(), bytes),
+                    response: StoredResponse::new(*status, headers.clone(), bytes).with_trailers(trailers.clone()),
                     max_response_bytes: limit,
                     ttl_ms: policy.key.ttl.millis,
                     cause: format!("status_{status}"),
@@ -202,19 +203,23 @@ enum Ended {
     Answered,
 }
 
-/// Why an ending leaves the outcome unknown (the request was forwarded and no answer came back),
-/// or `None` when the outcome is known.
-pub fn unknown_cause(ending: &Ending) -> Option<String> {
-    match classify(ending) {
-        Ended::Unknown(cause) => Some(cause),
-        _ => None,
+impl Engine {
+    /// Why an ending leaves the outcome unknown (the request was forwarded and no answer came
+    /// back, or a gRPC call ended DEADLINE_EXCEEDED/CANCELLED), or `None` when it is known.
+    pub fn unknown_cause(&self, route: usize, ending: &Ending) -> Option<String> {
+        let policy = self.policy(route)?;
+        match classify(&policy.key, ending) {
+            Ended::Unknown(cause) => Some(cause),
+            _ => None,
+        }
     }
 }
 
-fn classify(ending: &Ending) -> Ended {
+fn classify(policy: &KeyPolicy, ending: &Ending) -> Ended {
     match ending {
         Ending::NoResponse { forwarded: false } => Ended::Failed("not_forwarded".into()),
         Ending::NoResponse { forwarded: true } => Ended::Unknown("no_response".into()),
+        Ending::Response { grpc: true, .. } => classify_grpc(policy, ending),
         Ending::Response { status, details, .. } if *status >= 500 && !is_upstream_answer(details) => {
             if never_reached_upstream(details) {
                 Ended::Failed(format!("upstream_unreachable:{details}"))
@@ -227,6 +232,38 @@ fn classify(ending: &Ending) -> Ended {
         // answered, and what it answered is lost — an unknown outcome, never a tombstone.
         Ending::Response { body: Body::Cut, .. } => Ended::Unknown("body_cut".into()),
         Ending::Response { .. } => Ended::Answered,
+    }
+}
+
+/// A gRPC call's ending, by its `grpc-status` (HTTP is 200 for failures too).
+fn classify_grpc(policy: &KeyPolicy, ending: &Ending) -> Ended {
+    let Ending::Response { status, headers, body, trailers, details, .. } = ending else {
+        return Ended::Unknown("no_response".into());
+    };
+    // Envoy answered the call itself (connect failure, route timeout, stream duration): its
+    // grpc-status says what Envoy saw, and the details whether the service was reached.
+    if !is_upstream_answer(details) {
+        return if never_reached_upstream(details) {
+            Ended::Failed(format!("upstream_unreachable:{details}"))
+        } else {
+            Ended::Unknown(format!("outcome_unknown:{details}"))
+        };
+    }
+    if *body == Body::Cut {
+        return Ended::Unknown("body_cut".into());
+    }
+    let grpc_status = |fields: &[crate::response::Header]| {
+        let value = fields.iter().find(|(n, _)| n == "grpc-status").map(|(_, v)| v.as_slice())?;
+        std::str::from_utf8(value).ok()?.trim().parse::<u32>().ok()
+    };
+    match grpc_status(trailers).or_else(|| grpc_status(headers)) {
+        None if *status >= 500 => Ended::Failed(format!("status_{status}")),
+        None => Ended::Unknown("grpc_status_missing".into()),
+        Some(code) => match crate::grpc::outcome(policy, code) {
+            crate::grpc::Outcome::Completed => Ended::Answered,
+            crate::grpc::Outcome::Failed => Ended::Failed(format!("grpc_status_{code}")),
+            crate::grpc::Outcome::Unknown => Ended::Unknown(format!("grpc_status_{code}")),
+        },
     }
 }
 

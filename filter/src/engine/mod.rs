@@ -15,7 +15,7 @@ pub mod outcome;
 mod tokens;
 pub mod verdict;
 
-pub use finish::{completed, held, released, restored, unknown_cause};
+pub use finish::{completed, held, released, restored};
 pub use outcome::Outcome;
 pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 
@@ -50,9 +50,10 @@ impl Engine {
 
     /// The policy of a route index the engine handed out (`Bundle::find`, a `Prepared`), or, for
     /// one it never did (a bug), the 503 answer instead of a panic.
-    fn checked(&self, route: usize) -> Result<&RoutePolicy, Verdict> {
-        self.policy(route)
-            .ok_or_else(|| verdict(Outcome::StoreError, store_unavailable(&self.bundle.answers), "unknown route", None))
+    fn checked(&self, route: usize) -> Result<&RoutePolicy, Box<Verdict>> {
+        self.policy(route).ok_or_else(|| {
+            Box::new(verdict(Outcome::StoreError, store_unavailable(&self.bundle.answers), "unknown route", None))
+        })
     }
 
     /// A route's lease (`lock_ttl`), in milliseconds.
@@ -174,7 +175,8 @@ impl Engine {
             Ok(id) => id,
             Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
-        let fp = match fingerprint(&policy.key, template, req, &policy.matcher.canonical_path(req.path())) {
+        let path = policy.matcher.canonical_path(req.path());
+        let fp = match fingerprint(&policy.key, template, req, &path, policy.max_body_bytes as usize) {
             Ok(fp) => fp,
             Err(e) => return Some(Begin::Done(key_error(policy, e))),
         };
@@ -217,7 +219,7 @@ impl Engine {
     ) -> Verdict {
         let policy = match self.checked(p.route) {
             Ok(policy) => policy,
-            Err(v) => return v,
+            Err(v) => return *v,
         };
         let k = Some(p.key.clone());
         let claim = match claim {
@@ -278,7 +280,7 @@ impl Engine {
     pub fn after_token(&self, p: &Prepared, used: Result<TokenUse<StoreTicket>, StoreError>) -> Verdict {
         let policy = match self.checked(p.route) {
             Ok(policy) => policy,
-            Err(v) => return v,
+            Err(v) => return *v,
         };
         let k = Some(p.key.clone());
         match used {

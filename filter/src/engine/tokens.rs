@@ -69,7 +69,7 @@ impl Engine {
     pub fn issued(&self, route: usize, token: &str, now: u64, stored: Result<(), StoreError>) -> Verdict {
         let policy = match self.checked(route) {
             Ok(policy) => policy,
-            Err(v) => return v,
+            Err(v) => return *v,
         };
         if let Err(e) = stored {
             return verdict(Outcome::StoreError, store_unavailable(&policy.answers), &e.to_string(), None);

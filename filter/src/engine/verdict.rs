@@ -95,8 +95,9 @@ pub enum Body {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
     /// A response came back. `details` is Envoy's `response.code_details` (`via_upstream` when the
-    /// upstream produced it).
-    Response { status: u16, headers: Vec<Header>, body: Body, details: String },
+    /// upstream produced it). `grpc`: the request was a gRPC call, whose outcome is the
+    /// `grpc-status` of `trailers` (or of `headers`, for a trailers-only answer).
+    Response { status: u16, headers: Vec<Header>, body: Body, trailers: Vec<Header>, details: String, grpc: bool },
     /// No response: the client went away, or the stream was reset.
     NoResponse { forwarded: bool },
 }

@@ -29,7 +29,9 @@ const OK: u32 = 0;
 pub(super) mod map {
     pub(in super::super) const REQUEST_HEADERS: u32 = 0;
     pub(in super::super) const RESPONSE_HEADERS: u32 = 2;
+    pub(in super::super) const RESPONSE_TRAILERS: u32 = 3;
     pub(in super::super) const CALL_RESPONSE_HEADERS: u32 = 6;
+    pub(in super::super) const CALL_RESPONSE_TRAILERS: u32 = 7;
 }
 pub(super) mod buffer {
     pub(in super::super) const REQUEST_BODY: u32 = 0;
@@ -97,6 +99,21 @@ extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_add_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
@@ -243,17 +260,36 @@ pub(super) fn resume_response() -> Result<(), Status> {
 }
 
 /// A local reply; header values are bytes (a replayed upstream header need not be UTF-8).
+/// `grpc_status`: the code of a trailers-only gRPC answer (Envoy then puts `body` into
+/// `grpc-message`); `None` lets Envoy derive one from the HTTP status.
 pub(super) fn send_response<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     status: u16,
     headers: &[(N, V)],
     body: &[u8],
+    grpc_status: Option<u32>,
 ) -> Result<(), Status> {
     let h = pairs::encode(headers);
     let (body_ptr, body_len) = if body.is_empty() { (null(), 0) } else { (body.as_ptr(), body.len()) };
+    let grpc = grpc_status.and_then(|g| i32::try_from(g).ok()).unwrap_or(-1);
     // SAFETY: live slices; -1 = no gRPC status.
     check(unsafe {
-        proxy_send_local_response(u32::from(status), null(), 0, body_ptr, body_len, h.as_ptr(), h.len(), -1)
+        proxy_send_local_response(u32::from(status), null(), 0, body_ptr, body_len, h.as_ptr(), h.len(), grpc)
     })
+}
+
+pub(super) fn replace_header(map_type: u32, name: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: live slices.
+    check(unsafe { proxy_replace_header_map_value(map_type, name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
+}
+
+pub(super) fn remove_header(map_type: u32, name: &str) -> Result<(), Status> {
+    // SAFETY: a live slice.
+    check(unsafe { proxy_remove_header_map_value(map_type, name.as_ptr(), name.len()) })
+}
+
+pub(super) fn add_header(map_type: u32, name: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: live slices.
+    check(unsafe { proxy_add_header_map_value(map_type, name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 pub(super) fn set_effective_context(ctx: u32) -> Result<(), Status> {

@@ -105,6 +105,12 @@ impl Host for Envoy {
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {
         abi::buffer(abi::buffer::RESPONSE_BODY, 0, size).ok().flatten()
     }
+    fn response_trailers(&self) -> Vec<Pair> {
+        abi::headers(abi::map::RESPONSE_TRAILERS).unwrap_or_default()
+    }
+    fn call_trailers(&self) -> Vec<Pair> {
+        abi::headers(abi::map::CALL_RESPONSE_TRAILERS).unwrap_or_default()
+    }
     fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>) {
         // A failed call (reset, timeout, no cluster) has no headers at all.
         let headers = if num_headers == 0 {
@@ -122,10 +128,20 @@ impl Host for Envoy {
         let _ = abi::set_property(name, value);
     }
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
-        abi::send_response(reply.status, &reply.headers, &reply.body).map_err(failed("send_local_response"))
+        abi::send_response(reply.status, &reply.headers, &reply.body, reply.grpc_status)
+            .map_err(failed("send_local_response"))
     }
     fn resume_request(&self) -> Result<(), HostError> {
         abi::resume_request().map_err(failed("continue_stream"))
+    }
+    fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        abi::replace_header(abi::map::REQUEST_HEADERS, name, value).map_err(failed("replace_header_map_value"))
+    }
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        abi::remove_header(abi::map::REQUEST_HEADERS, name).map_err(failed("remove_header_map_value"))
+    }
+    fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        abi::add_header(abi::map::RESPONSE_TRAILERS, name, value).map_err(failed("add_header_map_value"))
     }
     fn resume_response(&self) -> Result<(), HostError> {
         abi::resume_response().map_err(failed("continue_stream"))

@@ -16,6 +16,8 @@ pub(super) struct Outbound {
     pub(super) cluster: String,
     pub(super) headers: Vec<(String, String)>,
     pub(super) body: Vec<u8>,
+    /// A gRPC call: its ending is read from its `grpc-status`.
+    pub(super) grpc: bool,
 }
 
 /// A claimed request the root context sends upstream (`forward = "detached"`).
@@ -40,7 +42,7 @@ impl Worker {
         let calls: Vec<Detached> = self.detached_out.borrow_mut().drain(..).collect();
         for call in calls {
             let timeout = self.engine.policy(call.route).map(|p| p.upstream_timeout.millis).unwrap_or(15_000);
-            let Outbound { cluster, headers, body } = &call.request;
+            let Outbound { cluster, headers, body, .. } = &call.request;
             match host.dispatch(cluster, headers, body, timeout) {
                 Ok(token) => {
                     self.hold_lease(host, LeaseOwner::Detached(call.ctx), call.route, &call.ticket);
@@ -64,7 +66,7 @@ impl Worker {
                         "the request could not be sent upstream; retry later",
                     );
                     let ending = Ending::NoResponse { forwarded: false };
-                    let after = After::Deliver(call.ctx, reply);
+                    let after = After::Deliver { ctx: call.ctx, route: call.route, reply, grpc: call.request.grpc };
                     if let Some(after) = self.finish_ticket(host, call.route, &call.ticket, call.key, ending, after) {
                         self.carry_out(host, after);
                     }
@@ -87,9 +89,14 @@ impl Worker {
             return;
         };
         let hold_until = host.now_ms().saturating_add(policy.key.unknown_hold_ms());
-        let reply = crate::forward::answer(&policy.answers, status, &headers, &body, call.first_seen_ms, hold_until);
-        let ending = crate::forward::ending(status, headers, body, policy.max_response_bytes as usize);
-        let after = After::Deliver(call.ctx, reply);
+        let grpc = call.request.grpc;
+        let trailers = if grpc { host.call_trailers() } else { Vec::new() };
+        let mut reply =
+            crate::forward::answer(&policy.answers, status, &headers, &body, call.first_seen_ms, hold_until);
+        reply.trailers =
+            trailers.iter().map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.clone())).collect();
+        let ending = crate::forward::ending(status, headers, body, trailers, policy.max_response_bytes as usize, grpc);
+        let after = After::Deliver { ctx: call.ctx, route: call.route, reply, grpc };
         if let Some(after) = self.finish_ticket(host, call.route, &call.ticket, call.key, ending, after) {
             self.carry_out(host, after);
         }

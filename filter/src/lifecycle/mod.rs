@@ -15,12 +15,15 @@
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
+//! - `replay`: answering a stream — in gRPC's form for a gRPC call, and a replayed gRPC answer
+//!   through the echo listener.
 //!
 //! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
 
 mod body_gate;
 mod detached;
 mod leases;
+mod replay;
 mod stream;
 mod waiters;
 mod worker;

@@ -5,6 +5,7 @@
 use super::body_gate::BodyDelivery;
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
+use super::replay::{self, Answered};
 use super::waiters::Waiter;
 use super::worker::{send, status_of, Worker};
 use super::writes::After;
@@ -15,7 +16,7 @@ use crate::engine::{
 use crate::host::Host;
 use crate::key::RequestView;
 use crate::pairs::Pair;
-use crate::policy::{DetachedVia, Forward, Unmatched};
+use crate::policy::{DetachedVia, Forward, Role, Unmatched};
 use crate::response::{Header, LocalReply};
 use crate::store::redis;
 use std::rc::Rc;
@@ -38,6 +39,8 @@ pub(super) enum Phase {
     Forwarded { route: usize, ticket: Ticket, key: Option<String> },
     /// Response headers seen: the answer is being captured.
     Capturing { route: usize, ticket: Ticket, key: Option<String>, capture: Capture },
+    /// A gRPC answer replayed through the echo listener: these trailers end it.
+    Replaying { trailers: Vec<Header> },
 }
 
 /// A Webdis call the stream waits for.
@@ -61,8 +64,11 @@ pub(super) struct Capture {
     status: u16,
     headers: Vec<Header>,
     body: Vec<u8>,
-    /// Not storable whole (too large, or ended with trailers): a tombstone is stored.
+    /// Not storable whole (too large, or an HTTP answer ended with trailers): a tombstone is stored.
     too_large: bool,
+    /// A gRPC answer's trailers (`grpc-status` and trailing metadata).
+    trailers: Vec<Header>,
+    grpc: bool,
     details: String,
     /// Held (buffered) until the root has written the outcome (Redis), so a retry after the
     /// client got its answer always finds it.
@@ -76,6 +82,8 @@ struct Request {
     path: String,
     headers: Vec<Pair>,
     body: Option<Vec<u8>>,
+    /// A gRPC call (`content-type: application/grpc…`): its outcome is its `grpc-status`.
+    grpc: bool,
 }
 
 /// The request as the key and fingerprint code reads it: the stream's data, and properties
@@ -102,6 +110,11 @@ impl RequestView for WithHost<'_> {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.host.property(path)
     }
+}
+
+/// Header names in lower case (values as bytes).
+fn lowercase(pairs: Vec<Pair>) -> Vec<Header> {
+    pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect()
 }
 
 fn text(bytes: Option<Vec<u8>>) -> String {
@@ -131,6 +144,12 @@ impl Stream {
     /// The request headers arrived.
     pub fn on_request_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Flow {
         let w = Rc::clone(&self.worker);
+        if w.engine.bundle.role == Role::Echo {
+            // The echo listener's instance: it answers gRPC replays, and nothing else passes.
+            w.echo(host, host.request_header(replay::REPLAY_HEADER).as_deref());
+            self.phase = Phase::Idle;
+            return Flow::Pause;
+        }
         let header = |n: &str| text(host.request_header(n));
         self.request.path = header(":path");
         if w.engine.is_issue_path(&self.request.path) {
@@ -150,6 +169,11 @@ impl Stream {
         };
         self.request.headers = headers.unwrap_or_else(|| host.request_headers());
         self.request.method = method_of(&self.request.headers);
+        self.request.grpc = self
+            .request
+            .headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case(b"content-type") && crate::grpc::is_grpc_content_type(v));
         let needs_body = w.engine.policy(route).is_some_and(|p| p.needs_body());
         if needs_body && !end_of_stream {
             // Refuse a missing or malformed key now, not after the body arrived.
@@ -261,15 +285,28 @@ impl Stream {
     /// The upstream's response headers arrived.
     pub fn on_response_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Flow {
         self.take_handoff(host);
+        if let Some(trailers) = self.worker.take_replay(self.context) {
+            // The echo's answer to a gRPC replay: its trailers are added when it ends.
+            if end_of_stream {
+                host.log(crate::host::Level::Error, "idem: a gRPC replay came back without a body; no trailers added");
+            } else {
+                self.phase = Phase::Replaying { trailers };
+            }
+            return Flow::Continue;
+        }
         let Phase::Forwarded { route, ticket, key } = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return Flow::Continue;
         };
         let pairs = host.response_headers();
         let status = status_of(&pairs);
-        let details = if status >= 500 { text(host.property(&["response", "code_details"])) } else { String::new() };
-        let headers = pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).to_ascii_lowercase(), v)).collect();
+        // Whether Envoy answered itself (and why): for gRPC, its answers are 200s too.
+        let grpc = self.request.grpc;
+        let details =
+            if status >= 500 || grpc { text(host.property(&["response", "code_details"])) } else { String::new() };
+        let headers = lowercase(pairs);
         let holding = matches!(ticket, Ticket::Claim(StoreTicket::Redis(_)) | Ticket::Token(StoreTicket::Redis(_)));
-        let capture = Capture { status, headers, body: Vec::new(), too_large: false, details, holding };
+        let capture =
+            Capture { status, headers, body: Vec::new(), too_large: false, details, holding, trailers: vec![], grpc };
         self.phase = Phase::Capturing { route, ticket, key, capture };
         if end_of_stream {
             return self.finish_capture(host);
@@ -284,11 +321,18 @@ impl Stream {
     /// A response body chunk arrived; `size` is the chunk (streaming) or everything buffered
     /// so far (while holding).
     pub fn on_response_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        if let (Phase::Replaying { trailers }, true) = (&self.phase, end_of_stream) {
+            replay::add_trailers(host, trailers);
+            self.phase = Phase::Idle;
+            return Flow::Continue;
+        }
         let Phase::Capturing { route, capture, .. } = &mut self.phase else {
             return Flow::Continue;
         };
         let limit = self.worker.engine.policy(*route).map(|p| p.max_response_bytes as usize).unwrap_or(0);
-        if capture.holding {
+        // A gRPC answer ends with its trailers: its body streams (captured chunk by chunk), and it
+        // is held at the trailers instead, which end the call for the client.
+        if capture.holding && !capture.grpc {
             // Envoy buffers and calls again with the cumulative size; read the whole body once.
             if size > limit {
                 // Too large to remember (a tombstone): stop holding, let it stream.
@@ -323,8 +367,13 @@ impl Stream {
     /// never a replay without its trailers.
     pub fn on_response_trailers(&mut self, host: &dyn Host) -> Flow {
         if let Phase::Capturing { capture, .. } = &mut self.phase {
-            capture.too_large = true;
-            capture.details = "trailers".into();
+            if capture.grpc {
+                // A gRPC answer ends with its status: kept, and replayed with the message.
+                capture.trailers = lowercase(host.response_trailers());
+            } else {
+                capture.too_large = true;
+                capture.details = "trailers".into();
+            }
         }
         self.finish_capture(host)
     }
@@ -383,9 +432,16 @@ impl Stream {
                 Flow::Continue
             }
             Do::Reply(r) => {
-                send(host, &r);
                 self.phase = Phase::Idle;
-                Flow::Pause
+                match w.answer(host, self.context, route, r, self.request.grpc) {
+                    Answered::Replied => Flow::Pause,
+                    // A gRPC replay goes on to the echo listener.
+                    Answered::ToEcho if paused => {
+                        let _ = host.resume_request();
+                        Flow::Continue
+                    }
+                    Answered::ToEcho => Flow::Continue,
+                }
             }
             Do::Wait { prepared, deadline_ms } => {
                 // On a detached route, a held duplicate that takes the key over is sent by the
@@ -399,7 +455,7 @@ impl Stream {
                         return Flow::Pause;
                     }
                 };
-                let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms(), outbound);
+                let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms(), outbound, self.request.grpc);
                 w.waiters.borrow_mut().insert(self.context, waiter);
                 self.phase = Phase::Held { route };
                 Flow::Pause
@@ -534,7 +590,7 @@ impl Stream {
             DetachedVia::Reentry => detached.reentry_cluster.clone(),
             DetachedVia::Cluster => text(host.property(&["xds", "cluster_name"])),
         };
-        Ok(Outbound { cluster, headers, body: self.request.body.take().unwrap_or_default() })
+        Ok(Outbound { cluster, headers, body: self.request.body.take().unwrap_or_default(), grpc: self.request.grpc })
     }
 
     /// Hands a claimed request to the root context, which sends it upstream itself; this
@@ -618,6 +674,13 @@ impl Capture {
             (false, true) => Body::TooLarge,
             (false, false) => Body::Whole(self.body),
         };
-        Ending::Response { status: self.status, headers: self.headers, body, details: self.details }
+        Ending::Response {
+            status: self.status,
+            headers: self.headers,
+            body,
+            trailers: self.trailers,
+            details: self.details,
+            grpc: self.grpc,
+        }
     }
 }

@@ -9,7 +9,8 @@
 //! `Engine::remember_answer`) wakes its duplicates on the next tick without asking Redis.
 
 use super::detached::{Detached, Outbound};
-use super::worker::{send, Worker};
+use super::replay::Answered;
+use super::worker::Worker;
 use super::POLL_MS;
 use crate::engine::{Action as Do, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
 use crate::host::Host;
@@ -32,12 +33,15 @@ pub(super) struct Waiter {
     pub(super) next_poll_ms: u64,
     /// On a detached route: the request, sent by the root if this waiter takes the key over.
     pub(super) outbound: Option<Outbound>,
+    /// A gRPC call: answered in gRPC's form.
+    pub(super) grpc: bool,
 }
 
 impl Waiter {
-    pub(super) fn new(prepared: Prepared, deadline_ms: u64, now: u64, outbound: Option<Outbound>) -> Self {
+    pub(super) fn new(prepared: Prepared, deadline_ms: u64, now: u64, outbound: Option<Outbound>, grpc: bool) -> Self {
         // The claim that held it was the first look; the first poll follows one tick later.
-        Waiter { prepared, deadline_ms, since_ms: now, polling: false, polls: 0, next_poll_ms: now + POLL_MS, outbound }
+        let next_poll_ms = now + POLL_MS;
+        Waiter { prepared, deadline_ms, since_ms: now, polling: false, polls: 0, next_poll_ms, outbound, grpc }
     }
 }
 
@@ -181,7 +185,7 @@ impl Worker {
 
     /// A held request's verdict, acted on from the root context.
     pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
-        let (route, outbound) = {
+        let (route, outbound, grpc) = {
             let mut waiters = self.waiters.borrow_mut();
             if let Do::Wait { .. } = &v.action {
                 if let Some(w) = waiters.get_mut(&ctx) {
@@ -193,7 +197,7 @@ impl Worker {
             match waiters.remove(&ctx) {
                 Some(w) => {
                     self.record_wait(host, w.prepared.route, w.since_ms);
-                    (w.prepared.route, w.outbound)
+                    (w.prepared.route, w.outbound, w.grpc)
                 }
                 None => return, // the client went away meanwhile
             }
@@ -213,7 +217,11 @@ impl Worker {
                     }
                     let _ = host.resume_request();
                 }
-                (Do::Reply(r), _) => send(host, &r),
+                (Do::Reply(r), _) => {
+                    if self.answer(host, ctx, route, r, grpc) == Answered::ToEcho {
+                        let _ = host.resume_request();
+                    }
+                }
                 (Do::Wait { .. }, _) => {}
             }
         });

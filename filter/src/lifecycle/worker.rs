@@ -13,6 +13,7 @@ use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
 use crate::policy::{parse_bundle, OnInFlight, StoreKind};
 use crate::response::LocalReply;
+use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, StoreError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -68,6 +69,10 @@ pub struct Worker {
     pub(super) awaiting_body: RefCell<HashMap<u32, AwaitingBody>>,
     /// Streams let through unexamined because their body was withheld (shadow mode).
     pub(super) body_passthrough: RefCell<HashSet<u32>>,
+    /// Where gRPC replays wait for the echo (see `replay`).
+    pub(super) replay_slots: ReplaySlots,
+    /// Streams replaying a gRPC answer through the echo: the trailers they add at its end.
+    pub(super) replays: RefCell<HashMap<u32, Vec<crate::response::Header>>>,
 }
 
 impl Worker {
@@ -82,6 +87,7 @@ impl Worker {
         if bundle.shared.namespace.is_none() {
             bundle.shared.namespace = Some(default_namespace(host.property(&["plugin_name"])));
         }
+        let replay_slots = ReplaySlots::new(bundle.shared.namespace.as_deref().unwrap_or("idem"));
         let mut engine = Engine::new(bundle);
         let created = engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?;
         host.log(
@@ -165,6 +171,8 @@ impl Worker {
             body_delivery: Cell::new(BodyDelivery::Unknown),
             awaiting_body: RefCell::new(HashMap::new()),
             body_passthrough: RefCell::new(HashSet::new()),
+            replay_slots,
+            replays: RefCell::new(HashMap::new()),
         })
     }
 

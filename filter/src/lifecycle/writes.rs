@@ -1,7 +1,8 @@
 //! Finishing a claim or token: at once on the shared store; on Redis, a write the root context
 //! sends, retries with backoff while the store refuses it, and bounds per worker.
 
-use super::worker::{send, Worker};
+use super::replay::Answered;
+use super::worker::Worker;
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
 use crate::response::{LocalReply, StoredResponse};
@@ -54,7 +55,12 @@ pub(super) enum After {
     /// Resume the held response of this stream.
     Resume(u32),
     /// Answer this (paused) stream with a local reply: a detached call's answer.
-    Deliver(u32, LocalReply),
+    Deliver {
+        ctx: u32,
+        route: usize,
+        reply: LocalReply,
+        grpc: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +92,7 @@ impl Worker {
         after: After,
     ) -> Option<After> {
         let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
-        if let (Ticket::Claim(_), Some(cause)) = (ticket, engine::unknown_cause(&ending)) {
+        if let (Ticket::Claim(_), Some(cause)) = (ticket, self.engine.unknown_cause(route, &ending)) {
             self.report_unknown(host, route, st, key.as_deref(), &cause);
         }
         let rt = match st {
@@ -349,7 +355,11 @@ impl Worker {
                 let _ = host.resume_response();
             }),
             // Not when the client left: its retry will find the stored answer instead.
-            After::Deliver(ctx, reply) => self.on_stream(host, ctx, || send(host, &reply)),
+            After::Deliver { ctx, route, reply, grpc } => self.on_stream(host, ctx, || {
+                if self.answer(host, ctx, route, reply, grpc) == Answered::ToEcho {
+                    let _ = host.resume_request();
+                }
+            }),
         }
     }
 }

@@ -28,6 +28,11 @@ pub struct Bundle {
     pub answers: crate::answers::Answers,
     /// How detached requests reach the service (`[detached]`).
     pub detached: DetachedConfig,
+    /// How completed gRPC calls are replayed (`[grpc]`).
+    pub grpc: GrpcConfig,
+    /// What this filter instance is: the gateway (the default), or the echo of the internal
+    /// listener gRPC replays go through (`role = "echo"`).
+    pub role: Role,
     /// The `[redis]` table; required when a route uses `store = "redis"`.
     pub redis: Option<RedisConfig>,
     pub routes: Vec<RoutePolicy>,
@@ -170,6 +175,42 @@ pub enum DetachedVia {
     Cluster,
 }
 
+/// `[grpc]`: how a completed gRPC call is replayed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcConfig {
+    /// `echo`: the stored message and trailers, through the echo listener (a local reply to a gRPC
+    /// call can only be trailers-only, so the replay takes one hop through Envoy). `duplicate`:
+    /// the route's duplicate response as a trailers-only answer (`ALREADY_EXISTS`), no message.
+    pub replay: GrpcReplay,
+    /// The path a replay is sent to: a route to the echo listener's cluster.
+    #[serde(deserialize_with = "fields::de_nonempty")]
+    pub echo_path: String,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig { replay: GrpcReplay::Echo, echo_path: "/.idem/replay".into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum GrpcReplay {
+    Echo,
+    Duplicate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Gateway,
+    Echo,
+}
+
 /// How a claimed request reaches the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -307,6 +348,11 @@ pub struct KeyPolicy {
     /// key, so the provider's re-delivery runs again — as it would without the gateway.
     #[serde(deserialize_with = "fields::de_opt_nonempty")]
     pub success_body_contains: Option<String>,
+    /// gRPC calls: the `grpc-status` codes that are remembered (the service's final answer).
+    pub grpc_remember: Vec<u32>,
+    /// gRPC calls: the codes after which the outcome is unknown (held, never taken over).
+    /// Every other code releases the claim (the call failed and a retry may run).
+    pub grpc_unknown: Vec<u32>,
 }
 
 /// `[route.token]`: the token mechanism (issue a one-time token, consume it once), served and
@@ -368,6 +414,11 @@ impl Default for KeyPolicy {
             remember: vec![StatusSet::Class(2), StatusSet::Class(3), StatusSet::Class(4)],
             forget: [408, 409, 425, 429].into_iter().map(StatusSet::Code).collect(),
             success_body_contains: None,
+            // OK, and the service's own final answers: INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS,
+            // PERMISSION_DENIED, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED.
+            grpc_remember: vec![0, 3, 5, 6, 7, 9, 11, 12, 16],
+            // CANCELLED, DEADLINE_EXCEEDED: the service may have done the work.
+            grpc_unknown: vec![1, 4],
         }
     }
 }

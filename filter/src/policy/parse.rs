@@ -2,8 +2,9 @@
 //! errors that name the line, column and field.
 
 use super::{
-    Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, KeyPolicy, KeySource, Matcher, Mode,
-    PathTemplate, RedisConfig, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, Unmatched,
+    Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy, KeySource,
+    Matcher, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy,
+    Unmatched,
 };
 use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
@@ -121,6 +122,13 @@ struct RawBundle {
     /// How detached requests reach the service.
     #[serde(default)]
     detached: DetachedConfig,
+    /// How completed gRPC calls are replayed.
+    #[serde(default)]
+    grpc: GrpcConfig,
+    /// `gateway` (default), or `echo`: the instance in the internal listener gRPC replays go
+    /// through, which answers them and nothing else.
+    #[serde(default = "default_role")]
+    role: Role,
     /// Higress' per-route rules (its WasmPlugin `matchRules`, sent as `_rules_` with
     /// `_match_route_`): refused with what to write instead, not as an unknown field.
     #[serde(rename = "_rules_", default)]
@@ -133,6 +141,9 @@ const HIGRESS_RULES: &str = "`_rules_` (Higress matchRules) is not supported: id
 whole bundle in the WasmPlugin's defaultConfig and leave matchRules out; a `route` entry with `match` applies to \
 that method and path, one without `match` to the Envoy route named like its `name` (README: Deploy on Higress)";
 
+fn default_role() -> Role {
+    Role::Gateway
+}
 fn default_unmatched() -> Unmatched {
     Unmatched::Pass
 }
@@ -264,6 +275,17 @@ impl RawBundle {
                 message: HIGRESS_RULES.into(),
             });
         }
+        if self.role == Role::Echo && !self.route.is_empty() {
+            let at = source.find("role").map(|offset| line_col(source, offset));
+            return Err(PolicyError {
+                origin: origin.to_string(),
+                line: at.map(|(l, _)| l),
+                column: at.map(|(_, c)| c),
+                message:
+                    "role = \"echo\" answers gRPC replays only: it takes no [[route]] (the gateway's bundle has them)"
+                        .into(),
+            });
+        }
         let mut routes: Vec<RoutePolicy> = Vec::with_capacity(self.route.len());
         for (i, r) in self.route.into_iter().enumerate() {
             let error = |message: String| {
@@ -390,6 +412,8 @@ impl RawBundle {
             unmatched: self.unmatched,
             answers: self.answers.unwrap_or_default(),
             detached: self.detached,
+            grpc: self.grpc,
+            role: self.role,
         })
     }
 }

@@ -6,6 +6,7 @@
 //!   this crate builds them and reads the replies.
 
 pub mod redis;
+pub mod replay;
 pub mod shared;
 
 use crate::response::StoredResponse;

@@ -21,7 +21,7 @@ use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
 /// Every shared-data key starts with this, then the plugin's namespace.
-const PREFIX: &str = "idem:v1";
+pub(crate) const PREFIX: &str = "idem:v1";
 const ENTRY_LEN: usize = 60;
 /// CAS retries before a claim gives up as a store error. Contention on one bucket across
 /// workers is short-lived; a bounded loop keeps a hot bucket from spinning a worker.

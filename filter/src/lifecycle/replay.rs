@@ -1,0 +1,98 @@
+//! Answering a stream with a local reply — and, for a gRPC call, in gRPC's form: the gateway's
+//! own answers as trailers-only gRPC answers, and a replayed gRPC answer (message and trailers)
+//! through the echo listener, since a local reply to a gRPC call can only be trailers-only.
+//!
+//! The echo hop: the answer goes into a replay slot (`store::replay`), the call is pointed at
+//! `[grpc] echo_path` with the slot's token and a content type that is not gRPC, and sent on;
+//! a route sends that path to the echo listener, whose idem instance (`role = "echo"`) answers with
+//! the slot's status, headers and body. When that answer ends, this stream adds the trailers.
+
+use super::worker::{send, Worker};
+use crate::host::{Host, Level};
+use crate::policy::GrpcReplay;
+use crate::response::{self, Header, LocalReply, StoredResponse};
+
+/// The header that carries a replay slot's token to the echo.
+pub const REPLAY_HEADER: &str = "x-idem-replay";
+/// The content type of a call sent to the echo: not gRPC, so the echo's local reply is whole.
+const REPLAY_CONTENT_TYPE: &[u8] = b"application/x-idem-replay";
+
+/// What answering did to the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answered {
+    /// A local reply went out.
+    Replied,
+    /// The call goes on to the echo: resume it (or let the callback continue).
+    ToEcho,
+}
+
+impl Worker {
+    /// Answers the current stream (its own callback, or the root acting on it) with `reply`.
+    pub(super) fn answer(&self, host: &dyn Host, ctx: u32, route: usize, reply: LocalReply, grpc: bool) -> Answered {
+        if !grpc {
+            send(host, &reply);
+            return Answered::Replied;
+        }
+        if reply.own.is_some() {
+            send(host, &reply.for_grpc());
+            return Answered::Replied;
+        }
+        // A replayed gRPC answer: whole through the echo, or the route's duplicate answer.
+        if !reply.trailers.is_empty() && self.engine.bundle.grpc.replay == GrpcReplay::Echo {
+            match self.to_echo(host, ctx, &reply) {
+                Ok(()) => return Answered::ToEcho,
+                Err(e) => host.log(Level::Error, &format!("idem: gRPC replay through the echo not sent: {e}")),
+            }
+        }
+        let duplicate = self.engine.policy(route).map(|p| response::duplicate(&p.answers, &p.duplicate, None));
+        send(host, &duplicate.unwrap_or_default().for_grpc());
+        Answered::Replied
+    }
+
+    fn to_echo(&self, host: &dyn Host, ctx: u32, reply: &LocalReply) -> Result<(), String> {
+        let answer = StoredResponse {
+            status: reply.status,
+            headers: reply.headers.clone(),
+            body: reply.body.clone(),
+            trailers: Vec::new(),
+        };
+        let token = self.replay_slots.put(host, &answer).map_err(|e| e.to_string())?;
+        let path = self.engine.bundle.grpc.echo_path.as_bytes();
+        let set = |n: &str, v: &[u8]| host.set_request_header(n, v).map_err(|e| format!("{n}: {e:?}"));
+        set("content-type", REPLAY_CONTENT_TYPE)?;
+        set(":path", path)?;
+        set(REPLAY_HEADER, token.as_bytes())?;
+        // The body the client sent goes on (the echo reads nothing of it): its length stays.
+        self.replays.borrow_mut().insert(ctx, reply.trailers.clone());
+        Ok(())
+    }
+
+    /// The trailers a stream owes its client once the echo's answer ends, if it replays.
+    pub(super) fn take_replay(&self, ctx: u32) -> Option<Vec<Header>> {
+        self.replays.borrow_mut().remove(&ctx)
+    }
+
+    /// The echo instance's answer to a replay call: the slot's answer, or 404 when the token names
+    /// none (a client that came to the echo path by itself, or a slot taken already).
+    pub(super) fn echo(&self, host: &dyn Host, token: Option<&[u8]>) {
+        let answer = token.and_then(|t| std::str::from_utf8(t).ok()).and_then(|t| self.replay_slots.take(host, t));
+        match answer {
+            Some(a) => {
+                send(host, &LocalReply { status: a.status, headers: a.headers, body: a.body, ..Default::default() })
+            }
+            None => send(
+                host,
+                &response::json_reply(404, "IDEMPOTENCY_REPLAY_GONE", "no replay waits under this token", &[]),
+            ),
+        }
+    }
+}
+
+/// Adds the trailers of a replayed gRPC answer (in the last response body callback).
+pub(super) fn add_trailers(host: &dyn Host, trailers: &[Header]) {
+    for (name, value) in trailers {
+        if let Err(e) = host.add_response_trailer(name, value) {
+            host.log(Level::Error, &format!("idem: gRPC replay trailer {name} not added: {e:?}"));
+        }
+    }
+}

@@ -1,0 +1,221 @@
+"""gRPC through the gateway: a real grpcio server behind real Envoy with idem, a real grpcio client,
+both stores. A call's outcome is its grpc-status: a failed call (UNAVAILABLE) lets the retry run —
+grpcio's own retryPolicy included; DEADLINE_EXCEEDED holds the key as an unknown outcome; a
+completed call is replayed whole (message, status, trailing metadata) through the echo listener;
+the gateway's own answers are gRPC answers with fitting codes, never UNKNOWN or INTERNAL; a
+gzip-compressed repeat is the same request; a detached call succeeds.
+
+The service (`shop.Orders/Create`) works on raw bytes (generic handlers, no generated stubs):
+the request is `key=<business id>;...`, the answer `order:<business id>:<run number>`.
+"""
+
+import json
+import threading
+import time
+import uuid
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+
+import stack
+from idemtest import wait_for
+
+METHOD = "/shop.Orders/Create"
+ROUTES = [
+    {"name": "grpc", "match": {"prefix": "/shop.Orders/Create"}, "idem": True, "timeout": "30s"},
+    {"name": "grpc-detached", "match": {"prefix": "/shop.Orders/CreateDetached"}, "idem": True, "timeout": "30s"},
+]
+
+
+def policy(store, prefix):
+    head = stack.redis_table(prefix=prefix) if store == "redis" else ""
+    return head + """
+[[route]]
+name = "create-order"
+match = {{ method = "POST", path = "/shop.Orders/Create" }}
+store = "{store}"
+
+[route.key]
+scope = ["header:authorization"]
+
+[[route]]
+name = "create-detached"
+match = {{ method = "POST", path = "/shop.Orders/CreateDetached" }}
+store = "{store}"
+forward = "detached"
+""".format(store=store)
+
+
+class Service:
+    """A grpcio server counting runs per business id; `slow[id]` seconds, `fail_first` ids answer
+    UNAVAILABLE on their first run."""
+
+    def __init__(self):
+        self.runs = {}
+        self.slow = {}
+        self.fail_first = set()
+        self.lock = threading.Lock()
+        handlers = {"Create": grpc.unary_unary_rpc_method_handler(self.create),
+                    "CreateDetached": grpc.unary_unary_rpc_method_handler(self.create)}
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("shop.Orders", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def create(self, request, context):
+        fields = dict(p.split("=", 1) for p in request.decode().split(";") if "=" in p)
+        bid = fields["key"]
+        with self.lock:
+            n = self.runs.get(bid, 0) + 1
+            self.runs[bid] = n
+        time.sleep(self.slow.get(bid, 0))
+        if n == 1 and bid in self.fail_first:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "backend warming up")
+        context.set_trailing_metadata((("x-order-run", str(n)),))
+        return ("order:%s:%d" % (bid, n)).encode()
+
+    def calls(self, bid):
+        with self.lock:
+            return self.runs.get(bid, 0)
+
+    def stop(self):
+        self.server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def service():
+    s = Service()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["shared", "redis"])
+def gateway(request, make_gateway, service):
+    prefix = "idem-grpc-%s:" % uuid.uuid4().hex[:6]
+    return make_gateway(request.param, policy(request.param, prefix), ROUTES, upstream_port=service.port,
+                        upstream_http2=True)
+
+
+def channel(env, retry=None):
+    options = []
+    if retry:
+        options.append(("grpc.service_config", json.dumps({"methodConfig": [{
+            "name": [{"service": "shop.Orders"}], "retryPolicy": retry}]})))
+    return grpc.insecure_channel("127.0.0.1:%d" % env.listen_port, options=options)
+
+
+def call(env, key, body, method=METHOD, timeout=10, compression=None, retry=None, auth="Bearer grpc-client"):
+    """One unary call: (message, trailing metadata) or the RpcError."""
+    with channel(env, retry) as ch:
+        stub = ch.unary_unary(method)
+        try:
+            msg, c = stub.with_call(body.encode(), timeout=timeout, compression=compression,
+                                    metadata=(("idempotency-key", key), ("authorization", auth)))
+            return msg, dict(c.trailing_metadata()), dict(c.initial_metadata())
+        except grpc.RpcError as e:
+            return e
+
+
+def assert_code(e, code, idem_code):
+    assert isinstance(e, grpc.RpcError), "expected %s, got an answer %r" % (code, e)
+    assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
+    assert e.details().startswith(idem_code + ": "), e.details()
+    status = rpc_status.from_call(e)
+    assert status is not None and status.code == code.value[0], status
+    assert status.details[0].type_url == "type.googleapis.com/google.rpc.ErrorInfo", status
+
+
+def test_a_repeat_gets_the_same_message_and_status_ok(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    msg, trailing, _ = call(gateway, key, "key=%s;sku=A1" % bid)
+    assert msg == ("order:%s:1" % bid).encode() and trailing.get("x-order-run") == "1", trailing
+    again, trailing2, initial2 = call(gateway, key, "key=%s;sku=A1" % bid)
+    assert again == msg, again
+    assert trailing2.get("x-order-run") == "1", "the trailing metadata is replayed: %s" % trailing2
+    assert initial2.get("idempotent-replayed") == "true", initial2
+    assert service.calls(bid) == 1
+
+
+def test_twenty_concurrent_duplicates_run_once_and_the_others_get_unavailable(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    service.slow[bid] = 1.5
+    barrier = threading.Barrier(20)
+
+    def one(_):
+        barrier.wait(10)
+        return call(gateway, key, "key=%s" % bid, timeout=20)
+    with futures.ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(one, range(20)))
+    answers = [r for r in results if not isinstance(r, grpc.RpcError)]
+    errors = [r for r in results if isinstance(r, grpc.RpcError)]
+    assert service.calls(bid) == 1
+    assert len(answers) + len(errors) == 20
+    assert answers and all(a[0] == ("order:%s:1" % bid).encode() for a in answers), answers
+    for e in errors:
+        assert_code(e, grpc.StatusCode.UNAVAILABLE, "REQUEST_IN_PROGRESS")
+        assert dict(e.trailing_metadata()).get("grpc-retry-pushback-ms") == "1000"
+
+
+def test_the_same_key_with_another_message_is_failed_precondition(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    call(gateway, key, "key=%s;qty=1" % bid)
+    e = call(gateway, key, "key=%s;qty=9" % bid)
+    assert_code(e, grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_KEY_REUSED")
+    assert service.calls(bid) == 1
+    # Without the key: INVALID_ARGUMENT; without the caller's identity: UNAUTHENTICATED.
+    with channel(gateway) as ch:
+        with pytest.raises(grpc.RpcError) as missing:
+            ch.unary_unary(METHOD)(b"key=x", metadata=(("authorization", "Bearer a"),), timeout=5)
+    assert_code(missing.value, grpc.StatusCode.INVALID_ARGUMENT, "IDEMPOTENCY_KEY_MISSING")
+    with channel(gateway) as ch:
+        with pytest.raises(grpc.RpcError) as anonymous:
+            ch.unary_unary(METHOD)(b"key=x", metadata=(("idempotency-key", "k"),), timeout=5)
+    assert_code(anonymous.value, grpc.StatusCode.UNAUTHENTICATED, "IDEMPOTENCY_SCOPE_MISSING")
+
+
+def test_a_first_call_failing_unavailable_lets_grpcios_retry_policy_succeed(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    service.fail_first.add(bid)
+    retry = {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "0.5s", "backoffMultiplier": 2,
+             "retryableStatusCodes": ["UNAVAILABLE"]}
+    msg, trailing, _ = call(gateway, key, "key=%s" % bid, retry=retry)
+    assert msg == ("order:%s:2" % bid).encode(), msg
+    assert service.calls(bid) == 2
+    # The second run is the one remembered.
+    again = call(gateway, key, "key=%s" % bid)
+    assert again[0] == msg, again
+
+
+def test_an_upstream_deadline_exceeded_holds_the_key_as_unknown(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    service.slow[bid] = 2.0
+    e = call(gateway, key, "key=%s" % bid, timeout=1.0)
+    assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    wait_for(lambda: "idem: unknown_outcome " in gateway.log_text(), 10, what="the reconciliation line")
+    time.sleep(1.5)  # a duration: the service finishes its (first and only) run meanwhile
+    again = call(gateway, key, "key=%s" % bid)
+    assert_code(again, grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_OUTCOME_UNKNOWN")
+    assert service.calls(bid) == 1
+    lines = [json.loads(l.split("idem: unknown_outcome ", 1)[1]) for l in gateway.log_text().splitlines()
+             if "idem: unknown_outcome " in l]
+    assert [l["route"] for l in lines if l["key_prefix"] == key[:8] + "…"] == ["create-order"], lines
+
+
+def test_a_gzip_compressed_repeat_is_the_same_request(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    body = "key=%s;note=%s" % (bid, "x" * 400)
+    first = call(gateway, key, body)
+    again = call(gateway, key, body, compression=grpc.Compression.Gzip)
+    assert again[0] == first[0] and again[2].get("idempotent-replayed") == "true", again
+    assert service.calls(bid) == 1
+
+
+def test_a_detached_grpc_call_succeeds_and_its_repeat_is_replayed(gateway, service):
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    msg, trailing, _ = call(gateway, key, "key=%s" % bid, method="/shop.Orders/CreateDetached")
+    assert msg == ("order:%s:1" % bid).encode() and trailing.get("x-order-run") == "1", trailing
+    again = call(gateway, key, "key=%s" % bid, method="/shop.Orders/CreateDetached")
+    assert again[0] == msg and again[2].get("idempotent-replayed") == "true", again
+    assert service.calls(bid) == 1
