@@ -121,6 +121,23 @@ fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// How many complete messages a (possibly partial) request body holds: a second one means a
+/// client- or bidi-streaming call, which the gateway passes through unprotected rather than hold
+/// an open-ended stream until its half-close.
+pub fn complete_messages(body: &[u8]) -> usize {
+    let mut count = 0;
+    let mut rest = body;
+    while let Some((head, tail)) = rest.split_at_checked(5) {
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let Some((_, tail)) = tail.split_at_checked(len) else {
+            break;
+        };
+        count += 1;
+        rest = tail;
+    }
+    count
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MessageError {
     /// A frame's length runs past the body, or the body ends inside a frame header.
@@ -181,6 +198,17 @@ mod tests {
         for no in [&b"application/grpc-web"[..], b"application/json", b"application/grpcx"] {
             assert!(!is_grpc_content_type(no), "{no:?}");
         }
+    }
+
+    #[test]
+    fn complete_messages_counts_whole_frames_only() {
+        let frame = |n: u8| [&[0u8, 0, 0, 0, n][..], &vec![7u8; n as usize]].concat();
+        assert_eq!(complete_messages(b""), 0);
+        assert_eq!(complete_messages(&frame(3)), 1);
+        assert_eq!(complete_messages(&[frame(3), frame(0)].concat()), 2);
+        // A second frame still arriving is not counted yet.
+        assert_eq!(complete_messages(&[frame(3), frame(4)[..6].to_vec()].concat()), 1);
+        assert_eq!(complete_messages(&frame(4)[..3]), 0);
     }
 
     #[test]

@@ -934,6 +934,25 @@ fn a_grpc_message_sent_compressed_is_the_same_request() {
     assert_eq!(count(&host, "g", "replayed"), 1);
 }
 
+#[test]
+fn a_grpc_call_sending_a_second_message_passes_unprotected_before_its_half_close() {
+    let (host, w) = setup(GRPC);
+    let frame = |m: &[u8]| [&[0u8][..], &(m.len() as u32).to_be_bytes(), m].concat();
+    let two = [frame(b"line=1"), frame(b"line=2")].concat();
+    let headers: [(&str, &[u8]); 3] =
+        [("content-type", b"application/grpc"), ("idempotency-key", b"k1"), ("authorization", b"Bearer a")];
+    host.open(10, FakeStream::request("POST", "/shop.Orders/Create", &headers, &two));
+    let mut s = Stream::new(Rc::clone(&w), 10);
+    assert_eq!(s.on_request_headers(&host, false), Flow::Pause);
+    // One message, the stream still open: it may be a unary call about to half-close.
+    assert_eq!(s.on_request_body(&host, frame(b"line=1").len(), false), Flow::Pause);
+    // A second message: a streaming call goes on now, not at its half-close.
+    assert_eq!(s.on_request_body(&host, two.len(), false), Flow::Continue);
+    assert_eq!(count(&host, "g", "unprotected"), 1);
+    assert_eq!(count(&host, "g", "forwarded"), 0, "nothing claimed");
+    assert!(replies_raw(&host.take_acts(), 10).is_empty());
+}
+
 fn replies_raw(acts: &[Act], context: u32) -> Vec<idem_filter::response::LocalReply> {
     acts.iter()
         .filter_map(|a| match a {

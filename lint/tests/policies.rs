@@ -448,6 +448,18 @@ fn examples_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_files() {
 }
 
 #[test]
+fn examples_grpc_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_file() {
+    let (block, files) = example_block("grpc/envoy.yaml");
+    let o = run_in(&repo(), &["bundle", "policies/grpc-create-order.toml"]);
+    assert_eq!(files, [repo().join("policies/grpc-create-order.toml")]);
+    assert_eq!(
+        block,
+        stdout(&o),
+        "examples/grpc/envoy.yaml is stale: regenerate its inline bundle with `idem-lint bundle policies/grpc-create-order.toml`"
+    );
+}
+
+#[test]
 fn examples_envoy_redis_yaml_routes_are_the_policy_files_on_the_redis_store() {
     let (block, files) = example_block("envoy-redis.yaml");
     let names: Vec<String> =

@@ -25,8 +25,9 @@ from .envoy import Envoy, require_envoy, require_wasm, start_fast_upstream, star
 from .envoy_config import (DEFAULT_ROUTES, ECHO, ECHO_PATH, ENABLE_IDEM, INTERNAL_LISTENER_EXTENSION, REENTRY,
                            cluster, direct_response_config, echo_cluster, echo_listener, echo_route, idem_config,
                            listener, reentry_cluster, reentry_listener, route_entry, wasm_filter)
-from .examples import (EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM, EXAMPLE_YAML, example_config_text,
-                       example_redis_config_text, rewrite_example)
+from .examples import (EXAMPLE_GRPC_SERVICE, EXAMPLE_GRPC_YAML, EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM,
+                       EXAMPLE_YAML, example_config_text, example_grpc_config_text, example_redis_config_text,
+                       rewrite_example)
 from .http import DEFAULT_AUTH, Response, free_port, port_is_free, request
 from .procs import Proc, make_workdir, rss_bytes, wait_until
 from .redis import (REDIS_ADMIN, REDIS_DEFAULT_USER_ACL, REDIS_PASSWORD, REDIS_SERVER, WEBDIS, WEBDIS_AUTH,
@@ -62,6 +63,7 @@ __all__ = [
     # wrk
     "WRK", "WRK_SCRIPTS", "require_wrk", "parse_wrk", "run_wrk",
     # examples
-    "EXAMPLE_YAML", "EXAMPLE_PORTS", "EXAMPLE_WASM", "EXAMPLE_REDIS_YAML", "example_config_text",
-    "example_redis_config_text", "rewrite_example",
+    "EXAMPLE_YAML", "EXAMPLE_PORTS", "EXAMPLE_WASM", "EXAMPLE_REDIS_YAML", "EXAMPLE_GRPC_YAML",
+    "EXAMPLE_GRPC_SERVICE", "example_config_text", "example_redis_config_text", "example_grpc_config_text",
+    "rewrite_example",
 ]

@@ -3,7 +3,8 @@ both stores. A call's outcome is its grpc-status: a failed call (UNAVAILABLE) le
 grpcio's own retryPolicy included; DEADLINE_EXCEEDED holds the key as an unknown outcome; a
 completed call is replayed whole (message, status, trailing metadata) through the echo listener;
 the gateway's own answers are gRPC answers with fitting codes, never UNKNOWN or INTERNAL; a
-gzip-compressed repeat is the same request; a detached call succeeds.
+gzip-compressed repeat is the same request; a detached call succeeds; a client-streaming call
+passes through unprotected and counted, never half-protected.
 
 The service (`shop.Orders/Create`) works on raw bytes (generic handlers, no generated stubs):
 the request is `key=<business id>;...`, the answer `order:<business id>:<run number>`.
@@ -20,7 +21,7 @@ import pytest
 from grpc_status import rpc_status
 
 import stack
-from idemtest import wait_for
+from idemtest import counters, delta, wait_for
 
 METHOD = "/shop.Orders/Create"
 ROUTES = [
@@ -41,6 +42,11 @@ store = "{store}"
 scope = ["header:authorization"]
 
 [[route]]
+name = "create-batch"
+match = {{ method = "POST", path = "/shop.Orders/CreateBatch" }}
+store = "{store}"
+
+[[route]]
 name = "create-detached"
 match = {{ method = "POST", path = "/shop.Orders/CreateDetached" }}
 store = "{store}"
@@ -58,7 +64,8 @@ class Service:
         self.fail_first = set()
         self.lock = threading.Lock()
         handlers = {"Create": grpc.unary_unary_rpc_method_handler(self.create),
-                    "CreateDetached": grpc.unary_unary_rpc_method_handler(self.create)}
+                    "CreateDetached": grpc.unary_unary_rpc_method_handler(self.create),
+                    "CreateBatch": grpc.stream_unary_rpc_method_handler(self.create_batch)}
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("shop.Orders", handlers),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -75,6 +82,15 @@ class Service:
             context.abort(grpc.StatusCode.UNAVAILABLE, "backend warming up")
         context.set_trailing_metadata((("x-order-run", str(n)),))
         return ("order:%s:%d" % (bid, n)).encode()
+
+    def create_batch(self, requests, context):
+        """Client streaming: one run per call, over every message."""
+        bodies = [r.decode() for r in requests]
+        bid = bodies[0].split("=", 1)[1]
+        with self.lock:
+            n = self.runs.get(bid, 0) + 1
+            self.runs[bid] = n
+        return ("batch:%s:%d:%d" % (bid, len(bodies), n)).encode()
 
     def calls(self, bid):
         with self.lock:
@@ -219,3 +235,67 @@ def test_a_detached_grpc_call_succeeds_and_its_repeat_is_replayed(gateway, servi
     again = call(gateway, key, "key=%s" % bid, method="/shop.Orders/CreateDetached")
     assert again[0] == msg and again[2].get("idempotent-replayed") == "true", again
     assert service.calls(bid) == 1
+
+
+def test_a_client_streaming_call_passes_through_unprotected_and_counted(gateway, service):
+    """More than one request message: not held until the half-close, not fingerprinted in part,
+    not claimed — passed on, counted `unprotected`, the warning logged once per worker."""
+    key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
+    before = counters(gateway, "create-batch")
+    md = (("idempotency-key", key), ("authorization", "Bearer grpc-client"))
+    with channel(gateway) as ch:
+        stub = ch.stream_unary("/shop.Orders/CreateBatch")
+        first = stub(iter([("key=%s" % bid).encode(), b"line=2", b"line=3"]), metadata=md, timeout=10)
+        again = stub(iter([("key=%s" % bid).encode(), b"line=2", b"line=3"]), metadata=md, timeout=10)
+    assert first == ("batch:%s:3:1" % bid).encode(), first
+    assert again == ("batch:%s:3:2" % bid).encode(), "a streaming call is not replayed: %r" % again
+    assert delta(before, counters(gateway, "create-batch")) == {"unprotected": 2}
+    # Once per worker (two workers here), not once per call.
+    assert 1 <= gateway.log_text().count("streaming calls pass through unprotected") <= 2
+
+
+def test_example_grpc_yaml_runs(workdir):
+    """examples/grpc/envoy.yaml and examples/grpc/orders.py as shipped (only ports and the .wasm
+    path rewritten): the client's repeat is replayed whole, a first run failing UNAVAILABLE is
+    released, and the --call mode prints what the README shows."""
+    import subprocess
+    import sys
+    port = stack.free_port()
+    service = stack.Proc("orders", [sys.executable, str(stack.EXAMPLE_GRPC_SERVICE), "--port", str(port)],
+                         workdir / ("orders-%d.log" % port))
+    lp, ap = stack.free_port(), stack.free_port()
+    cfg = workdir / ("example-grpc-%d.yaml" % lp)
+    cfg.write_text(stack.example_grpc_config_text(lp, ap, port, stack.WASM))
+    env = stack.Envoy(cfg, workdir, listen_port=lp, admin_port=ap, name="envoy-example-grpc")
+    try:
+        wait_for(lambda: "shop.Orders on" in service.log_text(), 15, what="the example service")
+        try:
+            env.wait_ready()
+        except stack.StackError as e:
+            pytest.fail(str(e), pytrace=False)
+        key = "k-" + uuid.uuid4().hex
+        msg, trailing, _ = call(env, key, "sku=A1")
+        again, trailing2, initial2 = call(env, key, "sku=A1")
+        assert (again, trailing2.get("x-order-run"), initial2.get("idempotent-replayed")) == (
+            msg, trailing.get("x-order-run"), "true"), (msg, trailing, again, trailing2, initial2)
+        # A run failing UNAVAILABLE is not remembered: the retry runs and its answer is kept.
+        key2 = "k-" + uuid.uuid4().hex
+        e = call(env, key2, "fail-once:" + key2)
+        assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE, e
+        ok = call(env, key2, "fail-once:" + key2)
+        assert ok[0].startswith(b"order-") and call(env, key2, "fail-once:" + key2)[0] == ok[0]
+        # Straight to the echo path without a token: nothing to replay.
+        with channel(env) as ch:
+            with pytest.raises(grpc.RpcError) as direct:
+                ch.unary_unary("/.idem/replay")(b"x", timeout=5)
+        assert direct.value.code() != grpc.StatusCode.OK
+        out = subprocess.run([sys.executable, str(stack.EXAMPLE_GRPC_SERVICE), "--call", "127.0.0.1:%d" % lp],
+                             capture_output=True, text=True, timeout=60)
+        lines = out.stdout.splitlines()
+        assert out.returncode == 0 and len(lines) == 2, out
+        assert lines[0].endswith("idempotent-replayed=-") and lines[1].endswith("idempotent-replayed=true"), lines
+        assert lines[0].split()[2] == lines[1].split()[2], "the same order: %s" % lines
+        assert counters(env, "grpc-create-order").get("replayed") == 3
+    finally:
+        env.stop()
+        service.stop()

@@ -33,7 +33,7 @@ def envoy_bundle(path):
 def shipped_bundles():
     out = {str(p.relative_to(stack.REPO)): tomllib.loads(p.read_text())
            for p in sorted((stack.REPO / "policies").glob("*.toml"))}
-    for name in ("envoy.yaml", "envoy-redis.yaml"):
+    for name in ("envoy.yaml", "envoy-redis.yaml", "grpc/envoy.yaml"):
         out["examples/" + name] = envoy_bundle(cp.EXAMPLES / name)
     out["examples/istio/wasmplugin.yaml"] = cp.load_yaml(cp.EXAMPLES / "istio" / "wasmplugin.yaml")["spec"]["pluginConfig"]
     ef = cp.istio_envoyfilter_filter(cp.load_yaml(cp.EXAMPLES / "istio" / "envoyfilter.yaml"))

@@ -31,10 +31,11 @@ pub enum Outcome {
     OrphanReleased,
     Misconfigured,
     Unsupported,
+    Unprotected,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 28] = [
+    pub const ALL: [Outcome; 29] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::RejectedDuplicate,
@@ -63,6 +64,7 @@ impl Outcome {
         Outcome::OrphanReleased,
         Outcome::Misconfigured,
         Outcome::Unsupported,
+        Outcome::Unprotected,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +97,7 @@ impl Outcome {
             Outcome::OrphanReleased => "orphan_released",
             Outcome::Misconfigured => "misconfigured",
             Outcome::Unsupported => "unsupported",
+            Outcome::Unprotected => "unprotected",
         }
     }
 

@@ -13,7 +13,7 @@ use super::Flow;
 use crate::engine::{
     Action as Do, Begin, Body, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
 };
-use crate::host::Host;
+use crate::host::{Host, Level};
 use crate::key::RequestView;
 use crate::pairs::Pair;
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
@@ -216,12 +216,37 @@ impl Stream {
                 None => Flow::Continue,
             };
         }
+        if self.request.grpc {
+            let body = host.request_body(size);
+            if body.as_deref().is_some_and(|b| crate::grpc::complete_messages(b) > 1) {
+                return self.pass_streaming_call(host, route);
+            }
+            if !end_of_stream {
+                return Flow::Pause;
+            }
+            self.request.body = body;
+            return self.decide(host, route);
+        }
         if !end_of_stream {
             // Envoy buffers and calls again with the cumulative size.
             return Flow::Pause;
         }
         self.request.body = host.request_body(size);
         self.decide(host, route)
+    }
+
+    /// A gRPC call sending more than one message (client or bidi streaming) goes on unprotected
+    /// and counted (`outcome="unprotected"`): holding an open-ended stream until its half-close
+    /// would stall a bidi call, and a part-protected stream would promise what it cannot keep.
+    fn pass_streaming_call(&mut self, host: &dyn Host, route: usize) -> Flow {
+        let w = Rc::clone(&self.worker);
+        w.count(host, route, Outcome::Unprotected);
+        w.forget_body_wait(self.context);
+        if !w.streaming_logged.replace(true) {
+            host.log(Level::Warn, STREAMING_LOG);
+        }
+        self.phase = Phase::Idle;
+        Flow::Continue
     }
 
     /// Request trailers arrived (the body is complete).
@@ -288,7 +313,7 @@ impl Stream {
         if let Some(trailers) = self.worker.take_replay(self.context) {
             // The echo's answer to a gRPC replay: its trailers are added when it ends.
             if end_of_stream {
-                host.log(crate::host::Level::Error, "idem: a gRPC replay came back without a body; no trailers added");
+                host.log(Level::Error, "idem: a gRPC replay came back without a body; no trailers added");
             } else {
                 self.phase = Phase::Replaying { trailers };
             }
@@ -512,7 +537,7 @@ impl Stream {
         let random = match host.random_token() {
             Ok(r) => r,
             Err(e) => {
-                host.log(crate::host::Level::Error, &format!("idem: random_get failed; cannot issue tokens: {e:?}"));
+                host.log(Level::Error, &format!("idem: random_get failed; cannot issue tokens: {e:?}"));
                 return None;
             }
         };
@@ -684,3 +709,8 @@ impl Capture {
         }
     }
 }
+
+/// Logged once per worker when a policy route sees a streaming gRPC call.
+const STREAMING_LOG: &str = "idem: a gRPC call on a policy route sent more than one message (client or bidi \
+streaming); streaming calls pass through unprotected (idem_requests_total{outcome=\"unprotected\"}). \
+Key streaming methods in the service, or leave them out of the policy routes (README: \"gRPC\").";

@@ -65,6 +65,8 @@ pub struct Worker {
     pub(super) live: RefCell<HashSet<u32>>,
     /// Whether Envoy passes the body while the headers are paused (see `body_gate`).
     pub(super) body_delivery: Cell<BodyDelivery>,
+    /// Whether the streaming-gRPC warning was logged.
+    pub(super) streaming_logged: Cell<bool>,
     /// Streams paused at their headers for a body not seen yet.
     pub(super) awaiting_body: RefCell<HashMap<u32, AwaitingBody>>,
     /// Streams let through unexamined because their body was withheld (shadow mode).
@@ -169,6 +171,7 @@ impl Worker {
             renewals: RefCell::new(HashMap::new()),
             live: RefCell::new(HashSet::new()),
             body_delivery: Cell::new(BodyDelivery::Unknown),
+            streaming_logged: Cell::new(false),
             awaiting_body: RefCell::new(HashMap::new()),
             body_passthrough: RefCell::new(HashSet::new()),
             replay_slots,

@@ -8,6 +8,10 @@
 //! Envoy route name (`match = { route = "create-order" }` or no `match`) pairs with the operation
 //! whose `operationId` is the same name ignoring case, `-` and `_` (`createOrder`).
 //!
+//! A route on a gRPC method path (`/package.Service/Method`: two segments, a dotted service name
+//! and a method, each component an identifier starting with a letter, the service and method
+//! capitalised) is not expected in an OpenAPI description and is not reported.
+//!
 //! The finding points at the route's `path` (or its `match`) in the policy file; operations on
 //! the same path with another method are related locations (the likely counterpart).
 //!
@@ -56,6 +60,9 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
         let s = ctx.spans(ri);
         let primary = ctx.policy_place(ri, &[(&s.path, "match/path"), (&s.matcher, "match")]);
         let route = ctx.routes[ri].route;
+        if matches!(&route.matcher, Matcher::Request { path, .. } if is_grpc_method_path(&path.source)) {
+            continue;
+        }
         // The operations on the same path with another method: the likely counterpart.
         let related = match &route.matcher {
             Matcher::Request { path, .. } => ctx
@@ -79,5 +86,46 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
             related,
             op: None,
         });
+    }
+}
+
+/// `/package.Service/Method`: the path of a gRPC method, which no OpenAPI spec describes.
+fn is_grpc_method_path(path: &str) -> bool {
+    let ident = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let capitalised = |s: &str| s.starts_with(|c: char| c.is_ascii_uppercase());
+    let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+        return false;
+    };
+    let parts: Vec<&str> = service.split('.').collect();
+    parts.len() >= 2
+        && parts.iter().all(|p| ident(p))
+        && parts.last().is_some_and(|s| capitalised(s))
+        && ident(method)
+        && capitalised(method)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_grpc_method_path;
+
+    #[test]
+    fn grpc_method_paths_are_told_from_http_paths() {
+        for yes in ["/shop.Orders/Create", "/grpc.health.v1.Health/Check", "/a.b_c.Svc/Do2"] {
+            assert!(is_grpc_method_path(yes), "{yes}");
+        }
+        for no in [
+            "/api/order/create",
+            "/v1.0/orders",
+            "/shop.orders/Create",
+            "/Orders/Create",
+            "/shop.Orders/create",
+            "/shop.Orders/Create/x",
+            "/shop.Orders/{id}",
+        ] {
+            assert!(!is_grpc_method_path(no), "{no}");
+        }
     }
 }
