@@ -25,10 +25,10 @@ import stack  # noqa: E402
 
 TTY = sys.stdout.isatty()
 
-# The token-mode part of the walkthrough. examples/envoy-redis.yaml ships the `submit-form` token
-# route; when the example config has none (examples/envoy.yaml), the demo adds it (the policy of
-# policies/submit-form.toml). It always adds `demo-short-form`, a token route whose tokens live
-# 2 s, so the walkthrough can show an expired token without waiting 10 minutes.
+# The token-mode part of the walkthrough. Both example configs ship the `submit-form` token route;
+# a config without it gets it added (the policy of policies/submit-form.toml). The demo always
+# adds `demo-short-form`, a token route whose tokens live 2 s, so the walkthrough can show an
+# expired token without waiting 10 minutes.
 TOKEN_ROUTES_YAML = """\
               # Token mode (added by scripts/demo.py): the filter answers POST /api/idempotent/token ...
               - name: token-issue
@@ -74,17 +74,18 @@ POLICY_INDENT = " " * 20
 
 
 def with_token_routes(text, store="shared"):
-    """An example Envoy config (text) with the demo's token routes and policies added."""
-    for mark in (PASSTHROUGH_MARK, ROUTER_MARK):
-        if text.count(mark) != 1:
-            raise stack.StackError("example config: expected exactly one %r" % mark.strip())
+    """An example Envoy config (text) with the demo's token routes and policies added: the routes
+    before the ingress' catch-all, the policies at the end of its bundle (the first listener's
+    router follows it; the re-entry listener has a router too)."""
+    if text.count(PASSTHROUGH_MARK) != 1 or ROUTER_MARK not in text:
+        raise stack.StackError("example config: expected one %r and a router" % PASSTHROUGH_MARK.strip())
     routes, policy = SHORT_ROUTES_YAML, SHORT_POLICY % store
     if "name: submit-form" not in text:
         routes = TOKEN_ROUTES_YAML + routes
         policy = "\n" + (stack.REPO / "policies" / "submit-form.toml").read_text() + policy
     text = text.replace(PASSTHROUGH_MARK, routes + PASSTHROUGH_MARK)
     block = "".join((POLICY_INDENT + line).rstrip() + "\n" for line in policy.splitlines())
-    return text.replace(ROUTER_MARK, block + ROUTER_MARK)
+    return text.replace(ROUTER_MARK, block + ROUTER_MARK, 1)
 
 
 def c(code, text):

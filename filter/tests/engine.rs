@@ -484,11 +484,13 @@ fn token_is_issued_consumed_once_and_bound_to_route_and_caller() {
     let err = issue(&host, &e, "/api/idempotent/token", "A", 1).unwrap_err();
     assert_eq!(err.status, 400);
     let t = issue(&host, &e, "/api/idempotent/token?route=submit", "A", 1).unwrap();
-    assert_eq!(t.len(), 22);
+    assert_eq!(t.len(), 32, "16 random bytes and an 8-byte tag, base64url");
     assert!(e.is_issue_path("/api/idempotent/token?route=submit") && !e.is_issue_path("/api/form/submit"));
-    // Another caller, another route: refused, and the token stays valid for its owner.
+    // Another caller, another route: refused, and the token stays valid for its owner. Another
+    // route's token is not one that route issued: 400, not the duplicate answer.
     assert_eq!(decide(&host, &e, &submit("/api/form/submit", "B", Some(&t))).outcome, Outcome::TokenRejected);
-    assert_eq!(decide(&host, &e, &submit("/api/publish", "A", Some(&t))).outcome, Outcome::TokenRejected);
+    let elsewhere = decide(&host, &e, &submit("/api/publish", "A", Some(&t)));
+    assert_eq!((elsewhere.outcome, reply(&elsewhere).0.status), (Outcome::TokenRejected, 400));
     let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
     assert_eq!(v.outcome, Outcome::TokenConsumed);
     ticket(&v);
@@ -499,10 +501,41 @@ fn token_is_issued_consumed_once_and_bound_to_route_and_caller() {
         (Outcome::TokenRejected, 409, Some("DUPLICATE_REQUEST"))
     );
     assert!(body["first_seen_at"].is_string(), "used before: says when");
-    let unknown = decide(&host, &e, &submit("/api/form/submit", "A", Some("never-issued")));
-    assert!(reply(&unknown).1.get("first_seen_at").is_none());
+    // A token this gateway never issued (made up, mistyped, cut short) is not a duplicate.
+    for forged in ["never-issued".to_string(), t[..31].to_string(), format!("{}A", &t[..31]), t.replace('A', "B")] {
+        if forged == t {
+            continue;
+        }
+        let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&forged)));
+        let (r, body) = reply(&v);
+        assert_eq!((r.status, body["code"].as_str(), v.cause.as_str()), (400, Some("IDEMPOTENCY_TOKEN_INVALID"), "token_not_issued"), "{forged}");
+    }
     let missing = decide(&host, &e, &submit("/api/form/submit", "A", None));
     assert_eq!(reply(&missing).1["code"], "IDEMPOTENCY_TOKEN_MISSING");
+}
+
+#[test]
+fn tokens_verify_across_envoys_with_one_secret_and_nowhere_else() {
+    let with = |secret: &str| {
+        engine_with(&format!(
+            "[tokens]\nsecret = \"{secret}\"\n[[route]]\nname = \"submit\"\nmatch = {{ method = \"POST\", path = \"/f\" }}\nmode = \"token\"\n"
+        ))
+        .1
+    };
+    let (a, b) = (with(&"s".repeat(32)), with(&"s".repeat(32)));
+    let token = a.signed_token("submit", [7; 16]);
+    assert!(b.issued_here("submit", &token), "another Envoy with the same secret");
+    assert!(!b.issued_here("other", &token), "another route");
+    assert!(!with(&"t".repeat(32)).issued_here("submit", &token), "another secret");
+    // Without a secret, each process signs with its own (the shared store is per process too).
+    let (_, p1) = engine_with(TOKEN_POLICY);
+    let other_process = FakeHost::new(1_764_400_000_000);
+    let _ = idem_filter::host::Host::random_u64(&other_process); // its generator is elsewhere
+    let mut p2 = Engine::new(parse_bundle(TOKEN_POLICY, "p").unwrap());
+    p2.initialise(&other_process).unwrap();
+    let t1 = p1.signed_token("submit", [7; 16]);
+    assert!(p1.issued_here("submit", &t1));
+    assert!(!p2.issued_here("submit", &t1), "two processes draw two secrets");
 }
 
 #[test]

@@ -27,11 +27,26 @@ fn count(host: &FakeHost, route: &str, outcome: &str) -> u64 {
 }
 
 fn setup(policy: &str) -> (FakeHost, Rc<Worker>) {
+    let (host, w) = setup_unprobed(policy);
+    // With Redis routes, the root's first tick asks Redis whether it evicts keys: it does not.
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    if let Some(token) = acts.iter().find_map(|a| match a {
+        Act::Dispatch { token, body, .. } if String::from_utf8_lossy(body).starts_with("EVAL/") => Some(*token),
+        _ => None,
+    }) {
+        answer_root(&host, &w, token, 200, br#"{"EVAL":"noeviction|0"}"#);
+    }
+    (host, Rc::new(w))
+}
+
+fn setup_unprobed(policy: &str) -> (FakeHost, Worker) {
     let host = FakeHost::new(1_800_000_000_000);
     host.enter(ROOT);
     let w = Worker::configure(&host, &host, ROOT, policy.as_bytes()).unwrap();
     host.take_acts();
-    (host, Rc::new(w))
+    (host, w)
 }
 
 fn redis_policy(extra: &str) -> String {
@@ -626,7 +641,7 @@ fn a_detached_answer_for_a_client_that_left_is_stored_not_sent() {
 #[test]
 fn token_issue_and_use_on_redis() {
     let policy = format!(
-        "{WEBDIS}\n[[route]]\nname = \"t\"\nmatch = {{ method = \"POST\", path = \"/form\" }}\nmode = \"token\"\nstore = \"redis\"\n"
+        "{WEBDIS}\n[tokens]\nsecret = \"0123456789abcdef0123456789abcdef\"\n[[route]]\nname = \"t\"\nmatch = {{ method = \"POST\", path = \"/form\" }}\nmode = \"token\"\nstore = \"redis\"\n"
     );
     let (host, w) = setup(&policy);
     host.open(10, FakeStream::request("POST", "/api/idempotent/token", &[("authorization", b"Bearer a")], b""));
@@ -637,7 +652,7 @@ fn token_issue_and_use_on_redis() {
     let acts = answer_stream(&host, &mut s, 10, 200, br#"{"SET":[true,"OK"]}"#);
     let r = replies(&acts, 10);
     assert_eq!((r[0].0, r[0].1["code"].as_str()), (200, Some("TOKEN_ISSUED")));
-    assert!(r[0].1["token"].as_str().is_some_and(|t| t.len() >= 22));
+    assert!(r[0].1["token"].as_str().is_some_and(|t| t.len() == 32));
 }
 
 /// `request.total_size` as Envoy's `get_property` returns it (int64, little-endian).
@@ -960,4 +975,39 @@ fn replies_raw(acts: &[Act], context: u32) -> Vec<idem_filter::response::LocalRe
             _ => None,
         })
         .collect()
+}
+
+#[test]
+fn the_root_asks_redis_once_whether_it_evicts_and_warns_when_it_does() {
+    let logged =
+        |host: &FakeHost| host.logs().into_iter().filter(|(_, l)| l.contains(idem_filter::lifecycle::EVICTS_LOG)).count();
+    let (host, w) = setup_unprobed(&redis_policy(""));
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    assert_eq!(dispatches(&acts), 1, "{acts:?}");
+    let (token, body) = dispatched(&acts, ROOT);
+    assert!(body.starts_with("EVAL/") && body.contains("INFO") && body.ends_with("/1/t%3Aprobe"), "{body}");
+    // Webdis down: asked again later, not at every tick.
+    answer_root(&host, &w, token, 0, b"");
+    assert_eq!(dispatches(&root_ticks_after(&host, &w, 1_000)), 0);
+    let acts = root_ticks_after(&host, &w, 30_000);
+    let (token, _) = dispatched(&acts, ROOT);
+    answer_root(&host, &w, token, 200, br#"{"EVAL":"allkeys-lru|104857600"}"#);
+    assert_eq!(logged(&host), 1);
+    assert!(host.logs().iter().any(|(_, l)| l.contains("maxmemory-policy allkeys-lru, maxmemory 104857600")));
+    assert_eq!(dispatches(&root_ticks_after(&host, &w, 60_000)), 0, "asked once");
+    // noeviction: no warning; an ACL without INFO: said so, without the warning.
+    for (reply, says) in [
+        (&br#"{"EVAL":"noeviction|0"}"#[..], "maxmemory-policy is noeviction"),
+        (br#"{"EVAL":"unreadable:NOPERM this user has no permissions to run the 'info' command"}"#, "could not read"),
+    ] {
+        let (host, w) = setup_unprobed(&redis_policy(""));
+        host.enter(ROOT);
+        w.on_tick(&host);
+        let (token, _) = dispatched(&host.take_acts(), ROOT);
+        answer_root(&host, &w, token, 200, reply);
+        assert_eq!(logged(&host), 0);
+        assert!(host.logs().iter().any(|(_, l)| l.contains(says)), "{:?}", host.logs());
+    }
 }

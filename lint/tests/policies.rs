@@ -431,7 +431,15 @@ fn examples_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_files() {
     let (block, files) = example_block("envoy.yaml");
     let names: Vec<String> =
         files.iter().map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, ["policies/create-order.toml", "policies/pay-callback.toml", "policies/order-pay.toml"]);
+    assert_eq!(
+        names,
+        [
+            "policies/create-order.toml",
+            "policies/pay-callback.toml",
+            "policies/order-pay.toml",
+            "policies/submit-form.toml"
+        ]
+    );
     // Produced by the command, byte for byte ...
     let mut args = vec!["bundle"];
     args.extend(names.iter().map(String::as_str));

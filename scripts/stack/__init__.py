@@ -30,7 +30,7 @@ from .examples import (EXAMPLE_GRPC_SERVICE, EXAMPLE_GRPC_YAML, EXAMPLE_PORTS, E
                        rewrite_example)
 from .http import DEFAULT_AUTH, Response, free_port, port_is_free, request
 from .procs import Proc, make_workdir, rss_bytes, wait_until
-from .redis import (REDIS_ADMIN, REDIS_DEFAULT_USER_ACL, REDIS_PASSWORD, REDIS_SERVER, WEBDIS, WEBDIS_AUTH,
+from .redis import (EVICTS_LOG, TOKEN_SECRET, REDIS_ADMIN, REDIS_DEFAULT_USER_ACL, REDIS_PASSWORD, REDIS_SERVER, WEBDIS, WEBDIS_AUTH,
                     WEBDIS_JSON, Redis, RedisError, Webdis, redis_command, redis_table, require_redis,
                     webdis_cluster, webdis_config)
 from .redis_cluster import (CLUSTER_ADMIN, CLUSTER_DIR, ClusterStore, RedisCluster,
@@ -55,7 +55,7 @@ __all__ = [
     # envoy
     "Envoy", "require_envoy", "require_wasm", "start_idem_envoy", "start_fast_upstream", "start_fleet",
     # redis
-    "REDIS_SERVER", "WEBDIS", "WEBDIS_JSON", "REDIS_PASSWORD", "WEBDIS_AUTH", "REDIS_DEFAULT_USER_ACL", "REDIS_ADMIN",
+    "EVICTS_LOG", "TOKEN_SECRET", "REDIS_SERVER", "WEBDIS", "WEBDIS_JSON", "REDIS_PASSWORD", "WEBDIS_AUTH", "REDIS_DEFAULT_USER_ACL", "REDIS_ADMIN",
     "Redis", "RedisError", "redis_command", "require_redis", "Webdis", "webdis_config", "webdis_cluster",
     "redis_table",
     # redis_cluster

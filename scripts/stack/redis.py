@@ -24,8 +24,9 @@ WEBDIS_AUTH = "idem:idem-webdis-password"
 # whole commands, and EVAL runs any command (`EVAL "return redis.call('FLUSHALL')" 0`); Redis checks
 # the commands and keys a script calls against the calling user's ACL, so this limits everything
 # that comes through Webdis to what the filter's commands and scripts use, on idem keys only.
+# `+info`: the filter reads maxmemory_policy once at start (`INFO memory`) to warn when Redis evicts.
 REDIS_DEFAULT_USER_ACL = ["~idem*", "resetchannels", "-@all", "+get", "+set", "+del", "+eval", "+pexpire", "+ping",
-                          "+select", "+auth"]
+                          "+info", "+select", "+auth"]
 # A separate user with every right, for tests and demos that inspect Redis (KEYS, PTTL, DBSIZE).
 REDIS_ADMIN = ("idem-admin", "idem-admin-password")
 
@@ -201,11 +202,19 @@ def webdis_cluster(port, name="webdis"):
     return c
 
 
+# The filter's warning when Redis may evict its keys (filter/src/lifecycle/eviction.rs, EVICTS_LOG).
+EVICTS_LOG = "idem: Redis may evict idem's keys when its memory is full"
+# The fleet's token signing secret in tests and demos (`[tokens] secret`, at least 32 characters).
+TOKEN_SECRET = "idem-test-token-secret-0123456789abcdef"
+
+
 def redis_table(timeout="500ms", on_store_error="reject", prefix="idem:", cluster_name="webdis",
                 basic_auth=WEBDIS_AUTH):
-    """The `[redis]` table of a policy bundle, for the Webdis cluster added by `webdis_cluster`."""
+    """The `[redis]` table of a policy bundle, for the Webdis cluster added by `webdis_cluster`, and the
+    `[tokens]` secret every Envoy of a fleet shares (token routes on Redis need it)."""
     lines = ["[redis]", 'cluster = "%s"' % cluster_name, 'authority = "webdis"',
              'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix, 'on_store_error = "%s"' % on_store_error]
     if basic_auth:
         lines.insert(3, 'basic_auth = "%s"' % basic_auth)
+    lines += ["", "[tokens]", 'secret = "%s"' % TOKEN_SECRET]
     return "\n".join(lines) + "\n"

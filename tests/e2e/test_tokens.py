@@ -17,7 +17,7 @@ import stack
 from idemtest import (RFC3339, assert_first_seen_at, assert_local, assert_upstream_answer, counters, delta, describe,
                       fire, wait_for, wait_idle)
 
-TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{22}$")
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32}$")
 PREFIX = "idem-tok-%s:" % uuid.uuid4().hex[:6]
 
 ROUTES = [
@@ -177,8 +177,8 @@ def test_issue_endpoint_is_answered_by_the_filter(tk, upstream):
     r = ei.request("POST", "/tk/token?route=form-a", headers={"authorization": "Bearer alice"}, body=b"")
     assert r.status == 200 and r.code == "TOKEN_ISSUED", describe(r)
     j = r.json()
-    assert TOKEN_RE.match(j["token"]), "token is not 22 base64url chars: %r" % j["token"]
-    assert len(base64.urlsafe_b64decode(j["token"] + "==")) == 16
+    assert TOKEN_RE.match(j["token"]), "token is not 32 base64url chars: %r" % j["token"]
+    assert len(base64.urlsafe_b64decode(j["token"])) == 24, "16 random bytes and an 8-byte tag"
     assert j["header"] == "Idempotency-Token" and j["ttl_seconds"] == 600, j
     assert RFC3339.match(j["expires_at"]) and j["expires_at"].endswith("Z"), j
     assert isinstance(j.get("message"), str) and j["message"], j
@@ -258,15 +258,15 @@ def test_token_for_another_route_is_refused(tk, upstream):
     store, (ei, es) = tk
     token = issue(ei, "/tk/token?route=form-a")
     sub = new_sub()
-    assert_duplicate(submit(es, "/tk/b", token, key=sub), used_before=False)
-    assert_duplicate(submit(es, "/tk/short", token, key=sub), used_before=False)
+    assert_local(submit(es, "/tk/b", token, key=sub), 400, "IDEMPOTENCY_TOKEN_INVALID")
+    assert_local(submit(es, "/tk/short", token, key=sub), 400, "IDEMPOTENCY_TOKEN_INVALID")
     assert upstream.calls(sub) == 0
     # The refusal did not burn the token on its own route.
     assert_upstream_answer(submit(es, "/tk/a", token, key=sub), key=sub, n=1)
     # A token for form-b is refused on form-a.
     token_b = issue(ei, "/tk/token?route=form-b")
     sub_b = new_sub()
-    assert_duplicate(submit(es, "/tk/a", token_b, key=sub_b), used_before=False)
+    assert_local(submit(es, "/tk/a", token_b, key=sub_b), 400, "IDEMPOTENCY_TOKEN_INVALID")
     assert_upstream_answer(submit(es, "/tk/b", token_b, key=sub_b), key=sub_b, n=1)
 
 
@@ -282,12 +282,24 @@ def test_token_issued_to_another_caller_is_refused(tk, upstream):
     assert upstream.calls(sub) == 1
 
 
-def test_unknown_token_is_refused(tk, upstream):
+def test_a_token_the_gateway_never_issued_is_invalid_not_a_duplicate(tk, upstream):
+    """Made up, mistyped, cut short, or another route's: 400 IDEMPOTENCY_TOKEN_INVALID — never the
+    duplicate answer ("请勿重复提交") a used token gets. On Redis the token comes from the other
+    Envoy, which shares the fleet's [tokens] secret."""
     store, (ei, es) = tk
+    token = issue(ei)
+    made_up = base64.urlsafe_b64encode(uuid.uuid4().bytes + uuid.uuid4().bytes[:8]).decode()
+    typo = token[:-1] + ("A" if token[-1] != "A" else "B")
+    other_route = issue(ei, "/tk/token?route=form-b")
+    for fake, path in ((made_up, "/tk/a"), (typo, "/tk/a"), (token[:-4], "/tk/a"), (other_route, "/tk/a")):
+        sub = new_sub()
+        r = submit(es, path, fake, key=sub)
+        j = assert_local(r, 400, "IDEMPOTENCY_TOKEN_INVALID")
+        assert "no token this route issued" in j["message"], j
+        assert upstream.calls(sub) == 0
+    # The control: the real token passes on the other Envoy.
     sub = new_sub()
-    fake = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    assert_duplicate(submit(es, "/tk/a", fake, key=sub), used_before=False)
-    assert upstream.calls(sub) == 0
+    assert_upstream_answer(submit(es, "/tk/a", token, key=sub), key=sub, n=1)
 
 
 def test_expired_token_is_refused(tk, upstream):
@@ -356,7 +368,7 @@ def test_tokens_are_never_logged_in_full(tk, upstream):
         # (Whether each is accepted is asserted elsewhere; here only what reaches the log matters.)
         submit(es, "/tk/a", t, key=sub)                                       # consumed
         assert_duplicate(submit(ei, "/tk/a", t, key=sub), used_before=True)   # logged rejection
-        assert_duplicate(submit(es, "/tk/b", t, key=sub), used_before=False)  # wrong route
+        assert_local(submit(es, "/tk/b", t, key=sub), 400, "IDEMPOTENCY_TOKEN_INVALID")  # wrong route
     tokens.append(issue(ei, "/tk/short-token"))
 
     def all_logs():

@@ -159,6 +159,19 @@ impl Engine {
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "missing_token", None)));
                 }
             };
+            if !self.issued_here(&policy.name, &token) {
+                let reply = response::error(
+                    &policy.answers,
+                    400,
+                    "IDEMPOTENCY_TOKEN_INVALID",
+                    &format!(
+                        "header {} holds no token this route issued (mistyped, cut short, or another route's); \
+                         get one from POST {}",
+                        policy.token.header, policy.token.issue_path
+                    ),
+                );
+                return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "token_not_issued", Some(token))));
+            }
             let id = match token_id(policy, &token, req) {
                 Ok(id) => id,
                 Err(e) => return Some(Begin::Done(key_error(policy, e))),

@@ -5,7 +5,15 @@ use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
 use crate::policy::{Mode, RoutePolicy};
 use crate::response;
-use crate::store::{redis, StoreError};
+use crate::store::StoreError;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// Bytes of a token: 16 random, then the first 8 of its HMAC-SHA256 tag.
+const RANDOM_LEN: usize = 16;
+const TAG_LEN: usize = 8;
 
 impl Engine {
     /// Whether `path` is some token route's issue endpoint (cheap: no allocation).
@@ -46,7 +54,7 @@ impl Engine {
             }
         };
         let policy = self.policy(route)?;
-        let token = redis::token_text(&random);
+        let token = self.signed_token(&policy.name, random);
         match token_id(policy, &token, req) {
             Ok(id) => Some(Issue::Token { route, token, id }),
             Err(e) => {
@@ -57,6 +65,43 @@ impl Engine {
                 Some(Issue::Reply { route: Some(route), reply, cause: v.cause })
             }
         }
+    }
+
+    /// A token for `route`: 128 random bits and a 64-bit tag over the route's name and them,
+    /// base64url (32 characters).
+    pub fn signed_token(&self, route: &str, random: [u8; RANDOM_LEN]) -> String {
+        let mut bytes = random.to_vec();
+        bytes.extend_from_slice(&self.token_mac(route, &random).finalize().into_bytes()[..TAG_LEN]);
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    /// Whether `token` is one this gateway issued for `route` (mistyped, cut short, made up or
+    /// another route's: no). Says nothing about whether it was used or has expired.
+    pub fn issued_here(&self, route: &str, token: &str) -> bool {
+        let Ok(bytes) = URL_SAFE_NO_PAD.decode(token) else {
+            return false;
+        };
+        let Some((random, tag)) = bytes.split_at_checked(RANDOM_LEN) else {
+            return false;
+        };
+        tag.len() == TAG_LEN && self.token_mac(route, random).verify_truncated_left(tag).is_ok()
+    }
+
+    /// HMAC-SHA256 keyed by `[tokens] secret` (hashed), or by the shared store's per-process
+    /// secret, over the route's name and the token's random bytes.
+    fn token_mac(&self, route: &str, random: &[u8]) -> Hmac<Sha256> {
+        let secret: &[u8] = match &self.bundle.tokens.secret {
+            Some(configured) => configured.as_bytes(),
+            None => &self.shared.secret(),
+        };
+        // A key shorter than SHA-256's 64-byte block is zero-padded by HMAC: this is that key.
+        let mut key = [0u8; 64];
+        key[..32].copy_from_slice(&Sha256::new().chain_update(b"idem token key v1\0").chain_update(secret).finalize());
+        let mut mac = <Hmac<Sha256> as hmac::digest::KeyInit>::new(&key.into());
+        mac.update(route.as_bytes());
+        mac.update(&[0]);
+        mac.update(random);
+        mac
     }
 
     /// Records an issued token on the shared store.

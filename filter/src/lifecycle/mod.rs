@@ -15,6 +15,7 @@
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
+//! - `eviction`: asks the Redis behind Webdis once whether it may evict idem's keys, and warns.
 //! - `replay`: answering a stream — in gRPC's form for a gRPC call, and a replayed gRPC answer
 //!   through the echo listener.
 //!
@@ -22,6 +23,7 @@
 
 mod body_gate;
 mod detached;
+mod eviction;
 mod leases;
 mod replay;
 mod stream;
@@ -30,6 +32,7 @@ mod worker;
 mod writes;
 
 pub use body_gate::{BodyDelivery, WITHHELD_LOG};
+pub use eviction::EVICTS_LOG;
 pub use stream::Stream;
 pub use worker::Worker;
 

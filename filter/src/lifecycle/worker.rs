@@ -75,6 +75,8 @@ pub struct Worker {
     pub(super) replay_slots: ReplaySlots,
     /// Streams replaying a gRPC answer through the echo: the trailers they add at its end.
     pub(super) replays: RefCell<HashMap<u32, Vec<crate::response::Header>>>,
+    /// Whether Redis was asked if it evicts keys (see `eviction`).
+    pub(super) eviction: Cell<super::eviction::Probe>,
 }
 
 impl Worker {
@@ -176,6 +178,7 @@ impl Worker {
             body_passthrough: RefCell::new(HashSet::new()),
             replay_slots,
             replays: RefCell::new(HashMap::new()),
+            eviction: super::eviction::probe(),
         })
     }
 
@@ -343,6 +346,7 @@ impl Worker {
 
     /// The root's timer: queued writes, lease renewals, held duplicates.
     pub fn on_tick(&self, host: &dyn Host) {
+        self.probe_eviction(host);
         self.check_body_delivery(host);
         self.send_outbox(host);
         self.renew_leases(host);
@@ -353,6 +357,10 @@ impl Worker {
     pub fn on_call_response(&self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
         let (headers, body) = host.call_response(num_headers, body_size);
         let status = status_of(&headers);
+        if self.is_eviction_probe(token) {
+            self.eviction_answered(host, status, &body);
+            return;
+        }
         let job = self.finishing.borrow_mut().remove(&token);
         if let Some(job) = job {
             self.finished(host, job, status, &body);

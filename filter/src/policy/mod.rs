@@ -16,7 +16,7 @@ pub use matcher::{normalize_path, percent_decode, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
 pub use parse::{line_col, parse_bundle, PolicyError};
-pub use source::{is_param_name, xml_path, Source};
+pub use source::{generated_header, is_param_name, xml_path, Source};
 
 use serde::Deserialize;
 
@@ -35,6 +35,8 @@ pub struct Bundle {
     pub role: Role,
     /// The `[redis]` table; required when a route uses `store = "redis"`.
     pub redis: Option<RedisConfig>,
+    /// How issued tokens are signed (`[tokens]`).
+    pub tokens: TokensConfig,
     pub routes: Vec<RoutePolicy>,
     /// What a request on a filter-enabled Envoy route that no policy matches gets.
     pub unmatched: Unmatched,
@@ -174,6 +176,28 @@ pub enum DetachedVia {
     Reentry,
     Cluster,
 }
+
+/// `[tokens]`: the key issued tokens are signed with, so a token the gateway never issued
+/// (mistyped, cut short, made up, another route's) is told apart from a used one.
+#[derive(Clone, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default)]
+pub struct TokensConfig {
+    /// At least 32 characters, the same on every Envoy that shares a Redis store. Without it,
+    /// a secret drawn once per Envoy process (enough for the shared store, which is per process
+    /// too); token routes on Redis require it.
+    #[cfg_attr(feature = "schema", schemars(length(min = 32)))]
+    pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for TokensConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokensConfig").field("secret", &self.secret.as_ref().map(|_| "<redacted>")).finish()
+    }
+}
+
+/// The shortest `[tokens] secret`: 32 characters carry enough entropy when they are random.
+pub const MIN_TOKEN_SECRET: usize = 32;
 
 /// `[grpc]`: how a completed gRPC call is replayed.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

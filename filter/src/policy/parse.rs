@@ -3,8 +3,8 @@
 
 use super::{
     Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy, KeySource,
-    Matcher, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy,
-    Unmatched,
+    Matcher, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, TokensConfig,
+    Unmatched, MIN_TOKEN_SECRET,
 };
 use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
@@ -125,6 +125,9 @@ struct RawBundle {
     /// How completed gRPC calls are replayed.
     #[serde(default)]
     grpc: GrpcConfig,
+    /// How issued tokens are signed.
+    #[serde(default)]
+    tokens: TokensConfig,
     /// `gateway` (default), or `echo`: the instance in the internal listener gRPC replays go
     /// through, which answers them and nothing else.
     #[serde(default = "default_role")]
@@ -286,6 +289,20 @@ impl RawBundle {
                         .into(),
             });
         }
+        if let Some(secret) = &self.tokens.secret {
+            if secret.chars().count() < MIN_TOKEN_SECRET {
+                let at = source.find("secret").map(|offset| line_col(source, offset));
+                return Err(PolicyError {
+                    origin: origin.to_string(),
+                    line: at.map(|(l, _)| l),
+                    column: at.map(|(_, c)| c),
+                    message: format!(
+                        "[tokens] `secret` has {} characters; at least {MIN_TOKEN_SECRET} (random, e.g. `openssl rand -base64 32`)",
+                        secret.chars().count()
+                    ),
+                });
+            }
+        }
         let mut routes: Vec<RoutePolicy> = Vec::with_capacity(self.route.len());
         for (i, r) in self.route.into_iter().enumerate() {
             let error = |message: String| {
@@ -356,6 +373,13 @@ impl RawBundle {
                     }
                 )));
             }
+            if is_token && r.store == StoreKind::Redis && self.tokens.secret.is_none() {
+                return Err(error(format!(
+                    "route {:?}: a token route on the Redis store needs a top-level [tokens] `secret`, the same \
+                     on every Envoy, so that each Envoy accepts the tokens the others issued",
+                    r.name
+                )));
+            }
             if is_token {
                 if !token.issue_path.starts_with('/') || token.issue_path.contains('?') {
                     return Err(error(format!(
@@ -413,6 +437,7 @@ impl RawBundle {
             answers: self.answers.unwrap_or_default(),
             detached: self.detached,
             grpc: self.grpc,
+            tokens: self.tokens,
             role: self.role,
         })
     }
@@ -421,8 +446,26 @@ impl RawBundle {
 /// The longest composite key: more parts than this is a mistake, not a key.
 const MAX_KEY_PARTS: usize = 8;
 
-/// The key's parts: `key.parts`, or the one `key.from` + `key.name` name.
+/// The key's parts (`key_sources_as_named`), none of them a header that Envoy or a proxy writes.
 fn key_sources(key: &KeyPolicy) -> Result<Vec<Source>, String> {
+    let sources = key_sources_as_named(key)?;
+    for s in &sources {
+        if let Source::Header(h) = s {
+            if let Some(why) = super::generated_header(h) {
+                let field = if key.parts.is_empty() { "key.name" } else { "key.parts" };
+                return Err(format!(
+                    "{field}: header {h:?} cannot be an idempotency key: it {why}, so it does not \
+                     identify one intended action; key on a value the client sends again on every retry \
+                     (Idempotency-Key)"
+                ));
+            }
+        }
+    }
+    Ok(sources)
+}
+
+/// The key's parts: `key.parts`, or the one `key.from` + `key.name` name.
+fn key_sources_as_named(key: &KeyPolicy) -> Result<Vec<Source>, String> {
     if !key.parts.is_empty() {
         if key.from.is_some() || key.name.is_some() {
             return Err("key.parts names every part of the key: drop key.from and key.name".into());

@@ -84,6 +84,12 @@ const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return 
 const RESTORE_TOKEN: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
     redis.call('SET',KEYS[1],ARGV[2],'KEEPTTL') return 1 else return 0 end";
 
+/// What Redis does when memory runs out: `maxmemory-policy|maxmemory` from `INFO memory`, or
+/// `unreadable:<error>` when the ACL does not allow `INFO`.
+const EVICTION: &str = "local i=redis.pcall('INFO','memory') \
+    if type(i)=='table' then return 'unreadable:'..tostring(i.err) end \
+    return (string.match(i,'maxmemory_policy:([%w%-]+)') or 'unknown')..'|'..(string.match(i,'maxmemory:(%d+)') or '')";
+
 pub struct RedisStore<'a> {
     cfg: &'a RedisConfig,
 }
@@ -228,6 +234,30 @@ impl<'a> RedisStore<'a> {
         }
     }
 
+    /// Asks Redis how it handles running out of memory (one key, so a cluster proxy can route it).
+    pub fn eviction_probe(&self) -> Command {
+        let key = format!("{}probe", self.cfg.prefix);
+        Command { name: "EVAL", body: command(&["EVAL", EVICTION, "1", &key]) }
+    }
+
+    /// Reads the probe's reply.
+    pub fn parse_eviction(&self, status: u16, body: &[u8]) -> Result<Eviction, StoreError> {
+        match reply("EVAL", status, body)? {
+            serde_json::Value::String(v) => Ok(match v.strip_prefix("unreadable:") {
+                Some(why) => Eviction::Unreadable(why.to_string()),
+                None => {
+                    let (policy, max) = v.split_once('|').unwrap_or((v.as_str(), ""));
+                    if policy == "noeviction" {
+                        Eviction::Never
+                    } else {
+                        Eviction::Evicts { policy: policy.to_string(), maxmemory: max.parse().unwrap_or(0) }
+                    }
+                }
+            }),
+            other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
+        }
+    }
+
     /// Reads a plain write's reply (`issue_token`).
     pub fn parse_ok(&self, status: u16, body: &[u8]) -> Result<(), StoreError> {
         match reply("SET", status, body)? {
@@ -235,6 +265,17 @@ impl<'a> RedisStore<'a> {
             other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
         }
     }
+}
+
+/// What Redis does with idem's keys when its memory is full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// `noeviction`: new writes are refused (idem answers 503 and retries completions).
+    Never,
+    /// Any other policy: keys with a TTL — all of idem's — may be evicted.
+    Evicts { policy: String, maxmemory: u64 },
+    /// The ACL of Webdis' Redis user does not allow `INFO`.
+    Unreadable(String),
 }
 
 /// What a release found.

@@ -186,6 +186,11 @@ impl SharedStore {
         Ok(created)
     }
 
+    /// This process' secret (drawn by `initialise`): also the default key tokens are signed with.
+    pub fn secret(&self) -> [u8; 16] {
+        self.secret
+    }
+
     /// The bucket a key id lands in (diagnostics and tests: it depends on this process' secret).
     pub fn bucket_of(&self, id: &[u8; 32]) -> u32 {
         self.locate(id).0

@@ -7,7 +7,10 @@
 //!   last word is time/date/timestamp/ts, ends in `_at`/`At`, or starts with `gmt_`:
 //!   `notify_time`, `reqTime`, `createDate`, `gmt_create`);
 //! - a signature (`sign`, `signature`, `x-signature`);
-//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`).
+//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`);
+//! - a header that Envoy, a tracer or a proxy writes (`X-Request-Id`, `traceparent`, `x-b3-*`,
+//!   `x-envoy-*`, `X-Forwarded-For`, …) — the gateway refuses such a policy at load, and
+//!   `idem-lint policies` never writes one.
 //!
 //! A user id as one part of a composite key (`user_id + order_no`) is fine.
 //!
@@ -17,7 +20,8 @@
 //! legitimate order is rejected. A retry sent a second later carries a different timestamp, and a
 //! signature is computed per request over a timestamp or nonce, so neither recognises a repeat.
 //! With a body hash two deliberate, identical purchases collide, and a retry whose JSON is
-//! re-serialised does not.
+//! re-serialised does not. Envoy generates `X-Request-Id` for every request that lacks one, so
+//! `required = true` never fires and every retry gets a fresh key: the route protects nothing.
 //!
 //! ## Example
 //!
@@ -113,8 +117,13 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         return;
     };
     let names = &key.value.names;
+    let maybe_header = matches!(key.value.location, None | Some(crate::section::KeyIn::Header));
     for name in names {
-        let Some(why) = classify(name) else {
+        let generated = || {
+            let why = idem_filter::policy::generated_header(name)?;
+            Some(format!("it {why}, so it does not identify one intended action"))
+        };
+        let Some(why) = classify(name).map(str::to_string).or_else(|| generated().filter(|_| maybe_header)) else {
             continue;
         };
         // A user id is fine as one part of a composite key.
