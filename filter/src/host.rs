@@ -41,7 +41,10 @@ pub trait Host {
     /// 16 bytes from the system's CSPRNG (tokens).
     fn random_token(&self) -> Result<[u8; 16], HostError>;
     fn log(&self, level: Level, message: &str);
-    /// Adds one to a counter defined with [`Setup::define_counter`].
+    /// Defines a counter while serving (counters are defined on first use, so a route × outcome
+    /// that never happened exports no zero series). Defining a name again gives the same counter.
+    fn define_counter(&self, name: &str) -> Option<u32>;
+    /// Adds one to a counter defined with [`Setup::define_counter`] or [`Host::define_counter`].
     fn count(&self, counter: u32);
     /// Records a value in a histogram defined with [`Setup::define_histogram`].
     fn record(&self, histogram: u32, value: u64);

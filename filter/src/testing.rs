@@ -172,6 +172,10 @@ impl FakeHost {
         lock(&self.logs).clone()
     }
     /// A counter's value, by the name it was defined with.
+    /// Whether a counter of this name was defined (exported, at zero or more).
+    pub fn counter_defined(&self, name: &str) -> bool {
+        lock(&self.counters).iter().any(|(n, _)| n == name)
+    }
     pub fn counter(&self, name: &str) -> u64 {
         lock(&self.counters).iter().find(|(n, _)| n == name).map(|(_, v)| *v).unwrap_or(0)
     }
@@ -225,6 +229,9 @@ impl Host for FakeHost {
     }
     fn log(&self, level: Level, message: &str) {
         lock(&self.logs).push((level, message.to_string()));
+    }
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        Setup::define_counter(self, name)
     }
     fn count(&self, counter: u32) {
         if let Some(c) = lock(&self.counters).get_mut(counter as usize) {
@@ -331,7 +338,11 @@ impl Host for FakeHost {
 
 impl Setup for FakeHost {
     fn define_counter(&self, name: &str) -> Option<u32> {
+        // As Envoy: the same name is the same stat.
         let mut c = lock(&self.counters);
+        if let Some(i) = c.iter().position(|(n, _)| n == name) {
+            return Some(i as u32);
+        }
         c.push((name.to_string(), 0));
         Some(c.len() as u32 - 1)
     }
@@ -413,6 +424,10 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
     fn log(&self, level: Level, message: &str) {
         self.add("log", message.len());
         self.inner.log(level, message)
+    }
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        self.add("define_metric", name.len());
+        Host::define_counter(self.inner, name)
     }
     fn count(&self, counter: u32) {
         self.add("increment_metric", 0);
@@ -519,7 +534,7 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
 
 impl<H: Host + Setup> Setup for CountingHost<'_, H> {
     fn define_counter(&self, name: &str) -> Option<u32> {
-        self.inner.define_counter(name)
+        Setup::define_counter(self.inner, name)
     }
     fn define_histogram(&self, name: &str) -> Option<u32> {
         self.inner.define_histogram(name)

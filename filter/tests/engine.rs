@@ -508,7 +508,11 @@ fn token_is_issued_consumed_once_and_bound_to_route_and_caller() {
         }
         let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&forged)));
         let (r, body) = reply(&v);
-        assert_eq!((r.status, body["code"].as_str(), v.cause.as_str()), (400, Some("IDEMPOTENCY_TOKEN_INVALID"), "token_not_issued"), "{forged}");
+        assert_eq!(
+            (r.status, body["code"].as_str(), v.cause.as_str()),
+            (400, Some("IDEMPOTENCY_TOKEN_INVALID"), "token_not_issued"),
+            "{forged}"
+        );
     }
     let missing = decide(&host, &e, &submit("/api/form/submit", "A", None));
     assert_eq!(reply(&missing).1["code"], "IDEMPOTENCY_TOKEN_MISSING");

@@ -979,8 +979,9 @@ fn replies_raw(acts: &[Act], context: u32) -> Vec<idem_filter::response::LocalRe
 
 #[test]
 fn the_root_asks_redis_once_whether_it_evicts_and_warns_when_it_does() {
-    let logged =
-        |host: &FakeHost| host.logs().into_iter().filter(|(_, l)| l.contains(idem_filter::lifecycle::EVICTS_LOG)).count();
+    let logged = |host: &FakeHost| {
+        host.logs().into_iter().filter(|(_, l)| l.contains(idem_filter::lifecycle::EVICTS_LOG)).count()
+    };
     let (host, w) = setup_unprobed(&redis_policy(""));
     host.enter(ROOT);
     w.on_tick(&host);
@@ -1009,5 +1010,32 @@ fn the_root_asks_redis_once_whether_it_evicts_and_warns_when_it_does() {
         answer_root(&host, &w, token, 200, reply);
         assert_eq!(logged(&host), 0);
         assert!(host.logs().iter().any(|(_, l)| l.contains(says)), "{:?}", host.logs());
+    }
+}
+
+#[test]
+fn counters_exist_from_the_start_only_for_what_the_alerts_read() {
+    let defined = |host: &FakeHost, route: &str, o: &str| {
+        host.counter_defined(&counter_name(route, *Outcome::ALL.iter().find(|x| x.name() == o).unwrap()))
+    };
+    let two = "[[route]]\nname = \"k\"\nmatch = { method = \"POST\", path = \"/k\" }\n\
+               [[route]]\nname = \"t\"\nmatch = { method = \"POST\", path = \"/t\" }\nmode = \"token\"\n";
+    let (host, w) = setup(two);
+    assert!(defined(&host, "k", "replayed") && defined(&host, "k", "store_error") && defined(&host, "k", "held"));
+    assert!(defined(&host, "t", "token_rejected") && !defined(&host, "t", "replayed"), "token routes: token outcomes");
+    assert!(!defined(&host, "k", "missing_key") && !defined(&host, "k", "token_issued"));
+    // An outcome that happens gets its series then.
+    host.open(10, FakeStream::request("POST", "/k", &[("authorization", b"Bearer a")], b"{}"));
+    let mut s = Stream::new(Rc::clone(&w), 10);
+    s.on_request_headers(&host, false);
+    assert!(defined(&host, "k", "missing_key"));
+    assert_eq!(count(&host, "k", "missing_key"), 1);
+    for (zero_series, replayed, missing) in [("all", true, true), ("none", false, false)] {
+        let (host, _) = setup(&format!("[metrics]\nzero_series = \"{zero_series}\"\n{two}"));
+        assert_eq!(
+            (defined(&host, "k", "replayed"), defined(&host, "k", "missing_key")),
+            (replayed, missing),
+            "{zero_series}"
+        );
     }
 }

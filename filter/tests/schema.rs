@@ -18,7 +18,10 @@ fn the_published_schema_is_the_generated_one() {
 fn the_schema_describes_every_top_level_table_and_refuses_others() {
     let schema = serde_json::to_value(idem_filter::policy::bundle_schema()).unwrap();
     let props: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
-    assert_eq!(props, ["answers", "detached", "grpc", "redis", "role", "route", "shared", "tokens", "unmatched"]);
+    assert_eq!(
+        props,
+        ["answers", "detached", "grpc", "metrics", "redis", "role", "route", "shared", "tokens", "unmatched"]
+    );
     assert_eq!(schema["additionalProperties"], false, "unknown tables (and Higress' _rules_) are refused");
     let route = &schema["$defs"]["Route"];
     assert_eq!(route["additionalProperties"], false);

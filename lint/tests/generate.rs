@@ -251,11 +251,7 @@ fn a_key_envoy_generates_is_never_written_as_a_policy() {
     let o = run(&["policies", &spec, "-o", out]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(stdout(&o), "");
-    assert!(
-        stderr(&o).starts_with(&format!("idem-lint: skipped POST /transfers ({spec}:")),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).starts_with(&format!("idem-lint: skipped POST /transfers ({spec}:")), "{}", stderr(&o));
     assert!(stderr(&o).contains("header \"X-Request-Id\" cannot be an idempotency key"), "{}", stderr(&o));
     assert!(!dir.join("post-transfers.toml").exists());
     let _ = std::fs::remove_dir_all(&dir);

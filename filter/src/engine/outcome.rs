@@ -101,6 +101,29 @@ impl Outcome {
         }
     }
 
+    /// The outcomes the shipped alert rules and dashboard read (`examples/prometheus/`): their
+    /// series exist from the start, at zero, so `increase()` sees the first count. `token` routes
+    /// get the token ones.
+    pub fn alerted(token_route: bool) -> &'static [Outcome] {
+        if token_route {
+            &[Outcome::TokenConsumed, Outcome::TokenRejected, Outcome::StoreError, Outcome::Misconfigured]
+        } else {
+            &[
+                Outcome::Forwarded,
+                Outcome::Replayed,
+                Outcome::RejectedDuplicate,
+                Outcome::InFlight,
+                Outcome::KeyReused,
+                Outcome::OutcomeUnknown,
+                Outcome::Held,
+                Outcome::StoreError,
+                Outcome::LeaseLost,
+                Outcome::WriteDropped,
+                Outcome::Misconfigured,
+            ]
+        }
+    }
+
     /// Position in [`Outcome::ALL`] (declaration order), for counter ids.
     pub fn index(self) -> usize {
         self as usize

@@ -69,6 +69,9 @@ impl Host for Envoy {
     fn log(&self, level: Level, message: &str) {
         abi::log(level as u32, message);
     }
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        abi::define_metric(0, name).ok()
+    }
     fn count(&self, counter: u32) {
         abi::increment(counter, 1);
     }

@@ -72,7 +72,9 @@ impl Worker {
 
 fn log_eviction(host: &dyn Host, found: &Eviction) {
     match found {
-        Eviction::Never => host.log(Level::Info, "idem: Redis maxmemory-policy is noeviction: claims are never evicted"),
+        Eviction::Never => {
+            host.log(Level::Info, "idem: Redis maxmemory-policy is noeviction: claims are never evicted")
+        }
         Eviction::Evicts { policy, maxmemory } => host.log(
             Level::Warn,
             &format!(

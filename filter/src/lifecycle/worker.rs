@@ -11,7 +11,7 @@ use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_
 use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
-use crate::policy::{parse_bundle, OnInFlight, StoreKind};
+use crate::policy::{parse_bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, StoreError};
@@ -21,8 +21,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 /// What every context of one worker shares.
 pub struct Worker {
     pub engine: Engine,
-    /// `counters[route][outcome.index()]`
-    counters: Vec<Vec<Option<u32>>>,
+    /// `counters[route][outcome.index()]`: defined at start for `[metrics] zero_series`, the
+    /// others on their first count.
+    counters: RefCell<Vec<Vec<Option<u32>>>>,
     /// `idem._unmatched.passed` and `idem._unmatched.rejected`.
     unmatched_counters: [Option<u32>; 2],
     /// Per route: how long held duplicates waited, and how long Redis calls took.
@@ -127,7 +128,17 @@ impl Worker {
             .bundle
             .routes
             .iter()
-            .map(|r| Outcome::ALL.iter().map(|o| setup.define_counter(&counter_name(&r.name, *o))).collect())
+            .map(|r| {
+                let predefined: &[Outcome] = match engine.bundle.metrics.zero_series {
+                    ZeroSeries::All => &Outcome::ALL,
+                    ZeroSeries::Alerted => Outcome::alerted(r.mode == Mode::Token),
+                    ZeroSeries::None => &[],
+                };
+                Outcome::ALL
+                    .iter()
+                    .map(|o| predefined.contains(o).then(|| setup.define_counter(&counter_name(&r.name, *o))).flatten())
+                    .collect()
+            })
             .collect();
         let unmatched_counters =
             [setup.define_counter(&unmatched_counter_name(false)), setup.define_counter(&unmatched_counter_name(true))];
@@ -154,7 +165,7 @@ impl Worker {
         let redis_headers = engine.redis().map(|s| s.headers()).unwrap_or_default();
         Ok(Worker {
             engine,
-            counters,
+            counters: RefCell::new(counters),
             unmatched_counters,
             wait_histograms,
             store_call_histograms,
@@ -190,8 +201,15 @@ impl Worker {
     // ---- counting and logging
 
     pub(super) fn count(&self, host: &dyn Host, route: usize, outcome: Outcome) {
-        if let Some(Some(id)) = self.counters.get(route).and_then(|c| c.get(outcome.index())) {
-            host.count(*id);
+        let mut counters = self.counters.borrow_mut();
+        let Some(slot) = counters.get_mut(route).and_then(|c| c.get_mut(outcome.index())) else {
+            return;
+        };
+        if slot.is_none() {
+            *slot = host.define_counter(&counter_name(self.route_name(route), outcome));
+        }
+        if let Some(id) = *slot {
+            host.count(id);
         }
     }
 

@@ -37,6 +37,8 @@ pub struct Bundle {
     pub redis: Option<RedisConfig>,
     /// How issued tokens are signed (`[tokens]`).
     pub tokens: TokensConfig,
+    /// Which counters exist before their first count (`[metrics]`).
+    pub metrics: MetricsConfig,
     pub routes: Vec<RoutePolicy>,
     /// What a request on a filter-enabled Envoy route that no policy matches gets.
     pub unmatched: Unmatched,
@@ -194,6 +196,29 @@ impl std::fmt::Debug for TokensConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokensConfig").field("secret", &self.secret.as_ref().map(|_| "<redacted>")).finish()
     }
+}
+
+/// `[metrics]`: which `idem_requests_total{route,outcome}` series exist before their first count.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    pub zero_series: ZeroSeries,
+}
+
+/// `[metrics] zero_series`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ZeroSeries {
+    /// The outcomes the shipped alert rules and dashboard read, per route (a counter that
+    /// appears with its first count hides that count from `increase()`); the rest on first use.
+    #[default]
+    Alerted,
+    /// Every route × outcome from the start (29 series per route).
+    All,
+    /// None: every series appears with its first count.
+    None,
 }
 
 /// The shortest `[tokens] secret`: 32 characters carry enough entropy when they are random.

@@ -3,8 +3,8 @@
 
 use super::{
     Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy, KeySource,
-    Matcher, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source, StoreKind, TokenPolicy, TokensConfig,
-    Unmatched, MIN_TOKEN_SECRET,
+    Matcher, MetricsConfig, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source, StoreKind,
+    TokenPolicy, TokensConfig, Unmatched, MIN_TOKEN_SECRET,
 };
 use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
@@ -128,6 +128,9 @@ struct RawBundle {
     /// How issued tokens are signed.
     #[serde(default)]
     tokens: TokensConfig,
+    /// Which counters exist before their first count.
+    #[serde(default)]
+    metrics: MetricsConfig,
     /// `gateway` (default), or `echo`: the instance in the internal listener gRPC replays go
     /// through, which answers them and nothing else.
     #[serde(default = "default_role")]
@@ -438,6 +441,7 @@ impl RawBundle {
             detached: self.detached,
             grpc: self.grpc,
             tokens: self.tokens,
+            metrics: self.metrics,
             role: self.role,
         })
     }
