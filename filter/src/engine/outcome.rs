@@ -1,6 +1,6 @@
 //! Every outcome the filter counts.
 
-/// Every outcome the filter counts, as `idem.<route>.<name>`.
+/// Every outcome the filter counts, as `idem_requests_total{route, outcome}` (see [`counter_name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Forwarded,

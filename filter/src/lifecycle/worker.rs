@@ -24,7 +24,7 @@ pub struct Worker {
     /// `counters[route][outcome.index()]`: defined at start for `[metrics] zero_series`, the
     /// others on their first count.
     counters: RefCell<Vec<Vec<Option<u32>>>>,
-    /// `idem._unmatched.passed` and `idem._unmatched.rejected`.
+    /// `idem_unmatched_total{outcome="passed"}` and `{outcome="rejected"}`.
     unmatched_counters: [Option<u32>; 2],
     /// Per route: how long held duplicates waited, and how long Redis calls took.
     wait_histograms: Vec<Option<u32>>,

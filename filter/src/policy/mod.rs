@@ -50,7 +50,7 @@ pub struct Bundle {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Unmatched {
-    /// Forward it untouched (counted as `idem._unmatched.passed`, logged at debug).
+    /// Forward it untouched (counted as `idem_unmatched_total{outcome="passed"}`, logged at debug).
     Pass,
     /// Refuse non-safe methods with 400 `IDEMPOTENCY_NO_POLICY` (fail closed).
     Reject,
