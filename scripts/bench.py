@@ -29,6 +29,9 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (fc) (f) on the Redis Cluster                                   target >= 0.90 x (f)'s ratio
   (w)  wrk straight against Webdis issuing the claim's
        `SET k v NX PX 30000 GET`: the store's own ceiling           context only
+  (a16k) (c0-16k) (c16k), (a256k) (c0-256k) (c256k): (a), (c0), (c) with 16 KB and 256 KB orders —
+       reading and fingerprinting a body, against the floor that only buffers and reads it
+  (a-c4) (e0-c4) (e-c4): (a), (e0), (e) at 4 connections (a lightly loaded fleet store's latency)
   (h)  held duplicates on Redis (`on_in_flight = "wait"`): 200 requests with one key while the
        first takes 2 s upstream; prints the Redis commands per held request and the wait
 
@@ -111,24 +114,40 @@ ROUTES = [
 ]
 
 CASES = [
-    # id, label, which envoy, path, lua script, script args, target ratio
-    ("a", "Envoy without the filter", "plain", "/api/order/create", "plain_post.lua", None, None),
-    ("b", "filter on, route without policy", "idem", "/api/no-policy", "plain_post.lua", None, 0.95),
-    ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None),
+    # id, label, which envoy, path, lua script, script args, target ratio, options (body bytes, connections)
+    ("a", "Envoy without the filter", "plain", "/api/order/create", "plain_post.lua", None, None, {}),
+    ("b", "filter on, route without policy", "idem", "/api/no-policy", "plain_post.lua", None, 0.95, {}),
+    ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None, {}),
     ("c0", "floor: body-buffering no-op Wasm filter", "floor", "/api/order/create", "unique_keys.lua", "unique",
-     None),
-    ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.80),
-    ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90),
+     None, {}),
+    ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.80, {}),
+    ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90, {}),
     ("g", "key mode, forward = detached, unique keys", "idem", "/api/order/detached", "unique_keys.lua", "unique",
-     None),
+     None, {}),
     ("e0", "floor of (e): no-op filter + the same two Webdis calls", "floor-redis", "/api/order/create",
-     "unique_keys.lua", "unique", None),
-    ("e", "Redis store, unique keys", "redis", "/api/order/create", "unique_keys.lua", "unique", 0.45),
-    ("f", "Redis store, replays (same key)", "redis", "/api/order/create", "same_key.lua", "same", 0.80),
+     "unique_keys.lua", "unique", None, {}),
+    ("e", "Redis store, unique keys", "redis", "/api/order/create", "unique_keys.lua", "unique", 0.45, {}),
+    ("f", "Redis store, replays (same key)", "redis", "/api/order/create", "same_key.lua", "same", 0.80, {}),
     ("ec", "Redis Cluster via redis_proxy, unique keys", "cluster", "/api/order/create", "unique_keys.lua", "unique",
-     None),
-    ("fc", "Redis Cluster via redis_proxy, replays", "cluster", "/api/order/create", "same_key.lua", "same", None),
-    ("w", "wrk -> Webdis `SET NX PX GET` (store ceiling)", "webdis", "/", "webdis_set_nx.lua", "webdis", None),
+     None, {}),
+    ("fc", "Redis Cluster via redis_proxy, replays", "cluster", "/api/order/create", "same_key.lua", "same", None, {}),
+    ("w", "wrk -> Webdis `SET NX PX GET` (store ceiling)", "webdis", "/", "webdis_set_nx.lua", "webdis", None, {}),
+    # Body sizes (a ~100-byte order above): what reading and fingerprinting a body costs.
+    ("a16k", "(a) with 16 KB orders", "plain", "/api/order/create", "plain_post.lua", None, None, {"body": 16384}),
+    ("c0-16k", "(c0) with 16 KB orders", "floor", "/api/order/create", "unique_keys.lua", "unique", None,
+     {"body": 16384}),
+    ("c16k", "(c) with 16 KB orders", "idem", "/api/order/create", "unique_keys.lua", "unique", None, {"body": 16384}),
+    ("a256k", "(a) with 256 KB orders", "plain", "/api/order/create", "plain_post.lua", None, None, {"body": 262144}),
+    ("c0-256k", "(c0) with 256 KB orders", "floor", "/api/order/create", "unique_keys.lua", "unique", None,
+     {"body": 262144}),
+    ("c256k", "(c) with 256 KB orders", "idem", "/api/order/create", "unique_keys.lua", "unique", None,
+     {"body": 262144}),
+    # Redis at 4 connections: the latency of a lightly loaded fleet store.
+    ("a-c4", "(a) at 4 connections", "plain", "/api/order/create", "plain_post.lua", None, None, {"connections": 4}),
+    ("e0-c4", "(e0) at 4 connections", "floor-redis", "/api/order/create", "unique_keys.lua", "unique", None,
+     {"connections": 4}),
+    ("e-c4", "(e) at 4 connections", "redis", "/api/order/create", "unique_keys.lua", "unique", None,
+     {"connections": 4}),
 ]
 
 
@@ -154,6 +173,27 @@ def report_floor(by_case):
           "%.1f us/req; (c) cost per request is %.0f %% over the floor's (target: (c) >= 0.80 or within 10 %%)" % (
               c0["ratio"], extra_floor, c["ratio"], extra_idem, c["cpu_us_per_req"] - c0["cpu_us_per_req"],
               100.0 * (c["cpu_us_per_req"] / c0["cpu_us_per_req"] - 1) if c0["cpu_us_per_req"] else 0.0))
+
+
+def report_body_sizes(by_case):
+    """(c) against its floor (c0) at each body size, in Envoy CPU per request."""
+    for size, c0, c in (("~100 B", "c0", "c"), ("16 KB", "c0-16k", "c16k"), ("256 KB", "c0-256k", "c256k")):
+        if c0 in by_case and c in by_case:
+            f, m = by_case[c0]["cpu_us_per_req"], by_case[c]["cpu_us_per_req"]
+            print("body %-6s: (%s) %.1f us CPU/req against its floor (%s) %.1f us: %+.0f %%" % (
+                size, c, m, c0, f, (m / f - 1) * 100 if f else 0))
+
+
+def webdis_calls(env):
+    """Requests Envoy has sent to its `webdis` cluster (None for an Envoy without one)."""
+    if env is None:
+        return None
+    r = env.admin("/stats?filter=%5Ecluster%5C.webdis%5C.upstream_rq_total%24")
+    for line in r.body.decode(errors="replace").splitlines():
+        name, _, value = line.partition(": ")
+        if name.strip() == "cluster.webdis.upstream_rq_total":
+            return int(value)
+    return None
 
 
 def report_redis_floor(by_case):
@@ -305,11 +345,12 @@ def main():
         counter = [0]
 
         def run(case, duration):
-            cid, _, which, path, script, mode, _ = case
+            cid, _, which, path, script, mode, _, opts = case
             counter[0] += 1
             port, pid = targets[which]
+            body = [str(opts["body"])] if "body" in opts else []
             if mode == "unique":
-                sargs = [path, "%s-%d" % (run_id, counter[0])]
+                sargs = [path, "%s-%d" % (run_id, counter[0])] + body
             elif mode == "webdis":
                 sargs = ["%s-%d" % (run_id, counter[0]), webdis_auth]
             elif mode == "same":
@@ -327,14 +368,17 @@ def main():
                                         .header("idempotent-replayed") == "true", 5):
                     raise stack.StackError("the replay key is not replayed after priming")
             else:
-                sargs = [path]
+                sargs = [path] + body
             side = store_side.get(which)
+            calls0 = webdis_calls(envoys.get(which))
             before = store_reading(side)
             cpu0 = cpu_seconds(pid)
-            res = stack.run_wrk(port, path, stack.WRK_SCRIPTS / script, sargs,
-                                duration=duration, connections=args.connections, threads=args.threads)
+            res = stack.run_wrk(port, path, stack.WRK_SCRIPTS / script, sargs, duration=duration,
+                                connections=opts.get("connections", args.connections), threads=args.threads)
             n = max(1, res["requests"])
             res["cpu_us_per_req"] = (cpu_seconds(pid) - cpu0) * 1e6 / n
+            if calls0 is not None:
+                res["callouts_per_req"] = (webdis_calls(envoys.get(which)) - calls0) / n
             if side:
                 after = store_reading(side)
                 res["webdis_us_per_req"] = (after[0] - before[0]) * 1e6 / n
@@ -367,7 +411,7 @@ def main():
         table = []
         base_runs = results["a"]
         base_cpu = statistics.median(r["cpu_us_per_req"] for r in base_runs)
-        for cid, label, _, _, _, _, target in cases:
+        for cid, label, _, _, _, _, target, _ in cases:
             runs = results[cid]
             cpu = statistics.median(r["cpu_us_per_req"] for r in runs)
             row = {"case": cid, "label": label,
@@ -381,7 +425,7 @@ def main():
                    "errors": sum(r["non_2xx"] + r["socket_errors"] for r in runs),
                    "runs_rps": [r["rps"] for r in runs]}
             row["meets"] = None if target is None else row["ratio"] >= target
-            for k in ("webdis_us_per_req", "redis_us_per_req", "redis_cmds_per_req"):
+            for k in ("webdis_us_per_req", "redis_us_per_req", "redis_cmds_per_req", "callouts_per_req"):
                 if k in runs[0]:
                     row[k] = statistics.median(r[k] for r in runs)
             table.append(row)
@@ -405,12 +449,16 @@ def main():
             if "redis_cmds_per_req" in r:
                 print("store side of (%s): %.2f Redis commands/req, Webdis %.1f us CPU/req, Redis %.1f us CPU/req" % (
                     r["case"], r["redis_cmds_per_req"], r.get("webdis_us_per_req", 0.0), r["redis_us_per_req"]))
+        for r in table:
+            if "callouts_per_req" in r:
+                print("(%s): %.2f Webdis callouts per request" % (r["case"], r["callouts_per_req"]))
         print("\nidem.bench-key counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                       for k, v in sorted(counters.items()) if v))
         print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                         for k, v in sorted(redis_counters.items()) if v))
         by_case = {r["case"]: r for r in table}
         report_floor(by_case)
+        report_body_sizes(by_case)
         report_redis_floor(by_case)
         report_fleet(by_case)
         if burst:

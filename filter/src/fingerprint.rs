@@ -1,10 +1,41 @@
 //! The request fingerprint: what must be identical for a repeat to count as the same request.
+//!
+//! The digest is xxh3-128, not a cryptographic hash: a fingerprint only tells two payloads of one
+//! caller's key apart (the scope keeps callers apart, and a caller who forges a collision gets
+//! its own first answer back), and xxh3 reads a body at memory speed where SHA-256 in Wasm took
+//! ~2.7 ns a byte. Records written before hold SHA-256 ([`legacy_fingerprint`]), which is taken
+//! only when such a record is found ([`crate::store::Claim::resolve_legacy`]).
 
-use crate::key::{self, put, KeyError, RequestView};
+use crate::key::{self, KeyError, RequestView};
 use crate::policy::{FingerprintBody, FingerprintPart, KeyPolicy, PathTemplate, Source};
 use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::Xxh3Default;
 
-/// SHA-256 over the configured parts; all zeros when the policy turns the check off. `path` is
+/// A digest the parts are fed to.
+trait Absorb {
+    fn absorb(&mut self, bytes: &[u8]);
+}
+
+impl Absorb for Xxh3Default {
+    fn absorb(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+impl Absorb for Sha256 {
+    fn absorb(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+/// A value, length first, so that parts never run into each other.
+fn put(h: &mut impl Absorb, bytes: &[u8]) {
+    h.absorb(&(bytes.len() as u64).to_le_bytes());
+    h.absorb(bytes);
+}
+
+/// xxh3-128 over the configured parts (in the first 16 bytes); all zeros when the policy turns
+/// the check off. `path` is
 /// the request path as the route's matcher names it ([`crate::policy::Matcher::canonical_path`]),
 /// so two aliases of one endpoint are one request. A JSON body (or part) that names a member
 /// twice is ambiguous, as for body keys.
@@ -22,18 +53,49 @@ pub fn fingerprint(
     if policy.fingerprint.is_empty() {
         return Ok([0; 32]);
     }
+    let mut h = Xxh3Default::new();
+    absorb_parts(&mut h, policy, template, req, path, max_body)?;
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&h.digest128().to_le_bytes());
+    Ok(out)
+}
+
+/// The SHA-256 fingerprint records of earlier versions hold (the same parts, the same framing):
+/// taken only to compare with such a record.
+pub fn legacy_fingerprint(
+    policy: &KeyPolicy,
+    template: Option<&PathTemplate>,
+    req: &dyn RequestView,
+    path: &str,
+    max_body: usize,
+) -> Result<[u8; 32], KeyError> {
+    if policy.fingerprint.is_empty() {
+        return Ok([0; 32]);
+    }
     let mut h = Sha256::new();
+    absorb_parts(&mut h, policy, template, req, path, max_body)?;
+    Ok(h.finalize().into())
+}
+
+fn absorb_parts(
+    h: &mut impl Absorb,
+    policy: &KeyPolicy,
+    template: Option<&PathTemplate>,
+    req: &dyn RequestView,
+    path: &str,
+    max_body: usize,
+) -> Result<(), KeyError> {
     let query = req.path().split_once('?').map(|(_, q)| q).unwrap_or("");
     for part in &policy.fingerprint {
         match part {
-            FingerprintPart::Method => put(&mut h, req.method().to_ascii_uppercase().as_bytes()),
-            FingerprintPart::Path => put(&mut h, path.as_bytes()),
-            FingerprintPart::Query => put(&mut h, query.as_bytes()),
+            FingerprintPart::Method => put(h, req.method().to_ascii_uppercase().as_bytes()),
+            FingerprintPart::Path => put(h, path.as_bytes()),
+            FingerprintPart::Query => put(h, query.as_bytes()),
             FingerprintPart::Header(name) => {
                 let values = req.header_values(name);
-                h.update((values.len() as u64).to_le_bytes());
+                h.absorb(&(values.len() as u64).to_le_bytes());
                 for v in values {
-                    put(&mut h, v);
+                    put(h, v);
                 }
             }
             FingerprintPart::Body if crate::grpc::is_grpc(req) => {
@@ -48,16 +110,16 @@ pub fn fingerprint(
                         }
                     })
                 })?;
-                put(&mut h, &messages);
+                put(h, &messages);
             }
             FingerprintPart::Body => {
                 let body = req.body().unwrap_or_default();
                 match policy.fingerprint_body {
-                    FingerprintBody::Raw => put(&mut h, body),
+                    FingerprintBody::Raw => put(h, body),
                     FingerprintBody::CanonicalJson => match crate::json::canonical(body) {
-                        Ok(c) => put(&mut h, &c),
+                        Ok(c) => put(h, &c),
                         // Not JSON: hashed as it is.
-                        Err(crate::json::PointerError::NotJson(_)) => put(&mut h, body),
+                        Err(crate::json::PointerError::NotJson(_)) => put(h, body),
                         Err(crate::json::PointerError::Ambiguous(m)) => return Err(ambiguous(&m, "")),
                     },
                 }
@@ -76,15 +138,15 @@ pub fn fingerprint(
                 // Absent is hashed apart from every present value.
                 match value {
                     Some(v) => {
-                        h.update([1]);
-                        put(&mut h, &v);
+                        h.absorb(&[1]);
+                        put(h, &v);
                     }
-                    None => h.update([0]),
+                    None => h.absorb(&[0]),
                 }
             }
         }
     }
-    Ok(h.finalize().into())
+    Ok(())
 }
 
 fn ambiguous(member: &str, pointer: &str) -> KeyError {

@@ -172,6 +172,13 @@ impl FakeHost {
         lock(&self.logs).clone()
     }
     /// A counter's value, by the name it was defined with.
+    /// Every shared-data key, sorted (tests that reach into the store's layout).
+    pub fn shared_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = lock(&self.data).map.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
     /// Whether a counter of this name was defined (exported, at zero or more).
     pub fn counter_defined(&self, name: &str) -> bool {
         lock(&self.counters).iter().any(|(n, _)| n == name)

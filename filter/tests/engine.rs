@@ -402,9 +402,9 @@ fn wait_mode_holds_then_replays_the_first_response() {
     let (prepared, deadline) = held(&decide(&host, &e, &req));
     assert_eq!(deadline, host.now_ms() + 2000);
     host.advance(100);
-    held(&e.run_shared(&host, &prepared, Some(deadline)));
+    held(&e.run_shared(&host, &prepared, Some(deadline), None));
     e.finish_shared(&host, 0, &ticket(&first), ok(201, "{\"first\":true}"));
-    let v = e.run_shared(&host, &prepared, Some(deadline));
+    let v = e.run_shared(&host, &prepared, Some(deadline), None);
     assert_eq!((v.outcome, v.cause.as_str()), (Outcome::Replayed, "completed_while_waiting"));
     assert_eq!(reply(&v).1["first"], true);
 }
@@ -416,11 +416,11 @@ fn wait_mode_takes_over_when_the_first_fails() {
     let first = decide(&host, &e, &req);
     let (prepared, deadline) = held(&decide(&host, &e, &req));
     e.finish_shared(&host, 0, &ticket(&first), ok(500, "boom"));
-    let v = e.run_shared(&host, &prepared, Some(deadline));
+    let v = e.run_shared(&host, &prepared, Some(deadline), None);
     assert_eq!(v.outcome, Outcome::Waited);
     ticket(&v);
     // Exactly one waiter takes over: the next one keeps waiting.
-    held(&e.run_shared(&host, &prepared, Some(deadline)));
+    held(&e.run_shared(&host, &prepared, Some(deadline), None));
 }
 
 #[test]
@@ -430,7 +430,7 @@ fn wait_mode_gives_up_with_409_after_wait_timeout() {
     decide(&host, &e, &req);
     let (prepared, deadline) = held(&decide(&host, &e, &req));
     host.advance(2000);
-    let v = e.run_shared(&host, &prepared, Some(deadline));
+    let v = e.run_shared(&host, &prepared, Some(deadline), None);
     assert_eq!((v.outcome, v.cause.as_str()), (Outcome::InFlight, "in_flight_wait_timeout"));
     assert_eq!(reply(&v).0.status, 409);
 }
@@ -713,4 +713,29 @@ fn a_callback_answer_without_the_success_marker_releases_the_key() {
     assert_eq!(second.outcome, Outcome::Forwarded);
     assert_eq!(e.finish_shared(&host, r, &ticket(&second), ok(200, "success")).0, Some(Outcome::Stored));
     assert_eq!(decide(&host, &e, &notify).outcome, Outcome::Replayed);
+}
+
+#[test]
+fn a_record_written_before_xxh3_fingerprints_is_replayed_across_the_upgrade() {
+    // The shared store's entry as an earlier version wrote it: SHA-256 fingerprint, digest byte 0.
+    let (host, e) = setup();
+    let first = order("k1", r#"{"sku":"A1"}"#);
+    let r = route(&e, &first);
+    let v = decide(&host, &e, &first);
+    assert_eq!(e.finish_shared(&host, r, &ticket(&v), ok(201, "{\"order\":1}")).0, Some(Outcome::Stored));
+    let legacy = e.legacy_fingerprint(r, &first).unwrap();
+    // The one completed entry, wherever its bucket is.
+    let bucket_of = |k: &String| idem_filter::host::Host::shared_get(&host, k).unwrap().map(|(v, _)| v);
+    let (key, mut bucket) = host
+        .shared_keys()
+        .into_iter()
+        .filter(|k| k.contains(":b:"))
+        .find_map(|k| bucket_of(&k).filter(|b| b.chunks(60).any(|x| x[16] == 2)).map(|b| (k, b)))
+        .unwrap();
+    let at = bucket.chunks(60).position(|x| x[16] == 2).unwrap() * 60;
+    bucket[at + 17] = 0;
+    bucket[at + 28..at + 44].copy_from_slice(&legacy);
+    idem_filter::host::Host::shared_set(&host, &key, &bucket, None).unwrap();
+    assert_eq!(decide(&host, &e, &first).outcome, Outcome::Replayed, "same request: replayed, not 422");
+    assert_eq!(decide(&host, &e, &order("k1", r#"{"sku":"B2"}"#)).outcome, Outcome::KeyReused);
 }

@@ -7,7 +7,7 @@ use common::percent_decode;
 use idem_filter::policy::parse_bundle;
 use idem_filter::response::StoredResponse;
 use idem_filter::store::redis::*;
-use idem_filter::store::{Claim, StoreError, TokenUse};
+use idem_filter::store::{Claim, Payload, StoreError, TokenUse};
 
 fn cfg() -> idem_filter::policy::RedisConfig {
     let b = parse_bundle("[redis]\ncluster = \"webdis\"\nbasic_auth = \"idem:pw\"\nprefix = \"t:\"\n", "p").unwrap();
@@ -38,18 +38,18 @@ fn claim_is_one_set_nx_px_get() {
     assert_eq!(cmd.name, "SET");
     assert!(cmd.body.starts_with("SET/t%3Ak%3Aabab"), "{}", cmd.body);
     assert!(cmd.body.ends_with("/NX/PX/30000/GET"), "{}", cmd.body);
-    assert_eq!(t.record, format!("I|0000000000001234|{}|1000|31000", "01".repeat(16)));
+    assert_eq!(t.record, format!("I|0000000000001234|x{}|1000|31000", "01".repeat(16)));
     // nil: we own it.
     assert_eq!(s.parse_claim(&[1; 32], 200, br#"{"SET":null}"#).unwrap(), Claim::Claimed(()));
     // Someone else's in-flight record.
-    let other = format!(r#"{{"SET":"I|00000000000000ff|{}|900|30900"}}"#, "01".repeat(16));
+    let other = format!(r#"{{"SET":"I|00000000000000ff|x{}|900|30900"}}"#, "01".repeat(16));
     assert_eq!(
         s.parse_claim(&[1; 32], 200, other.as_bytes()).unwrap(),
-        Claim::InFlight { first_seen_ms: 900, lease_ends_ms: 30900, same_payload: true }
+        Claim::InFlight { first_seen_ms: 900, lease_ends_ms: 30900, payload: Payload::Same }
     );
     assert!(matches!(
         s.parse_claim(&[2; 32], 200, other.as_bytes()).unwrap(),
-        Claim::InFlight { same_payload: false, .. }
+        Claim::InFlight { payload: Payload::Different, .. }
     ));
 }
 
@@ -67,12 +67,12 @@ fn completed_records_round_trip_binary_bodies() {
     assert!(!tombstone);
     assert_eq!(cmd.name, "EVAL");
     // The record that Redis would now hold, read back by the next claim.
-    let record = format!("C|0000000000000007|{}|1000|201|", "01".repeat(16));
+    let record = format!("C|0000000000000007|x{}|1000|201|", "01".repeat(16));
     assert!(percent_decode(&cmd.body).contains(&record));
     let stored = percent_decode(cmd.body.split('/').nth(5).unwrap());
     let reply = serde_json::json!({ "SET": stored }).to_string();
     match s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap() {
-        Claim::Completed { status: 201, response: Some(r), first_seen_ms: 1000, same_payload: true } => {
+        Claim::Completed { status: 201, response: Some(r), first_seen_ms: 1000, payload: Payload::Same } => {
             assert_eq!(r.body, vec![0, 159, 255, 10]);
         }
         other => panic!("{other:?}"),
@@ -135,10 +135,28 @@ fn tokens_issue_use_and_restore() {
 }
 
 #[test]
-fn tokens_are_128_bit_url_safe() {
-    let t = token_text(&[0xff; 16]);
-    assert_eq!(t.len(), 22);
-    assert!(t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{t}");
+fn records_of_earlier_versions_compare_by_their_sha256_fingerprint() {
+    // Before xxh3, a record held SHA-256's first 16 bytes, bare hex (no `x`).
+    let c = cfg();
+    let s = RedisStore::new(&c);
+    let legacy = [7u8; 16];
+    let reply = format!(r#"{{"SET":"T|0000000000000007|{}|1000|201"}}"#, "07".repeat(16));
+    let found = s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap();
+    assert!(matches!(found, Claim::Completed { payload: Payload::Legacy(l), .. } if l == legacy), "{found:?}");
+    // Settled by the request's own SHA-256 fingerprint, taken only now.
+    let same = found.clone().resolve_legacy(|| Some(legacy));
+    assert!(matches!(same, Claim::Completed { payload: Payload::Same, status: 201, .. }), "{same:?}");
+    let other = found.clone().resolve_legacy(|| Some([8; 16]));
+    assert!(matches!(other, Claim::Completed { payload: Payload::Different, .. }));
+    assert!(matches!(found.resolve_legacy(|| None), Claim::Completed { payload: Payload::Different, .. }));
+    // A record of this version is never taken for a legacy one: its fingerprint is compared as is.
+    let mut taken = false;
+    let now = format!(r#"{{"SET":"T|0000000000000007|x{}|1000|201"}}"#, "07".repeat(16));
+    let found = s.parse_claim(&[1; 32], 200, now.as_bytes()).unwrap().resolve_legacy(|| {
+        taken = true;
+        Some(legacy)
+    });
+    assert!(matches!(found, Claim::Completed { payload: Payload::Different, .. }) && !taken);
 }
 
 #[test]
@@ -147,13 +165,13 @@ fn unknown_outcome_records_and_renewals_carry_the_claims_record() {
     let s = RedisStore::new(&c);
     let (_, t) = s.claim(&[4; 32], &[1; 32], 9, 1000, 30_000);
     let hold = percent_decode(&s.hold_unknown(&t, 3_600_000, 5000, 30_000).body);
-    let unknown = format!("U|0000000000000009|{}|1000|3605000", "01".repeat(16));
+    let unknown = format!("U|0000000000000009|x{}|1000|3605000", "01".repeat(16));
     assert!(hold.contains(&unknown), "{hold}");
     assert!(hold.contains(&t.record), "fenced by our in-flight record: {hold}");
     let reply = serde_json::json!({ "SET": unknown }).to_string();
     assert_eq!(
         s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap(),
-        Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, same_payload: true }
+        Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, payload: Payload::Same }
     );
     // What the scripts do with another owner's record is tested on a real Redis
     // (tests/redis_owner_checks.rs); here, only what they are given.

@@ -5,7 +5,7 @@ use idem_filter::host::{Host, HostError};
 use idem_filter::policy::SharedConfig;
 use idem_filter::response::StoredResponse;
 use idem_filter::store::shared::*;
-use idem_filter::store::{Answer, Claim, Completion, StoreError, TokenUse};
+use idem_filter::store::{Answer, Claim, Completion, Payload, StoreError, TokenUse};
 use idem_filter::testing::FakeHost;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -92,7 +92,7 @@ fn claim_complete_replay() {
     let (host, s) = store(4, 4);
     let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
     match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
-        Claim::InFlight { same_payload: true, first_seen_ms, lease_ends_ms } => {
+        Claim::InFlight { payload: Payload::Same, first_seen_ms, lease_ends_ms } => {
             assert_eq!(first_seen_ms, host.now_ms());
             assert_eq!(lease_ends_ms, host.now_ms() + 30_000);
         }
@@ -101,7 +101,7 @@ fn claim_complete_replay() {
     assert_eq!(s.complete(&host, &t, &ok_response("{\"id\":1}"), 4096, 60_000).unwrap(), Completion::Stored);
     host.advance(1000);
     match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
-        Claim::Completed { status: 201, response: Some(r), same_payload: true, first_seen_ms } => {
+        Claim::Completed { status: 201, response: Some(r), payload: Payload::Same, first_seen_ms } => {
             assert_eq!(r.body, b"{\"id\":1}");
             assert_eq!(r.headers, vec![("content-type".to_string(), b"application/json".to_vec())]);
             assert_eq!(first_seen_ms, t.first_seen_ms);
@@ -111,7 +111,7 @@ fn claim_complete_replay() {
     // A different payload under the same key is reported as such.
     assert!(matches!(
         s.claim(&host, &id("a"), &[1; 32], 30_000).unwrap(),
-        Claim::Completed { same_payload: false, .. }
+        Claim::Completed { payload: Payload::Different, .. }
     ));
     // After the ttl the key is free again.
     host.advance(60_000);
@@ -372,7 +372,7 @@ fn an_unknown_outcome_is_held_past_the_lease_then_freed() {
     host.advance(5_000);
     assert!(matches!(
         s.claim(&host, &id("gone"), &FP, 1_000).unwrap(),
-        Claim::Unknown { held_until_ms, same_payload: true, .. } if held_until_ms == 1_700_000_060_000
+        Claim::Unknown { held_until_ms, payload: Payload::Same, .. } if held_until_ms == 1_700_000_060_000
     ));
     assert!(matches!(s.lookup(&host, &id("gone"), &FP).unwrap(), Some(Claim::Unknown { .. })));
     host.advance(55_001);
@@ -391,14 +391,14 @@ fn a_remembered_answer_is_looked_up_read_only_until_it_expires() {
     let until = 1_700_000_010_000;
     assert!(s.remember(&host, &id("copy"), &answer(1_699_999_999_000, Some(&r)), until).unwrap());
     match s.lookup(&host, &id("copy"), &FP).unwrap() {
-        Some(Claim::Completed { status: 201, response: Some(got), same_payload: true, first_seen_ms }) => {
+        Some(Claim::Completed { status: 201, response: Some(got), payload: Payload::Same, first_seen_ms }) => {
             assert_eq!((got, first_seen_ms), (r.clone(), 1_699_999_999_000));
         }
         other => panic!("{other:?}"),
     }
     assert!(matches!(
         s.lookup(&host, &id("copy"), &[9; 32]).unwrap(),
-        Some(Claim::Completed { same_payload: false, .. })
+        Some(Claim::Completed { payload: Payload::Different, .. })
     ));
     // Remembered again (another copy read back): one entry, the latest.
     assert!(s.remember(&host, &id("copy"), &answer(1_699_999_999_000, None), until).unwrap());
@@ -431,4 +431,24 @@ fn two_namespaces_in_one_shared_data_never_see_each_other() {
     claimed(a.claim(&host, &id("k"), &FP, 30_000).unwrap());
     claimed(b.claim(&host, &id("k"), &FP, 30_000).unwrap());
     assert!(matches!(a.claim(&host, &id("k"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+}
+
+#[test]
+fn entries_of_earlier_versions_compare_by_their_sha256_fingerprint() {
+    // One bucket, so the entry is in `idem:v1:default:b:0`.
+    let (host, s) = store(1, 4);
+    let t = claimed(s.claim(&host, &id("old"), &FP, 30_000).unwrap());
+    assert_eq!(s.complete(&host, &t, &ok_response("{}"), 4096, 60_000).unwrap(), Completion::Stored);
+    // Make it the entry an earlier version wrote: byte 17 of the entry 0 (SHA-256), its
+    // fingerprint SHA-256's first 16 bytes.
+    let key = "idem:v1:default:b:0";
+    let (mut bucket, _) = idem_filter::host::Host::shared_get(&host, key).unwrap().unwrap();
+    let at = bucket.chunks(60).position(|e| e[16] != 0).unwrap() * 60;
+    assert_eq!(bucket[at + 17], 1, "this version marks its digest (xxh3)");
+    bucket[at + 17] = 0;
+    bucket[at + 28..at + 44].copy_from_slice(&[5; 16]);
+    idem_filter::host::Host::shared_set(&host, key, &bucket, None).unwrap();
+    let found = s.claim(&host, &id("old"), &FP, 30_000).unwrap();
+    assert!(matches!(found, Claim::Completed { payload: Payload::Legacy(l), .. } if l == [5; 16]), "{found:?}");
+    assert!(matches!(found.resolve_legacy(|| Some([5; 16])), Claim::Completed { payload: Payload::Same, .. }));
 }

@@ -3,6 +3,8 @@
 import threading
 import time
 
+import stack
+
 from conftest import new_key
 from idemtest import (assert_first_seen_at, assert_local, assert_replay_of, assert_upstream_answer, counters,
                       delta, describe, dumps, post, wait_for)
@@ -239,3 +241,22 @@ def test_payment_callback_without_usable_key_is_400(idem, upstream):
         r = idem.request("POST", "/api/pay/callback", headers={"content-type": "application/json"}, body=raw)
         assert_local(r, 400, "IDEMPOTENCY_KEY_MISSING")
     assert upstream.calls()["total"] == before
+
+
+def test_a_1_mb_order_on_the_shipped_policy_is_accepted_and_replayed(make_envoy, upstream):
+    """policies/create-order.toml as shipped (no max_body_bytes: the default, Envoy's own 1 MiB
+    buffer limit) and Envoy's default buffer limits: a 1 MB order runs once and its repeat is
+    replayed; the same key with one byte changed is a reused key."""
+    env = make_envoy((stack.REPO / "policies" / "create-order.toml").read_text(),
+                     [{"name": "create-order", "match": {"prefix": "/api/order/create"}, "idem": True}])
+    key = new_key("big")
+    lines = "".join('{"sku":"SKU-%06d","qty":%d},' % (i, i % 7 + 1) for i in range(34_000))
+    body = ('{"lines":[%s{}]}' % lines).encode()
+    body += b" " * (1_000_000 - len(body))
+    assert len(body) == 1_000_000
+    first = post(env, "/api/order/create", key, body=body, timeout=30)
+    assert_upstream_answer(first, key=key, n=1)
+    assert_replay_of(post(env, "/api/order/create", key, body=body, timeout=30), first)
+    changed = body[:-1] + b"\n"
+    assert_local(post(env, "/api/order/create", key, body=changed, timeout=30), 422, "IDEMPOTENCY_KEY_REUSED")
+    assert upstream.calls(key) == 1

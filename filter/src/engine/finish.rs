@@ -39,10 +39,9 @@ impl Engine {
                 let reply = response::in_progress(&policy.answers, first_seen_ms);
                 Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
             }
-            Claim::Completed { first_seen_ms, status, response, same_payload }
-                if matches!(p.op, StoreOp::Claim { .. }) =>
-            {
-                let found = Claim::Completed { first_seen_ms, status, response, same_payload };
+            // Copies are written by this version (never a legacy digest), so this is settled.
+            Claim::Completed { first_seen_ms, status, response, payload } if matches!(p.op, StoreOp::Claim { .. }) => {
+                let found = Claim::Completed { first_seen_ms, status, response, payload };
                 Some(self.after_claim(p, Ok(found), host.now_ms(), waiting_until))
             }
             _ => None,

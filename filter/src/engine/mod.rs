@@ -200,19 +200,42 @@ impl Engine {
     pub fn decide_shared(&self, host: &dyn Host, route: usize, req: &dyn RequestView) -> Option<Verdict> {
         match self.begin(route, req)? {
             Begin::Done(v) => Some(v),
-            Begin::Store(p) => Some(self.run_shared(host, &p, None)),
+            Begin::Store(p) => Some(self.run_shared(host, &p, None, Some(req))),
         }
     }
 
+    /// The request's fingerprint as records of earlier versions hold it (SHA-256, first 16
+    /// bytes), for [`Claim::resolve_legacy`].
+    pub fn legacy_fingerprint(&self, route: usize, req: &dyn RequestView) -> Option<[u8; 16]> {
+        let policy = self.policy(route)?;
+        let path = policy.matcher.canonical_path(req.path());
+        let fp = crate::fingerprint::legacy_fingerprint(
+            &policy.key,
+            policy.template(),
+            req,
+            &path,
+            policy.max_body_bytes as usize,
+        )
+        .ok()?;
+        fp[..16].try_into().ok()
+    }
+
     /// Runs a prepared operation on the shared store. `waiting_until` is set when polling for a
-    /// held duplicate.
-    pub fn run_shared(&self, host: &dyn Host, p: &Prepared, waiting_until: Option<u64>) -> Verdict {
+    /// held duplicate; `req`, when at hand, settles an entry written with the legacy digest.
+    pub fn run_shared(
+        &self,
+        host: &dyn Host,
+        p: &Prepared,
+        waiting_until: Option<u64>,
+        req: Option<&dyn RequestView>,
+    ) -> Verdict {
         let now = host.now_ms();
         match &p.op {
             StoreOp::Claim { id, fingerprint } => {
                 let lock_ttl = self.lock_ttl_ms(p.route);
                 let claim = self.shared.claim(host, id, fingerprint, lock_ttl);
-                let claim = claim.map(|c| c.map(StoreTicket::Shared));
+                let legacy = || req.and_then(|r| self.legacy_fingerprint(p.route, r));
+                let claim = claim.map(|c| c.resolve_legacy(legacy).map(StoreTicket::Shared));
                 self.after_claim(p, claim, now, waiting_until)
             }
             StoreOp::UseToken { id } => {
@@ -247,9 +270,9 @@ impl Engine {
                 cause: if waited { "took_over_after_wait".into() } else { "first".into() },
                 key: k,
             },
-            Claim::InFlight { same_payload: false, .. }
-            | Claim::Completed { same_payload: false, .. }
-            | Claim::Unknown { same_payload: false, .. } => {
+            Claim::InFlight { payload, .. } | Claim::Completed { payload, .. } | Claim::Unknown { payload, .. }
+                if !payload.is_same() =>
+            {
                 let reply = response::error(
                     &policy.answers,
                     422,

@@ -283,7 +283,10 @@ impl Stream {
                 let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
                     return;
                 };
-                let found = store.parse_claim(fingerprint, status, &body);
+                // A record written before fingerprints were xxh3: the request's SHA-256 decides.
+                let view = WithHost { req: &self.request, host };
+                let legacy = || w.engine.legacy_fingerprint(prepared.route, &view);
+                let found = store.parse_claim(fingerprint, status, &body).map(|c| c.resolve_legacy(legacy));
                 if found.is_err() {
                     // A timeout (Envoy answers it 504), a reset, an unreadable reply: the SET
                     // may still reach Redis, with nobody to finish it. Free it if it does.
@@ -502,7 +505,7 @@ impl Stream {
             Begin::Store(p) => p,
         };
         if !w.redis_route(route) {
-            let v = w.engine.run_shared(host, &prepared, None);
+            let v = w.engine.run_shared(host, &prepared, None, Some(&view));
             return self.apply(host, route, v, false);
         }
         let now = host.now_ms();

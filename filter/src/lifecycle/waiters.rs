@@ -14,7 +14,7 @@ use super::worker::Worker;
 use super::POLL_MS;
 use crate::engine::{Action as Do, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
 use crate::host::Host;
-use crate::store::{redis, Claim};
+use crate::store::{redis, Claim, Payload};
 use std::collections::HashMap;
 
 /// The longest gap between two Webdis polls of one group of held duplicates.
@@ -71,7 +71,7 @@ impl Worker {
             }
         }
         for (ctx, prepared, deadline) in shared {
-            let v = self.engine.run_shared(host, &prepared, Some(deadline));
+            let v = self.engine.run_shared(host, &prepared, Some(deadline), None);
             self.resolve_waiter(host, ctx, v);
         }
         for (_, mut members) in groups {
@@ -160,7 +160,9 @@ impl Worker {
         let StoreOp::Claim { fingerprint, .. } = &first.op else {
             return;
         };
-        let found = store.parse_claim(fingerprint, status, body);
+        // Held duplicates keep no body to take a SHA-256 fingerprint of: a record written before
+        // fingerprints were xxh3 (only one in flight across the upgrade) counts as different.
+        let found = store.parse_claim(fingerprint, status, body).map(|c| c.resolve_legacy(|| None));
         if found.is_err() {
             // As for a stream's claim: the poll's SET may still land (see `Stream::on_call_response`).
             self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);
@@ -173,7 +175,7 @@ impl Worker {
             let found = match &claim {
                 // The key is free again: the first member takes it over; the rest wait on it.
                 Ok(Claim::Claimed(_)) if taken => {
-                    Ok(Claim::InFlight { first_seen_ms: now, lease_ends_ms: deadline, same_payload: true })
+                    Ok(Claim::InFlight { first_seen_ms: now, lease_ends_ms: deadline, payload: Payload::Same })
                 }
                 other => other.clone(),
             };

@@ -14,7 +14,7 @@ use crate::key::truncated;
 use crate::policy::{parse_bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
-use crate::store::{redis, Answer, Claim, StoreError};
+use crate::store::{redis, Answer, Claim, Payload, StoreError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -319,7 +319,7 @@ impl Worker {
         fingerprint: &[u8; 32],
         claim: &Result<Claim<T>, StoreError>,
     ) {
-        if let Ok(Claim::Completed { first_seen_ms, status, response, same_payload: true }) = claim {
+        if let Ok(Claim::Completed { first_seen_ms, status, response, payload: Payload::Same }) = claim {
             let mut fp = [0u8; 16];
             fp.copy_from_slice(&fingerprint[..16]);
             let answer =

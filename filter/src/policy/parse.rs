@@ -422,7 +422,7 @@ impl RawBundle {
                 matcher,
                 mode: r.mode,
                 store: r.store,
-                max_body_bytes: r.max_body_bytes.unwrap_or(65536),
+                max_body_bytes: r.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
                 max_response_bytes,
                 key,
                 token,
@@ -446,6 +446,10 @@ impl RawBundle {
         })
     }
 }
+
+/// The default `max_body_bytes`: Envoy's default buffer limit (`per_connection_buffer_limit_bytes`,
+/// 1 MiB), the largest body Envoy buffers for a filter anyway; above it Envoy answers 413 itself.
+pub const DEFAULT_MAX_BODY_BYTES: u32 = 1 << 20;
 
 /// The longest composite key: more parts than this is a mistake, not a key.
 const MAX_KEY_PARTS: usize = 8;

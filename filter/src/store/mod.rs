@@ -11,32 +11,73 @@ pub mod shared;
 
 use crate::response::StoredResponse;
 
+/// Whether a found record was made by the same request (its fingerprint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    Same,
+    Different,
+    /// The record was written before fingerprints were xxh3-128 (SHA-256, its first 16 bytes
+    /// here): the request's own SHA-256 fingerprint decides ([`Claim::resolve_legacy`]), taken
+    /// only then.
+    Legacy([u8; 16]),
+}
+
+impl Payload {
+    /// A stored fingerprint against the request's: `legacy_digest` says the stored one is SHA-256.
+    pub fn of(stored: &[u8; 16], legacy_digest: bool, current: &[u8; 16]) -> Payload {
+        match (stored == current, legacy_digest) {
+            (true, _) => Payload::Same,
+            (false, true) => Payload::Legacy(*stored),
+            (false, false) => Payload::Different,
+        }
+    }
+
+    pub fn is_same(self) -> bool {
+        self == Payload::Same
+    }
+}
+
 /// What a claim found. `T` is the store's proof of ownership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim<T> {
     /// The caller owns the key now and may forward the request.
     Claimed(T),
     /// Another request holds the key and its lease has not ended.
-    InFlight { first_seen_ms: u64, lease_ends_ms: u64, same_payload: bool },
+    InFlight { first_seen_ms: u64, lease_ends_ms: u64, payload: Payload },
     /// The key completed earlier. `response` is `None` for a tombstone (status only).
-    Completed { first_seen_ms: u64, status: u16, response: Option<StoredResponse>, same_payload: bool },
+    Completed { first_seen_ms: u64, status: u16, response: Option<StoredResponse>, payload: Payload },
     /// The first attempt was forwarded and no answer came back: it may have run. Held (never
     /// taken over) until `held_until_ms`, or until an operator releases it.
-    Unknown { first_seen_ms: u64, held_until_ms: u64, same_payload: bool },
+    Unknown { first_seen_ms: u64, held_until_ms: u64, payload: Payload },
 }
 
 impl<T> Claim<T> {
+    /// Settles a [`Payload::Legacy`] comparison with the request's SHA-256 fingerprint (its
+    /// first 16 bytes), computed only now; `None` (no request at hand) counts as different.
+    pub fn resolve_legacy(mut self, legacy: impl FnOnce() -> Option<[u8; 16]>) -> Claim<T> {
+        let payload = match &mut self {
+            Claim::Claimed(_) => return self,
+            Claim::InFlight { payload, .. } | Claim::Completed { payload, .. } | Claim::Unknown { payload, .. } => {
+                payload
+            }
+        };
+        if let Payload::Legacy(stored) = *payload {
+            *payload = if legacy() == Some(stored) { Payload::Same } else { Payload::Different };
+        }
+        self
+    }
+
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Claim<U> {
         match self {
             Claim::Claimed(t) => Claim::Claimed(f(t)),
-            Claim::InFlight { first_seen_ms, lease_ends_ms, same_payload } => {
-                Claim::InFlight { first_seen_ms, lease_ends_ms, same_payload }
+            Claim::InFlight { first_seen_ms, lease_ends_ms, payload } => {
+                Claim::InFlight { first_seen_ms, lease_ends_ms, payload }
             }
-            Claim::Completed { first_seen_ms, status, response, same_payload } => {
-                Claim::Completed { first_seen_ms, status, response, same_payload }
+            Claim::Completed { first_seen_ms, status, response, payload } => {
+                Claim::Completed { first_seen_ms, status, response, payload }
             }
-            Claim::Unknown { first_seen_ms, held_until_ms, same_payload } => {
-                Claim::Unknown { first_seen_ms, held_until_ms, same_payload }
+            Claim::Unknown { first_seen_ms, held_until_ms, payload } => {
+                Claim::Unknown { first_seen_ms, held_until_ms, payload }
             }
         }
     }

@@ -23,10 +23,10 @@
 //! because Webdis' JSON replies are not binary-safe. Webdis answers HTTP 200 even for Redis
 //! errors (`[false, "ERR …"]`): those are store errors too.
 
-use super::{Claim, StoreError, TokenUse};
+use super::{Claim, Payload, StoreError, TokenUse};
 use crate::policy::RedisConfig;
 use crate::response::StoredResponse;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
 /// A Webdis call: `POST /` with `body` (`CMD/arg/arg…`, each argument percent-encoded).
@@ -55,7 +55,8 @@ impl Ticket {
 
     /// The first half of the claiming request's fingerprint, as the in-flight record holds it.
     pub fn fingerprint16(&self) -> [u8; 16] {
-        unhex(claim_parts(&self.record).1)
+        let fp = claim_parts(&self.record).1;
+        unhex(fp.strip_prefix(XXH3_MARK).unwrap_or(fp))
     }
 }
 
@@ -120,7 +121,7 @@ impl<'a> RedisStore<'a> {
     /// Claim in one round trip. The returned ticket is valid only if the reply says "claimed".
     pub fn claim(&self, id: &[u8; 32], fp: &[u8; 32], owner: u64, now: u64, lock_ttl_ms: u64) -> (Command, Ticket) {
         let key = self.key("k:", id);
-        let record = format!("I|{owner:016x}|{}|{now}|{}", hex16(fp), now.saturating_add(lock_ttl_ms));
+        let record = format!("I|{owner:016x}|{}|{now}|{}", fp_field(fp), now.saturating_add(lock_ttl_ms));
         let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
         (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now })
     }
@@ -131,7 +132,7 @@ impl<'a> RedisStore<'a> {
     pub fn parse_claim(&self, fp: &[u8; 32], status: u16, body: &[u8]) -> Result<Claim<()>, StoreError> {
         match reply("SET", status, body)? {
             serde_json::Value::Null => Ok(Claim::Claimed(())),
-            serde_json::Value::String(record) => parse_record(&record, &hex16(fp)),
+            serde_json::Value::String(record) => parse_record(&record, fp),
             other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
         }
     }
@@ -289,11 +290,6 @@ pub enum Released {
     Absent,
 }
 
-/// A fresh token from 16 random bytes (128 bits), URL-safe.
-pub fn token_text(random: &[u8; 16]) -> String {
-    URL_SAFE_NO_PAD.encode(random)
-}
-
 /// Owner, fingerprint and first-seen time of an in-flight record (`I|owner|fp|first|lease`),
 /// which a completion or an unknown-outcome record carries over.
 fn claim_parts(record: &str) -> (&str, &str, &str) {
@@ -364,28 +360,38 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
     Ok(inner)
 }
 
+/// Marks a record's fingerprint as xxh3-128; records of earlier versions hold SHA-256's first
+/// 16 bytes there, bare hex.
+const XXH3_MARK: &str = "x";
+
+/// A fingerprint as records hold it: `x` and the 16 bytes in hex.
+fn fp_field(fp: &[u8; 32]) -> String {
+    format!("{XXH3_MARK}{}", hex16(fp))
+}
+
 /// An existing claim record as the claim's answer.
-fn parse_record(record: &str, fp: &str) -> Result<Claim<()>, StoreError> {
+fn parse_record(record: &str, fp: &[u8; 32]) -> Result<Claim<()>, StoreError> {
     let f: Vec<&str> = record.splitn(6, '|').collect();
     let num = |i: usize| field(&f, i).parse::<u64>().unwrap_or(0);
-    let same_payload = field(&f, 2) == fp;
+    let stored = field(&f, 2);
+    let mut current = [0u8; 16];
+    current.copy_from_slice(&fp[..16]);
+    let payload = match stored.strip_prefix(XXH3_MARK) {
+        Some(hex) => Payload::of(&unhex(hex), false, &current),
+        None => Payload::of(&unhex(stored), true, &current),
+    };
     let bad = || {
         let head: String = record.chars().take(40).collect();
         StoreError::Host(format!("unreadable claim record {head:?}"))
     };
     match field(&f, 0) {
-        "I" => Ok(Claim::InFlight { first_seen_ms: num(3), lease_ends_ms: num(4), same_payload }),
-        "U" => Ok(Claim::Unknown { first_seen_ms: num(3), held_until_ms: num(4), same_payload }),
-        "T" => Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: None, same_payload }),
+        "I" => Ok(Claim::InFlight { first_seen_ms: num(3), lease_ends_ms: num(4), payload }),
+        "U" => Ok(Claim::Unknown { first_seen_ms: num(3), held_until_ms: num(4), payload }),
+        "T" => Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: None, payload }),
         "C" => {
             let bytes = STANDARD.decode(field(&f, 5)).map_err(|_| bad())?;
             let response = StoredResponse::decode(&bytes).ok_or_else(bad)?;
-            Ok(Claim::Completed {
-                first_seen_ms: num(3),
-                status: num(4) as u16,
-                response: Some(response),
-                same_payload,
-            })
+            Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: Some(response), payload })
         }
         _ => Err(bad()),
     }

@@ -13,7 +13,7 @@
 //! Every claim carries a random owner id; completion and release check it (fencing), and a stored
 //! response carries its owner so a replay never serves a slot that another owner rewrote.
 
-use super::{Answer, Claim, Completion, StoreError, TokenUse};
+use super::{Answer, Claim, Completion, Payload, StoreError, TokenUse};
 use crate::host::{Host, HostError};
 use crate::policy::SharedConfig;
 use crate::response::StoredResponse;
@@ -23,6 +23,8 @@ use std::hash::Hasher;
 /// Every shared-data key starts with this, then the plugin's namespace.
 pub(crate) const PREFIX: &str = "idem:v1";
 const ENTRY_LEN: usize = 60;
+/// An entry's byte 17 when its fingerprint is xxh3-128 (0, in entries of earlier versions: SHA-256).
+const DIGEST_XXH3: u8 = 1;
 /// CAS retries before a claim gives up as a store error. Contention on one bucket across
 /// workers is short-lived; a bounded loop keeps a hot bucket from spinning a worker.
 const MAX_CAS_RETRIES: usize = 32;
@@ -48,6 +50,8 @@ struct Entry {
     status: u16,
     owner: u64,
     fingerprint: [u8; 16],
+    /// Whether `fingerprint` is SHA-256 (an entry written before fingerprints were xxh3-128).
+    legacy_digest: bool,
     first_seen_ms: u64,
     /// Lease end while in flight; expiry once completed.
     until_ms: u64,
@@ -60,6 +64,7 @@ impl Entry {
         status: 0,
         owner: 0,
         fingerprint: [0; 16],
+        legacy_digest: false,
         first_seen_ms: 0,
         until_ms: 0,
     };
@@ -71,7 +76,8 @@ impl Entry {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.id);
         out.push(self.state as u8);
-        out.push(0);
+        // Byte 17: the fingerprint's digest. Entries of earlier versions hold 0 here (SHA-256).
+        out.push(if self.legacy_digest { 0 } else { DIGEST_XXH3 });
         out.extend_from_slice(&self.status.to_le_bytes());
         out.extend_from_slice(&self.owner.to_le_bytes());
         out.extend_from_slice(&self.fingerprint);
@@ -96,6 +102,7 @@ impl Entry {
             status: b.get(18..20).and_then(|s| s.try_into().ok()).map(u16::from_le_bytes).unwrap_or(0),
             owner: u64_at(20),
             fingerprint: b.get(28..44).and_then(|s| s.try_into().ok()).unwrap_or([0; 16]),
+            legacy_digest: b.get(17) != Some(&DIGEST_XXH3),
             first_seen_ms: u64_at(44),
             until_ms: u64_at(52),
         }
@@ -269,7 +276,7 @@ impl SharedStore {
                 let found = self.found(host, b, i, &e, &fp)?.unwrap_or(Claim::InFlight {
                     first_seen_ms: e.first_seen_ms,
                     lease_ends_ms: now + 1000,
-                    same_payload: e.fingerprint == fp,
+                    payload: Payload::of(&e.fingerprint, e.legacy_digest, &fp),
                 });
                 return Ok(Edit::Done(found));
             }
@@ -283,6 +290,7 @@ impl SharedStore {
                 status: 0,
                 owner,
                 fingerprint: fp,
+                legacy_digest: false,
                 first_seen_ms: now,
                 until_ms: now.saturating_add(lock_ttl_ms),
             };
@@ -300,16 +308,16 @@ impl SharedStore {
         e: &Entry,
         fp: &[u8; 16],
     ) -> Result<Option<Claim<T>>, StoreError> {
-        let same_payload = e.fingerprint == *fp;
+        let payload = Payload::of(&e.fingerprint, e.legacy_digest, fp);
         let first_seen_ms = e.first_seen_ms;
         Ok(Some(match e.state {
-            State::InFlight => Claim::InFlight { first_seen_ms, lease_ends_ms: e.until_ms, same_payload },
-            State::Unknown => Claim::Unknown { first_seen_ms, held_until_ms: e.until_ms, same_payload },
+            State::InFlight => Claim::InFlight { first_seen_ms, lease_ends_ms: e.until_ms, payload },
+            State::Unknown => Claim::Unknown { first_seen_ms, held_until_ms: e.until_ms, payload },
             State::Tombstone | State::Issued | State::Used => {
-                Claim::Completed { first_seen_ms, status: e.status, response: None, same_payload }
+                Claim::Completed { first_seen_ms, status: e.status, response: None, payload }
             }
             _ => match self.load_response(host, b, i as u32, e.owner)? {
-                Some(r) => Claim::Completed { first_seen_ms, status: e.status, response: Some(r), same_payload },
+                Some(r) => Claim::Completed { first_seen_ms, status: e.status, response: Some(r), payload },
                 None => return Ok(None),
             },
         }))
@@ -365,6 +373,7 @@ impl SharedStore {
                 status: answer.status,
                 owner,
                 fingerprint: answer.fingerprint,
+                legacy_digest: false,
                 first_seen_ms: answer.first_seen_ms,
                 until_ms,
             };
@@ -383,6 +392,7 @@ impl SharedStore {
                 status: 0,
                 owner: 0,
                 fingerprint: [0; 16],
+                legacy_digest: false,
                 first_seen_ms: now,
                 until_ms: now.saturating_add(ttl_ms),
             };
