@@ -6,7 +6,7 @@ CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup setup-demo setup-redis build demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
+.PHONY: all setup setup-demo setup-redis dist build demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
 
 all: build
 
@@ -59,6 +59,10 @@ lint-corpora: setup build
 	bash scripts/lint-corpora.sh
 
 test: setup fmt-check clippy unit e2e lint-corpora
+
+# idem-lint as a Python wheel carrying the binary (pip install / uvx / pre-commit), in target/wheels.
+dist: setup
+	.venv/bin/maturin build --release -o target/wheels
 
 bench: setup build
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor

@@ -15,6 +15,8 @@
 #   - pyyaml==6.0.3, jsonschema==4.26.0 into .venv (the deploy tests: examples/istio, envoy-gateway,
 #     higress; the bundle schema)
 #   - oras==0.2.43 (oras-py) into .venv     (`make oci`: pushes the Wasm OCI artifact)
+#   - maturin==1.16.0 and pre-commit==4.7.0 into .venv, the maturin wheel into .venv/wheelhouse
+#     (`make dist`: the idem-lint wheel; the pre-commit hook test)
 #   - wrk, prometheus, skopeo, umoci, docker-registry, valgrind (Debian packages, only when the
 #     binaries are missing)
 set -euo pipefail
@@ -98,6 +100,18 @@ fi
 if ! .venv/bin/python -c "import yaml, jsonschema" 2>/dev/null; then
   say "installing pyyaml==6.0.3 and jsonschema==4.26.0 into .venv"
   .venv/bin/pip install --quiet --disable-pip-version-check pyyaml==6.0.3 jsonschema==4.26.0
+fi
+
+# `make dist` and its tests: maturin builds the idem-lint wheel; pre-commit runs the hook of
+# .pre-commit-hooks.yaml. The maturin wheel is also kept in .venv/wheelhouse, so the pre-commit
+# test builds the hook's package offline (PIP_NO_INDEX with PIP_FIND_LINKS there).
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('maturin') == '1.16.0' and m.version('pre-commit') == '4.7.0'" 2>/dev/null; then
+  say "installing maturin==1.16.0 and pre-commit==4.7.0 into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check maturin==1.16.0 pre-commit==4.7.0
+fi
+if ! ls .venv/wheelhouse/maturin-1.16.0-*.whl >/dev/null 2>&1; then
+  say "keeping the maturin wheel in .venv/wheelhouse (offline hook builds)"
+  .venv/bin/pip download --quiet --disable-pip-version-check --no-deps -d .venv/wheelhouse maturin==1.16.0
 fi
 
 # `make oci` (scripts/oci.py, which checks the same pin): oras-py pushes the Wasm OCI artifact.

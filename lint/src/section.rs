@@ -515,12 +515,36 @@ fn without_remarks(v: &str) -> String {
     brackets(v).0.trim().to_string()
 }
 
+/// The contents of the code spans of a text (`` `a` and `b` `` → `["a", "b"]`), empty ones
+/// skipped; an unpaired backtick opens nothing.
+fn code_spans(text: &str) -> Vec<&str> {
+    let parts: Vec<&str> = text.split('`').collect();
+    if parts.len() < 3 {
+        return Vec::new();
+    }
+    let closed = if parts.len() % 2 == 1 { parts.len() } else { parts.len() - 1 };
+    parts[..closed].iter().skip(1).step_by(2).map(|p| p.trim()).filter(|p| !p.is_empty()).collect()
+}
+
 pub fn parse_key(v: &str) -> KeySpec {
     let v = v.trim();
     let (text, inner) = brackets(v);
     let text = text.trim();
     if text.is_empty() || is_none_word(text) {
         return KeySpec { location: None, names: Vec::new() };
+    }
+    // A key named by code spans inside prose (`请求体中的 `id` 字段`, "the `Idempotency-Key`
+    // request header"): the spans are the key's names wherever they stand, and a location word
+    // anywhere in the prose (or a bracket) is its location.
+    let spans = code_spans(text);
+    if !spans.is_empty() {
+        let prose: String = text.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let location = inner
+            .iter()
+            .map(|i| KeyIn::parse(i))
+            .chain(std::iter::once(KeyIn::parse(&prose)))
+            .find(|l| !matches!(l, KeyIn::Other(_)));
+        return KeySpec { location, names: spans.into_iter().map(str::to_string).collect() };
     }
     let mut name_part = text;
     // "Name（header）" / "Name (header)": a bracket naming a location gives it; any other
@@ -900,6 +924,29 @@ mod tests {
         // an attempt at an unsupported location is still one
         assert_eq!(parse_key("token（cookie jar）").location, Some(KeyIn::Other("cookie jar".into())));
         assert_eq!(parse_duplicate("无（只读接口）"), Duplicate::new(None, None));
+    }
+
+    #[test]
+    fn a_code_span_is_the_key_wherever_it_stands() {
+        let k = |v: &str| {
+            let k = parse_key(v);
+            (k.location, k.names)
+        };
+        let one = |n: &str| vec![n.to_string()];
+        assert_eq!(k("请求体中的 `id` 字段（由客户端生成，UUID）"), (Some(KeyIn::Body), one("id")));
+        assert_eq!(
+            k("the `Idempotency-Key` request header (a UUID v4)"),
+            (Some(KeyIn::Header), one("Idempotency-Key"))
+        );
+        assert_eq!(k("查询参数 `request_no`"), (Some(KeyIn::Query), one("request_no")));
+        assert_eq!(k("`Idempotency-Key` header"), (Some(KeyIn::Header), one("Idempotency-Key")));
+        assert_eq!(
+            k("`merchant_id` + `out_trade_no`（均在请求体中）"),
+            (Some(KeyIn::Body), vec!["merchant_id".to_string(), "out_trade_no".to_string()])
+        );
+        // No location word: none given; an unpaired backtick is no span.
+        assert_eq!(k("由调用方生成的 `request_id`"), (None, one("request_id")));
+        assert_eq!(k("request_id`"), (None, one("request_id")));
     }
 
     #[test]
