@@ -140,11 +140,14 @@ fn fences(ls: &[Line<'_>]) -> Vec<bool> {
 pub fn normalize_title(s: &str) -> String {
     let mut t: String = s.replace("**", "").replace("__", "").replace('`', "");
     t = t.trim().trim_end_matches([':', '：']).trim().to_string();
-    // leading numbering: "3.", "3.1", "3.1.", "三、" is left alone
+    // leading numbering: "3.", "3.1", "3.1.", "四、", "（四）", "(3)", "①"
     let num_end = t.char_indices().find(|(_, c)| !(c.is_ascii_digit() || *c == '.')).map_or(t.len(), |(i, _)| i);
     if num_end > 0 && t.as_bytes().first().is_some_and(u8::is_ascii_digit) {
         t = t.get(num_end..).unwrap_or("").trim_start().to_string();
+    } else if let Some(rest) = strip_numbering(&t) {
+        t = rest.to_string();
     }
+    t = t.trim_start_matches(['、', '.', ')', '）']).trim_start().to_string();
     // trailing parenthetical: "幂等性说明（Idempotency）"
     for (open, close) in [('（', '）'), ('(', ')')] {
         if t.ends_with(close) {
@@ -270,16 +273,44 @@ fn strip_list_marker(t: &str) -> &str {
             return r.trim_start();
         }
     }
-    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
-    if digits > 0 {
-        let rest = t.get(digits..).unwrap_or("");
-        for m in [". ", ") ", "、"] {
-            if let Some(r) = rest.strip_prefix(m) {
-                return r.trim_start();
+    strip_numbering(t).unwrap_or(t)
+}
+
+/// The text after an item or title number in any form teams write: `3.` `3、` `3)` `3）`
+/// `(3)` `（3）` `①`, and the same with Chinese numerals (`四、`, `（四）`). `None` when the text
+/// starts with no number.
+fn strip_numbering(t: &str) -> Option<&str> {
+    let t = t.trim_start();
+    let is_num = |c: char| c.is_ascii_digit() || "一二三四五六七八九十".contains(c);
+    // ① … ⑳
+    if let Some(c) = t.chars().next().filter(|c| ('\u{2460}'..='\u{2473}').contains(c)) {
+        return Some(t.get(c.len_utf8()..).unwrap_or("").trim_start());
+    }
+    // (3) （3） (四)
+    for (open, close) in [('(', ')'), ('（', '）')] {
+        if let Some(rest) = t.strip_prefix(open) {
+            let n = rest.chars().take_while(|c| is_num(*c)).count();
+            let digits: String = rest.chars().take(n).collect();
+            if n > 0 {
+                if let Some(after) = rest.get(digits.len()..).and_then(|r| r.strip_prefix(close)) {
+                    return Some(after.trim_start());
+                }
             }
         }
     }
-    t
+    // 3. 3、 3) 3） 四、 (a dot needs a space after it: "3.1" is a version, not a number)
+    let n = t.chars().take_while(|c| is_num(*c)).count();
+    if n == 0 {
+        return None;
+    }
+    let digits: String = t.chars().take(n).collect();
+    let rest = t.get(digits.len()..).unwrap_or("");
+    for m in [". ", ") ", "、", "）", "．"] {
+        if let Some(r) = rest.strip_prefix(m) {
+            return Some(r.trim_start());
+        }
+    }
+    None
 }
 
 /// The accepted item labels, by meaning: the first row whose pattern matches the label wins.
@@ -390,17 +421,27 @@ pub enum Tri {
     Unknown(String),
 }
 
+/// A yes/no value read as a whole word, never by its first characters: `是，重复提交返回 409`
+/// is yes, `否（每次都新建）` no, but `幂等键未定，待评审` says neither (it starts with 幂等).
+/// Remarks in brackets are cut first; the answer is the value's first clause.
 pub fn parse_bool(v: &str) -> Tri {
-    let t = v.trim().trim_matches('`').to_lowercase();
-    for p in ["否", "非幂等", "不幂等", "不是", "不支持", "no", "false", "not "] {
-        if t.starts_with(p) {
-            return Tri::No;
-        }
+    let plain = without_remarks(v).replace('`', "").to_lowercase();
+    let clause = plain
+        .split(['，', ',', '；', ';', '。', '、', ':', '：', '—'])
+        .next()
+        .unwrap_or("")
+        .trim()
+        .trim_end_matches(['.', '!', '！'])
+        .trim();
+    let words: Vec<&str> = clause.split_whitespace().collect();
+    let first = words.first().copied().unwrap_or("");
+    const NO: [&str; 11] = ["否", "非幂等", "不幂等", "不是", "不支持", "不支持幂等", "非幂等接口", "no", "false", "n", "non-idempotent"];
+    const YES: [&str; 10] = ["是", "是的", "幂等", "支持", "支持幂等", "幂等接口", "yes", "true", "y", "idempotent"];
+    if NO.contains(&clause) || (NO.contains(&first) && first.is_ascii()) || clause.starts_with("not idempotent") {
+        return Tri::No;
     }
-    for p in ["是", "幂等", "支持", "yes", "true", "idempotent"] {
-        if t.starts_with(p) {
-            return Tri::Yes;
-        }
+    if YES.contains(&clause) || (YES.contains(&first) && first.is_ascii()) {
+        return Tri::Yes;
     }
     Tri::Unknown(v.trim().to_string())
 }
@@ -924,6 +965,31 @@ mod tests {
         // an attempt at an unsupported location is still one
         assert_eq!(parse_key("token（cookie jar）").location, Some(KeyIn::Other("cookie jar".into())));
         assert_eq!(parse_duplicate("无（只读接口）"), Duplicate::new(None, None));
+    }
+
+    #[test]
+    fn yes_and_no_are_whole_words_never_prefixes() {
+        for yes in ["是", "是，重复提交返回 409", "支持幂等", "Yes - by Idempotency-Key", "true", "是（按请求头）"] {
+            assert_eq!(parse_bool(yes), Tri::Yes, "{yes}");
+        }
+        for no in ["否", "否（每次都新建）", "不支持", "not idempotent", "No.", "non-idempotent"] {
+            assert_eq!(parse_bool(no), Tri::No, "{no}");
+        }
+        for neither in ["幂等键未定，待评审", "是否幂等", "yesterday", "nothing yet", "看情况"] {
+            assert!(matches!(parse_bool(neither), Tri::Unknown(_)), "{neither}");
+        }
+    }
+
+    #[test]
+    fn numbering_in_every_form() {
+        for item in ["(1) 是否幂等：是", "（2）是否幂等：是", "3）是否幂等：是", "3) 是否幂等：是", "① 是否幂等：是", "四、是否幂等：是", "1. 是否幂等：是", "1、是否幂等：是"] {
+            assert_eq!(strip_list_marker(item), "是否幂等：是", "{item}");
+        }
+        for title in ["四、幂等性说明", "（三）幂等性说明", "(3) 幂等性说明", "4、幂等性说明", "3.1 幂等性说明", "② 幂等性说明"] {
+            assert_eq!(normalize_title(title), "幂等性说明", "{title}");
+        }
+        // A version-like number is not an item number.
+        assert_eq!(strip_list_marker("3.1是否幂等"), "3.1是否幂等");
     }
 
     #[test]
