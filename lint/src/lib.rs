@@ -20,4 +20,5 @@ pub mod rules;
 pub mod section;
 pub mod source;
 pub mod statement;
+pub mod value;
 pub mod yaml;

@@ -4,9 +4,8 @@
 use crate::loader::{FileId, Workspace};
 use crate::model::Operation;
 use crate::node::{Node, Value};
-use crate::section::{
-    find_section, parse_bool, parse_duplicate, parse_key, unrecognised_title, Duplicate, KeyIn, KeySpec, Label, Tri,
-};
+use crate::section::{find_section, unrecognised_title, Label};
+use crate::value::{parse_bool, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Tri};
 
 /// Where a finding points: file, byte offset, logical JSON pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,8 @@
 
 use idem_lint::config::Config;
 use idem_lint::node::{Entry, Node, Value};
-use idem_lint::section::{duration_secs, find_section, parse_bool, parse_duplicate, parse_key, Label};
+use idem_lint::section::{find_section, Label};
+use idem_lint::value::{duration_secs, parse_bool, parse_duplicate, parse_key};
 use proptest::prelude::*;
 
 /// Markdown-ish lines built from the pieces the parser looks for, in any order.

@@ -32,8 +32,8 @@ use crate::model::{operations, Operation, METHODS};
 use crate::node::Node;
 use crate::policy::keys::{key_toml, spec_sources};
 use crate::policy::PolicyFile;
-use crate::section::{duration_secs, Tri};
 use crate::statement::{statements, Loc, Statement};
+use crate::value::{duration_secs, Tri};
 use idem_filter::policy::Source;
 
 /// One policy file to write.

@@ -6,7 +6,7 @@
 
 use crate::loader::Workspace;
 use crate::model::Operation;
-use crate::section::{KeyIn, KeySpec};
+use crate::value::{KeyIn, KeySpec};
 use idem_filter::policy::Source;
 
 /// The filter's sources for a statement's key, in the statement's order; `Err` says why a name

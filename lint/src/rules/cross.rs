@@ -11,8 +11,8 @@ use crate::loader::Workspace;
 use crate::model::Operation;
 use crate::node::pointer;
 use crate::policy::{shape, PolicySet, RouteRef, RouteSpans};
-use crate::section::Tri;
 use crate::statement::{Loc, Statement};
+use crate::value::Tri;
 
 /// One operation of one spec, with its merged statement.
 pub struct Op<'a> {

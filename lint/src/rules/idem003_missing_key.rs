@@ -30,7 +30,7 @@
 //! ```
 
 use super::{Ctx, RawFinding, Rule, Severity};
-use crate::section::Tri;
+use crate::value::Tri;
 
 /// IDEM003 missing-key: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {

@@ -44,7 +44,7 @@ use std::collections::HashSet;
 use super::{Ctx, RawFinding, Rule, Severity};
 use crate::loader::{At, Workspace};
 use crate::node::{split_pointer, Node};
-use crate::section::KeyIn;
+use crate::value::KeyIn;
 
 /// IDEM004 undeclared-key: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {

@@ -28,7 +28,7 @@
 //! ```
 
 use super::{Ctx, RawFinding, Rule, Severity};
-use crate::section::Tri;
+use crate::value::Tri;
 
 /// IDEM005 missing-duplicate: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {

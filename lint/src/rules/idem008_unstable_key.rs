@@ -117,7 +117,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         return;
     };
     let names = &key.value.names;
-    let maybe_header = matches!(key.value.location, None | Some(crate::section::KeyIn::Header));
+    let maybe_header = matches!(key.value.location, None | Some(crate::value::KeyIn::Header));
     for name in names {
         let generated = || {
             let why = idem_filter::policy::generated_header(name)?;

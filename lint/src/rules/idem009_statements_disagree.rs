@@ -33,7 +33,7 @@
 //! ```
 
 use super::{Ctx, RawFinding, Rule, Severity};
-use crate::section::{duration_secs, KeySpec, Tri};
+use crate::value::{duration_secs, KeySpec, Tri};
 
 /// IDEM009 statements-disagree: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {

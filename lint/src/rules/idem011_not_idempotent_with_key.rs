@@ -32,7 +32,7 @@
 //! or not idempotent, with no key and no duplicate (`- 幂等键：无`), every call creating anew.
 
 use super::{Ctx, RawFinding, Rule, Severity};
-use crate::section::Tri;
+use crate::value::Tri;
 
 /// IDEM011 not-idempotent-with-key: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {

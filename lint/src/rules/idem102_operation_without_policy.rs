@@ -37,7 +37,7 @@
 
 use super::cross::{same_shape, CrossFinding, Place, PolicyCtx};
 use super::{Rule, Severity};
-use crate::section::Tri;
+use crate::value::Tri;
 use idem_filter::policy::Matcher;
 
 /// IDEM102 operation-without-policy: its code, name, default severity and documentation (this file's `//!` comment).

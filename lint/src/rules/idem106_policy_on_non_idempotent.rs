@@ -27,7 +27,7 @@
 
 use super::cross::{CrossFinding, Place, PolicyCtx};
 use super::{Rule, Severity};
-use crate::section::Tri;
+use crate::value::Tri;
 use idem_filter::policy::Mode;
 
 /// IDEM106 policy-on-non-idempotent: its code, name, default severity and documentation (this file's `//!` comment).

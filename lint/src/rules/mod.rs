@@ -58,7 +58,7 @@ impl Ctx<'_> {
     }
 
     /// The statement's duplicate response, when it names a status (rules on that status).
-    pub fn duplicate_status(&self) -> Option<(&crate::statement::Field<crate::section::Duplicate>, u16)> {
+    pub fn duplicate_status(&self) -> Option<(&crate::statement::Field<crate::value::Duplicate>, u16)> {
         let dup = self.merged?.duplicate.as_ref()?;
         Some((dup, dup.value.status?))
     }
