@@ -60,20 +60,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack  # noqa: E402
 
-POLICY = """
-[shared]
-buckets = 4096
-entries_per_bucket = 8
-max_response_bytes = 4096
-
-[[route]]
-name = "bench-key"
-match = { method = "POST", path = "/api/order/create" }
-
-[route.key]
-lock_ttl = "30s"
-ttl = "24h"
-
+# The measured routes, in the files the host-call budget test reads too (filter/src/testing/bench.rs).
+SCENARIO = stack.REPO / "bench" / "scenario"
+POLICY = (SCENARIO / "shared.toml").read_text() + """
 [[route]]
 name = "bench-detached"
 match = { method = "POST", path = "/api/order/detached" }
@@ -84,16 +73,7 @@ lock_ttl = "30s"
 ttl = "24h"
 """
 
-REDIS_POLICY = stack.redis_table(timeout="500ms", prefix="idem-bench:") + """
-[[route]]
-name = "bench-redis"
-match = { method = "POST", path = "/api/order/create" }
-store = "redis"
-
-[route.key]
-lock_ttl = "30s"
-ttl = "10m"
-"""
+REDIS_POLICY = stack.redis_table(timeout="500ms", prefix="idem-bench:") + "\n" + (SCENARIO / "redis-route.toml").read_text()
 
 WAIT_POLICY = stack.redis_table(timeout="500ms", prefix="idem-bench-wait:") + """
 [[route]]
