@@ -3,8 +3,9 @@
 //!
 //! Host-independent and store-independent: a decision is split around the one store operation it
 //! needs ([`Engine::begin`] → store → [`Engine::after_claim`] / [`Engine::after_token`]), so the
-//! shared store runs it in one call ([`Engine::decide_shared`]) and the Redis store across a Webdis
-//! callout, with the same answers.
+//! shared store runs it synchronously ([`Engine::run_shared`], called by the stream; tests use
+//! [`Engine::decide_shared`], which is `begin` and `run_shared` in one) and the Redis store across a
+//! Webdis callout, with the same answers.
 //!
 //! - [`outcome`]: what is counted; [`verdict`]: the vocabulary of decisions (verdicts, tickets,
 //!   endings); `finish`: what a forwarded request's ending does to its claim; `tokens`: the

@@ -17,7 +17,7 @@
 //! either way.
 
 use super::worker::Worker;
-use crate::engine::Action as Do;
+use crate::engine::Action;
 use crate::host::{Host, Level};
 
 /// What this worker has seen of body delivery during paused headers.
@@ -112,7 +112,7 @@ impl Worker {
         self.on_stream(host, ctx, || {
             self.annotate(host, route, &v);
             match &v.action {
-                Do::Reply(r) => super::worker::send(host, r),
+                Action::Reply(r) => super::worker::send(host, r),
                 // Shadow mode never blocks: let it through unexamined.
                 _ => {
                     self.body_passthrough.borrow_mut().insert(ctx);

@@ -12,7 +12,12 @@
 //!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
 //!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
 //!
+//! Each concern of the root in its file, as `impl Worker` blocks:
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
+//! - `writes`: Redis completions, releases and token restores sent by the root, retried with
+//!   backoff until they land; orphaned claims released.
+//! - `leases`: claims renewed every third of their lease while the upstream works.
+//! - `detached`: requests the root sends upstream itself (`forward = "detached"`).
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
 //! - `eviction`: asks the Redis behind Webdis once whether it may evict idem's keys, and warns.

@@ -10,9 +10,7 @@ use super::waiters::Waiter;
 use super::worker::{send, status_of, Worker};
 use super::writes::After;
 use super::Flow;
-use crate::engine::{
-    Action as Do, Begin, Body, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict,
-};
+use crate::engine::{Action, Begin, Body, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::{Host, Level};
 use crate::key::RequestView;
 use crate::pairs::Pair;
@@ -438,15 +436,15 @@ impl Stream {
     fn apply(&mut self, host: &dyn Host, route: usize, v: Verdict, paused: bool) -> Flow {
         let w = Rc::clone(&self.worker);
         w.record(host, route, &v);
-        if !matches!(v.action, Do::Wait { .. }) {
+        if !matches!(v.action, Action::Wait { .. }) {
             w.annotate(host, route, &v);
         }
         let key = v.key.clone();
         match v.action {
-            Do::Forward(Some(ticket)) if w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached) => {
+            Action::Forward(Some(ticket)) if w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached) => {
                 self.send_detached(host, route, ticket, key)
             }
-            Do::Forward(ticket) => {
+            Action::Forward(ticket) => {
                 self.phase = match ticket {
                     Some(ticket) => {
                         w.hold_lease(host, LeaseOwner::Stream(self.context), route, &ticket);
@@ -459,7 +457,7 @@ impl Stream {
                 }
                 Flow::Continue
             }
-            Do::Reply(r) => {
+            Action::Reply(r) => {
                 self.phase = Phase::Idle;
                 match w.answer(host, self.context, route, r, self.request.grpc) {
                     Answered::Replied => Flow::Pause,
@@ -471,7 +469,7 @@ impl Stream {
                     Answered::ToEcho => Flow::Continue,
                 }
             }
-            Do::Wait { prepared, deadline_ms } => {
+            Action::Wait { prepared, deadline_ms } => {
                 // On a detached route, a held duplicate that takes the key over is sent by the
                 // root too: it keeps its request for that.
                 let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);

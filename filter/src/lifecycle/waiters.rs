@@ -12,7 +12,7 @@ use super::detached::{Detached, Outbound};
 use super::replay::Answered;
 use super::worker::Worker;
 use super::POLL_MS;
-use crate::engine::{Action as Do, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
+use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
 use crate::host::Host;
 use crate::store::{redis, Claim, Payload};
 use std::collections::HashMap;
@@ -189,7 +189,7 @@ impl Worker {
     pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
         let (route, outbound, grpc) = {
             let mut waiters = self.waiters.borrow_mut();
-            if let Do::Wait { .. } = &v.action {
+            if let Action::Wait { .. } = &v.action {
                 if let Some(w) = waiters.get_mut(&ctx) {
                     w.polling = false;
                     w.next_poll_ms = host.now_ms().saturating_add(poll_gap_ms(w.polls));
@@ -209,22 +209,22 @@ impl Worker {
             self.annotate(host, route, &v);
             match (v.action, outbound) {
                 // A detached route's waiter won the key: the root sends it, as it sent the first.
-                (Do::Forward(Some(ticket)), Some(request)) => {
+                (Action::Forward(Some(ticket)), Some(request)) => {
                     let first_seen_ms = ticket.first_seen_ms();
                     self.detach(host, Detached { ctx, route, ticket, key: v.key, request, first_seen_ms });
                 }
-                (Do::Forward(ticket), _) => {
+                (Action::Forward(ticket), _) => {
                     if let Some(t) = ticket {
                         self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
                     }
                     let _ = host.resume_request();
                 }
-                (Do::Reply(r), _) => {
+                (Action::Reply(r), _) => {
                     if self.answer(host, ctx, route, r, grpc) == Answered::ToEcho {
                         let _ = host.resume_request();
                     }
                 }
-                (Do::Wait { .. }, _) => {}
+                (Action::Wait { .. }, _) => {}
             }
         });
     }

@@ -8,7 +8,7 @@ use super::waiters::{Poll, Waiter};
 use super::writes::Job;
 use super::POLL_MS;
 use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
-use crate::engine::{Action as Do, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
+use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::truncated;
 use crate::policy::{parse_bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
@@ -245,7 +245,7 @@ impl Worker {
     pub(super) fn record(&self, host: &dyn Host, route: usize, v: &Verdict) {
         self.count(host, route, v.outcome);
         let quiet = matches!(v.outcome, Outcome::Forwarded | Outcome::TokenConsumed | Outcome::TokenIssued)
-            || matches!(v.action, Do::Wait { .. });
+            || matches!(v.action, Action::Wait { .. });
         let level = if quiet { Level::Debug } else { Level::Info };
         if !self.enabled(level) {
             return;
