@@ -12,19 +12,29 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// A digest the parts are fed to.
-trait Absorb {
+trait Absorb: Sized {
     fn absorb(&mut self, bytes: &[u8]);
+    fn finish(self) -> [u8; 32];
 }
 
 impl Absorb for Xxh3Default {
     fn absorb(&mut self, bytes: &[u8]) {
         self.update(bytes);
     }
+    /// The 128-bit digest in the first 16 bytes (what records keep).
+    fn finish(self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out[..16].copy_from_slice(&self.digest128().to_le_bytes());
+        out
+    }
 }
 
 impl Absorb for Sha256 {
     fn absorb(&mut self, bytes: &[u8]) {
         self.update(bytes);
+    }
+    fn finish(self) -> [u8; 32] {
+        self.finalize().into()
     }
 }
 
@@ -50,14 +60,7 @@ pub fn fingerprint(
     path: &str,
     max_body: usize,
 ) -> Result<[u8; 32], KeyError> {
-    if policy.fingerprint.is_empty() {
-        return Ok([0; 32]);
-    }
-    let mut h = Xxh3Default::new();
-    absorb_parts(&mut h, policy, template, req, path, max_body)?;
-    let mut out = [0u8; 32];
-    out[..16].copy_from_slice(&h.digest128().to_le_bytes());
-    Ok(out)
+    digest(Xxh3Default::new(), policy, template, req, path, max_body)
 }
 
 /// The SHA-256 fingerprint records of earlier versions hold (the same parts, the same framing):
@@ -69,12 +72,23 @@ pub fn legacy_fingerprint(
     path: &str,
     max_body: usize,
 ) -> Result<[u8; 32], KeyError> {
+    digest(Sha256::new(), policy, template, req, path, max_body)
+}
+
+/// The parts through `h`; all zeros when the policy turns the check off.
+fn digest(
+    mut h: impl Absorb,
+    policy: &KeyPolicy,
+    template: Option<&PathTemplate>,
+    req: &dyn RequestView,
+    path: &str,
+    max_body: usize,
+) -> Result<[u8; 32], KeyError> {
     if policy.fingerprint.is_empty() {
         return Ok([0; 32]);
     }
-    let mut h = Sha256::new();
     absorb_parts(&mut h, policy, template, req, path, max_body)?;
-    Ok(h.finalize().into())
+    Ok(h.finish())
 }
 
 fn absorb_parts(

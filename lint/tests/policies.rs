@@ -426,21 +426,12 @@ fn example_block(name: &str) -> (String, Vec<PathBuf>) {
     (block.trim_end().to_string() + "\n", files)
 }
 
-#[test]
-fn examples_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_files() {
-    let (block, files) = example_block("envoy.yaml");
-    let names: Vec<String> =
-        files.iter().map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(
-        names,
-        [
-            "policies/create-order.toml",
-            "policies/pay-callback.toml",
-            "policies/order-pay.toml",
-            "policies/submit-form.toml"
-        ]
-    );
-    // Produced by the command, byte for byte ...
+/// The example's inline bundle is `idem-lint bundle <its policy files>`, byte for byte, and the
+/// same routes field for field through the filter's model; its comment names `want`.
+fn assert_example_is_the_bundle_of(example: &str, want: &[&str]) {
+    let (block, files) = example_block(example);
+    let names = repo_relative(&files);
+    assert_eq!(names, want, "{example}");
     let mut args = vec!["bundle"];
     args.extend(names.iter().map(String::as_str));
     let o = run_in(&repo(), &args);
@@ -448,39 +439,37 @@ fn examples_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_files() {
     assert_eq!(
         block,
         stdout(&o),
-        "examples/envoy.yaml is stale: regenerate its inline bundle with `idem-lint {}`",
+        "examples/{example} is stale: regenerate its inline bundle with `idem-lint {}`",
         args.join(" ")
     );
-    // ... and the same routes, field for field, through the filter's model.
-    assert_eq!(parse_bundle(&block, "examples/envoy.yaml").unwrap(), expected_bundle(&files));
+    assert_eq!(parse_bundle(&block, example).unwrap(), expected_bundle(&files));
+}
+
+fn repo_relative(files: &[PathBuf]) -> Vec<String> {
+    files.iter().map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned()).collect()
+}
+
+const EXAMPLE_POLICIES: [&str; 4] = [
+    "policies/create-order.toml",
+    "policies/pay-callback.toml",
+    "policies/order-pay.toml",
+    "policies/submit-form.toml",
+];
+
+#[test]
+fn examples_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_files() {
+    assert_example_is_the_bundle_of("envoy.yaml", &EXAMPLE_POLICIES);
 }
 
 #[test]
 fn examples_grpc_envoy_yaml_inline_bundle_is_the_bundle_of_its_policy_file() {
-    let (block, files) = example_block("grpc/envoy.yaml");
-    let o = run_in(&repo(), &["bundle", "policies/grpc-create-order.toml"]);
-    assert_eq!(files, [repo().join("policies/grpc-create-order.toml")]);
-    assert_eq!(
-        block,
-        stdout(&o),
-        "examples/grpc/envoy.yaml is stale: regenerate its inline bundle with `idem-lint bundle policies/grpc-create-order.toml`"
-    );
+    assert_example_is_the_bundle_of("grpc/envoy.yaml", &["policies/grpc-create-order.toml"]);
 }
 
 #[test]
 fn examples_envoy_redis_yaml_routes_are_the_policy_files_on_the_redis_store() {
     let (block, files) = example_block("envoy-redis.yaml");
-    let names: Vec<String> =
-        files.iter().map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(
-        names,
-        [
-            "policies/create-order.toml",
-            "policies/pay-callback.toml",
-            "policies/order-pay.toml",
-            "policies/submit-form.toml"
-        ]
-    );
+    assert_eq!(repo_relative(&files), EXAMPLE_POLICIES);
     let got = parse_bundle(&block, "examples/envoy-redis.yaml").unwrap();
     assert!(got.redis.is_some(), "the Redis example needs its [redis] table");
     let want: Vec<RoutePolicy> =
