@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod crosscheck;
+pub mod fix;
 pub mod generate;
 pub mod json;
 pub mod lint;

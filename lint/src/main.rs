@@ -73,6 +73,16 @@ struct Cli {
     #[arg(long, value_name = "DIR|FILE", num_args = 1.., action = clap::ArgAction::Append)]
     policies: Vec<String>,
 
+    /// Repair what is mechanical (IDEM006: add the duplicate status the statement names to
+    /// `responses`), in place, keeping formatting and comments; then lint the result.
+    #[arg(long)]
+    fix: bool,
+
+    /// With --fix: print the changes as a unified diff and write nothing (exit 1 when there is
+    /// something to fix).
+    #[arg(long, requires = "fix")]
+    diff: bool,
+
     /// Debug: print the parsed SPEC back as YAML (all strings double-quoted) and exit.
     #[arg(long, hide = true)]
     dump_yaml: bool,
@@ -251,6 +261,12 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         Some(FailOnArg::Never) => FailOn::Never,
         None => config.fail_on.unwrap_or_default(),
     };
+    if cli.fix {
+        let changed = fix_specs(&specs, &config, cli.diff)?;
+        if cli.diff {
+            return Ok(u8::from(changed));
+        }
+    }
     // Policy errors are fatal before any spec is read: the same message the filter gives.
     let policies = if cli.policies.is_empty() { None } else { Some(PolicySet::load(&cli.policies)?) };
     let mut findings = Vec::new();
@@ -291,6 +307,31 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         FailOn::Never => false,
     });
     Ok(u8::from(failing))
+}
+
+/// `--fix`: the edits of every spec, written (or printed as a diff). Whether anything changes.
+fn fix_specs(specs: &[String], config: &Config, diff: bool) -> Result<bool, FatalError> {
+    let mut changed = false;
+    for spec in specs {
+        let Ok(ws) = Workspace::load(spec) else {
+            continue; // reported by the lint that follows
+        };
+        let edits = idem_lint::fix::fixes(&ws, config);
+        for (name, old, new) in idem_lint::fix::changed_files(&ws, &edits) {
+            changed = true;
+            if diff {
+                print(&idem_lint::fix::unified_diff(&name, &old, &new));
+            } else {
+                std::fs::write(&name, new)
+                    .map_err(|e| FatalError::whole_file(&name, format!("cannot write the fix: {e}")))?;
+                eprintln!(
+                    "idem-lint: fixed {name} ({} duplicate response(s) added)",
+                    edits.iter().filter(|e| ws.file(e.file).name == name).count()
+                );
+            }
+        }
+    }
+    Ok(changed)
 }
 
 fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalError> {

@@ -22,7 +22,10 @@
 //!
 //! ## Fix
 //!
-//! Document the duplicate response, with its code:
+//! `idem-lint --fix` adds a missing duplicate status to the operation's `responses` (a one-line
+//! entry whose description names the code), keeping the file's formatting and comments; a code
+//! missing from an existing response is left to you. By hand — document the duplicate response,
+//! with its code:
 //!
 //! ```text
 //! responses:
@@ -49,10 +52,17 @@ pub static RULE: Rule = Rule {
     cross: None,
 };
 
-pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
-    let Some((dup, status)) = ctx.duplicate_status() else {
-        return;
-    };
+/// The operation's `responses` map and the statement's duplicate status it lacks (and the code),
+/// when the status is not among the responses: what the finding reports and `--fix` adds.
+pub struct MissingStatus<'a> {
+    pub responses: Option<At<'a>>,
+    pub status: u16,
+    pub code: Option<String>,
+}
+
+/// The response the statement's duplicate status names, or what is missing.
+fn duplicate_response<'a>(ctx: &Ctx<'a>) -> Option<Result<At<'a>, MissingStatus<'a>>> {
+    let (dup, status) = ctx.duplicate_status()?;
     let responses = ctx.op.responses;
     let exact = status.to_string();
     let range = format!("{}XX", status / 100);
@@ -63,8 +73,24 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             .or_else(|| m.iter().find(|e| e.key.eq_ignore_ascii_case(&range)))
             .map(|e| At { file, node: &e.value })
     });
-    let Some(resp) = found else {
-        let declared: Vec<&str> = entries.map(|(_, m)| m.iter().map(|e| e.key.as_str()).collect()).unwrap_or_default();
+    Some(found.ok_or(MissingStatus { responses, status, code: dup.value.code.clone() }))
+}
+
+/// What `--fix` may add: the missing status of an operation whose statement names it.
+pub fn missing_status<'a>(ctx: &Ctx<'a>) -> Option<MissingStatus<'a>> {
+    duplicate_response(ctx)?.err()
+}
+
+pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
+    let Some((dup, status)) = ctx.duplicate_status() else {
+        return;
+    };
+    let Some(found) = duplicate_response(ctx) else {
+        return;
+    };
+    let entries = ctx.op.responses.and_then(|r| r.node.as_map());
+    let Ok(resp) = found else {
+        let declared: Vec<&str> = entries.map(|m| m.iter().map(|e| e.key.as_str()).collect()).unwrap_or_default();
         out.push(ctx.at(
             &RULE,
             &dup.loc,

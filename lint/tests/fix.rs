@@ -1,0 +1,102 @@
+//! `idem-lint --fix`: the duplicate status a statement names is added to `responses`, in the
+//! file's own style, everything else byte for byte; `--fix --diff` shows it and writes nothing;
+//! a second run has nothing left to fix.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem-lint")).args(args).current_dir(dir).output().unwrap()
+}
+
+fn temp(name: &str, file: &str, text: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("idem-lint-fix-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(file);
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Fixes `text` (as `file`), checks the result lints clean, a second `--fix` changes nothing,
+/// and returns the fixed text.
+fn fixed(name: &str, file: &str, text: &str) -> String {
+    let (dir, path) = temp(name, file, text);
+    let before = run(&dir, &["--color", "never", file]);
+    assert_eq!(before.status.code(), Some(1), "{}", stdout(&before));
+    assert!(stdout(&before).contains("error[IDEM006]"), "{}", stdout(&before));
+    // --diff shows the change and writes nothing.
+    let diff = run(&dir, &["--fix", "--diff", file]);
+    assert_eq!(diff.status.code(), Some(1), "something to fix");
+    assert!(stdout(&diff).contains(&format!("+++ b/{file}")), "{}", stdout(&diff));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "--diff wrote the file");
+    let o = run(&dir, &["--fix", "--color", "never", file]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+    let after = std::fs::read_to_string(&path).unwrap();
+    let again = run(&dir, &["--fix", "--diff", file]);
+    assert_eq!((again.status.code(), stdout(&again)), (Some(0), String::new()), "nothing left to fix");
+    let _ = std::fs::remove_dir_all(&dir);
+    after
+}
+
+const STATEMENT: &str =
+    "### 幂等性说明\\n- 是否幂等：是\\n- 幂等键：Idempotency-Key（header）\\n- 重复请求：409 DUPLICATE_REQUEST\\n";
+
+#[test]
+fn yaml_block_map_with_comments_and_anchors() {
+    let text = format!(
+        "# the shop\nopenapi: 3.0.3\ninfo: {{ title: t, version: \"1\" }}\nx-key: &key\n  name: Idempotency-Key\n  in: header\n  schema: {{ type: string }}\npaths:\n  /orders:\n    post:\n      description: \"{STATEMENT}\"\n      parameters:\n        - *key\n      responses:\n        '201': # created\n          description: created   # the order\n        # more answers later\n\n  /health:\n    get:\n      responses: {{ '200': {{ description: ok }} }}\n"
+    );
+    let after = fixed("block", "openapi.yaml", &text);
+    let want = text.replace(
+        "        # more answers later\n",
+        "        # more answers later\n        '409': { description: \"DUPLICATE_REQUEST: a repeat of a request already processed\" }\n",
+    );
+    assert_eq!(after, want);
+}
+
+#[test]
+fn yaml_flow_map() {
+    let text = format!(
+        "openapi: 3.0.3\ninfo: {{ title: t, version: \"1\" }}\npaths:\n  /orders:\n    post:\n      description: \"{STATEMENT}\"\n      parameters: [{{ name: Idempotency-Key, in: header, schema: {{ type: string }} }}]\n      responses: {{ '201': {{ description: created }} }}\n"
+    );
+    let after = fixed("flow", "openapi.yaml", &text);
+    assert!(after.contains(
+        "responses: { '201': { description: created }, '409': { description: \"DUPLICATE_REQUEST: a repeat of a request already processed\" } }"
+    ), "{after}");
+}
+
+#[test]
+fn minified_and_pretty_json() {
+    let statement = STATEMENT;
+    let min = format!(
+        r#"{{"openapi":"3.0.3","info":{{"title":"t","version":"1"}},"paths":{{"/orders":{{"post":{{"description":"{statement}","parameters":[{{"name":"Idempotency-Key","in":"header","schema":{{"type":"string"}}}}],"responses":{{"201":{{"description":"created"}}}}}}}}}}}}"#
+    );
+    let after = fixed("min", "openapi.json", &min);
+    assert!(after.contains(r#""responses":{"201":{"description":"created"},"409":{"description": "DUPLICATE_REQUEST: a repeat of a request already processed"}}"#), "{after}");
+    assert_eq!(after.lines().count(), 1, "still one line");
+    let pretty = serde_json::to_string_pretty(&serde_json::from_str::<serde_json::Value>(&min).unwrap()).unwrap();
+    let after = fixed("pretty", "openapi.json", &pretty);
+    serde_json::from_str::<serde_json::Value>(&after).expect("still JSON");
+    assert!(after.contains("\n          \"409\": {\"description\""), "{after}");
+}
+
+#[test]
+fn shared_responses_and_missing_statements_are_left_alone() {
+    // responses by $ref: the shared object serves other operations; no statement: nothing to add.
+    let text = format!(
+        "openapi: 3.0.3\ninfo: {{ title: t, version: \"1\" }}\npaths:\n  /orders:\n    post:\n      description: \"{STATEMENT}\"\n      parameters: [{{ name: Idempotency-Key, in: header, schema: {{ type: string }} }}]\n      responses: {{ $ref: '#/components/x-responses/created' }}\n    put:\n      responses: {{ '200': {{ description: ok }} }}\ncomponents:\n  x-responses:\n    created: {{ '201': {{ description: created }} }}\n"
+    );
+    let (dir, path) = temp("shared", "openapi.yaml", &text);
+    let o = run(&dir, &["--fix", "--diff", "openapi.yaml"]);
+    assert_eq!((o.status.code(), stdout(&o)), (Some(0), String::new()));
+    let o = run(&dir, &["--fix", "--color", "never", "openapi.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "the findings stay");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let _ = std::fs::remove_dir_all(&dir);
+}
