@@ -315,13 +315,19 @@ def test_a_composite_key_keeps_each_merchants_trade_numbers_apart(gateway, merch
 
 
 def test_a_lowercase_http2_method_is_the_policys_method(gateway, merchant):
-    """HTTP/2 lets a client send `:method: post`; frameworks run the POST handler for it."""
+    """HTTP/2 lets a client send `:method: post`; frameworks run the POST handler for it.
+
+    Sent without a body (the order is in the path, the route's fingerprint is method + path): a
+    replay decided at the headers is answered before a body would have arrived, and Envoy then
+    ends the stream with RST_STREAM(NO_ERROR), as RFC 9113 §8.1 allows and as it does for every
+    local reply sent early; curl 7.88 (Debian 12) reports that as error 92 about one time in 40.
+    """
     order = "H2-" + uuid.uuid4().hex[:8]
     url = "http://127.0.0.1:%d/orders/%s/pay" % (gateway.listen_port, order)
     out = []
     for _ in range(2):
         r = subprocess.run(["curl", "-sS", "-i", "--http2-prior-knowledge", "-X", "post", url, "-H",
-                            "authorization: Bearer u1", "-H", "content-type: application/json", "-d", "{}"],
+                            "authorization: Bearer u1"],
                            capture_output=True, text=True, timeout=30)
         out.append("%s\n(curl exit %d: %s)" % (r.stdout, r.returncode, r.stderr.strip()))
     assert out[0].startswith("HTTP/2 200"), out[0]
