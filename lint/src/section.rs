@@ -8,7 +8,8 @@
 //!   `__幂等性说明__`), optionally numbered (`3. 幂等性说明`) and followed by `:`/`：`, or a
 //!   plain line `幂等性说明：` directly followed by list items;
 //! - the English alias `Idempotency` (plus aliases from the config file);
-//! - items as list lines, numbered lines, plain `label: value` lines or two-column table rows,
+//! - items as list lines, numbered lines, plain `label: value` lines, two-column table rows
+//!   (`| 是否幂等 | 是 |`) or a table of a label row over a value row (`| 是否幂等 | 幂等键 |`),
 //!   labels optionally bold and recognised by meaning ([`LABEL_FORMS`]: `重复…` is the
 //!   duplicate line, `…幂等键…` the key, `…是否…幂等…` the yes/no line, …); full- or
 //!   half-width colons and parentheses; a bracketed remark after a value changes nothing.
@@ -197,6 +198,8 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
         let mut items = Vec::new();
         let mut j = body_from;
         let mut started = false;
+        // The labels of a table's header row, until its value row is read.
+        let mut columns: Option<Vec<Option<Label>>> = None;
         while j < ls.len() {
             let lj = &ls[j];
             if fenced[j] {
@@ -225,6 +228,36 @@ pub fn find_section<'a>(desc: &'a str, extra_titles: &[String]) -> Option<Sectio
             if setext_level(ls.get(j + 1)).is_some() && !lj.text.trim().is_empty() && label_of(lj.text).is_none() {
                 break;
             }
+            // A table in the other orientation: a row of labels over a row of values.
+            if let Some(cells) = table_cells(lj.text) {
+                if let Some(labels) = &columns {
+                    if !cells.iter().all(|c| is_rule_cell(c)) {
+                        let (line, range) = trimmed_range(lj);
+                        for (label, value) in labels.iter().zip(&cells) {
+                            let (Some(label), value) = (*label, clean_value(value)) else { continue };
+                            let value_offset = offset_in(line, value);
+                            items.push(Item { label, value, line, range: range.clone(), value_offset });
+                        }
+                        columns = None;
+                    }
+                    j += 1;
+                    continue;
+                }
+                // A header row: two different labels or more, none twice (a row
+                // `| 幂等键 | Idempotency-Key |` reads as the key label twice), over the rule.
+                let labels: Vec<Option<Label>> = cells.iter().map(|c| label_kind(clean_value(c))).collect();
+                let named: Vec<Label> = labels.iter().flatten().copied().collect();
+                let distinct = named.iter().enumerate().all(|(i, l)| !named[..i].contains(l));
+                let over_rule = ls
+                    .get(j + 1)
+                    .and_then(|next| table_cells(next.text))
+                    .is_some_and(|next| next.iter().all(|c| is_rule_cell(c)));
+                if over_rule && named.len() >= 2 && distinct {
+                    columns = Some(labels);
+                    j += 1;
+                    continue;
+                }
+            }
             if let Some((label, value)) = label_of(lj.text) {
                 let (line, range) = trimmed_range(lj);
                 let value_offset = offset_in(line, value);
@@ -251,7 +284,11 @@ pub fn unrecognised_title<'a>(desc: &'a str, extra_titles: &[String]) -> Option<
     let fenced = fences(&ls);
     ls.iter().zip(fenced).filter(|(_, f)| !f).map(|(l, _)| l.text.trim()).find(|t| {
         let bare = strip_list_marker(t.trim_start_matches('#'));
-        is_title(bare, extra_titles) || heading(bare).is_some_and(|(_, inner)| is_title(inner, extra_titles))
+        // `幂等性说明：本接口不幂等…`: the title with prose after its colon.
+        let before_colon = bare.split([':', '：']).next().unwrap_or(bare);
+        is_title(bare, extra_titles)
+            || is_title(before_colon, extra_titles)
+            || heading(bare).is_some_and(|(_, inner)| is_title(inner, extra_titles))
     })
 }
 
@@ -401,6 +438,18 @@ fn label_of(line: &str) -> Option<(Label, &str)> {
     Some((label, value))
 }
 
+/// The cells of a table row (`| a | b |`), trimmed, as slices of the line.
+fn table_cells(line: &str) -> Option<Vec<&str>> {
+    let row = line.trim().strip_prefix('|')?;
+    let row = row.strip_suffix('|').unwrap_or(row);
+    Some(row.split('|').map(str::trim).collect())
+}
+
+/// A cell of the rule under a table's header row (`---`, `:--:`).
+fn is_rule_cell(cell: &str) -> bool {
+    !cell.is_empty() && cell.chars().all(|c| c == '-' || c == ':' || c == ' ')
+}
+
 fn clean_value(v: &str) -> &str {
     let mut v = v.trim();
     for m in ["**", "__"] {
@@ -437,8 +486,8 @@ mod tests {
         assert_eq!(s.items.len(), 4);
         assert_eq!(parse_bool(s.items[0].value), Tri::Yes);
         let k = parse_key(s.items[1].value);
-        assert_eq!(k.location, Some(KeyIn::Body));
-        assert_eq!(k.names, vec!["transaction_id"]);
+        assert_eq!(k.location(), Some(&KeyIn::Body));
+        assert_eq!(k.names(), vec!["transaction_id"]);
         let dup = parse_duplicate(s.items[2].value);
         assert_eq!(dup.status, Some(200));
         assert_eq!(dup.code.as_deref(), Some("SUCCESS"));
@@ -468,8 +517,8 @@ mod tests {
         let s = find_section(d, &[]).unwrap();
         assert_eq!(s.items.len(), 2);
         let k = parse_key(s.items[1].value);
-        assert_eq!(k.location, Some(KeyIn::Header));
-        assert_eq!(k.names, vec!["X-Request-Id"]);
+        assert_eq!(k.location(), Some(&KeyIn::Header));
+        assert_eq!(k.names(), vec!["X-Request-Id"]);
     }
 
     #[test]
@@ -571,6 +620,50 @@ mod tests {
         }
         // A version-like number is not an item number.
         assert_eq!(strip_list_marker("3.1是否幂等"), "3.1是否幂等");
+    }
+
+    #[test]
+    fn unrecognised_titles_are_quoted() {
+        for (d, line) in [
+            (
+                "创建订单。\n幂等性说明：本接口不幂等，每次调用新建订单。\n",
+                "幂等性说明：本接口不幂等，每次调用新建订单。",
+            ),
+            ("四、幂等性说明：见下表\n表格待补充\n", "四、幂等性说明：见下表"),
+            (
+                "Idempotency: not idempotent, every call creates an order.\n",
+                "Idempotency: not idempotent, every call creates an order.",
+            ),
+            ("- **（三）幂等性说明**\n", "- **（三）幂等性说明**"),
+        ] {
+            assert!(find_section(d, &[]).is_none(), "{d}");
+            assert_eq!(unrecognised_title(d, &[]), Some(line), "{d}");
+        }
+        // Prose that merely mentions the statement is no candidate.
+        assert_eq!(unrecognised_title("本接口的幂等性说明见附录。\n", &[]), None);
+    }
+
+    #[test]
+    fn a_label_row_over_a_value_row() {
+        let d =
+            "## 幂等性说明\n\n| 是否幂等 | 幂等键 | 重复请求 |\n| :--- | --- | --- |\n| 否 | 无 | - |\n\n## 下一节\n";
+        let s = find_section(d, &[]).unwrap();
+        let got: Vec<(Label, &str)> = s.items.iter().map(|i| (i.label, i.value)).collect();
+        assert_eq!(got, vec![(Label::Idempotent, "否"), (Label::Key, "无"), (Label::Duplicate, "-")]);
+        assert_eq!(&s.items[1].line[s.items[1].value_offset..][..3], "无");
+        // A column that is no label (the operation's name) is skipped; bold labels count.
+        let d = "### Idempotency\n| Operation | **Idempotent** | Key |\n|---|---|---|\n| pay | yes | `Idempotency-Key` (header) |\n| refund | no | none |\n";
+        let s = find_section(d, &[]).unwrap();
+        let got: Vec<(Label, &str)> = s.items.iter().map(|i| (i.label, i.value)).collect();
+        assert_eq!(got, vec![(Label::Idempotent, "yes"), (Label::Key, "`Idempotency-Key` (header)")]);
+        // The usual orientation still reads row by row.
+        let d = "### 幂等性说明\n| 项目 | 说明 |\n|---|---|\n| 是否幂等 | 是 |\n| 幂等键 | K（header） |\n";
+        assert_eq!(find_section(d, &[]).unwrap().items.len(), 2);
+        // A first row whose value reads like a label is still a row, not a header.
+        let d = "### 幂等性说明\n| 幂等键 | Idempotency-Key（header） |\n|---|---|\n| 重复请求 | 409 |\n";
+        let s = find_section(d, &[]).unwrap();
+        let got: Vec<(Label, &str)> = s.items.iter().map(|i| (i.label, i.value)).collect();
+        assert_eq!(got, vec![(Label::Key, "Idempotency-Key（header）"), (Label::Duplicate, "409")]);
     }
 
     #[test]

@@ -159,10 +159,17 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                         expiry: None,
                         english: is_english(sec.title),
                     };
+                    // Items of one table row (a label row over a value row) share their line.
+                    let mut last_line: Option<(std::ops::Range<usize>, Option<u32>)> = None;
                     for item in &sec.items {
+                        let line_at = match &last_line {
+                            Some((range, at)) if *range == item.range => *at,
+                            _ => locate(item.line),
+                        };
+                        last_line = Some((item.range.clone(), line_at));
                         // Point at the value when the line was found verbatim, else at
                         // the start of the description (escaped JSON text, folded YAML).
-                        let off = locate(item.line).map_or(desc_node.start, |l| l + item.value_offset as u32);
+                        let off = line_at.map_or(desc_node.start, |l| l + item.value_offset as u32);
                         let raw = item.value.to_string();
                         let loc = loc_of(off);
                         match item.label {
@@ -251,9 +258,9 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
                     },
                     None => Vec::new(),
                 };
-                KeySpec { location, names }
+                KeySpec::at(location, names)
             }
-            _ => KeySpec { location: None, names: Vec::new() },
+            _ => KeySpec::default(),
         };
         st.key = Some(Field { value, loc: loc_at(n, "key"), raw: n.scalar_text().unwrap_or_default() });
     }

@@ -73,12 +73,57 @@ impl KeyIn {
     }
 }
 
-/// A named key: one or more names (a composite business key), optionally with a location.
-/// No names means the statement says explicitly that there is no key.
+/// One part of a key: a name and where it is read, when the statement says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeySpec {
+pub struct KeyPart {
+    pub name: String,
     pub location: Option<KeyIn>,
-    pub names: Vec<String>,
+}
+
+/// A named key: one or more parts (a composite business key), each with its own location
+/// (`out_trade_no（path）+ mchid（body）`). No parts means the statement says explicitly that
+/// there is no key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeySpec {
+    pub parts: Vec<KeyPart>,
+}
+
+impl KeySpec {
+    /// The names in every part sharing one location (`x-idempotency`'s `{in, name(s)}`).
+    pub fn at(location: Option<KeyIn>, names: Vec<String>) -> KeySpec {
+        KeySpec { parts: names.into_iter().map(|name| KeyPart { name, location: location.clone() }).collect() }
+    }
+
+    /// The statement says there is no key.
+    pub fn is_none(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.parts.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    /// The location every part shares, if they share one.
+    pub fn location(&self) -> Option<&KeyIn> {
+        let first = self.parts.first()?.location.as_ref()?;
+        self.parts.iter().all(|p| p.location.as_ref() == Some(first)).then_some(first)
+    }
+
+    /// The key as messages quote it: `a + b (body)` when the parts share a location,
+    /// `a (path) + b (body)` when they do not, `none` for no key.
+    pub fn text(&self) -> String {
+        if self.parts.is_empty() {
+            return "none".into();
+        }
+        if let Some(l) = self.location() {
+            return format!("{} ({})", self.names().join(" + "), l.as_str());
+        }
+        let part = |p: &KeyPart| match &p.location {
+            Some(l) => format!("{} ({})", p.name, l.as_str()),
+            None => p.name.clone(),
+        };
+        self.parts.iter().map(part).collect::<Vec<_>>().join(" + ")
+    }
 }
 
 fn is_none_word(t: &str) -> bool {
@@ -158,61 +203,106 @@ fn code_spans(text: &str) -> Vec<&str> {
     parts[..closed].iter().skip(1).step_by(2).map(|p| p.trim()).filter(|p| !p.is_empty()).collect()
 }
 
-pub fn parse_key(v: &str) -> KeySpec {
-    let v = v.trim();
-    let (text, inner) = brackets(v);
-    let text = text.trim();
-    if text.is_empty() || is_none_word(text) {
-        return KeySpec { location: None, names: Vec::new() };
+/// The parts of a key value: split at `+ 、 , ， &` and ` and `, never inside brackets (a
+/// remark may hold a comma) or code spans.
+fn split_parts(v: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut in_span, mut from) = (0usize, false, 0usize);
+    let mut chars = v.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '`' => in_span = !in_span,
+            '(' | '（' if !in_span => depth += 1,
+            ')' | '）' if !in_span => depth = depth.saturating_sub(1),
+            '+' | '、' | ',' | '，' | '&' if depth == 0 && !in_span => {
+                parts.push(v.get(from..i).unwrap_or(""));
+                from = i + c.len_utf8();
+            }
+            ' ' if depth == 0 && !in_span && v.get(i..).is_some_and(|t| t.starts_with(" and ")) => {
+                parts.push(v.get(from..i).unwrap_or(""));
+                from = i + " and ".len();
+                while chars.peek().is_some_and(|(j, _)| *j < from) {
+                    chars.next();
+                }
+            }
+            _ => {}
+        }
     }
-    // A key named by code spans inside prose (`请求体中的 `id` 字段`, "the `Idempotency-Key`
-    // request header"): the spans are the key's names wherever they stand, and a location word
-    // anywhere in the prose (or a bracket) is its location.
+    parts.push(v.get(from..).unwrap_or(""));
+    parts
+}
+
+/// One part's names and location. Code spans are the names wherever they stand (`请求体中的
+/// `id` 字段`, "the `Idempotency-Key` request header"), with a location word anywhere in the
+/// prose; otherwise the text is the name, with its location in a bracket (`Name（header）`),
+/// before it (`header: Name`, `请求头 Name`) or after it (`Name in query`). A bracket that
+/// names no location is a remark (`out_trade_no（商户订单号）`) and changes nothing, except one
+/// that tries an unsupported location (`token（cookie）`), which IDEM004 reports.
+fn parse_part(part: &str) -> (Vec<String>, Option<KeyIn>) {
+    let (text, inner) = brackets(part);
+    let text = text.trim();
+    let bracket_location = || inner.iter().map(|i| KeyIn::parse(i)).find(|l| !matches!(l, KeyIn::Other(_)));
     let spans = code_spans(text);
     if !spans.is_empty() {
         let prose: String = text.split('`').step_by(2).collect::<Vec<_>>().join(" ");
-        let location = inner
-            .iter()
-            .map(|i| KeyIn::parse(i))
-            .chain(std::iter::once(KeyIn::parse(&prose)))
-            .find(|l| !matches!(l, KeyIn::Other(_)));
-        return KeySpec { location, names: spans.into_iter().map(str::to_string).collect() };
+        let location =
+            bracket_location().or_else(|| Some(KeyIn::parse(&prose)).filter(|l| !matches!(l, KeyIn::Other(_))));
+        return (spans.into_iter().map(str::to_string).collect(), location);
     }
-    let mut name_part = text;
-    // "Name（header）" / "Name (header)": a bracket naming a location gives it; any other
-    // bracket is a remark (`out_trade_no（商户订单号）`) and changes nothing, except one that
-    // tries to name an unsupported location (`token（cookie）`), which IDEM004 reports.
-    let mut location = inner.iter().map(|i| KeyIn::parse(i)).find(|l| !matches!(l, KeyIn::Other(_)));
+    let mut name = text;
+    let mut location = bracket_location();
     if location.is_none() {
         location = inner.iter().find(|i| is_location_like(i)).map(|i| KeyIn::Other(i.trim().to_string()));
     }
     if location.is_none() {
         if let Some((loc, rest)) = trailing_location(text) {
-            // "`Idempotency-Key` header" / "X-Request-Id in header"
             location = Some(loc);
-            name_part = rest;
+            name = rest;
         } else {
-            // "header Idempotency-Key" / "header: Idempotency-Key" / "请求头 Idempotency-Key"
             let first_end =
                 text.char_indices().find(|(_, c)| c.is_whitespace() || *c == ':' || *c == '：').map(|(i, _)| i);
             if let Some(e) = first_end {
-                let first = text.get(..e).unwrap_or("");
-                let loc = KeyIn::parse(first);
+                let loc = KeyIn::parse(text.get(..e).unwrap_or(""));
                 if !matches!(loc, KeyIn::Other(_)) {
                     location = Some(loc);
-                    name_part = text.get(e..).unwrap_or("").trim_start_matches([':', '：', ' ', '\t']);
+                    name = text.get(e..).unwrap_or("").trim_start_matches([':', '：', ' ', '\t']);
                 }
             }
         }
     }
-    let names: Vec<String> = name_part
-        .split(['+', '、', ',', '，', '&'])
-        .flat_map(|s| s.split(" and "))
-        .map(unquote)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    KeySpec { location, names }
+    let name = unquote(name);
+    (if name.is_empty() { Vec::new() } else { vec![name.to_string()] }, location)
+}
+
+/// A key value: `Idempotency-Key（header）`, `header: Idempotency-Key`, `merchant_id +
+/// out_trade_no（body）`, `out_trade_no（path）+ mchid（body）`, `无`. A part without a location
+/// of its own takes the one the others share (`a + b（body）`: both in the body); when the
+/// others differ, it has none.
+pub fn parse_key(v: &str) -> KeySpec {
+    let v = v.trim();
+    let bare = without_remarks(v);
+    if bare.is_empty() || is_none_word(&bare) {
+        return KeySpec::default();
+    }
+    // Once code spans name the key, text outside them is prose, even between separators
+    // (`` `a` (path) + `b` (header), a UUID per refund ``).
+    let spans = !code_spans(&bare).is_empty();
+    let mut parts = Vec::new();
+    for part in split_parts(v) {
+        if spans && code_spans(&without_remarks(part)).is_empty() {
+            continue;
+        }
+        let (names, location) = parse_part(part);
+        parts.extend(names.into_iter().map(|name| KeyPart { name, location: location.clone() }));
+    }
+    let mut located = parts.iter().filter_map(|p| p.location.clone());
+    let shared = located.next().filter(|first| located.all(|l| &l == first));
+    if let Some(shared) = shared {
+        for p in parts.iter_mut().filter(|p| p.location.is_none()) {
+            p.location = Some(shared.clone());
+        }
+    }
+    KeySpec { parts }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -384,18 +474,18 @@ mod tests {
         assert_eq!(parse_bool("是"), Tri::Yes);
         assert!(matches!(parse_bool("看情况"), Tri::Unknown(_)));
         let k = parse_key("merchant_id + out_trade_no（body）");
-        assert_eq!(k.names, vec!["merchant_id", "out_trade_no"]);
+        assert_eq!(k.names(), vec!["merchant_id", "out_trade_no"]);
         let k = parse_key("header: Idempotency-Key");
-        assert_eq!(k.location, Some(KeyIn::Header));
-        assert_eq!(k.names, vec!["Idempotency-Key"]);
-        assert!(parse_key("无").names.is_empty());
+        assert_eq!(k.location().cloned(), Some(KeyIn::Header));
+        assert_eq!(k.names(), vec!["Idempotency-Key"]);
+        assert!(parse_key("无").is_none());
         let k = parse_key("`Idempotency-Key` header");
-        assert_eq!((k.location, k.names), (Some(KeyIn::Header), vec!["Idempotency-Key".to_string()]));
+        assert_eq!((k.location().cloned(), k.names()), (Some(KeyIn::Header), vec!["Idempotency-Key"]));
         let k = parse_key("request_id in query");
-        assert_eq!((k.location, k.names), (Some(KeyIn::Query), vec!["request_id".to_string()]));
+        assert_eq!((k.location().cloned(), k.names()), (Some(KeyIn::Query), vec!["request_id"]));
         let k = parse_key("Idempotency-Key");
-        assert_eq!((k.location, k.names), (None, vec!["Idempotency-Key".to_string()]));
-        assert_eq!(parse_key("/data/id (body)").names, vec!["/data/id"]);
+        assert_eq!((k.location().cloned(), k.names()), (None, vec!["Idempotency-Key"]));
+        assert_eq!(parse_key("/data/id (body)").names(), vec!["/data/id"]);
         let d = parse_duplicate("HTTP 409，返回 DUPLICATE_REQUEST 与首次请求时间");
         assert_eq!(d.status, Some(409));
         assert_eq!(d.code.as_deref(), Some("DUPLICATE_REQUEST"));
@@ -412,15 +502,15 @@ mod tests {
     #[test]
     fn bracketed_remarks_change_nothing() {
         let k = parse_key("out_trade_no（商户订单号）");
-        assert_eq!((k.location, k.names), (None, vec!["out_trade_no".to_string()]));
+        assert_eq!((k.location().cloned(), k.names()), (None, vec!["out_trade_no"]));
         let k = parse_key("out_trade_no（商户订单号）（body）");
-        assert_eq!((k.location, k.names), (Some(KeyIn::Body), vec!["out_trade_no".to_string()]));
+        assert_eq!((k.location().cloned(), k.names()), (Some(KeyIn::Body), vec!["out_trade_no"]));
         let k = parse_key("out_trade_no (merchant order number) in body");
-        assert_eq!((k.location, k.names), (Some(KeyIn::Body), vec!["out_trade_no".to_string()]));
-        assert_eq!(parse_key("无（只读接口）"), KeySpec { location: None, names: Vec::new() });
-        assert_eq!(parse_key("none (read-only)").names, Vec::<String>::new());
+        assert_eq!((k.location().cloned(), k.names()), (Some(KeyIn::Body), vec!["out_trade_no"]));
+        assert_eq!(parse_key("无（只读接口）"), KeySpec::default());
+        assert_eq!(parse_key("none (read-only)").names(), Vec::<&str>::new());
         // an attempt at an unsupported location is still one
-        assert_eq!(parse_key("token（cookie jar）").location, Some(KeyIn::Other("cookie jar".into())));
+        assert_eq!(parse_key("token（cookie jar）").location().cloned(), Some(KeyIn::Other("cookie jar".into())));
         assert_eq!(parse_duplicate("无（只读接口）"), Duplicate::new(None, None));
     }
 
@@ -442,7 +532,7 @@ mod tests {
     fn a_code_span_is_the_key_wherever_it_stands() {
         let k = |v: &str| {
             let k = parse_key(v);
-            (k.location, k.names)
+            (k.location().cloned(), k.names().into_iter().map(String::from).collect::<Vec<_>>())
         };
         let one = |n: &str| vec![n.to_string()];
         assert_eq!(k("请求体中的 `id` 字段（由客户端生成，UUID）"), (Some(KeyIn::Body), one("id")));
@@ -459,6 +549,41 @@ mod tests {
         // No location word: none given; an unpaired backtick is no span.
         assert_eq!(k("由调用方生成的 `request_id`"), (None, one("request_id")));
         assert_eq!(k("request_id`"), (None, one("request_id")));
+    }
+
+    #[test]
+    fn each_part_of_a_composite_key_has_its_own_location() {
+        let parts = |v: &str| {
+            let k = parse_key(v);
+            k.parts.iter().map(|p| (p.name.clone(), p.location.clone())).collect::<Vec<_>>()
+        };
+        let part = |n: &str, l: Option<KeyIn>| (n.to_string(), l);
+        assert_eq!(
+            parts("out_trade_no（path）+ mchid（body）"),
+            vec![part("out_trade_no", Some(KeyIn::Path)), part("mchid", Some(KeyIn::Body))]
+        );
+        assert_eq!(
+            parts("order_id in path and Idempotency-Key in header"),
+            vec![part("order_id", Some(KeyIn::Path)), part("Idempotency-Key", Some(KeyIn::Header))]
+        );
+        assert_eq!(
+            parts("`merchant_id` (path) + `Idempotency-Key` (header), a UUID per refund"),
+            vec![part("merchant_id", Some(KeyIn::Path)), part("Idempotency-Key", Some(KeyIn::Header))]
+        );
+        // A part without its own location takes the one the others share, and none when they differ.
+        assert_eq!(
+            parts("mchid + out_trade_no（body）"),
+            vec![part("mchid", Some(KeyIn::Body)), part("out_trade_no", Some(KeyIn::Body))]
+        );
+        assert_eq!(
+            parts("a（path）+ b + c（body）"),
+            vec![part("a", Some(KeyIn::Path)), part("b", None), part("c", Some(KeyIn::Body))]
+        );
+        // A comma inside a remark separates nothing.
+        assert_eq!(parts("out_trade_no（商户订单号，唯一）"), vec![part("out_trade_no", None)]);
+        let k = parse_key("out_trade_no（path）+ mchid（body）");
+        assert_eq!((k.location(), k.text()), (None, "out_trade_no (path) + mchid (body)".to_string()));
+        assert_eq!(parse_key("a + b（body）").text(), "a + b (body)");
     }
 
     #[test]

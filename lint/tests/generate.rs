@@ -256,3 +256,30 @@ fn a_key_envoy_generates_is_never_written_as_a_policy() {
     assert!(!dir.join("post-transfers.toml").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_composite_key_keeps_each_parts_location_and_the_cross_check_agrees() {
+    let dir = temp_dir("per-part");
+    let out = dir.to_str().unwrap();
+    let spec = root().join("tests/fixtures/IDEM004/good_per_part_locations.yaml");
+    let spec = spec.to_str().unwrap();
+    let o = run(&["policies", spec, "-o", out]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let pay = std::fs::read_to_string(dir.join("post-orders-out_trade_no-pay.toml")).unwrap();
+    assert!(pay.contains(r#"parts = ["path:out_trade_no", "body:/mchid"]"#), "{pay}");
+    let refund = std::fs::read_to_string(dir.join("post-merchants-merchant_id-refunds.toml")).unwrap();
+    assert!(refund.contains(r#"parts = ["path:merchant_id", "header:idempotency-key"]"#), "{refund}");
+    // The spec and the policies it generated agree part by part.
+    let o = run(&[spec, "--policies", out]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    // A policy reading one part elsewhere than the statement says is a mismatch.
+    std::fs::write(
+        dir.join("post-orders-out_trade_no-pay.toml"),
+        pay.replace("path:out_trade_no", "body:/out_trade_no"),
+    )
+    .unwrap();
+    let o = run(&[spec, "--policies", out, "--color", "never"]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("IDEM103"), "{}", stdout(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

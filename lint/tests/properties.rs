@@ -70,7 +70,7 @@ proptest! {
                     Label::Idempotent => { let _ = parse_bool(item.value); }
                     Label::Key => {
                         let k = parse_key(item.value);
-                        for n in &k.names { prop_assert!(!n.is_empty()); }
+                        for n in &k.names() { prop_assert!(!n.is_empty()); }
                     }
                     Label::Duplicate => {
                         let d = parse_duplicate(item.value);

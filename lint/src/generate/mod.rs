@@ -176,7 +176,7 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
             "it names no idempotency key (IDEM003): the gateway has nothing to deduplicate on".into(),
         ));
     };
-    if key.value.names.is_empty() {
+    if key.value.is_none() {
         return Err((
             key.loc.clone(),
             "its statement says it has no key: the gateway has nothing to deduplicate on".into(),

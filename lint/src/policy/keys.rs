@@ -12,11 +12,11 @@ use idem_filter::policy::Source;
 /// The filter's sources for a statement's key, in the statement's order; `Err` says why a name
 /// cannot be read by the filter as documented.
 pub fn spec_sources(ws: &Workspace, op: &Operation<'_>, key: &KeySpec) -> Result<Vec<Source>, String> {
-    key.names
+    key.parts
         .iter()
-        .map(|raw| {
-            let name = raw.trim().trim_matches('`');
-            let location = match &key.location {
+        .map(|part| {
+            let name = part.name.trim().trim_matches('`');
+            let location = match &part.location {
                 Some(l) => l.clone(),
                 None => declared_location(ws, op, name).ok_or_else(|| {
                     format!("its key \"{name}\" has no location and is not declared as a header, query, path parameter or body property (IDEM004)")

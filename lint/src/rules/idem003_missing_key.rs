@@ -61,7 +61,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
                 st.hint("key")
             ),
         )),
-        Some(f) if f.value.names.is_empty() => out.push(ctx.at(
+        Some(f) if f.value.is_none() => out.push(ctx.at(
             &RULE,
             &f.loc,
             format!(

@@ -64,7 +64,9 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(key) = &st.key else {
         return;
     };
-    if let Some(KeyIn::Other(loc)) = &key.value.location {
+    if let Some(KeyIn::Other(loc)) =
+        key.value.parts.iter().find_map(|p| p.location.as_ref().filter(|l| matches!(l, KeyIn::Other(_))))
+    {
         out.push(ctx.at(
             &RULE,
             &key.loc,
@@ -72,8 +74,9 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         ));
         return;
     }
-    for name in &key.value.names {
-        let found = match &key.value.location {
+    for part in &key.value.parts {
+        let name = &part.name;
+        let found = match &part.location {
             Some(KeyIn::Header) => has_param(ctx, "header", name),
             Some(KeyIn::Query) => has_param(ctx, "query", name),
             Some(KeyIn::Path) => has_param(ctx, "path", name),
@@ -84,7 +87,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             }
         };
         if !found {
-            let what = match &key.value.location {
+            let what = match &part.location {
                 Some(KeyIn::Header) => "a header parameter",
                 Some(KeyIn::Query) => "a query parameter",
                 Some(KeyIn::Path) => "a path parameter",

@@ -116,9 +116,10 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(key) = &st.key else {
         return;
     };
-    let names = &key.value.names;
-    let maybe_header = matches!(key.value.location, None | Some(crate::value::KeyIn::Header));
-    for name in names {
+    let composite = key.value.parts.len() > 1;
+    for part in &key.value.parts {
+        let name = &part.name;
+        let maybe_header = matches!(part.location, None | Some(crate::value::KeyIn::Header));
         let generated = || {
             let why = idem_filter::policy::generated_header(name)?;
             Some(format!("it {why}, so it does not identify one intended action"))
@@ -127,7 +128,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             continue;
         };
         // A user id is fine as one part of a composite key.
-        if names.len() > 1 && why.starts_with("a user id") {
+        if composite && why.starts_with("a user id") {
             continue;
         }
         out.push(ctx.at(

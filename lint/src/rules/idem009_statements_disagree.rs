@@ -33,7 +33,7 @@
 //! ```
 
 use super::{Ctx, RawFinding, Rule, Severity};
-use crate::value::{duration_secs, KeySpec, Tri};
+use crate::value::{duration_secs, KeyIn, KeySpec, Tri};
 
 /// IDEM009 statements-disagree: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {
@@ -46,25 +46,23 @@ pub static RULE: Rule = Rule {
     cross: None,
 };
 
-fn key_text(k: &KeySpec) -> String {
-    let names = if k.names.is_empty() { "none".to_string() } else { k.names.join(" + ") };
-    match &k.location {
-        Some(l) => format!("{names} ({})", l.as_str()),
-        None => names,
-    }
-}
-
+/// The same parts in any order; a part's location counts when both statements give one.
 fn same_key(a: &KeySpec, b: &KeySpec) -> bool {
-    let norm = |k: &KeySpec| {
-        let mut v: Vec<String> = k.names.iter().map(|n| n.to_lowercase()).collect();
-        v.sort();
+    let sorted = |k: &KeySpec| {
+        let mut v: Vec<(String, Option<KeyIn>)> =
+            k.parts.iter().map(|p| (p.name.to_lowercase(), p.location.clone())).collect();
+        v.sort_by(|x, y| x.0.cmp(&y.0));
         v
     };
-    let loc_ok = match (&a.location, &b.location) {
-        (Some(x), Some(y)) => x == y,
-        _ => true,
-    };
-    loc_ok && norm(a) == norm(b)
+    let (a, b) = (sorted(a), sorted(b));
+    a.len() == b.len()
+        && a.iter().zip(&b).all(|((n, x), (m, y))| {
+            n == m
+                && match (x, y) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => true,
+                }
+        })
 }
 
 fn same_expiry(a: &str, b: &str) -> bool {
@@ -111,8 +109,8 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
                 &b.loc,
                 format!(
                     "x-idempotency names the key of {label} {} but the 幂等性说明 section names {}",
-                    key_text(&b.value),
-                    key_text(&a.value)
+                    b.value.text(),
+                    a.value.text()
                 ),
             ));
         }

@@ -52,7 +52,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let Some(idem) = st.idempotent.as_ref().filter(|f| f.value == Tri::No) else {
         return;
     };
-    let key = st.key.as_ref().map(|k| k.value.names.join(" + ")).filter(|n| !n.is_empty());
+    let key = st.key.as_ref().map(|k| k.value.names().join(" + ")).filter(|n| !n.is_empty());
     let code = st.duplicate.as_ref().and_then(|d| d.value.code.clone());
     let named = match (&key, &code) {
         (Some(k), Some(c)) => format!("the key \"{k}\" and the duplicate code {c}"),

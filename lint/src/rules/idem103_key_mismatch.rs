@@ -75,7 +75,7 @@ pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
             let op = &ctx.ops[oi];
             let Some(st) = &op.statement else { continue };
             let Some(key) = &st.key else { continue };
-            if key.value.names.is_empty() {
+            if key.value.is_none() {
                 continue;
             }
             // A key the filter cannot read as documented is IDEM004's (or the generator's) finding.
