@@ -1039,3 +1039,77 @@ fn counters_exist_from_the_start_only_for_what_the_alerts_read() {
         );
     }
 }
+
+/// Request `ctx` (key `key`) claimed, forwarded and answered by the upstream: its completion is
+/// queued for the root.
+fn answered_upstream(host: &FakeHost, w: &Rc<Worker>, ctx: u32, key: &str) -> Stream {
+    let (mut s, _) = send(host, w, ctx, "/r", key);
+    host.take_acts();
+    answer_stream(host, &mut s, ctx, 200, br#"{"SET":null}"#);
+    upstream_answers(host, &mut s, ctx);
+    host.take_acts();
+    s
+}
+
+/// The root's Webdis calls among `acts`: (token, body).
+fn root_calls(acts: &[Act]) -> Vec<(u32, String)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Act::Dispatch { context, token, body, .. } if *context == ROOT => {
+                Some((*token, String::from_utf8(body.clone()).unwrap()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn completions_queued_while_a_write_is_out_go_together_in_one_call() {
+    let (host, w) = setup(&redis_policy(""));
+    // Idle: the first completion goes out at once, alone.
+    let (mut first, token, complete) = completion_sent(&host, &w);
+    assert!(!complete.contains("local%20F%3D"), "a lone write is its own command: {complete}");
+    // Two more finish while it is out: they wait for it.
+    let mut later: Vec<Stream> =
+        [(11, "k2"), (12, "k3")].iter().map(|(c, k)| answered_upstream(&host, &w, *c, k)).collect();
+    assert!(root_calls(&root_sends(&host, &w)).is_empty(), "nothing goes out while a write is out");
+    // The first write's reply sends both, in one call.
+    let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert!(acts.contains(&Act::ResumeResponse { context: 10 }), "{acts:?}");
+    let calls = root_calls(&acts);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (batch, body) = &calls[0];
+    assert!(body.starts_with("EVAL/local%20F%3D") && body.contains("/2/t%3Ak%3A"), "{body}");
+    // Each write's own reply reaches its stream; a step Redis refused is retried alone.
+    let acts = answer_root(&host, &w, *batch, 200, br#"{"EVAL":[1,"ERR OOM command not allowed"]}"#);
+    assert!(acts.contains(&Act::ResumeResponse { context: 11 }), "{acts:?}");
+    assert!(acts.contains(&Act::ResumeResponse { context: 12 }), "the client is not kept waiting: {acts:?}");
+    assert_eq!((count(&host, "r", "stored"), count(&host, "r", "write_retried")), (2, 1));
+    let retry = root_calls(&root_ticks_after(&host, &w, 150));
+    assert_eq!(retry.len(), 1, "{retry:?}");
+    assert!(!retry[0].1.contains("local%20F%3D"), "{}", retry[0].1);
+    answer_root(&host, &w, retry[0].0, 200, br#"{"EVAL":1}"#);
+    assert_eq!(count(&host, "r", "stored"), 3);
+    first.on_log(&host);
+    for s in &mut later {
+        s.on_log(&host);
+    }
+}
+
+#[test]
+fn a_batch_refused_crossslot_is_sent_again_per_hash_slot() {
+    let (host, w) = setup(&redis_policy(""));
+    let (_first, token, _) = completion_sent(&host, &w);
+    let _later: Vec<Stream> =
+        [(11, "k2"), (12, "k3"), (13, "k4")].iter().map(|(c, k)| answered_upstream(&host, &w, *c, k)).collect();
+    let calls = root_calls(&answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#));
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let crossslot = br#"{"EVAL":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#;
+    let acts = answer_root(&host, &w, calls[0].0, 200, crossslot);
+    assert_eq!(count(&host, "r", "write_retried"), 0, "nothing ran: not a refused write");
+    assert!(host.logs().iter().any(|(_, l)| l.contains("batched per hash slot")), "{:?}", host.logs());
+    // Three keys of three different slots: three calls, each a lone write.
+    let calls = root_calls(&acts);
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls.iter().all(|(_, b)| !b.contains("local%20F%3D")), "{calls:?}");
+}

@@ -178,3 +178,14 @@ fn unknown_outcome_records_and_renewals_carry_the_claims_record() {
     let renew = percent_decode(&s.renew(&t, 30_000).body);
     assert!(renew.contains(&t.record) && renew.ends_with("/30000"), "{renew}");
 }
+
+#[test]
+fn hash_slots_are_redis_clusters() {
+    use idem_filter::store::redis::hash_slot;
+    // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+    assert_eq!(hash_slot("123456789"), 0x31C3, "CRC16/XMODEM check value, below 16384");
+    assert_eq!(hash_slot("foo"), 12182);
+    assert_eq!(hash_slot("bar"), 5061);
+    assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
+    assert_ne!(hash_slot("foo{}{bar}"), hash_slot("bar"), "an empty tag hashes the whole key");
+}

@@ -264,3 +264,56 @@ fn a_token_is_restored_only_by_the_request_that_used_it() {
     assert_eq!(store.parse_update(status, &body), Ok(true));
     assert!(live.get(&first.key).unwrap().starts_with("K|"), "issued again");
 }
+
+/// Owner `owner` claims `id`; the claim must land.
+fn claim_id(live: &Live, store: &RedisStore<'_>, id: [u8; 32], owner: u64) -> Ticket {
+    let (cmd, ticket) = store.claim(&id, &FP, owner, 1000, 30_000);
+    let (status, body) = live.send(&cmd);
+    assert_eq!(store.parse_claim(&FP, status, &body), Ok(idem_filter::store::Claim::Claimed(())));
+    ticket
+}
+
+#[test]
+fn a_batch_runs_each_write_with_its_own_owner_check_and_reply() {
+    use idem_filter::store::redis::{read_release, read_update};
+    let live = Live::start("batch");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let ours = claim_id(&live, &store, [10; 32], 1);
+    // A claim taken over: A's lease ran out and B claimed the key.
+    let a = claim_id(&live, &store, [11; 32], 0xa);
+    live.del(&a.key);
+    let b = claim_id(&live, &store, [11; 32], 0xb);
+    let released = claim_id(&live, &store, [12; 32], 3);
+    let (_, never_claimed) = store.claim(&[13; 32], &FP, 4, 1000, 30_000);
+    // A key Redis cannot read as a string: that one step fails, the others still run.
+    let broken = claim_id(&live, &store, [14; 32], 5);
+    live.del(&broken.key);
+    live.try_call(&command(&["EVAL", "return redis.call('LPUSH',KEYS[1],'x')", "1", &broken.key])).unwrap();
+
+    let writes = [
+        store.complete(&ours, &answer(), 4096, 86_400_000, 30_000).0,
+        store.complete(&a, &answer(), 4096, 86_400_000, 30_000).0,
+        store.release(&released),
+        store.release(&never_claimed),
+        store.complete(&broken, &answer(), 4096, 86_400_000, 30_000).0,
+    ];
+    let batch = store.batch(&writes.iter().collect::<Vec<_>>()).expect("fenced writes batch");
+    let (status, body) = live.send(&batch);
+    let replies = store.parse_batch(writes.len(), status, &body).unwrap();
+    let mut replies = replies.into_iter();
+    assert_eq!(replies.next().unwrap().and_then(read_update), Ok(true));
+    assert_eq!(replies.next().unwrap().and_then(read_update), Ok(false), "fenced out");
+    assert_eq!(replies.next().unwrap().and_then(read_release), Ok(Released::Deleted));
+    assert_eq!(replies.next().unwrap().and_then(read_release), Ok(Released::Absent));
+    let failed = replies.next().unwrap();
+    assert!(matches!(&failed, Err(e) if format!("{e:?}").contains("WRONGTYPE")), "{failed:?}");
+    // What Redis holds: our answer, B's claim untouched, the released key gone.
+    assert!(live.get(&ours.key).unwrap().starts_with("C|0000000000000001|"));
+    assert!(live.pttl(&ours.key) > 86_000_000, "kept for the key's ttl");
+    assert_eq!(live.get(&b.key).as_deref(), Some(b.record.as_str()), "B's claim survives A's late answer");
+    assert_eq!(live.get(&released.key), None);
+    // A claim or a renewal is no fenced write: it never goes into a batch.
+    let (claim_cmd, _) = store.claim(&[15; 32], &FP, 6, 1000, 30_000);
+    assert_eq!(store.batch(&[&writes[0], &claim_cmd]), None);
+}

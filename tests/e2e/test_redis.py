@@ -140,6 +140,33 @@ def test_200_concurrent_identical_requests_over_two_envoys_run_once(fleet, upstr
     assert upstream.calls(key) == 1
 
 
+def webdis_calls(env):
+    """Webdis callouts this Envoy has made (its `webdis` cluster's upstream requests)."""
+    return env.stats("cluster.webdis.upstream_rq_total").get("cluster.webdis.upstream_rq_total", 0)
+
+
+def test_concurrent_completions_share_webdis_calls_and_every_answer_is_stored(fleet, upstream):
+    """Group commit, with real concurrency: 120 fresh keys at once through one Envoy, whose upstream
+    answers them together, so their completions meet while a write is out and go out together. Every
+    request still runs once and every answer is stored (replayed by the other Envoy)."""
+    env, other = fleet
+    keys = [new_key("gc") for _ in range(120)]
+    before = webdis_calls(env)
+
+    def send(i):
+        return post(env, "/r/key", keys[i], headers={"x-demo-delay-ms": "200"}, timeout=30)
+    first = fire(len(keys), send)
+    calls = webdis_calls(env) - before
+    for k, r in zip(keys, first):
+        assert_upstream_answer(r, key=k, n=1)
+    # A claim and a completion per request without batching: 240 calls.
+    assert calls < 2 * len(keys), "%d Webdis calls for %d requests: completions were not batched" % (calls, len(keys))
+    for k, r in zip(keys, first):
+        assert_replay_of(post(other, "/r/key", k), r)
+        assert upstream.calls(k) == 1
+    print("group commit: %d Webdis calls for %d requests (%.2f per request)" % (calls, len(keys), calls / len(keys)))
+
+
 def test_replay_422_and_release_across_envoys(fleet, upstream):
     a, b = fleet
     key = new_key("rx")

@@ -111,6 +111,25 @@ def test_keys_spread_over_all_three_primaries_and_replay_on_either_envoy(cl, ups
     assert sum(spread.values()) >= len(keys), spread
 
 
+def test_completions_batched_on_the_cluster_go_per_hash_slot(cl, upstream):
+    """Group commit on Redis Cluster: the first batch over keys of several slots is refused
+    CROSSSLOT by the cluster (through redis_proxy); nothing of it ran, and from then on each batch
+    holds one slot's keys. Every answer is stored."""
+    g0, g1 = cl.gateways
+    keys = [new_key("gcs") for _ in range(60)]
+
+    def send(i):
+        return post(g0, "/c/key", keys[i], headers={"x-demo-delay-ms": "200"}, timeout=30)
+    first = fire(len(keys), send)
+    for k, r in zip(keys, first):
+        assert_upstream_answer(r, key=k, n=1)
+    wait_for(lambda: "batched per hash slot" in g0.log_text(), 5, what="the per-slot switch in the log")
+    for k, r in zip(keys, first):
+        assert_replay_of(post(g1, "/c/key", k), r)
+        assert upstream.calls(k) == 1
+    assert "write_retried" not in counters(g0, "c-key"), counters(g0, "c-key")
+
+
 def test_the_proxy_user_runs_only_idem_commands_on_idem_keys(cl):
     webdis = cl.stores[0].webdis
     flush = webdis.call("/", method="POST", body="EVAL/return redis.call('FLUSHALL')/1/idem:x").json()

@@ -48,8 +48,10 @@ pub struct Worker {
     pub(super) handoff: RefCell<HashMap<u32, (Ticket, String)>>,
     /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
     pub(super) outbox: RefCell<VecDeque<Job>>,
-    /// Root-context Webdis writes in flight: callout token → job.
-    pub(super) finishing: RefCell<HashMap<u32, Job>>,
+    /// Root-context Webdis writes in flight: callout token → the writes it carries.
+    pub(super) finishing: RefCell<HashMap<u32, Vec<Job>>>,
+    /// Redis is a cluster: a batch of writes holds one hash slot's keys (see `writes`).
+    pub(super) batch_per_slot: Cell<bool>,
     /// Detached upstream calls waiting to be sent by the root context.
     pub(super) detached_out: RefCell<Vec<Detached>>,
     /// Detached upstream calls in flight: callout token → call.
@@ -178,6 +180,7 @@ impl Worker {
             handoff: RefCell::new(HashMap::new()),
             outbox: RefCell::new(VecDeque::new()),
             finishing: RefCell::new(HashMap::new()),
+            batch_per_slot: Cell::new(false),
             detached_out: RefCell::new(Vec::new()),
             detached: RefCell::new(HashMap::new()),
             leases: RefCell::new(HashMap::new()),
@@ -382,9 +385,9 @@ impl Worker {
             self.eviction_answered(host, status, &body);
             return;
         }
-        let job = self.finishing.borrow_mut().remove(&token);
-        if let Some(job) = job {
-            self.finished(host, job, status, &body);
+        let batch = self.finishing.borrow_mut().remove(&token);
+        if let Some(batch) = batch {
+            self.batch_finished(host, batch, status, &body);
             self.send_outbox(host);
             return;
         }

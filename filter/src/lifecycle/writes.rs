@@ -4,7 +4,7 @@
 use super::replay::Answered;
 use super::worker::Worker;
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
-use crate::host::Host;
+use crate::host::{Host, Level};
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::redis::{self, Released};
 use crate::store::{shared, Answer, Completion, StoreError};
@@ -20,6 +20,10 @@ const RETRY_MAX_MS: u64 = 2000;
 /// An orphaned claim not found yet is looked for again at most this far apart, so a late claim
 /// is freed within about a second of landing.
 const ORPHAN_RECHECK_MAX_MS: u64 = 1000;
+/// The most writes one batch carries, and the most bytes of commands (Webdis reads a request
+/// body whole).
+const MAX_BATCH_WRITES: usize = 64;
+const MAX_BATCH_BYTES: usize = 1 << 20;
 
 /// A Redis write finishing a ticket, sent by the root context so it completes even though the
 /// request's stream (and any callout the stream owns) is gone by then. A write the store refuses
@@ -207,7 +211,7 @@ impl Worker {
     fn queue(&self, host: &dyn Host, job: Job) {
         let mut outbox = self.outbox.borrow_mut();
         outbox.push_back(job);
-        let in_flight = self.finishing.borrow().len();
+        let in_flight: usize = self.finishing.borrow().values().map(Vec::len).sum();
         let mut bytes: usize = outbox.iter().map(|j| j.cmd.body.len()).sum();
         let mut dropped = Vec::new();
         while outbox.len() + in_flight > MAX_PENDING_WRITES || bytes > MAX_PENDING_BYTES {
@@ -231,8 +235,16 @@ impl Worker {
 
     /// Sends the writes and detached calls that are due (root context only: the callouts then
     /// belong to the root and survive the request).
+    ///
+    /// Group commit: while a write call is out, due writes wait for it, and go out together in
+    /// one call (one script over their keys, [`redis::BATCH`]) when it returns. An idle worker
+    /// sends a write at once, alone; under load, batches grow with the load. On Redis Cluster
+    /// (found when a batch is refused `CROSSSLOT`) a batch holds the keys of one slot.
     pub(super) fn send_outbox(&self, host: &dyn Host) {
         self.send_detached(host);
+        if !self.finishing.borrow().is_empty() {
+            return;
+        }
         let now = host.now_ms();
         let due: Vec<Job> = {
             let mut outbox = self.outbox.borrow_mut();
@@ -240,27 +252,108 @@ impl Worker {
             *outbox = later;
             due.into()
         };
-        for mut job in due {
-            job.sent_ms = now;
-            match self.dispatch(host, &job.cmd) {
-                Ok(token) => {
-                    self.finishing.borrow_mut().insert(token, job);
+        for batch in self.batches(due) {
+            self.send_batch(host, batch, now);
+        }
+    }
+
+    /// Due writes as the batches they go out in: one (or several of at most
+    /// [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`]), per slot on a cluster; a write that
+    /// cannot be a step goes alone.
+    fn batches(&self, due: Vec<Job>) -> Vec<Vec<Job>> {
+        let per_slot = self.batch_per_slot.get();
+        let mut groups: Vec<(Option<u16>, Vec<Job>, usize)> = Vec::new();
+        for job in due {
+            let Some(step) = &job.cmd.step else {
+                groups.push((None, vec![job], 0));
+                continue;
+            };
+            let slot = per_slot.then(|| redis::hash_slot(&step.key));
+            let size = job.cmd.body.len();
+            let open = groups.iter_mut().rev().find(|(s, g, bytes)| {
+                g.first().is_some_and(|j| j.cmd.step.is_some())
+                    && *s == slot
+                    && g.len() < MAX_BATCH_WRITES
+                    && bytes + size <= MAX_BATCH_BYTES
+            });
+            match open {
+                Some((_, g, bytes)) => {
+                    g.push(job);
+                    *bytes += size;
                 }
-                Err(e) => self.write_failed(host, job, e, now),
+                None => groups.push((slot, vec![job], size)),
+            }
+        }
+        groups.into_iter().map(|(_, g, _)| g).collect()
+    }
+
+    /// Sends one batch: a lone write as its own command, several as one [`redis::BATCH`] call.
+    fn send_batch(&self, host: &dyn Host, mut batch: Vec<Job>, now: u64) {
+        for job in &mut batch {
+            job.sent_ms = now;
+        }
+        let cmd = match batch.as_slice() {
+            [one] => Some(one.cmd.clone()),
+            many => self.engine.redis().and_then(|s| s.batch(&many.iter().map(|j| &j.cmd).collect::<Vec<_>>())),
+        };
+        let sent = match cmd {
+            Some(cmd) => self.dispatch(host, &cmd),
+            None => Err(StoreError::Host("writes that cannot be batched were grouped".into())),
+        };
+        match sent {
+            Ok(token) => {
+                self.finishing.borrow_mut().insert(token, batch);
+            }
+            Err(e) => {
+                for job in batch {
+                    self.write_failed(host, job, e.clone(), now);
+                }
             }
         }
     }
 
-    /// The reply to a write.
-    pub(super) fn finished(&self, host: &dyn Host, job: Job, status: u16, body: &[u8]) {
+    /// The reply to a write call: one write's, or a batch's, taken apart into each write's.
+    pub(super) fn batch_finished(&self, host: &dyn Host, batch: Vec<Job>, status: u16, body: &[u8]) {
         let Some(store) = self.engine.redis() else {
             return;
         };
+        if batch.len() == 1 {
+            for job in batch {
+                self.finished(host, job, redis::reply("EVAL", status, body));
+            }
+            return;
+        }
+        match store.parse_batch(batch.len(), status, body) {
+            Ok(replies) => {
+                for (job, reply) in batch.into_iter().zip(replies) {
+                    self.finished(host, job, reply);
+                }
+            }
+            Err(StoreError::Host(e)) if e.contains("CROSSSLOT") && !self.batch_per_slot.get() => {
+                // Redis Cluster: from now on a batch holds one slot's keys. Nothing ran.
+                host.log(Level::Info, "idem: Redis is a cluster: writes are batched per hash slot from now on");
+                self.batch_per_slot.set(true);
+                let mut outbox = self.outbox.borrow_mut();
+                for job in batch.into_iter().rev() {
+                    outbox.push_front(job);
+                }
+            }
+            Err(e) => {
+                let now = host.now_ms();
+                for job in batch {
+                    self.write_failed(host, job, e.clone(), now);
+                }
+            }
+        }
+    }
+
+    /// The reply to one write.
+    fn finished(&self, host: &dyn Host, job: Job, reply: redis::StepReply) {
         self.store_call_took(host, job.route, job.sent_ms);
         if matches!(job.kind, FinishKind::Release | FinishKind::ReleaseOrphan) {
-            return self.release_answered(host, store, job, status, body);
+            return self.release_answered(host, job, reply);
         }
-        let applied = match store.parse_update(status, body) {
+        let applied = match reply.and_then(redis::read_update) {
             Ok(applied) => applied,
             Err(e) => return self.write_failed(host, job, e, host.now_ms()),
         };
@@ -299,9 +392,9 @@ impl Worker {
     /// The reply to a release. An orphaned claim that is not there (yet) is looked for again
     /// until `lock_ttl` has passed: the `SET` of a callout that timed out may land after the
     /// first release, and would otherwise lock the key for its whole lease.
-    fn release_answered(&self, host: &dyn Host, store: redis::RedisStore<'_>, mut job: Job, status: u16, body: &[u8]) {
+    fn release_answered(&self, host: &dyn Host, mut job: Job, reply: redis::StepReply) {
         let now = host.now_ms();
-        let released = match store.parse_release(status, body) {
+        let released = match reply.and_then(redis::read_release) {
             Ok(r) => r,
             Err(e) => return self.write_failed(host, job, e, now),
         };

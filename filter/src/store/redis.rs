@@ -13,6 +13,7 @@
 //! | issue token | `SET t <issued record> PX <ttl>` | 1 |
 //! | use token | `EVAL`: `GET t`; if issued, `SET t <used record> KEEPTTL`; return the old value | 1 |
 //! | restore token | `EVAL`: if `GET t` is our used record, `SET t <issued record> KEEPTTL` | 1 |
+//! | batch (group commit) | `EVAL` of [`BATCH`]: several completions, releases and restores, each with its own owner check and reply | 1 for all |
 //!
 //! Fencing compares the whole in-flight record, which carries a random owner id, so a request
 //! whose lease expired (the key's `PX` ran out and another request claimed it) can never
@@ -35,6 +36,30 @@ pub struct Command {
     /// The Redis command name, which is also the key of Webdis' JSON reply.
     pub name: &'static str,
     pub body: String,
+    /// A fenced write (complete, hold unknown, release, restore token) as one step of a batch.
+    pub step: Option<Step>,
+}
+
+/// One fenced write as a step of [`BATCH`]: the script's letter, its key and its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    op: &'static str,
+    pub key: String,
+    args: Vec<String>,
+}
+
+impl Command {
+    fn plain(name: &'static str, body: String) -> Command {
+        Command { name, body, step: None }
+    }
+
+    /// A one-key `EVAL` of a fenced write that can also go out as one step of a batch.
+    fn fenced(op: &'static str, script: &str, key: &str, args: Vec<String>) -> Command {
+        let mut argv: Vec<&str> = vec!["EVAL", script, "1", key];
+        argv.extend(args.iter().map(String::as_str));
+        let body = command(&argv);
+        Command { name: "EVAL", body, step: Some(Step { op, key: key.to_string(), args }) }
+    }
 }
 
 /// Proof of ownership of a Redis claim or used token: its key and the exact record we wrote.
@@ -70,20 +95,59 @@ fn unhex<const N: usize>(hex: &str) -> [u8; N] {
     out
 }
 
-const COMPLETE: &str = "local v=redis.call('GET',KEYS[1]) \
-    if v==ARGV[2] then return 1 end \
-    if v and v~=ARGV[1] then return 0 end \
-    local r=redis.pcall('SET',KEYS[1],ARGV[2],'PX',ARGV[3]) \
-    if type(r)=='table' and r.err then if v then redis.call('PEXPIRE',KEYS[1],ARGV[4]) end return r end \
-    return 1";
+// Each fenced write's script is written once, over `K` (its key) and `A` (its arguments), and
+// runs alone (`KEYS[1]`, `ARGV`) or as a step of [`BATCH`].
+macro_rules! complete_body {
+    () => {
+        "local v=redis.call('GET',K) \
+        if v==A[2] then return 1 end \
+        if v and v~=A[1] then return 0 end \
+        local r=redis.pcall('SET',K,A[2],'PX',A[3]) \
+        if type(r)=='table' and r.err then if v then redis.call('PEXPIRE',K,A[4]) end return r end \
+        return 1"
+    };
+}
+macro_rules! release_body {
+    () => {
+        "local v=redis.call('GET',K) \
+        if v==A[1] then redis.call('DEL',K) return 1 elseif v then return 0 else return 2 end"
+    };
+}
+macro_rules! restore_body {
+    () => {
+        "if redis.call('GET',K)==A[1] then redis.call('SET',K,A[2],'KEEPTTL') return 1 else return 0 end"
+    };
+}
+const COMPLETE: &str = concat!("local K,A=KEYS[1],ARGV ", complete_body!());
+const RELEASE: &str = concat!("local K,A=KEYS[1],ARGV ", release_body!());
+const RESTORE_TOKEN: &str = concat!("local K,A=KEYS[1],ARGV ", restore_body!());
 const RENEW: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
     return redis.call('PEXPIRE',KEYS[1],ARGV[2]) else return 0 end";
-const RELEASE: &str = "local v=redis.call('GET',KEYS[1]) \
-    if v==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 elseif v then return 0 else return 2 end";
 const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return false end \
     if string.sub(v,1,2)=='K|' then redis.call('SET',KEYS[1],ARGV[1],'KEEPTTL') end return v";
-const RESTORE_TOKEN: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
-    redis.call('SET',KEYS[1],ARGV[2],'KEEPTTL') return 1 else return 0 end";
+
+/// Several fenced writes in one call (group commit): per key, `ARGV` holds the step's letter,
+/// its argument count and its arguments; the reply is each step's own reply in order, a Redis
+/// error of one step as the string `ERR …` (the other steps still run).
+pub const BATCH: &str = concat!(
+    "local F={C=function(K,A) ",
+    complete_body!(),
+    " end,R=function(K,A) ",
+    release_body!(),
+    " end,T=function(K,A) ",
+    restore_body!(),
+    " end} \
+    local out,j={},1 \
+    for i=1,#KEYS do \
+      local op,n=ARGV[j],tonumber(ARGV[j+1]) \
+      local A={} for x=1,n do A[x]=ARGV[j+1+x] end \
+      j=j+2+n \
+      local ok,r=pcall(F[op],KEYS[i],A) \
+      if type(r)=='table' and r.err then r='ERR '..tostring(r.err) elseif not ok then r='ERR '..tostring(r) end \
+      out[i]=r \
+    end \
+    return out"
+);
 
 /// What Redis does when memory runs out: `maxmemory-policy|maxmemory` from `INFO memory`, or
 /// `unreadable:<error>` when the ACL does not allow `INFO`.
@@ -123,7 +187,7 @@ impl<'a> RedisStore<'a> {
         let key = self.key("k:", id);
         let record = format!("I|{owner:016x}|{}|{now}|{}", fp_field(fp), now.saturating_add(lock_ttl_ms));
         let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
-        (Command { name: "SET", body }, Ticket { key, record, first_seen_ms: now })
+        (Command::plain("SET", body), Ticket { key, record, first_seen_ms: now })
     }
 
     /// Reads the claim reply: `Claimed(())` means the ticket's claim is ours. An error leaves it
@@ -157,43 +221,41 @@ impl<'a> RedisStore<'a> {
             response.encode_into(&mut enc);
             format!("C|{owner}|{fp}|{first}|{}|{}", response.status, STANDARD.encode(enc))
         };
-        let ttl = ttl_ms.max(1).to_string();
-        let lease = lease_ms.max(1).to_string();
-        let body = command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &ttl, &lease]);
-        (Command { name: "EVAL", body }, tombstone)
+        let args = vec![t.record.clone(), record, ttl_ms.max(1).to_string(), lease_ms.max(1).to_string()];
+        (Command::fenced("C", COMPLETE, &t.key, args), tombstone)
     }
 
     /// Marks a claim whose outcome is unknown, held for `hold_ms` (same fencing as completion).
     pub fn hold_unknown(&self, t: &Ticket, hold_ms: u64, now: u64, lease_ms: u64) -> Command {
         let (owner, fp, first) = claim_parts(&t.record);
         let record = format!("U|{owner}|{fp}|{first}|{}", now.saturating_add(hold_ms));
-        let (hold, lease) = (hold_ms.max(1).to_string(), lease_ms.max(1).to_string());
-        Command { name: "EVAL", body: command(&["EVAL", COMPLETE, "1", &t.key, &t.record, &record, &hold, &lease]) }
+        let args = vec![t.record.clone(), record, hold_ms.max(1).to_string(), lease_ms.max(1).to_string()];
+        Command::fenced("C", COMPLETE, &t.key, args)
     }
 
     /// Extends the lease of a claim whose request still waits for the upstream.
     pub fn renew(&self, t: &Ticket, lease_ms: u64) -> Command {
         let lease = lease_ms.max(1).to_string();
-        Command { name: "EVAL", body: command(&["EVAL", RENEW, "1", &t.key, &t.record, &lease]) }
+        Command::plain("EVAL", command(&["EVAL", RENEW, "1", &t.key, &t.record, &lease]))
     }
 
     /// Release of a claim whose first attempt definitely failed.
     pub fn release(&self, t: &Ticket) -> Command {
-        Command { name: "EVAL", body: command(&["EVAL", RELEASE, "1", &t.key, &t.record]) }
+        Command::fenced("R", RELEASE, &t.key, vec![t.record.clone()])
     }
 
     /// A new random token (URL-safe) and the command that records it.
     pub fn issue_token(&self, id: &[u8; 32], now: u64, ttl_ms: u64) -> Command {
         let key = self.key("t:", id);
         let record = format!("K|{now}");
-        Command { name: "SET", body: command(&["SET", &key, &record, "PX", &ttl_ms.max(1).to_string()]) }
+        Command::plain("SET", command(&["SET", &key, &record, "PX", &ttl_ms.max(1).to_string()]))
     }
 
     pub fn use_token(&self, id: &[u8; 32], owner: u64, now: u64) -> (Command, Ticket) {
         let key = self.key("t:", id);
         let record = format!("U|{owner:016x}|{now}");
         let body = command(&["EVAL", USE_TOKEN, "1", &key, &record]);
-        (Command { name: "EVAL", body }, Ticket { key, record, first_seen_ms: now })
+        (Command::plain("EVAL", body), Ticket { key, record, first_seen_ms: now })
     }
 
     pub fn parse_use_token(&self, ticket: Ticket, status: u16, body: &[u8]) -> Result<TokenUse<Ticket>, StoreError> {
@@ -210,35 +272,103 @@ impl<'a> RedisStore<'a> {
 
     pub fn restore_token(&self, t: &Ticket) -> Command {
         let issued = format!("K|{}", t.first_seen_ms);
-        Command { name: "EVAL", body: command(&["EVAL", RESTORE_TOKEN, "1", &t.key, &t.record, &issued]) }
+        Command::fenced("T", RESTORE_TOKEN, &t.key, vec![t.record.clone(), issued])
     }
 
     /// Reads a fenced update's reply (`complete`, `hold_unknown`, `renew`, `restore_token`): `true`
     /// if it applied, `false` if another owner holds the key now.
     pub fn parse_update(&self, status: u16, body: &[u8]) -> Result<bool, StoreError> {
-        match reply("EVAL", status, body)? {
-            serde_json::Value::Number(n) => Ok(n.as_i64() == Some(1)),
-            other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
-        }
+        read_update(reply("EVAL", status, body)?)
     }
 
     /// Reads a release's reply.
     pub fn parse_release(&self, status: u16, body: &[u8]) -> Result<Released, StoreError> {
-        match reply("EVAL", status, body)? {
-            serde_json::Value::Number(n) => match n.as_i64() {
-                Some(1) => Ok(Released::Deleted),
-                Some(0) => Ok(Released::NotOurs),
-                Some(2) => Ok(Released::Absent),
-                _ => Err(StoreError::Host(format!("unexpected release reply {n}"))),
-            },
-            other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
-        }
+        read_release(reply("EVAL", status, body)?)
     }
 
+    /// Fenced writes (each built with a step) as one call; `None` when one is not a fenced write.
+    pub fn batch(&self, writes: &[&Command]) -> Option<Command> {
+        let steps: Vec<&Step> = writes.iter().map(|c| c.step.as_ref()).collect::<Option<_>>()?;
+        let n = steps.len().to_string();
+        let counts: Vec<String> = steps.iter().map(|s| s.args.len().to_string()).collect();
+        let mut argv: Vec<&str> = vec!["EVAL", BATCH, &n];
+        argv.extend(steps.iter().map(|s| s.key.as_str()));
+        for (s, count) in steps.iter().zip(&counts) {
+            argv.push(s.op);
+            argv.push(count);
+            argv.extend(s.args.iter().map(String::as_str));
+        }
+        Some(Command::plain("EVAL", command(&argv)))
+    }
+
+    /// A batch's reply: each step's own reply, in order (read with [`read_update`] or
+    /// [`read_release`]). An error of the whole call (Webdis, or Redis refusing the script, as
+    /// Redis Cluster does for keys of several slots: `CROSSSLOT`) is `Err`.
+    pub fn parse_batch(&self, steps: usize, status: u16, body: &[u8]) -> Result<Vec<StepReply>, StoreError> {
+        let serde_json::Value::Array(items) = reply("EVAL", status, body)? else {
+            return Err(StoreError::Host("unexpected batch reply (not a list)".into()));
+        };
+        if items.len() != steps {
+            return Err(StoreError::Host(format!("batch reply holds {} replies for {steps} writes", items.len())));
+        }
+        Ok(items
+            .into_iter()
+            .map(|v| match v.as_str().and_then(|e| e.strip_prefix("ERR ")) {
+                Some(e) => Err(StoreError::Host(format!("redis error: {e}"))),
+                None => Ok(v),
+            })
+            .collect())
+    }
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of the key, or of its `{hash tag}`, mod
+/// 16384. A batch on a cluster holds keys of one slot only.
+pub fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = bytes.iter().position(|&c| c == b'{').and_then(|open| {
+        let rest = bytes.get(open + 1..)?;
+        let close = rest.iter().position(|&c| c == b'}')?;
+        rest.get(..close).filter(|t| !t.is_empty())
+    });
+    let mut crc: u16 = 0;
+    for &byte in tag.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+/// One step's reply in a batch.
+pub type StepReply = Result<serde_json::Value, StoreError>;
+
+/// A fenced update's reply value: `true` if it applied, `false` if another owner holds the key.
+pub fn read_update(v: serde_json::Value) -> Result<bool, StoreError> {
+    match v {
+        serde_json::Value::Number(n) => Ok(n.as_i64() == Some(1)),
+        other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
+    }
+}
+
+/// A release's reply value.
+pub fn read_release(v: serde_json::Value) -> Result<Released, StoreError> {
+    match v {
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(1) => Ok(Released::Deleted),
+            Some(0) => Ok(Released::NotOurs),
+            Some(2) => Ok(Released::Absent),
+            _ => Err(StoreError::Host(format!("unexpected release reply {n}"))),
+        },
+        other => Err(StoreError::Host(format!("unexpected EVAL reply {other}"))),
+    }
+}
+
+impl RedisStore<'_> {
     /// Asks Redis how it handles running out of memory (one key, so a cluster proxy can route it).
     pub fn eviction_probe(&self) -> Command {
         let key = format!("{}probe", self.cfg.prefix);
-        Command { name: "EVAL", body: command(&["EVAL", EVICTION, "1", &key]) }
+        Command::plain("EVAL", command(&["EVAL", EVICTION, "1", &key]))
     }
 
     /// Reads the probe's reply.
