@@ -170,7 +170,8 @@ fn a_body_chunk_during_the_claim_never_claims_twice() {
     dispatched(&host.take_acts(), 10);
     // Envoy delivers one more body callback while the Webdis call is out.
     assert_eq!(s.on_request_body(&host, BODY.len(), true), Flow::Pause);
-    assert_eq!(s.on_request_trailers(&host), Flow::Continue);
+    // Continuing at the trailers would send the request upstream before the claim's answer.
+    assert_eq!(s.on_request_trailers(&host), Flow::Pause);
     assert!(host.take_acts().is_empty(), "no second claim");
 }
 
@@ -1112,4 +1113,60 @@ fn a_batch_refused_crossslot_is_sent_again_per_hash_slot() {
     let calls = root_calls(&acts);
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(calls.iter().all(|(_, b)| !b.contains("local%20F%3D")), "{calls:?}");
+}
+
+/// A request whose claim is queued: paused, nothing dispatched.
+fn queued(host: &FakeHost, w: &Rc<Worker>, ctx: u32, key: &str) -> Stream {
+    let (s, flow) = send(host, w, ctx, "/r", key);
+    assert_eq!(flow, Flow::Pause);
+    let acts = host.take_acts();
+    assert_eq!(dispatches(&acts), 0, "a claim call is out: this one waits for the batch: {acts:?}");
+    s
+}
+
+#[test]
+fn claims_made_while_a_claim_call_is_out_go_together_in_one_call() {
+    let (host, w) = setup(&redis_policy(""));
+    // Idle: the first claim goes out at once, from its own stream.
+    let (mut a, _) = send(&host, &w, 10, "/r", "k1");
+    let (_, claim) = dispatched(&host.take_acts(), 10);
+    assert!(claim.starts_with("SET/"), "{claim}");
+    let mut b = queued(&host, &w, 11, "k2");
+    let mut c = queued(&host, &w, 12, "k3");
+    let mut gone = queued(&host, &w, 13, "k4");
+    // A body chunk or trailers while queued stay paused (continuing would forward unclaimed).
+    assert_eq!(b.on_request_body(&host, BODY.len(), true), Flow::Pause);
+    assert_eq!(b.on_request_trailers(&host), Flow::Pause);
+    // The first claim's answer wakes the root, which sends the three queued claims in one call.
+    let acts = answer_stream(&host, &mut a, 10, 200, br#"{"SET":null}"#);
+    assert!(
+        acts.contains(&Act::ResumeRequest { context: 10 }) && acts.contains(&Act::Enqueue { queue: 7 }),
+        "{acts:?}"
+    );
+    let calls = root_calls(&root_sends(&host, &w));
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (token, body) = &calls[0];
+    assert!(body.starts_with("EVAL/local%20out%3D") && body.contains("/3/t%3Ak%3A"), "{body}");
+    // One client leaves while the batch is out.
+    host.enter(13);
+    gone.on_log(&host);
+    host.close(13);
+    // k2 is ours, k3 was claimed meanwhile by another gateway for another payload, k4's claim
+    // landed for nobody.
+    let record = "I|00000000000000aa|x00000000000000000000000000000000|1800000000000|1800000030000";
+    let reply = format!(r#"{{"EVAL":["","{record}",""]}}"#);
+    let acts = answer_root(&host, &w, *token, 200, reply.as_bytes());
+    assert!(acts.contains(&Act::ResumeRequest { context: 11 }), "{acts:?}");
+    assert_eq!(replies(&acts, 12).first().map(|r| r.0), Some(422), "{acts:?}");
+    assert_eq!(count(&host, "r", "forwarded"), 2);
+    // The claim of the client that left is released (owner-checked), by the root.
+    let release = root_calls(&root_sends(&host, &w));
+    assert!(release.iter().any(|(_, b)| b.contains("redis%2Ecall%28%27DEL%27")), "{release:?}");
+    // k2 goes on as any forwarded request: its answer is stored, its lease renewed meanwhile.
+    upstream_answers(&host, &mut b, 11);
+    let acts = host.take_acts();
+    assert!(acts.contains(&Act::Enqueue { queue: 7 }), "{acts:?}");
+    for s in [&mut a, &mut b, &mut c] {
+        s.on_log(&host);
+    }
 }

@@ -317,3 +317,29 @@ fn a_batch_runs_each_write_with_its_own_owner_check_and_reply() {
     let (claim_cmd, _) = store.claim(&[15; 32], &FP, 6, 1000, 30_000);
     assert_eq!(store.batch(&[&writes[0], &claim_cmd]), None);
 }
+
+#[test]
+fn a_claim_batch_claims_each_free_key_and_returns_the_others_records() {
+    use idem_filter::store::redis::read_claim;
+    use idem_filter::store::Claim;
+    let live = Live::start("claim-batch");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let held = claim_id(&live, &store, [20; 32], 0xb);
+    let (_, free) = store.claim(&[21; 32], &FP, 1, 2000, 30_000);
+    let (_, taken) = store.claim(&[20; 32], &FP, 2, 2000, 30_000);
+    let (_, broken) = store.claim(&[22; 32], &FP, 3, 2000, 30_000);
+    live.try_call(&command(&["EVAL", "return redis.call('LPUSH',KEYS[1],'x')", "1", &broken.key])).unwrap();
+    let batch = store.claim_batch(&[(&free, 30_000), (&taken, 30_000), (&broken, 30_000)]);
+    let (status, body) = live.send(&batch);
+    let mut replies = store.parse_batch(3, status, &body).unwrap().into_iter();
+    assert_eq!(replies.next().unwrap().and_then(|v| read_claim(&FP, v)), Ok(Claim::Claimed(())));
+    let found = replies.next().unwrap().and_then(|v| read_claim(&FP, v));
+    assert!(matches!(found, Ok(Claim::InFlight { .. })), "the other owner's record: {found:?}");
+    let failed = replies.next().unwrap();
+    assert!(matches!(&failed, Err(e) if format!("{e:?}").contains("WRONGTYPE")), "{failed:?}");
+    // What Redis holds: our claim with its lease, the other owner's untouched.
+    assert_eq!(live.get(&free.key).as_deref(), Some(free.record.as_str()));
+    assert!((1..=30_000).contains(&live.pttl(&free.key)), "the lock ttl applies");
+    assert_eq!(live.get(&held.key).as_deref(), Some(held.record.as_str()));
+}

@@ -15,7 +15,10 @@
 //! Each concern of the root in its file, as `impl Worker` blocks:
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
 //! - `writes`: Redis completions, releases and token restores sent by the root, retried with
-//!   backoff until they land; orphaned claims released.
+//!   backoff until they land, batched while a write is out (group commit); orphaned claims
+//!   released.
+//! - `claims`: Redis claims batched while a claim call is out (group commit), sent by the root,
+//!   each verdict carried out on its stream.
 //! - `leases`: claims renewed every third of their lease while the upstream works.
 //! - `detached`: requests the root sends upstream itself (`forward = "detached"`).
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
@@ -27,6 +30,7 @@
 //! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
 
 mod body_gate;
+mod claims;
 mod detached;
 mod eviction;
 mod leases;

@@ -3,6 +3,7 @@
 //! report how it ended.
 
 use super::body_gate::BodyDelivery;
+use super::claims::QueuedClaim;
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
 use super::replay::{self, Answered};
@@ -29,7 +30,8 @@ pub(super) enum Phase {
     ReadingBody { route: usize },
     /// A Webdis call decides (claim, token use, token issue), sent at `.1`; the request is paused.
     AwaitingStore(Pending, u64),
-    /// Held as a duplicate (`on_in_flight = "wait"`); the root polls for it and resumes it.
+    /// Held as a duplicate (`on_in_flight = "wait"`), or its claim queued for the next batch:
+    /// the root decides for it and resumes or answers it.
     Held { route: usize },
     /// Sent upstream by the root context (`forward = "detached"`); the root answers it.
     Detached,
@@ -75,20 +77,20 @@ pub(super) struct Capture {
 
 /// The request's data the decision needs, read once.
 #[derive(Default)]
-struct Request {
+pub(super) struct Request {
     method: String,
     path: String,
     headers: Vec<Pair>,
     body: Option<Vec<u8>>,
     /// A gRPC call (`content-type: application/grpc…`): its outcome is its `grpc-status`.
-    grpc: bool,
+    pub(super) grpc: bool,
 }
 
 /// The request as the key and fingerprint code reads it: the stream's data, and properties
 /// read from the host on demand (dynamic metadata for `metadata:` scopes).
-struct WithHost<'a> {
-    req: &'a Request,
-    host: &'a dyn Host,
+pub(super) struct WithHost<'a> {
+    pub(super) req: &'a Request,
+    pub(super) host: &'a dyn Host,
 }
 
 impl RequestView for WithHost<'_> {
@@ -203,8 +205,9 @@ impl Stream {
                 self.worker.body_delivered();
                 route
             }
-            // Chunks that arrive while a Webdis call is out must not decide again.
-            Phase::AwaitingStore(..) => return Flow::Pause,
+            // Chunks that arrive while the decision is out (a Webdis call, a held duplicate, a
+            // queued claim) stay buffered: continuing would send the request upstream.
+            Phase::AwaitingStore(..) | Phase::Held { .. } => return Flow::Pause,
             _ => return Flow::Continue,
         };
         let limit = self.worker.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
@@ -259,6 +262,7 @@ impl Stream {
                 self.request.body = host.request_body(usize::MAX);
                 self.decide(host, route)
             }
+            Phase::AwaitingStore(..) | Phase::Held { .. } => Flow::Pause,
             _ => Flow::Continue,
         }
     }
@@ -269,6 +273,9 @@ impl Stream {
             return;
         };
         let w = Rc::clone(&self.worker);
+        if let Pending::Claim { .. } = pending {
+            w.claim_returned(host);
+        }
         w.store_call_took(host, pending.route(), sent_ms);
         let Some(store) = w.engine.redis() else {
             return;
@@ -410,11 +417,14 @@ impl Stream {
         w.live.borrow_mut().remove(&self.context);
         w.waiters.borrow_mut().remove(&self.context);
         w.forget_body_wait(self.context);
+        w.forget_queued_claim(self.context);
         w.drop_lease(LeaseOwner::Stream(self.context));
         self.take_handoff(host);
         match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::AwaitingStore(Pending::Claim { prepared, ticket }, _) => {
-                // The client left while its claim was out: the claim may land with nobody to finish it.
+                // The client left while its claim was out: the claim may land with nobody to
+                // finish it. Its call ends with the stream: the next batch need not wait for it.
+                w.claim_returned(host);
                 w.release_orphan(host, prepared.route, Some(prepared.key), &ticket);
             }
             Phase::Capturing { route, ticket, key, capture } => {
@@ -513,8 +523,21 @@ impl Stream {
         if let Some(v) = w.engine.local_answer(host, &prepared, &ticket.id(), None) {
             return self.apply(host, route, v, false);
         }
+        let claim = matches!(prepared.op, StoreOp::Claim { .. });
+        let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);
+        if claim && !detached && w.claim_call_out() {
+            // Group commit: it goes with the next batch, when the claim call out returns.
+            let request = std::mem::take(&mut self.request);
+            self.request.grpc = request.grpc;
+            w.queue_claim(QueuedClaim { ctx: self.context, prepared, ticket, request, queued_ms: now });
+            self.phase = Phase::Held { route };
+            return Flow::Pause;
+        }
         match w.dispatch(host, &cmd) {
             Ok(_) => {
+                if claim {
+                    w.claim_sent();
+                }
                 let pending = match prepared.op {
                     StoreOp::Claim { .. } => Pending::Claim { prepared, ticket },
                     StoreOp::UseToken { .. } => Pending::UseToken { prepared, ticket },

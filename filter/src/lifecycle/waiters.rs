@@ -9,6 +9,7 @@
 //! `Engine::remember_answer`) wakes its duplicates on the next tick without asking Redis.
 
 use super::detached::{Detached, Outbound};
+use super::leases::LeaseOwner;
 use super::replay::Answered;
 use super::worker::Worker;
 use super::POLL_MS;
@@ -205,6 +206,21 @@ impl Worker {
             }
         };
         self.record(host, route, &v);
+        self.act_from_root(host, ctx, route, v, outbound, grpc);
+    }
+
+    /// Carries out a paused stream's verdict from the root context (a held duplicate's, a
+    /// batched claim's): forwarded with its ticket handed over (its lease renewed from now),
+    /// sent by the root on a detached route, or answered.
+    pub(super) fn act_from_root(
+        &self,
+        host: &dyn Host,
+        ctx: u32,
+        route: usize,
+        v: Verdict,
+        outbound: Option<Outbound>,
+        grpc: bool,
+    ) {
         self.on_stream(host, ctx, || {
             self.annotate(host, route, &v);
             match (v.action, outbound) {
@@ -215,6 +231,8 @@ impl Worker {
                 }
                 (Action::Forward(ticket), _) => {
                     if let Some(t) = ticket {
+                        // Renewed while the upstream works, not only once its answer begins.
+                        self.hold_lease(host, LeaseOwner::Stream(ctx), route, &t);
                         self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
                     }
                     let _ = host.resume_request();

@@ -2,6 +2,7 @@
 //! context's events.
 
 use super::body_gate::{AwaitingBody, BodyDelivery, BODY_CHECK_MS};
+use super::claims::{ClaimBatch, QueuedClaim};
 use super::detached::Detached;
 use super::leases::{Lease, LeaseOwner};
 use super::waiters::{Poll, Waiter};
@@ -50,8 +51,14 @@ pub struct Worker {
     pub(super) outbox: RefCell<VecDeque<Job>>,
     /// Root-context Webdis writes in flight: callout token → the writes it carries.
     pub(super) finishing: RefCell<HashMap<u32, Vec<Job>>>,
-    /// Redis is a cluster: a batch of writes holds one hash slot's keys (see `writes`).
+    /// Redis is a cluster: a batch of writes or claims holds one hash slot's keys.
     pub(super) batch_per_slot: Cell<bool>,
+    /// Claim calls of this worker out now (a stream's own, or a root's batch).
+    pub(super) claims_out: Cell<u32>,
+    /// Claims waiting for the next batch, oldest first.
+    pub(super) claim_queue: RefCell<Vec<QueuedClaim>>,
+    /// Root-context claim batches in flight: callout token → batch.
+    pub(super) claim_batches: RefCell<HashMap<u32, ClaimBatch>>,
     /// Detached upstream calls waiting to be sent by the root context.
     pub(super) detached_out: RefCell<Vec<Detached>>,
     /// Detached upstream calls in flight: callout token → call.
@@ -181,6 +188,9 @@ impl Worker {
             outbox: RefCell::new(VecDeque::new()),
             finishing: RefCell::new(HashMap::new()),
             batch_per_slot: Cell::new(false),
+            claims_out: Cell::new(0),
+            claim_queue: RefCell::new(Vec::new()),
+            claim_batches: RefCell::new(HashMap::new()),
             detached_out: RefCell::new(Vec::new()),
             detached: RefCell::new(HashMap::new()),
             leases: RefCell::new(HashMap::new()),
@@ -365,6 +375,7 @@ impl Worker {
 
     /// The root's queue was signalled: send what streams queued.
     pub fn on_queue_ready(&self, host: &dyn Host) {
+        self.send_claims(host);
         self.send_outbox(host);
     }
 
@@ -372,6 +383,7 @@ impl Worker {
     pub fn on_tick(&self, host: &dyn Host) {
         self.probe_eviction(host);
         self.check_body_delivery(host);
+        self.send_claims(host);
         self.send_outbox(host);
         self.renew_leases(host);
         self.recheck_waiters(host);
@@ -383,6 +395,11 @@ impl Worker {
         let status = status_of(&headers);
         if self.is_eviction_probe(token) {
             self.eviction_answered(host, status, &body);
+            return;
+        }
+        let claims = self.claim_batches.borrow_mut().remove(&token);
+        if let Some(claims) = claims {
+            self.claims_answered(host, claims, status, &body);
             return;
         }
         let batch = self.finishing.borrow_mut().remove(&token);

@@ -149,6 +149,17 @@ pub const BATCH: &str = concat!(
     return out"
 );
 
+/// Several claims in one call (group commit): `SET k <record> NX PX <lock_ttl> GET` per key,
+/// `ARGV` holding each key's record and lock ttl; per key the reply is `""` (claimed), the
+/// record found, or `ERR …` for that key alone.
+pub const CLAIM_BATCH: &str = "local out={} \
+    for i=1,#KEYS do \
+      local ok,r=pcall(redis.call,'SET',KEYS[i],ARGV[2*i-1],'NX','PX',ARGV[2*i],'GET') \
+      if not ok then r='ERR '..tostring(type(r)=='table' and r.err or r) elseif not r then r='' end \
+      out[i]=r \
+    end \
+    return out";
+
 /// What Redis does when memory runs out: `maxmemory-policy|maxmemory` from `INFO memory`, or
 /// `unreadable:<error>` when the ACL does not allow `INFO`.
 const EVICTION: &str = "local i=redis.pcall('INFO','memory') \
@@ -194,13 +205,35 @@ impl<'a> RedisStore<'a> {
     /// open whether the `SET` landed (a callout that timed out may still reach Redis), so the
     /// caller releases the ticket, owner-checked.
     pub fn parse_claim(&self, fp: &[u8; 32], status: u16, body: &[u8]) -> Result<Claim<()>, StoreError> {
-        match reply("SET", status, body)? {
-            serde_json::Value::Null => Ok(Claim::Claimed(())),
-            serde_json::Value::String(record) => parse_record(&record, fp),
-            other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
-        }
+        read_claim(fp, reply("SET", status, body)?)
     }
 
+    /// Claims (tickets of [`RedisStore::claim`], with their lock ttl) as one call; its reply is
+    /// read with [`RedisStore::parse_batch`], each claim's with [`read_claim`].
+    pub fn claim_batch(&self, claims: &[(&Ticket, u64)]) -> Command {
+        let n = claims.len().to_string();
+        let ttls: Vec<String> = claims.iter().map(|(_, ttl)| ttl.max(&1).to_string()).collect();
+        let mut argv: Vec<&str> = vec!["EVAL", CLAIM_BATCH, &n];
+        argv.extend(claims.iter().map(|(t, _)| t.key.as_str()));
+        for ((t, _), ttl) in claims.iter().zip(&ttls) {
+            argv.push(&t.record);
+            argv.push(ttl);
+        }
+        Command::plain("EVAL", command(&argv))
+    }
+}
+
+/// One claim's reply value: nothing there before (`null`, or `""` in a batch) is ours.
+pub fn read_claim(fp: &[u8; 32], v: serde_json::Value) -> Result<Claim<()>, StoreError> {
+    match v {
+        serde_json::Value::Null => Ok(Claim::Claimed(())),
+        serde_json::Value::String(record) if record.is_empty() => Ok(Claim::Claimed(())),
+        serde_json::Value::String(record) => parse_record(&record, fp),
+        other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
+    }
+}
+
+impl RedisStore<'_> {
     /// Completion: the response (or a tombstone when it does not fit in `max_response_bytes`).
     /// `lease_ms` extends our in-flight record when Redis refuses the write, so the claim stays
     /// ours while the write is retried. Returns the command and whether it records a tombstone.

@@ -1,0 +1,169 @@
+//! Group commit of Redis claims: while a claim call of this worker is out, the next claims wait
+//! and go out together in one call when it returns ([`redis::CLAIM_BATCH`], sent by the root),
+//! and the root carries out each claim's verdict on its stream, as it does for held duplicates.
+//! An idle worker's claim goes out at once from its own stream, alone: no latency is added when
+//! idle, and under load a worker makes about one claim call per Redis round trip, whatever the
+//! number of requests. On Redis Cluster (a batch refused `CROSSSLOT`) a batch holds one hash
+//! slot's keys, as for writes.
+
+use super::stream::{Request, WithHost};
+use super::waiters::Waiter;
+use super::worker::Worker;
+use crate::engine::{Action, Prepared, StoreOp, StoreTicket};
+use crate::host::{Host, Level};
+use crate::store::{redis, Claim, StoreError};
+use std::collections::HashMap;
+
+/// The most claims one batch carries.
+const MAX_BATCH_CLAIMS: usize = 64;
+
+/// A claim waiting for the next batch; its stream is paused (`Phase::Held`).
+pub(super) struct QueuedClaim {
+    pub(super) ctx: u32,
+    pub(super) prepared: Prepared,
+    pub(super) ticket: redis::Ticket,
+    /// The request, for a record written before fingerprints were xxh3: its SHA-256 decides.
+    pub(super) request: Request,
+    pub(super) queued_ms: u64,
+}
+
+/// Claims sent together, by the root.
+pub(super) struct ClaimBatch {
+    members: Vec<QueuedClaim>,
+    sent_ms: u64,
+}
+
+impl Worker {
+    /// Whether a claim waits for the next batch: a claim call of this worker is out.
+    pub(super) fn claim_call_out(&self) -> bool {
+        self.claims_out.get() > 0
+    }
+
+    /// A stream sent its own claim call.
+    pub(super) fn claim_sent(&self) {
+        self.claims_out.set(self.claims_out.get() + 1);
+    }
+
+    /// A claim call came back (or was cancelled with its stream): queued claims may go.
+    pub(super) fn claim_returned(&self, host: &dyn Host) {
+        self.claims_out.set(self.claims_out.get().saturating_sub(1));
+        if !self.claim_queue.borrow().is_empty() {
+            self.wake(host);
+        }
+    }
+
+    pub(super) fn queue_claim(&self, claim: QueuedClaim) {
+        self.claim_queue.borrow_mut().push(claim);
+    }
+
+    /// The stream ended before its queued claim went out: it never will.
+    pub(super) fn forget_queued_claim(&self, ctx: u32) {
+        self.claim_queue.borrow_mut().retain(|q| q.ctx != ctx);
+    }
+
+    /// Sends the queued claims (root context) once no claim call is out — or when the oldest
+    /// has waited a whole callout timeout, so a call lost to the count never stalls the queue.
+    pub(super) fn send_claims(&self, host: &dyn Host) {
+        let now = host.now_ms();
+        let timeout = self.engine.bundle.redis.as_ref().map_or(0, |r| r.timeout.millis);
+        let stale = self.claim_queue.borrow().first().is_some_and(|q| q.queued_ms.saturating_add(timeout) <= now);
+        if self.claim_queue.borrow().is_empty() || (self.claim_call_out() && !stale) {
+            return;
+        }
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        let queued = std::mem::take(&mut *self.claim_queue.borrow_mut());
+        let per_slot = self.batch_per_slot.get();
+        let mut groups: HashMap<Option<u16>, Vec<Vec<QueuedClaim>>> = HashMap::new();
+        for q in queued {
+            let slot = per_slot.then(|| redis::hash_slot(&q.ticket.key));
+            let chunks = groups.entry(slot).or_default();
+            match chunks.last_mut() {
+                Some(last) if last.len() < MAX_BATCH_CLAIMS => last.push(q),
+                _ => chunks.push(vec![q]),
+            }
+        }
+        for members in groups.into_values().flatten() {
+            let claims: Vec<(&redis::Ticket, u64)> =
+                members.iter().map(|q| (&q.ticket, self.engine.lock_ttl_ms(q.prepared.route))).collect();
+            match self.dispatch(host, &store.claim_batch(&claims)) {
+                Ok(token) => {
+                    self.claim_sent();
+                    self.claim_batches.borrow_mut().insert(token, ClaimBatch { members, sent_ms: now });
+                }
+                Err(e) => {
+                    for q in members {
+                        self.claim_resolved(host, q, Err(e.clone()), now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A claim batch's reply (root context): each claim's verdict, carried out on its stream.
+    pub(super) fn claims_answered(&self, host: &dyn Host, batch: ClaimBatch, status: u16, body: &[u8]) {
+        self.claims_out.set(self.claims_out.get().saturating_sub(1));
+        let Some(store) = self.engine.redis() else {
+            return;
+        };
+        match store.parse_batch(batch.members.len(), status, body) {
+            Ok(replies) => {
+                for (q, reply) in batch.members.into_iter().zip(replies) {
+                    let StoreOp::Claim { fingerprint, .. } = &q.prepared.op else { continue };
+                    let found = reply.and_then(|v| redis::read_claim(fingerprint, v));
+                    self.claim_resolved(host, q, found, batch.sent_ms);
+                }
+            }
+            Err(StoreError::Host(e)) if e.contains("CROSSSLOT") && !self.batch_per_slot.get() => {
+                // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's keys.
+                host.log(
+                    Level::Info,
+                    "idem: Redis is a cluster: claims and writes are batched per hash slot from now on",
+                );
+                self.batch_per_slot.set(true);
+                let mut queue = self.claim_queue.borrow_mut();
+                let later = std::mem::take(&mut *queue);
+                *queue = batch.members.into_iter().chain(later).collect();
+            }
+            Err(e) => {
+                for q in batch.members {
+                    self.claim_resolved(host, q, Err(e.clone()), batch.sent_ms);
+                }
+            }
+        }
+        self.send_claims(host);
+    }
+
+    /// One batched claim's answer: released when its client left or the answer is unreadable
+    /// (the `SET` may have landed), else its verdict carried out on its stream.
+    fn claim_resolved(&self, host: &dyn Host, q: QueuedClaim, found: Result<Claim<()>, StoreError>, sent_ms: u64) {
+        let route = q.prepared.route;
+        self.store_call_took(host, route, sent_ms);
+        let StoreOp::Claim { fingerprint, .. } = &q.prepared.op else {
+            return;
+        };
+        let live = self.live.borrow().contains(&q.ctx);
+        if found.is_err() || (!live && matches!(found, Ok(Claim::Claimed(())))) {
+            self.release_orphan(host, route, Some(q.prepared.key.clone()), &q.ticket);
+        }
+        if !live {
+            return;
+        }
+        let now = host.now_ms();
+        let view = WithHost { req: &q.request, host };
+        let found = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
+        let redis_id = q.ticket.id();
+        let claim = found.map(|c| c.map(|()| StoreTicket::Redis(q.ticket)));
+        self.remember_found(host, route, &redis_id, fingerprint, &claim);
+        let v = self.engine.after_claim(&q.prepared, claim, now, None);
+        self.record(host, route, &v);
+        match v.action {
+            Action::Wait { prepared, deadline_ms } => {
+                let waiter = Waiter::new(*prepared, deadline_ms, now, None, q.request.grpc);
+                self.waiters.borrow_mut().insert(q.ctx, waiter);
+            }
+            _ => self.act_from_root(host, q.ctx, route, v, None, q.request.grpc),
+        }
+    }
+}
