@@ -1064,18 +1064,32 @@ fn root_calls(acts: &[Act]) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// Requests `ctxs` (keys `k<ctx>`) claimed, forwarded and answered: their completions are queued,
+/// and the root has sent them, one call each (below the calls a worker keeps out). Returns the
+/// streams and the calls' tokens.
+fn completions_out(host: &FakeHost, w: &Rc<Worker>, ctxs: std::ops::Range<u32>) -> (Vec<Stream>, Vec<u32>) {
+    let mut streams = Vec::new();
+    let mut tokens = Vec::new();
+    for ctx in ctxs {
+        streams.push(answered_upstream(host, w, ctx, &format!("k{ctx}")));
+        let calls = root_calls(&root_sends(host, w));
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(!calls[0].1.contains("local%20F%3D"), "a lone write is its own command: {}", calls[0].1);
+        tokens.push(calls[0].0);
+    }
+    (streams, tokens)
+}
+
 #[test]
-fn completions_queued_while_a_write_is_out_go_together_in_one_call() {
+fn completions_queued_while_four_writes_are_out_go_together_in_one_call() {
     let (host, w) = setup(&redis_policy(""));
-    // Idle: the first completion goes out at once, alone.
-    let (mut first, token, complete) = completion_sent(&host, &w);
-    assert!(!complete.contains("local%20F%3D"), "a lone write is its own command: {complete}");
-    // Two more finish while it is out: they wait for it.
-    let mut later: Vec<Stream> =
-        [(11, "k2"), (12, "k3")].iter().map(|(c, k)| answered_upstream(&host, &w, *c, k)).collect();
-    assert!(root_calls(&root_sends(&host, &w)).is_empty(), "nothing goes out while a write is out");
-    // The first write's reply sends both, in one call.
-    let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    // Light load: each completion goes out at once, alone, up to four calls out.
+    let (mut first, tokens) = completions_out(&host, &w, 10..14);
+    // Two more finish meanwhile: they wait.
+    let mut later: Vec<Stream> = [20, 21].iter().map(|c| answered_upstream(&host, &w, *c, &format!("k{c}"))).collect();
+    assert!(root_calls(&root_sends(&host, &w)).is_empty(), "nothing goes out while four writes are out");
+    // One write's reply sends both, in one call.
+    let acts = answer_root(&host, &w, tokens[0], 200, br#"{"EVAL":1}"#);
     assert!(acts.contains(&Act::ResumeResponse { context: 10 }), "{acts:?}");
     let calls = root_calls(&acts);
     assert_eq!(calls.len(), 1, "{calls:?}");
@@ -1083,16 +1097,15 @@ fn completions_queued_while_a_write_is_out_go_together_in_one_call() {
     assert!(body.starts_with("EVAL/local%20F%3D") && body.contains("/2/t%3Ak%3A"), "{body}");
     // Each write's own reply reaches its stream; a step Redis refused is retried alone.
     let acts = answer_root(&host, &w, *batch, 200, br#"{"EVAL":[1,"ERR OOM command not allowed"]}"#);
-    assert!(acts.contains(&Act::ResumeResponse { context: 11 }), "{acts:?}");
-    assert!(acts.contains(&Act::ResumeResponse { context: 12 }), "the client is not kept waiting: {acts:?}");
+    assert!(acts.contains(&Act::ResumeResponse { context: 20 }), "{acts:?}");
+    assert!(acts.contains(&Act::ResumeResponse { context: 21 }), "the client is not kept waiting: {acts:?}");
     assert_eq!((count(&host, "r", "stored"), count(&host, "r", "write_retried")), (2, 1));
     let retry = root_calls(&root_ticks_after(&host, &w, 150));
     assert_eq!(retry.len(), 1, "{retry:?}");
     assert!(!retry[0].1.contains("local%20F%3D"), "{}", retry[0].1);
     answer_root(&host, &w, retry[0].0, 200, br#"{"EVAL":1}"#);
     assert_eq!(count(&host, "r", "stored"), 3);
-    first.on_log(&host);
-    for s in &mut later {
+    for s in first.iter_mut().chain(&mut later) {
         s.on_log(&host);
     }
 }
@@ -1100,10 +1113,9 @@ fn completions_queued_while_a_write_is_out_go_together_in_one_call() {
 #[test]
 fn a_batch_refused_crossslot_is_sent_again_per_hash_slot() {
     let (host, w) = setup(&redis_policy(""));
-    let (_first, token, _) = completion_sent(&host, &w);
-    let _later: Vec<Stream> =
-        [(11, "k2"), (12, "k3"), (13, "k4")].iter().map(|(c, k)| answered_upstream(&host, &w, *c, k)).collect();
-    let calls = root_calls(&answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#));
+    let (_first, tokens) = completions_out(&host, &w, 10..14);
+    let _later: Vec<Stream> = [20, 21, 22].iter().map(|c| answered_upstream(&host, &w, *c, &format!("k{c}"))).collect();
+    let calls = root_calls(&answer_root(&host, &w, tokens[0], 200, br#"{"EVAL":1}"#));
     assert_eq!(calls.len(), 1, "{calls:?}");
     let crossslot = br#"{"EVAL":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#;
     let acts = answer_root(&host, &w, calls[0].0, 200, crossslot);
@@ -1125,12 +1137,18 @@ fn queued(host: &FakeHost, w: &Rc<Worker>, ctx: u32, key: &str) -> Stream {
 }
 
 #[test]
-fn claims_made_while_a_claim_call_is_out_go_together_in_one_call() {
+fn claims_made_while_four_claim_calls_are_out_go_together_in_one_call() {
     let (host, w) = setup(&redis_policy(""));
-    // Idle: the first claim goes out at once, from its own stream.
-    let (mut a, _) = send(&host, &w, 10, "/r", "k1");
-    let (_, claim) = dispatched(&host.take_acts(), 10);
-    assert!(claim.starts_with("SET/"), "{claim}");
+    // Light load: each claim goes out at once, from its own stream, up to four calls out.
+    let mut out: Vec<Stream> = (6..10)
+        .map(|ctx| {
+            let (s, _) = send(&host, &w, ctx, "/r", &format!("k{ctx}"));
+            let (_, claim) = dispatched(&host.take_acts(), ctx);
+            assert!(claim.starts_with("SET/"), "{claim}");
+            s
+        })
+        .collect();
+    let mut a = out.pop().unwrap();
     let mut b = queued(&host, &w, 11, "k2");
     let mut c = queued(&host, &w, 12, "k3");
     let mut gone = queued(&host, &w, 13, "k4");
@@ -1166,7 +1184,7 @@ fn claims_made_while_a_claim_call_is_out_go_together_in_one_call() {
     upstream_answers(&host, &mut b, 11);
     let acts = host.take_acts();
     assert!(acts.contains(&Act::Enqueue { queue: 7 }), "{acts:?}");
-    for s in [&mut a, &mut b, &mut c] {
+    for s in out.iter_mut().chain([&mut a, &mut b, &mut c]) {
         s.on_log(&host);
     }
 }

@@ -1,9 +1,9 @@
-//! Group commit of Redis claims: while a claim call of this worker is out, the next claims wait
-//! and go out together in one call when it returns ([`redis::CLAIM_BATCH`], sent by the root),
+//! Group commit of Redis claims: while [`CLAIM_CALLS_OUT`] claim calls of this worker are out,
+//! the next claims wait and go out together in one call when one returns ([`redis::CLAIM_BATCH`], sent by the root),
 //! and the root carries out each claim's verdict on its stream, as it does for held duplicates.
-//! An idle worker's claim goes out at once from its own stream, alone: no latency is added when
-//! idle, and under load a worker makes about one claim call per Redis round trip, whatever the
-//! number of requests. On Redis Cluster (a batch refused `CROSSSLOT`) a batch holds one hash
+//! Below that a claim goes out at once from its own stream, alone: no latency is added when
+//! idle or lightly loaded, and under load a worker makes a few claim calls per Redis round trip,
+//! whatever the number of requests. On Redis Cluster (a batch refused `CROSSSLOT`) a batch holds one hash
 //! slot's keys, as for writes.
 
 use super::stream::{Request, WithHost};
@@ -16,6 +16,10 @@ use std::collections::HashMap;
 
 /// The most claims one batch carries.
 const MAX_BATCH_CLAIMS: usize = 64;
+/// Claim calls a worker keeps out before the next claims wait for a batch: below it a claim
+/// goes out at once, so light load (a few connections) pays no wait; above it, one call per
+/// returning call carries everything that queued meanwhile.
+pub(super) const CLAIM_CALLS_OUT: u32 = 4;
 
 /// A claim waiting for the next batch; its stream is paused (`Phase::Held`).
 pub(super) struct QueuedClaim {
@@ -34,9 +38,9 @@ pub(super) struct ClaimBatch {
 }
 
 impl Worker {
-    /// Whether a claim waits for the next batch: a claim call of this worker is out.
+    /// Whether a claim waits for the next batch: [`CLAIM_CALLS_OUT`] claim calls are out.
     pub(super) fn claim_call_out(&self) -> bool {
-        self.claims_out.get() > 0
+        self.claims_out.get() >= CLAIM_CALLS_OUT
     }
 
     /// A stream sent its own claim call.

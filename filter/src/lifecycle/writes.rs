@@ -24,6 +24,9 @@ const ORPHAN_RECHECK_MAX_MS: u64 = 1000;
 /// body whole).
 const MAX_BATCH_WRITES: usize = 64;
 const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Write calls a worker keeps out before due writes wait for a batch (as for claims: light load
+/// pays no wait).
+const WRITE_CALLS_OUT: usize = 4;
 
 /// A Redis write finishing a ticket, sent by the root context so it completes even though the
 /// request's stream (and any callout the stream owns) is gone by then. A write the store refuses
@@ -236,13 +239,13 @@ impl Worker {
     /// Sends the writes and detached calls that are due (root context only: the callouts then
     /// belong to the root and survive the request).
     ///
-    /// Group commit: while a write call is out, due writes wait for it, and go out together in
-    /// one call (one script over their keys, [`redis::BATCH`]) when it returns. An idle worker
-    /// sends a write at once, alone; under load, batches grow with the load. On Redis Cluster
+    /// Group commit: while [`WRITE_CALLS_OUT`] write calls are out, due writes wait, and go out
+    /// together in one call (one script over their keys, [`redis::BATCH`]) when one returns.
+    /// Below that a write goes at once, alone; under load, batches grow with the load. On Redis Cluster
     /// (found when a batch is refused `CROSSSLOT`) a batch holds the keys of one slot.
     pub(super) fn send_outbox(&self, host: &dyn Host) {
         self.send_detached(host);
-        if !self.finishing.borrow().is_empty() {
+        if self.finishing.borrow().len() >= WRITE_CALLS_OUT {
             return;
         }
         let now = host.now_ms();
