@@ -8,7 +8,7 @@
 
 use super::stream::{Request, WithHost};
 use super::waiters::Waiter;
-use super::worker::Worker;
+use super::worker::{RootCall, Worker};
 use crate::engine::{Action, Prepared, StoreOp, StoreTicket};
 use crate::host::{Host, Level};
 use crate::store::{redis, Claim, StoreError};
@@ -94,7 +94,7 @@ impl Worker {
             match self.dispatch(host, &store.claim_batch(&claims)) {
                 Ok(token) => {
                     self.claim_sent();
-                    self.claim_batches.borrow_mut().insert(token, ClaimBatch { members, sent_ms: now });
+                    self.call_out(token, RootCall::Claims(ClaimBatch { members, sent_ms: now }));
                 }
                 Err(e) => {
                     for q in members {
@@ -165,7 +165,7 @@ impl Worker {
         match v.action {
             Action::Wait { prepared, deadline_ms } => {
                 let waiter = Waiter::new(*prepared, deadline_ms, now, None, q.request.grpc);
-                self.waiters.borrow_mut().insert(q.ctx, waiter);
+                self.hold(q.ctx, waiter);
             }
             _ => self.act_from_root(host, q.ctx, route, v, None, q.request.grpc),
         }

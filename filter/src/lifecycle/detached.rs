@@ -3,7 +3,7 @@
 //! is still there (see [`crate::forward`] for what the option gives up).
 
 use super::leases::LeaseOwner;
-use super::worker::Worker;
+use super::worker::{RootCall, Worker};
 use super::writes::After;
 use crate::engine::{Ending, Ticket};
 use crate::host::{Host, Level};
@@ -46,7 +46,7 @@ impl Worker {
             match host.dispatch(cluster, headers, body, timeout) {
                 Ok(token) => {
                     self.hold_lease(host, LeaseOwner::Detached(call.ctx), call.route, &call.ticket);
-                    self.detached.borrow_mut().insert(token, call);
+                    self.call_out(token, RootCall::Detached(call));
                 }
                 Err(e) => {
                     let hint = match self.engine.bundle.detached.via {

@@ -3,7 +3,7 @@
 //! lives. Only a gateway that died (or froze) stops renewing — the one way left to a second
 //! execution.
 
-use super::worker::Worker;
+use super::worker::{RootCall, Worker};
 use crate::engine::{StoreTicket, Ticket};
 use crate::host::Host;
 
@@ -64,7 +64,7 @@ impl Worker {
                         continue;
                     };
                     if let Ok(token) = self.dispatch(host, &store.renew(t, policy.key.lock_ttl.millis)) {
-                        self.renewals.borrow_mut().insert(token, owner);
+                        self.call_out(token, RootCall::Renewal(owner));
                     }
                 }
             }

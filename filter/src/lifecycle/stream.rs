@@ -243,9 +243,7 @@ impl Stream {
         let w = Rc::clone(&self.worker);
         w.count(host, route, Outcome::Unprotected);
         w.forget_body_wait(self.context);
-        if !w.streaming_logged.replace(true) {
-            host.log(Level::Warn, STREAMING_LOG);
-        }
+        w.log_once(host, &w.streaming_logged, Level::Warn, STREAMING_LOG);
         self.phase = Phase::Idle;
         Flow::Continue
     }
@@ -414,11 +412,7 @@ impl Stream {
     /// The stream ended (Envoy's `on_log`): whatever it still holds is finished.
     pub fn on_log(&mut self, host: &dyn Host) {
         let w = Rc::clone(&self.worker);
-        w.live.borrow_mut().remove(&self.context);
-        w.waiters.borrow_mut().remove(&self.context);
-        w.forget_body_wait(self.context);
-        w.forget_queued_claim(self.context);
-        w.drop_lease(LeaseOwner::Stream(self.context));
+        w.stream_ended(self.context);
         self.take_handoff(host);
         match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::AwaitingStore(Pending::Claim { prepared, ticket }, _) => {
@@ -492,7 +486,7 @@ impl Stream {
                     }
                 };
                 let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms(), outbound, self.request.grpc);
-                w.waiters.borrow_mut().insert(self.context, waiter);
+                w.hold(self.context, waiter);
                 self.phase = Phase::Held { route };
                 Flow::Pause
             }
@@ -707,7 +701,7 @@ impl Stream {
         let Phase::Held { route } = self.phase else {
             return;
         };
-        let handed = self.worker.handoff.borrow_mut().remove(&self.context);
+        let handed = self.worker.take_handoff(self.context);
         if let Some((ticket, key)) = handed {
             self.worker.hold_lease(host, LeaseOwner::Stream(self.context), route, &ticket);
             self.phase = Phase::Forwarded { route, ticket, key: Some(key) };

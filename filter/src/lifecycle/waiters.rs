@@ -11,7 +11,7 @@
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
 use super::replay::Answered;
-use super::worker::Worker;
+use super::worker::{RootCall, Worker};
 use super::POLL_MS;
 use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
 use crate::host::Host;
@@ -60,6 +60,16 @@ fn poll_gap_ms(polls: u32) -> u64 {
 }
 
 impl Worker {
+    /// Holds a paused stream until the root decides for it.
+    pub(super) fn hold(&self, ctx: u32, waiter: Waiter) {
+        self.waiters.borrow_mut().insert(ctx, waiter);
+    }
+
+    /// The ticket a held stream won on the root's tick, if any, for the stream to pick up.
+    pub(super) fn take_handoff(&self, ctx: u32) -> Option<(crate::engine::Ticket, String)> {
+        self.handoff.borrow_mut().remove(&ctx)
+    }
+
     /// The tick's re-check of every held duplicate not being polled already.
     pub(super) fn recheck_waiters(&self, host: &dyn Host) {
         let mut groups: HashMap<(usize, StoreOp), Vec<u32>> = HashMap::new();
@@ -121,7 +131,7 @@ impl Worker {
                 }
                 drop(waiters);
                 let poll = Poll { members, route: prepared.route, ticket, sent_ms: now };
-                self.polls.borrow_mut().insert(token, poll);
+                self.call_out(token, RootCall::Poll(poll));
             }
             Err(e) => {
                 for ctx in members {

@@ -43,31 +43,24 @@ pub struct Worker {
     wake_queue: Option<u32>,
     /// Held duplicates by stream context id.
     pub(super) waiters: RefCell<HashMap<u32, Waiter>>,
-    /// Root-context Webdis polls of held duplicates: callout token → the poll.
-    pub(super) polls: RefCell<HashMap<u32, Poll>>,
     /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
     pub(super) handoff: RefCell<HashMap<u32, (Ticket, String)>>,
     /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
     pub(super) outbox: RefCell<VecDeque<Job>>,
-    /// Root-context Webdis writes in flight: callout token → the writes it carries.
-    pub(super) finishing: RefCell<HashMap<u32, Vec<Job>>>,
     /// Redis is a cluster: a batch of writes or claims holds one hash slot's keys.
     pub(super) batch_per_slot: Cell<bool>,
     /// Claim calls of this worker out now (a stream's own, or a root's batch).
     pub(super) claims_out: Cell<u32>,
     /// Claims waiting for the next batch, oldest first.
     pub(super) claim_queue: RefCell<Vec<QueuedClaim>>,
-    /// Root-context claim batches in flight: callout token → batch.
-    pub(super) claim_batches: RefCell<HashMap<u32, ClaimBatch>>,
+
     /// Detached upstream calls waiting to be sent by the root context.
     pub(super) detached_out: RefCell<Vec<Detached>>,
-    /// Detached upstream calls in flight: callout token → call.
-    pub(super) detached: RefCell<HashMap<u32, Detached>>,
     /// Claims whose requests wait for the upstream, renewed by the root every third of their
     /// lease: while this gateway lives, a slow request is never taken over.
     pub(super) leases: RefCell<HashMap<LeaseOwner, Lease>>,
-    /// Root-context Webdis renewals in flight: callout token → whose lease.
-    pub(super) renewals: RefCell<HashMap<u32, LeaseOwner>>,
+    /// The calls the root context has out, by callout token: what each answer is for.
+    pub(super) calls: RefCell<HashMap<u32, RootCall>>,
     /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
     /// only while it is here: Envoy may still accept `set_effective_context` for a stream whose
     /// client reset it, but a local reply sent there calls back into a context the SDK has
@@ -183,18 +176,15 @@ impl Worker {
             root_id,
             wake_queue,
             waiters: RefCell::new(HashMap::new()),
-            polls: RefCell::new(HashMap::new()),
             handoff: RefCell::new(HashMap::new()),
             outbox: RefCell::new(VecDeque::new()),
-            finishing: RefCell::new(HashMap::new()),
             batch_per_slot: Cell::new(false),
             claims_out: Cell::new(0),
             claim_queue: RefCell::new(Vec::new()),
-            claim_batches: RefCell::new(HashMap::new()),
+
             detached_out: RefCell::new(Vec::new()),
-            detached: RefCell::new(HashMap::new()),
             leases: RefCell::new(HashMap::new()),
-            renewals: RefCell::new(HashMap::new()),
+            calls: RefCell::new(HashMap::new()),
             live: RefCell::new(HashSet::new()),
             body_delivery: Cell::new(BodyDelivery::Unknown),
             streaming_logged: Cell::new(false),
@@ -209,6 +199,23 @@ impl Worker {
     /// A stream begins (Envoy created its context).
     pub fn stream_started(&self, context: u32) {
         self.live.borrow_mut().insert(context);
+    }
+
+    /// A stream ended (`on_log`): the root no longer acts on it, and nothing waits for it —
+    /// no held duplicate, body watch, queued claim or lease.
+    pub(super) fn stream_ended(&self, context: u32) {
+        self.live.borrow_mut().remove(&context);
+        self.waiters.borrow_mut().remove(&context);
+        self.forget_body_wait(context);
+        self.forget_queued_claim(context);
+        self.drop_lease(LeaseOwner::Stream(context));
+    }
+
+    /// Logs `line` the first time only (per worker), as `logged` records.
+    pub(super) fn log_once(&self, host: &dyn Host, logged: &Cell<bool>, level: Level, line: &str) {
+        if !logged.replace(true) {
+            host.log(level, line);
+        }
     }
 
     // ---- counting and logging
@@ -397,34 +404,54 @@ impl Worker {
             self.eviction_answered(host, status, &body);
             return;
         }
-        let claims = self.claim_batches.borrow_mut().remove(&token);
-        if let Some(claims) = claims {
-            self.claims_answered(host, claims, status, &body);
-            return;
-        }
-        let batch = self.finishing.borrow_mut().remove(&token);
-        if let Some(batch) = batch {
-            self.batch_finished(host, batch, status, &body);
-            self.send_outbox(host);
-            return;
-        }
-        let renewal = self.renewals.borrow_mut().remove(&token);
-        if let Some(owner) = renewal {
-            self.renewed(owner, status, &body);
-            return;
-        }
-        let call = self.detached.borrow_mut().remove(&token);
-        if let Some(call) = call {
-            self.detached_answered(host, call, status, headers, body);
-            self.send_outbox(host);
-            return;
-        }
-        let poll = self.polls.borrow_mut().remove(&token);
-        if let Some(poll) = poll {
-            self.polled(host, poll, status, &body);
+        let call = self.calls.borrow_mut().remove(&token);
+        match call {
+            Some(RootCall::Claims(batch)) => self.claims_answered(host, batch, status, &body),
+            Some(RootCall::Writes(batch)) => {
+                self.batch_finished(host, batch, status, &body);
+                self.send_outbox(host);
+            }
+            Some(RootCall::Renewal(owner)) => self.renewed(owner, status, &body),
+            Some(RootCall::Detached(call)) => {
+                self.detached_answered(host, call, status, headers, body);
+                self.send_outbox(host);
+            }
+            Some(RootCall::Poll(poll)) => self.polled(host, poll, status, &body),
+            None => {}
         }
     }
+
+    /// Remembers a call the root sent, for its answer.
+    pub(super) fn call_out(&self, token: u32, call: RootCall) {
+        self.calls.borrow_mut().insert(token, call);
+    }
+
+    /// Write calls out, and the writes they carry.
+    pub(super) fn writes_out(&self) -> (usize, usize) {
+        let calls = self.calls.borrow();
+        let batches = calls.values().filter_map(|c| match c {
+            RootCall::Writes(b) => Some(b.len()),
+            _ => None,
+        });
+        batches.fold((0, 0), |(n, jobs), len| (n + 1, jobs + len))
+    }
 }
+
+/// A call the root context owns: what its answer is for.
+pub(super) enum RootCall {
+    /// Claims sent together (group commit).
+    Claims(ClaimBatch),
+    /// Completions, releases and token restores: one, or a batch.
+    Writes(Vec<Job>),
+    /// A lease renewal.
+    Renewal(LeaseOwner),
+    /// A request sent upstream by the root (`forward = "detached"`).
+    Detached(Detached),
+    /// A Webdis poll of a group of held duplicates.
+    Poll(Poll),
+}
+
+impl Worker {}
 
 /// The shared-data namespace of a bundle that names none: the plugin's name with what a
 /// namespace may not hold replaced by `_` (Envoy Gateway's names hold `/`), or `idem`.

@@ -2,7 +2,7 @@
 //! sends, retries with backoff while the store refuses it, and bounds per worker.
 
 use super::replay::Answered;
-use super::worker::Worker;
+use super::worker::{RootCall, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::{Host, Level};
 use crate::response::{LocalReply, StoredResponse};
@@ -214,7 +214,7 @@ impl Worker {
     fn queue(&self, host: &dyn Host, job: Job) {
         let mut outbox = self.outbox.borrow_mut();
         outbox.push_back(job);
-        let in_flight: usize = self.finishing.borrow().values().map(Vec::len).sum();
+        let in_flight = self.writes_out().1;
         let mut bytes: usize = outbox.iter().map(|j| j.cmd.body.len()).sum();
         let mut dropped = Vec::new();
         while outbox.len() + in_flight > MAX_PENDING_WRITES || bytes > MAX_PENDING_BYTES {
@@ -245,7 +245,7 @@ impl Worker {
     /// (found when a batch is refused `CROSSSLOT`) a batch holds the keys of one slot.
     pub(super) fn send_outbox(&self, host: &dyn Host) {
         self.send_detached(host);
-        if self.finishing.borrow().len() >= WRITE_CALLS_OUT {
+        if self.writes_out().0 >= WRITE_CALLS_OUT {
             return;
         }
         let now = host.now_ms();
@@ -305,7 +305,7 @@ impl Worker {
         };
         match sent {
             Ok(token) => {
-                self.finishing.borrow_mut().insert(token, batch);
+                self.call_out(token, RootCall::Writes(batch));
             }
             Err(e) => {
                 for job in batch {
