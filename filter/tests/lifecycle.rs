@@ -1188,3 +1188,40 @@ fn claims_made_while_four_claim_calls_are_out_go_together_in_one_call() {
         s.on_log(&host);
     }
 }
+
+#[test]
+fn claim_batches_out_together_when_the_cluster_refuses_crossslot_are_all_sent_again() {
+    let (host, w) = setup(&redis_policy(""));
+    let mut out: Vec<Stream> = (6..10)
+        .map(|ctx| {
+            let (s, _) = send(&host, &w, ctx, "/r", &format!("k{ctx}"));
+            host.take_acts();
+            s
+        })
+        .collect();
+    // Two batches go out before the first answer: each found two claims queued.
+    let mut batches = Vec::new();
+    for (i, pair) in [[11, 12], [13, 14]].iter().enumerate() {
+        let mut waiting: Vec<Stream> = pair.iter().map(|c| queued(&host, &w, *c, &format!("k{c}"))).collect();
+        answer_stream(&host, &mut out[i], 6 + i as u32, 200, br#"{"SET":null}"#);
+        let calls = root_calls(&root_sends(&host, &w));
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        batches.push(calls[0].0);
+        out.append(&mut waiting);
+    }
+    let crossslot = br#"{"EVAL":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#;
+    let mut resent = Vec::new();
+    for token in batches {
+        resent.extend(root_calls(&answer_root(&host, &w, token, 200, crossslot)));
+    }
+    assert_eq!(count(&host, "r", "store_error"), 0, "nothing ran: no claim failed");
+    // Four keys of four slots, sent again one slot per call, four calls out at a time: two now,
+    // two when a call returns.
+    assert_eq!(resent.len(), 2, "{resent:?}");
+    let more = root_calls(&answer_root(&host, &w, resent[0].0, 200, br#"{"EVAL":[""]}"#));
+    assert_eq!(more.len(), 2, "{more:?}");
+    assert!(resent.iter().chain(&more).all(|(_, b)| b.contains("/1/t%3Ak%3A")), "one key per call");
+    assert_eq!(count(&host, "r", "store_error"), 0);
+    let once = host.logs().iter().filter(|(_, l)| l.contains("batched per hash slot")).count();
+    assert_eq!(once, 1, "logged once per worker");
+}

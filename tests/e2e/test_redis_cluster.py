@@ -121,6 +121,8 @@ def test_completions_batched_on_the_cluster_go_per_hash_slot(cl, upstream):
     def send(i):
         return post(g0, "/c/key", keys[i], headers={"x-demo-delay-ms": "200"}, timeout=30)
     first = fire(len(keys), send)
+    kinds = Counter("%d %s" % (r.status, r.code or "") for r in first)
+    assert kinds == Counter({"200 ": len(keys)}), "%s\n%s" % (kinds, cl.logs())
     for k, r in zip(keys, first):
         assert_upstream_answer(r, key=k, n=1)
     wait_for(lambda: "batched per hash slot" in g0.log_text(), 5, what="the per-slot switch in the log")

@@ -10,7 +10,7 @@ use super::stream::{Request, WithHost};
 use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
 use crate::engine::{Action, Prepared, StoreOp, StoreTicket};
-use crate::host::{Host, Level};
+use crate::host::Host;
 use crate::store::{redis, Claim, StoreError};
 use std::collections::HashMap;
 
@@ -119,13 +119,12 @@ impl Worker {
                     self.claim_resolved(host, q, found, batch.sent_ms);
                 }
             }
-            Err(StoreError::Host(e)) if e.contains("CROSSSLOT") && !self.batch_per_slot.get() => {
-                // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's keys.
-                host.log(
-                    Level::Info,
-                    "idem: Redis is a cluster: claims and writes are batched per hash slot from now on",
-                );
-                self.batch_per_slot.set(true);
+            Err(StoreError::Host(e))
+                if e.contains("CROSSSLOT") && several_slots(batch.members.iter().map(|q| q.ticket.key.as_str())) =>
+            {
+                // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's
+                // keys (batches sent before this answer came back are sent again too).
+                self.batching_per_slot(host);
                 let mut queue = self.claim_queue.borrow_mut();
                 let later = std::mem::take(&mut *queue);
                 *queue = batch.members.into_iter().chain(later).collect();
@@ -170,4 +169,13 @@ impl Worker {
             _ => self.act_from_root(host, q.ctx, route, v, None, q.request.grpc),
         }
     }
+}
+
+/// Whether keys span more than one Redis Cluster hash slot (a batch of them can be refused
+/// `CROSSSLOT`; one of a single slot never is).
+pub(super) fn several_slots<'a>(mut keys: impl Iterator<Item = &'a str>) -> bool {
+    let Some(first) = keys.next().map(redis::hash_slot) else {
+        return false;
+    };
+    keys.any(|k| redis::hash_slot(k) != first)
 }

@@ -211,6 +211,13 @@ impl Worker {
         self.drop_lease(LeaseOwner::Stream(context));
     }
 
+    /// Redis is a cluster (a batch was refused `CROSSSLOT`): batches hold one hash slot's keys
+    /// from now on. Logged once per worker.
+    pub(super) fn batching_per_slot(&self, host: &dyn Host) {
+        let line = "idem: Redis is a cluster: claims and writes are batched per hash slot from now on";
+        self.log_once(host, &self.batch_per_slot, Level::Info, line);
+    }
+
     /// Logs `line` the first time only (per worker), as `logged` records.
     pub(super) fn log_once(&self, host: &dyn Host, logged: &Cell<bool>, level: Level, line: &str) {
         if !logged.replace(true) {

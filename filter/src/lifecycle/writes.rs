@@ -1,10 +1,11 @@
 //! Finishing a claim or token: at once on the shared store; on Redis, a write the root context
 //! sends, retries with backoff while the store refuses it, and bounds per worker.
 
+use super::claims::several_slots;
 use super::replay::Answered;
 use super::worker::{RootCall, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
-use crate::host::{Host, Level};
+use crate::host::Host;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::redis::{self, Released};
 use crate::store::{shared, Answer, Completion, StoreError};
@@ -332,10 +333,12 @@ impl Worker {
                     self.finished(host, job, reply);
                 }
             }
-            Err(StoreError::Host(e)) if e.contains("CROSSSLOT") && !self.batch_per_slot.get() => {
-                // Redis Cluster: from now on a batch holds one slot's keys. Nothing ran.
-                host.log(Level::Info, "idem: Redis is a cluster: writes are batched per hash slot from now on");
-                self.batch_per_slot.set(true);
+            Err(StoreError::Host(e))
+                if e.contains("CROSSSLOT")
+                    && several_slots(batch.iter().filter_map(|j| j.cmd.step.as_ref()).map(|s| s.key.as_str())) =>
+            {
+                // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's keys.
+                self.batching_per_slot(host);
                 let mut outbox = self.outbox.borrow_mut();
                 for job in batch.into_iter().rev() {
                     outbox.push_front(job);
