@@ -1136,18 +1136,23 @@ fn queued(host: &FakeHost, w: &Rc<Worker>, ctx: u32, key: &str) -> Stream {
     s
 }
 
-#[test]
-fn claims_made_while_four_claim_calls_are_out_go_together_in_one_call() {
-    let (host, w) = setup(&redis_policy(""));
-    // Light load: each claim goes out at once, from its own stream, up to four calls out.
-    let mut out: Vec<Stream> = (6..10)
+/// Light load: requests 6 to 9 (keys `k6`…`k9`) each send their claim at once, from their own
+/// stream: four claim calls out.
+fn four_claims_out(host: &FakeHost, w: &Rc<Worker>) -> Vec<Stream> {
+    (6..10)
         .map(|ctx| {
-            let (s, _) = send(&host, &w, ctx, "/r", &format!("k{ctx}"));
+            let (s, _) = send(host, w, ctx, "/r", &format!("k{ctx}"));
             let (_, claim) = dispatched(&host.take_acts(), ctx);
             assert!(claim.starts_with("SET/"), "{claim}");
             s
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn claims_made_while_four_claim_calls_are_out_go_together_in_one_call() {
+    let (host, w) = setup(&redis_policy(""));
+    let mut out = four_claims_out(&host, &w);
     let mut a = out.pop().unwrap();
     let mut b = queued(&host, &w, 11, "k2");
     let mut c = queued(&host, &w, 12, "k3");
@@ -1192,13 +1197,7 @@ fn claims_made_while_four_claim_calls_are_out_go_together_in_one_call() {
 #[test]
 fn claim_batches_out_together_when_the_cluster_refuses_crossslot_are_all_sent_again() {
     let (host, w) = setup(&redis_policy(""));
-    let mut out: Vec<Stream> = (6..10)
-        .map(|ctx| {
-            let (s, _) = send(&host, &w, ctx, "/r", &format!("k{ctx}"));
-            host.take_acts();
-            s
-        })
-        .collect();
+    let mut out = four_claims_out(&host, &w);
     // Two batches go out before the first answer: each found two claims queued.
     let mut batches = Vec::new();
     for (i, pair) in [[11, 12], [13, 14]].iter().enumerate() {

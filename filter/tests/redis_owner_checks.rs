@@ -142,9 +142,14 @@ fn store_config() -> idem_filter::policy::RedisConfig {
 const ID: [u8; 32] = [7; 32];
 const FP: [u8; 32] = [1; 32];
 
-/// Owner `owner` claims the key; the claim must land (the key was free).
+/// Owner `owner` claims the key `ID`; the claim must land (the key was free).
 fn claim(live: &Live, store: &RedisStore<'_>, owner: u64, now: u64) -> Ticket {
-    let (cmd, ticket) = store.claim(&ID, &FP, owner, now, 30_000);
+    claim_at(live, store, ID, owner, now)
+}
+
+/// Owner `owner` claims the key `id` at `now`; the claim must land.
+fn claim_at(live: &Live, store: &RedisStore<'_>, id: [u8; 32], owner: u64, now: u64) -> Ticket {
+    let (cmd, ticket) = store.claim(&id, &FP, owner, now, 30_000);
     let (status, body) = live.send(&cmd);
     assert_eq!(store.parse_claim(&FP, status, &body), Ok(idem_filter::store::Claim::Claimed(())));
     ticket
@@ -267,10 +272,7 @@ fn a_token_is_restored_only_by_the_request_that_used_it() {
 
 /// Owner `owner` claims `id`; the claim must land.
 fn claim_id(live: &Live, store: &RedisStore<'_>, id: [u8; 32], owner: u64) -> Ticket {
-    let (cmd, ticket) = store.claim(&id, &FP, owner, 1000, 30_000);
-    let (status, body) = live.send(&cmd);
-    assert_eq!(store.parse_claim(&FP, status, &body), Ok(idem_filter::store::Claim::Claimed(())));
-    ticket
+    claim_at(live, store, id, owner, 1000)
 }
 
 #[test]
