@@ -11,6 +11,10 @@ use crate::policy::{FingerprintBody, FingerprintPart, KeyPolicy, PathTemplate, S
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::Xxh3Default;
 
+/// The fingerprint of nothing: a policy with `fingerprint = []` (every repeat is the same
+/// request), a token lookup, a process-local mark. Stored records compare by it like any other.
+pub const NONE: [u8; 32] = [0; 32];
+
 /// A digest the parts are fed to.
 trait Absorb: Sized {
     fn absorb(&mut self, bytes: &[u8]);
@@ -85,7 +89,7 @@ fn digest(
     max_body: usize,
 ) -> Result<[u8; 32], KeyError> {
     if policy.fingerprint.is_empty() {
-        return Ok([0; 32]);
+        return Ok(NONE);
     }
     absorb_parts(&mut h, policy, template, req, path, max_body)?;
     Ok(h.finish())

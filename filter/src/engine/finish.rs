@@ -30,7 +30,7 @@ impl Engine {
     ) -> Option<Verdict> {
         let fingerprint = match &p.op {
             StoreOp::Claim { fingerprint, .. } => fingerprint,
-            StoreOp::UseToken { .. } => &[0; 32],
+            StoreOp::UseToken { .. } => &crate::fingerprint::NONE,
         };
         let claim = self.shared.lookup(host, id, fingerprint).ok()??;
         let policy = self.policy(p.route)?;
@@ -66,7 +66,7 @@ impl Engine {
     /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
     pub fn mark_unwritten(&self, host: &dyn Host, id: &[u8; 32], until_ms: u64) -> Option<shared::Ticket> {
         let lease = until_ms.saturating_sub(host.now_ms()).max(1);
-        match self.shared.claim(host, id, &[0; 32], lease) {
+        match self.shared.claim(host, id, &crate::fingerprint::NONE, lease) {
             Ok(Claim::Claimed(t)) => Some(t),
             _ => None,
         }

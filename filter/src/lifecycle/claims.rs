@@ -9,7 +9,7 @@
 use super::stream::{Request, WithHost};
 use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
-use crate::engine::{Action, Prepared, StoreOp, StoreTicket};
+use crate::engine::{Action, Prepared, StoreTicket};
 use crate::host::Host;
 use crate::store::{redis, Claim, StoreError};
 use std::collections::HashMap;
@@ -26,6 +26,8 @@ pub(super) struct QueuedClaim {
     pub(super) ctx: u32,
     pub(super) prepared: Prepared,
     pub(super) ticket: redis::Ticket,
+    /// The request's fingerprint, which the record found is compared with.
+    pub(super) fingerprint: [u8; 32],
     /// The request, for a record written before fingerprints were xxh3: its SHA-256 decides.
     pub(super) request: Request,
     pub(super) queued_ms: u64,
@@ -114,8 +116,7 @@ impl Worker {
         match store.parse_batch(batch.members.len(), status, body) {
             Ok(replies) => {
                 for (q, reply) in batch.members.into_iter().zip(replies) {
-                    let StoreOp::Claim { fingerprint, .. } = &q.prepared.op else { continue };
-                    let found = reply.and_then(|v| redis::read_claim(fingerprint, v));
+                    let found = reply.and_then(|v| redis::read_claim(&q.fingerprint, v));
                     self.claim_resolved(host, q, found, batch.sent_ms);
                 }
             }
@@ -143,9 +144,6 @@ impl Worker {
     fn claim_resolved(&self, host: &dyn Host, q: QueuedClaim, found: Result<Claim<()>, StoreError>, sent_ms: u64) {
         let route = q.prepared.route;
         self.store_call_took(host, route, sent_ms);
-        let StoreOp::Claim { fingerprint, .. } = &q.prepared.op else {
-            return;
-        };
         let live = self.live.borrow().contains(&q.ctx);
         if found.is_err() || (!live && matches!(found, Ok(Claim::Claimed(())))) {
             self.release_orphan(host, route, Some(q.prepared.key.clone()), &q.ticket);
@@ -158,7 +156,7 @@ impl Worker {
         let found = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
         let redis_id = q.ticket.id();
         let claim = found.map(|c| c.map(|()| StoreTicket::Redis(q.ticket)));
-        self.remember_found(host, route, &redis_id, fingerprint, &claim);
+        self.remember_found(host, route, &redis_id, &q.fingerprint, &claim);
         let v = self.engine.after_claim(&q.prepared, claim, now, None);
         self.record(host, route, &v);
         match v.action {

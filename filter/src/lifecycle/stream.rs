@@ -45,9 +45,20 @@ pub(super) enum Phase {
 
 /// A Webdis call the stream waits for.
 pub(super) enum Pending {
-    Claim { prepared: Prepared, ticket: redis::Ticket },
-    UseToken { prepared: Prepared, ticket: redis::Ticket },
-    Issue { route: usize, token: String },
+    /// A claim, with its request's fingerprint (what the record found is compared with).
+    Claim {
+        prepared: Prepared,
+        ticket: redis::Ticket,
+        fingerprint: [u8; 32],
+    },
+    UseToken {
+        prepared: Prepared,
+        ticket: redis::Ticket,
+    },
+    Issue {
+        route: usize,
+        token: String,
+    },
 }
 
 impl Pending {
@@ -282,10 +293,8 @@ impl Stream {
         let status = status_of(&headers);
         let now = host.now_ms();
         match pending {
-            Pending::Claim { prepared, ticket } => {
-                let StoreOp::Claim { fingerprint, .. } = &prepared.op else {
-                    return;
-                };
+            Pending::Claim { prepared, ticket, fingerprint } => {
+                let fingerprint = &fingerprint;
                 // A record written before fingerprints were xxh3: the request's SHA-256 decides.
                 let view = WithHost { req: &self.request, host };
                 let legacy = || w.engine.legacy_fingerprint(prepared.route, &view);
@@ -415,7 +424,7 @@ impl Stream {
         w.stream_ended(self.context);
         self.take_handoff(host);
         match std::mem::replace(&mut self.phase, Phase::Idle) {
-            Phase::AwaitingStore(Pending::Claim { prepared, ticket }, _) => {
+            Phase::AwaitingStore(Pending::Claim { prepared, ticket, .. }, _) => {
                 // The client left while its claim was out: the claim may land with nobody to
                 // finish it. Its call ends with the stream: the next batch need not wait for it.
                 w.claim_returned(host);
@@ -517,24 +526,28 @@ impl Stream {
         if let Some(v) = w.engine.local_answer(host, &prepared, &ticket.id(), None) {
             return self.apply(host, route, v, false);
         }
-        let claim = matches!(prepared.op, StoreOp::Claim { .. });
+        let claimed_fingerprint = match prepared.op {
+            StoreOp::Claim { fingerprint, .. } => Some(fingerprint),
+            StoreOp::UseToken { .. } => None,
+        };
         let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);
-        if claim && !detached && w.claim_call_out() {
-            // Group commit: it goes with the next batch, when the claim call out returns.
+        if let (Some(fingerprint), false, true) = (claimed_fingerprint, detached, w.claim_call_out()) {
+            // Group commit: it goes with the next batch, when a claim call out returns.
             let request = std::mem::take(&mut self.request);
             self.request.grpc = request.grpc;
-            w.queue_claim(QueuedClaim { ctx: self.context, prepared, ticket, request, queued_ms: now });
+            let queued_ms = now;
+            w.queue_claim(QueuedClaim { ctx: self.context, prepared, ticket, fingerprint, request, queued_ms });
             self.phase = Phase::Held { route };
             return Flow::Pause;
         }
         match w.dispatch(host, &cmd) {
             Ok(_) => {
-                if claim {
-                    w.claim_sent();
-                }
-                let pending = match prepared.op {
-                    StoreOp::Claim { .. } => Pending::Claim { prepared, ticket },
-                    StoreOp::UseToken { .. } => Pending::UseToken { prepared, ticket },
+                let pending = match claimed_fingerprint {
+                    Some(fingerprint) => {
+                        w.claim_sent();
+                        Pending::Claim { prepared, ticket, fingerprint }
+                    }
+                    None => Pending::UseToken { prepared, ticket },
                 };
                 self.phase = Phase::AwaitingStore(pending, now);
                 Flow::Pause

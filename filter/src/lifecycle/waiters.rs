@@ -51,6 +51,8 @@ pub(super) struct Poll {
     members: Vec<u32>,
     route: usize,
     ticket: redis::Ticket,
+    /// The group's fingerprint, which the record found is compared with.
+    fingerprint: [u8; 32],
     sent_ms: u64,
 }
 
@@ -72,28 +74,32 @@ impl Worker {
 
     /// The tick's re-check of every held duplicate not being polled already.
     pub(super) fn recheck_waiters(&self, host: &dyn Host) {
-        let mut groups: HashMap<(usize, StoreOp), Vec<u32>> = HashMap::new();
+        // Redis groups by route, key id and fingerprint (a held request is always a key's claim:
+        // a token is used once, never held).
+        let mut groups: HashMap<(usize, [u8; 32], [u8; 32]), Vec<u32>> = HashMap::new();
         let mut shared = Vec::new();
         for (ctx, w) in self.waiters.borrow().iter().filter(|(_, w)| !w.polling) {
-            if self.redis_route(w.prepared.route) {
-                groups.entry((w.prepared.route, w.prepared.op.clone())).or_default().push(*ctx);
-            } else {
-                shared.push((*ctx, w.prepared.clone(), w.deadline_ms));
+            match (self.redis_route(w.prepared.route), &w.prepared.op) {
+                (true, StoreOp::Claim { id, fingerprint }) => {
+                    groups.entry((w.prepared.route, *id, *fingerprint)).or_default().push(*ctx);
+                }
+                (true, StoreOp::UseToken { .. }) => {}
+                (false, _) => shared.push((*ctx, w.prepared.clone(), w.deadline_ms)),
             }
         }
         for (ctx, prepared, deadline) in shared {
             let v = self.engine.run_shared(host, &prepared, Some(deadline), None);
             self.resolve_waiter(host, ctx, v);
         }
-        for (_, mut members) in groups {
+        for ((_, _, fingerprint), mut members) in groups {
             // Oldest context first: the one that takes the key over, if it is free again.
             members.sort_unstable();
-            self.recheck_group(host, members);
+            self.recheck_group(host, members, fingerprint);
         }
     }
 
     /// One group of held duplicates on Redis: this process' view every tick, Redis when due.
-    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>) {
+    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>, fingerprint: [u8; 32]) {
         let now = host.now_ms();
         let (prepared, first_deadline, due) = {
             let waiters = self.waiters.borrow();
@@ -130,7 +136,7 @@ impl Worker {
                     }
                 }
                 drop(waiters);
-                let poll = Poll { members, route: prepared.route, ticket, sent_ms: now };
+                let poll = Poll { members, route: prepared.route, ticket, fingerprint, sent_ms: now };
                 self.call_out(token, RootCall::Poll(poll));
             }
             Err(e) => {
@@ -159,7 +165,7 @@ impl Worker {
         let Some((_, first, _)) = members.first() else {
             // Every held client left while the poll was out: a claim it won has nobody to finish it.
             let someone_elses = matches!(
-                store.parse_claim(&[0; 32], status, body),
+                store.parse_claim(&poll.fingerprint, status, body),
                 Ok(Claim::InFlight { .. } | Claim::Completed { .. } | Claim::Unknown { .. })
             );
             if !someone_elses {
@@ -168,9 +174,7 @@ impl Worker {
             }
             return;
         };
-        let StoreOp::Claim { fingerprint, .. } = &first.op else {
-            return;
-        };
+        let fingerprint = &poll.fingerprint;
         // Held duplicates keep no body to take a SHA-256 fingerprint of: a record written before
         // fingerprints were xxh3 (only one in flight across the upgrade) counts as different.
         let found = store.parse_claim(fingerprint, status, body).map(|c| c.resolve_legacy(|| None));
