@@ -6,6 +6,7 @@ the policy TOML given by the test, waited for until it serves, and stopped after
 with a message saying how to get it, never a skip.
 """
 
+import contextlib
 import sys
 import uuid
 from pathlib import Path
@@ -239,6 +240,27 @@ def make_envoy(workdir, upstream, request):
     for env in started:
         if _failed(request.node):
             print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
+        env.stop()
+
+
+@contextlib.contextmanager
+def envoy_from_yaml(workdir, name, config_text):
+    """Envoy started from a YAML config, `config_text(listen_port, admin_port)` on two free ports:
+    yielded once ready (the test fails with Envoy's log tail if it is not), stopped afterwards
+    (its log tail printed if it died)."""
+    lp, ap = stack.free_port(), stack.free_port()
+    cfg = workdir / ("%s-%d.yaml" % (name, lp))
+    cfg.write_text(config_text(lp, ap))
+    env = stack.Envoy(cfg, workdir, listen_port=lp, admin_port=ap, name=name)
+    try:
+        try:
+            env.wait_ready()
+        except stack.StackError as e:
+            pytest.fail(str(e), pytrace=False)
+        yield env
+    finally:
+        if not env.proc.alive():
+            print(env.log_tail())
         env.stop()
 
 

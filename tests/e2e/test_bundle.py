@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 import stack
-from conftest import new_key
+from conftest import envoy_from_yaml, new_key
 from idemtest import assert_local, assert_replay_of, assert_upstream_answer, describe, post
 
 IDEM_LINT = stack.REPO / "target" / "release" / "idem-lint"
@@ -76,18 +76,8 @@ def envoy_yaml(entry, listen_port, admin_port, upstream_port):
 @pytest.fixture
 def bundled(workdir, upstream):
     entry = bundle_entry()
-    lp, ap = stack.free_port(), stack.free_port()
-    cfg = workdir / ("bundle-%d.yaml" % lp)
-    cfg.write_text(envoy_yaml(entry, lp, ap, upstream.port))
-    env = stack.Envoy(cfg, workdir, listen_port=lp, admin_port=ap, name="envoy-bundle")
-    try:
-        try:
-            env.wait_ready()
-        except stack.StackError as e:
-            pytest.fail(str(e), pytrace=False)
+    with envoy_from_yaml(workdir, "envoy-bundle", lambda lp, ap: envoy_yaml(entry, lp, ap, upstream.port)) as env:
         yield env
-    finally:
-        env.stop()
 
 
 def test_bundle_envoy_filter_entry_loads_and_every_policy_answers(bundled, upstream):

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 import stack
-from conftest import new_key
+from conftest import envoy_from_yaml, new_key
 from idemtest import assert_local, assert_replay_of, assert_upstream_answer, counters, describe, post, wait_for
 
 CREATE = "/api/order/create"
@@ -126,15 +126,8 @@ def test_counters_in_stats_and_log_lines(make_envoy, upstream):
 
 def test_example_envoy_yaml_runs(workdir, upstream):
     """examples/envoy.yaml as shipped (only ports and the .wasm path rewritten)."""
-    lp, ap = stack.free_port(), stack.free_port()
-    cfg = workdir / ("example-%d.yaml" % lp)
-    cfg.write_text(stack.example_config_text(lp, ap, upstream.port, stack.WASM))
-    env = stack.Envoy(cfg, workdir, listen_port=lp, admin_port=ap, name="envoy-example")
-    try:
-        try:
-            env.wait_ready()
-        except stack.StackError as e:
-            pytest.fail(str(e), pytrace=False)
+    example = lambda lp, ap: stack.example_config_text(lp, ap, upstream.port, stack.WASM)  # noqa: E731
+    with envoy_from_yaml(workdir, "envoy-example", example) as env:
         key = new_key()
         first = post(env, CREATE, key)
         assert_upstream_answer(first, key=key, n=1)
@@ -173,7 +166,3 @@ def test_example_envoy_yaml_runs(workdir, upstream):
         assert line is not None, env.log_tail(40)
         assert "idem_route=create-order" in line and "idem_cause=completed" in line and " 200 " in line, line
         assert key not in line, "the access log must not carry the whole key: %s" % line
-    finally:
-        if not env.proc.alive():
-            print(env.log_tail())
-        env.stop()

@@ -21,6 +21,7 @@ import pytest
 from grpc_status import rpc_status
 
 import stack
+from conftest import envoy_from_yaml
 from idemtest import counters, delta, wait_for
 
 METHOD = "/shop.Orders/Create"
@@ -263,39 +264,33 @@ def test_example_grpc_yaml_runs(workdir):
     port = stack.free_port()
     service = stack.Proc("orders", [sys.executable, str(stack.EXAMPLE_GRPC_SERVICE), "--port", str(port)],
                          workdir / ("orders-%d.log" % port))
-    lp, ap = stack.free_port(), stack.free_port()
-    cfg = workdir / ("example-grpc-%d.yaml" % lp)
-    cfg.write_text(stack.example_grpc_config_text(lp, ap, port, stack.WASM))
-    env = stack.Envoy(cfg, workdir, listen_port=lp, admin_port=ap, name="envoy-example-grpc")
+    example = lambda lp, ap: stack.example_grpc_config_text(lp, ap, port, stack.WASM)  # noqa: E731
     try:
         wait_for(lambda: "shop.Orders on" in service.log_text(), 15, what="the example service")
-        try:
-            env.wait_ready()
-        except stack.StackError as e:
-            pytest.fail(str(e), pytrace=False)
-        key = "k-" + uuid.uuid4().hex
-        msg, trailing, _ = call(env, key, "sku=A1")
-        again, trailing2, initial2 = call(env, key, "sku=A1")
-        assert (again, trailing2.get("x-order-run"), initial2.get("idempotent-replayed")) == (
-            msg, trailing.get("x-order-run"), "true"), (msg, trailing, again, trailing2, initial2)
-        # A run failing UNAVAILABLE is not remembered: the retry runs and its answer is kept.
-        key2 = "k-" + uuid.uuid4().hex
-        e = call(env, key2, "fail-once:" + key2)
-        assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE, e
-        ok = call(env, key2, "fail-once:" + key2)
-        assert ok[0].startswith(b"order-") and call(env, key2, "fail-once:" + key2)[0] == ok[0]
-        # Straight to the echo path without a token: nothing to replay.
-        with channel(env) as ch:
-            with pytest.raises(grpc.RpcError) as direct:
-                ch.unary_unary("/.idem/replay")(b"x", timeout=5)
-        assert direct.value.code() != grpc.StatusCode.OK
-        out = subprocess.run([sys.executable, str(stack.EXAMPLE_GRPC_SERVICE), "--call", "127.0.0.1:%d" % lp],
-                             capture_output=True, text=True, timeout=60)
-        lines = out.stdout.splitlines()
-        assert out.returncode == 0 and len(lines) == 2, out
-        assert lines[0].endswith("idempotent-replayed=-") and lines[1].endswith("idempotent-replayed=true"), lines
-        assert lines[0].split()[2] == lines[1].split()[2], "the same order: %s" % lines
-        assert counters(env, "grpc-create-order").get("replayed") == 3
+        with envoy_from_yaml(workdir, "envoy-example-grpc", example) as env:
+            lp = env.listen_port
+            key = "k-" + uuid.uuid4().hex
+            msg, trailing, _ = call(env, key, "sku=A1")
+            again, trailing2, initial2 = call(env, key, "sku=A1")
+            assert (again, trailing2.get("x-order-run"), initial2.get("idempotent-replayed")) == (
+                msg, trailing.get("x-order-run"), "true"), (msg, trailing, again, trailing2, initial2)
+            # A run failing UNAVAILABLE is not remembered: the retry runs and its answer is kept.
+            key2 = "k-" + uuid.uuid4().hex
+            e = call(env, key2, "fail-once:" + key2)
+            assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE, e
+            ok = call(env, key2, "fail-once:" + key2)
+            assert ok[0].startswith(b"order-") and call(env, key2, "fail-once:" + key2)[0] == ok[0]
+            # Straight to the echo path without a token: nothing to replay.
+            with channel(env) as ch:
+                with pytest.raises(grpc.RpcError) as direct:
+                    ch.unary_unary("/.idem/replay")(b"x", timeout=5)
+            assert direct.value.code() != grpc.StatusCode.OK
+            out = subprocess.run([sys.executable, str(stack.EXAMPLE_GRPC_SERVICE), "--call", "127.0.0.1:%d" % lp],
+                                 capture_output=True, text=True, timeout=60)
+            lines = out.stdout.splitlines()
+            assert out.returncode == 0 and len(lines) == 2, out
+            assert lines[0].endswith("idempotent-replayed=-") and lines[1].endswith("idempotent-replayed=true"), lines
+            assert lines[0].split()[2] == lines[1].split()[2], "the same order: %s" % lines
+            assert counters(env, "grpc-create-order").get("replayed") == 3
     finally:
-        env.stop()
         service.stop()
