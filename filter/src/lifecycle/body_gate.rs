@@ -19,6 +19,8 @@
 use super::worker::Worker;
 use crate::engine::Action;
 use crate::host::{Host, Level};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 
 /// What this worker has seen of body delivery during paused headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,6 +32,16 @@ pub enum BodyDelivery {
     Delivered,
     /// Body bytes reached Envoy and no body callback came: the flag is off.
     Withheld,
+}
+
+/// What one worker has learnt about body delivery, and the streams it watches.
+#[derive(Default)]
+pub(super) struct BodyGate {
+    delivery: Cell<BodyDelivery>,
+    /// Streams paused at their headers for a body not seen yet.
+    awaiting: RefCell<HashMap<u32, AwaitingBody>>,
+    /// Streams let through unexamined because their body was withheld (shadow mode).
+    passthrough: RefCell<HashSet<u32>>,
 }
 
 /// A stream paused at its headers for the body: its route and `request.total_size` then.
@@ -52,41 +64,42 @@ fn total_size(host: &dyn Host) -> Option<u64> {
 impl Worker {
     /// What is known about body delivery.
     pub(super) fn body_delivery(&self) -> BodyDelivery {
-        self.body_delivery.get()
+        self.body_gate.delivery.get()
     }
 
     /// A stream pauses at its headers to read the body.
     pub(super) fn await_body(&self, host: &dyn Host, context: u32, route: usize) {
-        if self.body_delivery.get() == BodyDelivery::Unknown {
+        if self.body_gate.delivery.get() == BodyDelivery::Unknown {
             let size_at_headers = total_size(host).unwrap_or(0);
-            self.awaiting_body.borrow_mut().insert(context, AwaitingBody { route, size_at_headers });
+            self.body_gate.awaiting.borrow_mut().insert(context, AwaitingBody { route, size_at_headers });
         }
     }
 
     /// A body callback arrived for a stream paused at its headers: delivery is proven, and
     /// nothing is watched any more (streams are registered only while it is unknown).
     pub(super) fn body_delivered(&self) {
-        if self.body_delivery.get() == BodyDelivery::Unknown {
-            self.body_delivery.set(BodyDelivery::Delivered);
-            self.awaiting_body.borrow_mut().clear();
+        if self.body_gate.delivery.get() == BodyDelivery::Unknown {
+            self.body_gate.delivery.set(BodyDelivery::Delivered);
+            self.body_gate.awaiting.borrow_mut().clear();
         }
     }
 
     /// The stream ended.
     pub(super) fn forget_body_wait(&self, context: u32) {
-        if self.body_delivery.get() != BodyDelivery::Delivered {
-            self.awaiting_body.borrow_mut().remove(&context);
-            self.body_passthrough.borrow_mut().remove(&context);
+        if self.body_gate.delivery.get() != BodyDelivery::Delivered {
+            self.body_gate.awaiting.borrow_mut().remove(&context);
+            self.body_gate.passthrough.borrow_mut().remove(&context);
         }
     }
 
     /// On the root's tick: has Envoy received body bytes for a waiting stream without calling
     /// its body callback? Then answer every waiting stream.
     pub(super) fn check_body_delivery(&self, host: &dyn Host) {
-        if self.awaiting_body.borrow().is_empty() {
+        if self.body_gate.awaiting.borrow().is_empty() {
             return;
         }
-        let waiting: Vec<(u32, AwaitingBody)> = self.awaiting_body.borrow().iter().map(|(c, a)| (*c, *a)).collect();
+        let waiting: Vec<(u32, AwaitingBody)> =
+            self.body_gate.awaiting.borrow().iter().map(|(c, a)| (*c, *a)).collect();
         let received = |&(ctx, wait): &(u32, AwaitingBody)| {
             let mut grew = false;
             self.on_stream(host, ctx, || grew = total_size(host).is_some_and(|now| now > wait.size_at_headers));
@@ -95,8 +108,8 @@ impl Worker {
         if !waiting.iter().any(received) {
             return;
         }
-        self.body_delivery.set(BodyDelivery::Withheld);
-        self.awaiting_body.borrow_mut().clear();
+        self.body_gate.delivery.set(BodyDelivery::Withheld);
+        self.body_gate.awaiting.borrow_mut().clear();
         host.log(Level::Error, WITHHELD_LOG);
         for (ctx, wait) in waiting {
             self.answer_withheld(host, ctx, wait.route);
@@ -115,7 +128,7 @@ impl Worker {
                 Action::Reply(r) => super::worker::send(host, r),
                 // Shadow mode never blocks: let it through unexamined.
                 _ => {
-                    self.body_passthrough.borrow_mut().insert(ctx);
+                    self.body_gate.passthrough.borrow_mut().insert(ctx);
                     let _ = host.resume_request();
                 }
             }
@@ -124,7 +137,8 @@ impl Worker {
 
     /// Whether a stream was let through unexamined (shadow mode, body withheld); clears it.
     pub(super) fn take_body_passthrough(&self, context: u32) -> bool {
-        self.body_delivery.get() == BodyDelivery::Withheld && self.body_passthrough.borrow_mut().remove(&context)
+        self.body_gate.delivery.get() == BodyDelivery::Withheld
+            && self.body_gate.passthrough.borrow_mut().remove(&context)
     }
 }
 

@@ -12,6 +12,7 @@ use super::worker::{RootCall, Worker};
 use crate::engine::{Action, Prepared, StoreTicket};
 use crate::host::Host;
 use crate::store::{redis, Claim, StoreError};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 /// The most claims one batch carries.
@@ -20,6 +21,15 @@ const MAX_BATCH_CLAIMS: usize = 64;
 /// goes out at once, so light load (a few connections) pays no wait; above it, one call per
 /// returning call carries everything that queued meanwhile.
 pub(super) const CLAIM_CALLS_OUT: u32 = 4;
+
+/// One worker's claim calls out and the claims waiting for the next batch.
+#[derive(Default)]
+pub(super) struct Claims {
+    /// Claim calls out now (a stream's own, or a root's batch).
+    out: Cell<u32>,
+    /// Claims waiting for the next batch, oldest first.
+    queue: RefCell<Vec<QueuedClaim>>,
+}
 
 /// A claim waiting for the next batch; its stream is paused (`Phase::Held`).
 pub(super) struct QueuedClaim {
@@ -42,29 +52,29 @@ pub(super) struct ClaimBatch {
 impl Worker {
     /// Whether a claim waits for the next batch: [`CLAIM_CALLS_OUT`] claim calls are out.
     pub(super) fn claim_call_out(&self) -> bool {
-        self.claims_out.get() >= CLAIM_CALLS_OUT
+        self.claims.out.get() >= CLAIM_CALLS_OUT
     }
 
     /// A stream sent its own claim call.
     pub(super) fn claim_sent(&self) {
-        self.claims_out.set(self.claims_out.get() + 1);
+        self.claims.out.set(self.claims.out.get() + 1);
     }
 
     /// A claim call came back (or was cancelled with its stream): queued claims may go.
     pub(super) fn claim_returned(&self, host: &dyn Host) {
-        self.claims_out.set(self.claims_out.get().saturating_sub(1));
-        if !self.claim_queue.borrow().is_empty() {
+        self.claims.out.set(self.claims.out.get().saturating_sub(1));
+        if !self.claims.queue.borrow().is_empty() {
             self.wake(host);
         }
     }
 
     pub(super) fn queue_claim(&self, claim: QueuedClaim) {
-        self.claim_queue.borrow_mut().push(claim);
+        self.claims.queue.borrow_mut().push(claim);
     }
 
     /// The stream ended before its queued claim went out: it never will.
     pub(super) fn forget_queued_claim(&self, ctx: u32) {
-        self.claim_queue.borrow_mut().retain(|q| q.ctx != ctx);
+        self.claims.queue.borrow_mut().retain(|q| q.ctx != ctx);
     }
 
     /// Sends the queued claims (root context) once no claim call is out — or when the oldest
@@ -72,14 +82,14 @@ impl Worker {
     pub(super) fn send_claims(&self, host: &dyn Host) {
         let now = host.now_ms();
         let timeout = self.engine.bundle.redis.as_ref().map_or(0, |r| r.timeout.millis);
-        let stale = self.claim_queue.borrow().first().is_some_and(|q| q.queued_ms.saturating_add(timeout) <= now);
-        if self.claim_queue.borrow().is_empty() || (self.claim_call_out() && !stale) {
+        let stale = self.claims.queue.borrow().first().is_some_and(|q| q.queued_ms.saturating_add(timeout) <= now);
+        if self.claims.queue.borrow().is_empty() || (self.claim_call_out() && !stale) {
             return;
         }
         let Some(store) = self.engine.redis() else {
             return;
         };
-        let queued = std::mem::take(&mut *self.claim_queue.borrow_mut());
+        let queued = std::mem::take(&mut *self.claims.queue.borrow_mut());
         let per_slot = self.batch_per_slot.get();
         let mut groups: HashMap<Option<u16>, Vec<Vec<QueuedClaim>>> = HashMap::new();
         for q in queued {
@@ -109,7 +119,7 @@ impl Worker {
 
     /// A claim batch's reply (root context): each claim's verdict, carried out on its stream.
     pub(super) fn claims_answered(&self, host: &dyn Host, batch: ClaimBatch, status: u16, body: &[u8]) {
-        self.claims_out.set(self.claims_out.get().saturating_sub(1));
+        self.claims.out.set(self.claims.out.get().saturating_sub(1));
         let Some(store) = self.engine.redis() else {
             return;
         };
@@ -126,7 +136,7 @@ impl Worker {
                 // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's
                 // keys (batches sent before this answer came back are sent again too).
                 self.batching_per_slot(host);
-                let mut queue = self.claim_queue.borrow_mut();
+                let mut queue = self.claims.queue.borrow_mut();
                 let later = std::mem::take(&mut *queue);
                 *queue = batch.members.into_iter().chain(later).collect();
             }

@@ -1,8 +1,8 @@
 //! What one worker's contexts share, how it is set up when the plugin configures, and the root
 //! context's events.
 
-use super::body_gate::{AwaitingBody, BodyDelivery, BODY_CHECK_MS};
-use super::claims::{ClaimBatch, QueuedClaim};
+use super::body_gate::{BodyGate, BODY_CHECK_MS};
+use super::claims::{ClaimBatch, Claims};
 use super::detached::Detached;
 use super::leases::{Lease, LeaseOwner};
 use super::waiters::{Poll, Waiter};
@@ -49,10 +49,8 @@ pub struct Worker {
     pub(super) outbox: RefCell<VecDeque<Job>>,
     /// Redis is a cluster: a batch of writes or claims holds one hash slot's keys.
     pub(super) batch_per_slot: Cell<bool>,
-    /// Claim calls of this worker out now (a stream's own, or a root's batch).
-    pub(super) claims_out: Cell<u32>,
-    /// Claims waiting for the next batch, oldest first.
-    pub(super) claim_queue: RefCell<Vec<QueuedClaim>>,
+    /// Group commit of claims (see `claims`).
+    pub(super) claims: Claims,
 
     /// Detached upstream calls waiting to be sent by the root context.
     pub(super) detached_out: RefCell<Vec<Detached>>,
@@ -67,13 +65,9 @@ pub struct Worker {
     /// deleted, and the SDK panics ("invalid context_id") — found by `make bench`.
     pub(super) live: RefCell<HashSet<u32>>,
     /// Whether Envoy passes the body while the headers are paused (see `body_gate`).
-    pub(super) body_delivery: Cell<BodyDelivery>,
+    pub(super) body_gate: BodyGate,
     /// Whether the streaming-gRPC warning was logged.
     pub(super) streaming_logged: Cell<bool>,
-    /// Streams paused at their headers for a body not seen yet.
-    pub(super) awaiting_body: RefCell<HashMap<u32, AwaitingBody>>,
-    /// Streams let through unexamined because their body was withheld (shadow mode).
-    pub(super) body_passthrough: RefCell<HashSet<u32>>,
     /// Where gRPC replays wait for the echo (see `replay`).
     pub(super) replay_slots: ReplaySlots,
     /// Streams replaying a gRPC answer through the echo: the trailers they add at its end.
@@ -179,17 +173,14 @@ impl Worker {
             handoff: RefCell::new(HashMap::new()),
             outbox: RefCell::new(VecDeque::new()),
             batch_per_slot: Cell::new(false),
-            claims_out: Cell::new(0),
-            claim_queue: RefCell::new(Vec::new()),
+            claims: Claims::default(),
 
             detached_out: RefCell::new(Vec::new()),
             leases: RefCell::new(HashMap::new()),
             calls: RefCell::new(HashMap::new()),
             live: RefCell::new(HashSet::new()),
-            body_delivery: Cell::new(BodyDelivery::Unknown),
+            body_gate: BodyGate::default(),
             streaming_logged: Cell::new(false),
-            awaiting_body: RefCell::new(HashMap::new()),
-            body_passthrough: RefCell::new(HashSet::new()),
             replay_slots,
             replays: RefCell::new(HashMap::new()),
             eviction: super::eviction::probe(),
