@@ -1224,3 +1224,24 @@ fn claim_batches_out_together_when_the_cluster_refuses_crossslot_are_all_sent_ag
     let once = host.logs().iter().filter(|(_, l)| l.contains("batched per hash slot")).count();
     assert_eq!(once, 1, "logged once per worker");
 }
+
+#[test]
+fn a_held_duplicate_that_takes_the_key_over_is_renewed_before_its_answer_begins() {
+    let (host, w) = setup(&redis_policy(WAIT));
+    let (mut first, _held, _) = held_on_redis(&host, &w, 1);
+    // The first request ends without an answer; only the held one can hold a lease now.
+    host.enter(10);
+    first.on_log(&host);
+    host.take_acts();
+    let calls = root_calls(&root_ticks_after(&host, &w, 20));
+    let (token, poll) = calls.iter().find(|(_, b)| b.starts_with("SET/")).expect("the held request's poll");
+    let record = poll.split('/').nth(2).unwrap().to_string();
+    let acts = answer_root(&host, &w, *token, 200, br#"{"SET":null}"#);
+    assert!(acts.contains(&Act::ResumeRequest { context: 11 }), "it takes the key over: {acts:?}");
+    // Its upstream is slow: no response headers for a third of the lease, and the lease is renewed.
+    let renewals: Vec<(u32, String)> = root_calls(&root_ticks_after(&host, &w, 10_001))
+        .into_iter()
+        .filter(|(_, b)| percent_decode(b).contains("PEXPIRE") && b.contains(&record))
+        .collect();
+    assert_eq!(renewals.len(), 1, "the taken-over claim is renewed: {renewals:?}");
+}

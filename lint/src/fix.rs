@@ -24,6 +24,8 @@ pub struct Edit {
 /// other operations too.
 pub fn fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
     let mut out: Vec<Edit> = Vec::new();
+    // Whether each file is JSON, found once per file (a file may hold hundreds of fixes).
+    let mut json_files: std::collections::HashMap<usize, bool> = std::collections::HashMap::new();
     for op in operations(ws, &cfg.methods) {
         if cfg.severity("IDEM006").is_none() {
             break;
@@ -38,7 +40,8 @@ pub fn fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
             continue;
         };
         let text = &ws.file(responses.file).text;
-        if let Some(edit) = insertion(text, responses, &missing) {
+        let json = *json_files.entry(responses.file).or_insert_with(|| is_json(text));
+        if let Some(edit) = insertion(text, json, responses, &missing) {
             if !out.contains(&edit) {
                 out.push(edit);
             }
@@ -56,7 +59,7 @@ fn inside(inner: &At<'_>, outer: &At<'_>) -> bool {
 /// The new `responses` entry, in the map's own style: a JSON or YAML flow map gets `, "409": {…}`
 /// after its last entry (on a line of its own when the map spans lines); a YAML block map gets a
 /// line at its entries' indentation after the last one.
-fn insertion(text: &str, responses: At<'_>, missing: &MissingStatus<'_>) -> Option<Edit> {
+fn insertion(text: &str, json_file: bool, responses: At<'_>, missing: &MissingStatus<'_>) -> Option<Edit> {
     let map = responses.node;
     let entries = map.as_map()?;
     let (start, end) = (map.start as usize, map.end as usize);
@@ -69,7 +72,7 @@ fn insertion(text: &str, responses: At<'_>, missing: &MissingStatus<'_>) -> Opti
         None => "a repeat of a request already processed".to_string(),
     };
     let flow = text.as_bytes().get(start) == Some(&b'{');
-    let json = flow && text.as_bytes().get(first.key_start as usize) == Some(&b'"') && is_json(text);
+    let json = flow && text.as_bytes().get(first.key_start as usize) == Some(&b'"') && json_file;
     let quote = match text.as_bytes().get(first.key_start as usize) {
         Some(b'"') => "\"",
         Some(b'\'') => "'",

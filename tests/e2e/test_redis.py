@@ -159,8 +159,10 @@ def test_concurrent_completions_share_webdis_calls_and_every_answer_is_stored(fl
     calls = webdis_calls(env) - before
     for k, r in zip(keys, first):
         assert_upstream_answer(r, key=k, n=1)
-    # A claim and a completion per request without batching: 240 calls.
-    assert calls < 2 * len(keys), "%d Webdis calls for %d requests: completions were not batched" % (calls, len(keys))
+    # Without group commit a claim and a completion per request: 240 calls. With it, 65-143 in
+    # runs here. (Claims sent one by one, writes still batched, made 176-217: the unit tests in
+    # filter/tests/lifecycle.rs guard each half exactly; this bound catches batching gone.)
+    assert calls <= 1.5 * len(keys), "%d Webdis calls for %d requests: nothing was batched" % (calls, len(keys))
     for k, r in zip(keys, first):
         assert_replay_of(post(other, "/r/key", k), r)
         assert upstream.calls(k) == 1

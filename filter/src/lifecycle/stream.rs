@@ -530,6 +530,8 @@ impl Stream {
             StoreOp::Claim { fingerprint, .. } => Some(fingerprint),
             StoreOp::UseToken { .. } => None,
         };
+        // A detached route's claim goes out alone: its stream hands the request to the root once
+        // claimed, which a batch resolved from the root would have to carry for every member.
         let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);
         if let (Some(fingerprint), false, true) = (claimed_fingerprint, detached, w.claim_call_out()) {
             // Group commit: it goes with the next batch, when a claim call out returns.
