@@ -67,7 +67,7 @@ dist: setup
 bench: setup build
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
 	$(PY) scripts/bench.py
-	$(PY) scripts/breakdown.py
+	$(PY) scripts/breakdown.py --envoy
 	bash scripts/bench-lint.sh
 
 # The filter as OCI images for Istio / Envoy Gateway, in the OCI layout target/oci/idem: tag `oci`

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """idem's own cost per request, broken down (part of `make bench`).
 
-    python3 scripts/breakdown.py [--requests 2000] [--no-callgrind]
+    python3 scripts/breakdown.py [--requests 2000] [--no-callgrind] [--envoy]
 
 1. Host calls and bytes per request, and the core's native time per request, for the paths of
    the bench's cases (c), (d), (e), (f): `cargo run --example breakdown` (filter/examples/).
@@ -14,14 +14,27 @@
 
 Native x86-64 instructions are a proxy for what V8 runs from the same Rust compiled to Wasm:
 the ratios between components carry over, the absolute numbers do not.
+
+3. With `--envoy`: instructions per request *inside a real Envoy* under callgrind, for (a) plain
+   Envoy, (b) the filter on a route without a policy, (c0) the floor module and (c)/(d) idem,
+   with the built `.wasm` (V8 compiles it as usual; callgrind sees the JIT code). Counters are
+   zeroed after a warm-up and dumped after `--envoy-requests` sequential requests, so the number
+   is the whole process' work per request: Envoy, V8, the host calls and the module. Unlike CPU
+   time on a shared machine it does not move with other load, so it tells a change of a few
+   per cent apart. Split into the module's code (V8's JIT code) and the rest (Envoy and V8's
+   builtins: the host calls, the crossings, the buffers).
 """
 
 import argparse
+import glob
+import http.client
+import json
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +79,151 @@ def callgrind(case, n, outdir):
     return total, funcs
 
 
+def envoy_binary():
+    """The Envoy executable itself: `.venv/bin/envoy` is pip's launcher script, which valgrind
+    would follow no further than its `exec`."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import stack
+    launcher = stack.require_envoy()
+    with open(launcher, "rb") as f:
+        if f.read(4) == b"\x7fELF":
+            return str(launcher)
+    found = sorted(glob.glob(str(REPO / ".venv" / "lib" / "python*" / "site-packages" / "envoy" / "_bin" / "envoy")))
+    if not found:
+        raise SystemExit("error: the Envoy binary behind %s was not found; run `make setup`" % launcher)
+    return found[0]
+
+
+def self_costs(path):
+    """{(object, function): self instructions} from a callgrind output file (calls' inclusive
+    lines skipped), with names resolved from callgrind's name compression."""
+    names, objects = {}, {}
+    costs = {}
+    obj = fn_obj = fn = "?"
+    skip_next = False
+    for line in open(path):
+        if line.startswith(("ob=", "fn=", "cob=", "cfn=", "fl=", "fi=", "fe=", "cfi=", "cfl=")):
+            key, val = line.rstrip("\n").split("=", 1)
+            table = objects if key in ("ob", "cob") else names
+            m = re.match(r"\((\d+)\)(?: (.*))?$", val)
+            if m:
+                if m.group(2):
+                    table[m.group(1)] = m.group(2)
+                val = table.get(m.group(1), val)
+            if key == "ob":
+                obj = val
+            elif key == "fn":
+                fn, fn_obj = val, obj
+        elif line.startswith("calls="):
+            skip_next = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if skip_next:
+                skip_next = False
+                continue
+            parts = line.split()
+            if len(parts) >= 2:
+                costs[(fn_obj, fn)] = costs.get((fn_obj, fn), 0) + int(parts[1])
+    return costs
+
+
+def is_jit(obj, fn):
+    """V8's JIT code: no object file, at an address above the binaries' (the module's code)."""
+    m = re.search(r"0x([0-9a-f]+)", fn)
+    return obj == "???" and m is not None and int(m.group(1), 16) > 1 << 32
+
+
+def envoy_case(case, n, tmp):
+    """(instructions per request, of which the module's JIT code) for `case` in a real Envoy."""
+    import stack
+    from stack.envoy_config import idem_config
+    from stack.http import free_port
+
+    policy = (REPO / "bench" / "scenario" / "shared.toml").read_text()
+    routes = [
+        {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
+        {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
+    ]
+    module = {"a": None, "b": stack.require_wasm(), "c0": REPO / "target" / "wasm32-wasip1" / "release" / "idem_floor.wasm",
+              "c": stack.require_wasm(), "d": stack.require_wasm()}[case]
+    fast = stack.start_fast_upstream(tmp)
+    listen, admin = free_port(), free_port()
+    cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
+                      policy_toml="" if case == "c0" else policy, routes=routes,
+                      wasm_path=str(module) if module else None, with_filter=module is not None)
+    cfg_path = Path(tmp) / ("envoy-%s.json" % case)
+    cfg_path.write_text(json.dumps(cfg))
+    out = Path(tmp) / ("envoy-%s.cg" % case)
+    log = open(Path(tmp) / ("envoy-%s.log" % case), "w")
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--smc-check=all-non-file", "--callgrind-out-file=%s" % out,
+                             envoy_binary(), "-c", str(cfg_path), "--disable-hot-restart", "--concurrency", "1",
+                             "-l", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    path = "/api/no-policy" if case == "b" else "/api/order/create"
+    try:
+        conn = None
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise SystemExit("error: Envoy under valgrind exited; see %s" % log.name)
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", listen, timeout=60)
+                conn.request("GET", "/api/ready")
+                conn.getresponse().read()
+                break
+            except OSError:
+                conn = None
+                time.sleep(0.5)
+        if conn is None:
+            raise SystemExit("error: Envoy under valgrind did not come up; see %s" % log.name)
+        statuses = {}
+
+        def send(i, prefix):
+            # As the bench's wrk scripts: (d) repeats one key, the others use a fresh one.
+            key = "bench-replay" if case == "d" else "%s-%d" % (prefix, i)
+            conn.request("POST", path, body='{"sku":"A1","qty":1}', headers={
+                "Idempotency-Key": key, "Content-Type": "application/json", "Authorization": "Bearer bench"})
+            r = conn.getresponse()
+            r.read()
+            return r.status
+
+        for i in range(200):
+            send(i, "warm")
+        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
+        for i in range(n):
+            status = send(i, "k")
+            statuses[status] = statuses.get(status, 0) + 1
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
+        expected = 200
+        if statuses != {expected: n}:
+            raise SystemExit("error: (%s) answered %s, expected %d %s" % (case, statuses, n, expected))
+    finally:
+        proc.terminate()
+        proc.wait(120)
+        fast.stop()
+    dumps = sorted(glob.glob(str(out) + ".*"))
+    if not dumps:
+        raise SystemExit("error: callgrind wrote no dump for (%s)" % case)
+    costs = self_costs(dumps[-1])
+    total = sum(costs.values())
+    jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn))
+    return total / n, jit / n
+
+
+def report_envoy(n, cases):
+    print("\ninstructions per request inside Envoy under callgrind (%d sequential requests after 200 warm-up "
+          "ones; the whole process: Envoy, V8, host calls, the module):" % n)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="idem-envoy-cg-") as tmp:
+        for case in cases:
+            total, jit = envoy_case(case, n, tmp)
+            results[case] = total
+            over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
+            print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
+                  % (case, " " * (3 - len(case)), total, jit, total - jit, over))
+    if "c" in results and "c0" in results:
+        c, c0 = results["c"], results["c0"]
+        print("(c) against its floor (c0): %+.1f %% (%+.0f instructions/req)" % (100.0 * (c - c0) / c0, c - c0))
+    return results
+
+
 def group_of(name):
     for label, rx in GROUPS:
         if rx.search(name):
@@ -77,6 +235,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000, help="requests per callgrind run (default 2000)")
     ap.add_argument("--no-callgrind", action="store_true", help="only the host calls and the native time")
+    ap.add_argument("--envoy", action="store_true", help="also count instructions per request in a real Envoy")
+    ap.add_argument("--envoy-requests", type=int, default=300, help="requests per Envoy case (default 300)")
+    ap.add_argument("--envoy-cases", default="a,b,c0,c,d", help="the Envoy cases to count (default a,b,c0,c,d)")
     args = ap.parse_args()
     build()
     subprocess.run([str(EXAMPLE), "20000"], cwd=REPO, check=True)
@@ -85,6 +246,8 @@ def main():
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
         print("error: valgrind not found (apt-get install -y valgrind), or pass --no-callgrind", file=sys.stderr)
         return 2
+    if args.envoy:
+        report_envoy(args.envoy_requests, args.envoy_cases.split(","))
     n = args.requests
     print("\ninstructions per request under callgrind (native x86-64, (run of %d - run of %d) / %d):" % (2 * n, n, n))
     with tempfile.TemporaryDirectory(prefix="idem-breakdown-") as tmp:

@@ -322,11 +322,18 @@ pub(crate) fn put(h: &mut Sha256, bytes: &[u8]) {
 
 /// The first characters of a key for log lines; keys are never logged in full.
 pub fn truncated(key: &str) -> String {
-    let mut chars = key.chars();
-    let head: String = chars.by_ref().take(8).collect();
-    if chars.next().is_some() {
-        format!("{head}…")
-    } else {
-        head
+    let mut out = String::with_capacity(12);
+    push_truncated(&mut out, key);
+    out
+}
+
+/// Appends [`truncated`]`(key)` to `out`.
+pub fn push_truncated(out: &mut String, key: &str) {
+    match key.char_indices().nth(8).and_then(|(end, _)| key.get(..end)) {
+        Some(head) => {
+            out.push_str(head);
+            out.push('…');
+        }
+        None => out.push_str(key),
     }
 }

@@ -203,6 +203,8 @@ fn numeric_body_keys_are_exact() {
 fn keys_are_truncated_for_logs() {
     assert_eq!(truncated("2024-0001-abcdef"), "2024-000…");
     assert_eq!(truncated("short"), "short");
+    assert_eq!(truncated("12345678"), "12345678");
+    assert_eq!(truncated("123456789"), "12345678…");
     assert_eq!(truncated("订单订单订单订单订单"), "订单订单订单订单…");
 }
 

@@ -78,11 +78,11 @@ impl Engine {
     }
 
     /// What finishing a ticket must do, whatever the store.
-    pub fn plan_finish(&self, route: usize, ticket: &Ticket, ending: &Ending) -> Finish {
+    pub fn plan_finish(&self, route: usize, ticket: &Ticket, ending: Ending) -> Finish {
         let Some(policy) = self.policy(route) else {
             return Finish::Nothing { outcome: None, cause: "unknown route".into() };
         };
-        let result = classify(&policy.key, ending);
+        let result = classify(&policy.key, &ending);
         if let Ticket::Token(_) = ticket {
             return match result {
                 Ended::Failed(cause) if policy.token.restore_on_failure => Finish::RestoreToken { cause },
@@ -94,22 +94,22 @@ impl Engine {
             (Ended::Failed(cause), _) => Finish::Release { cause },
             // The service may have done the work: hold the claim, and never let a retry take it over.
             (Ended::Unknown(cause), _) => Finish::HoldUnknown { hold_ms: policy.key.unknown_hold_ms(), cause },
-            (Ended::Answered, Ending::Response { status, grpc: false, .. }) if !policy.key.remembers(*status) => {
+            (Ended::Answered, Ending::Response { status, grpc: false, .. }) if !policy.key.remembers(status) => {
                 Finish::Release { cause: format!("status_{status}") }
             }
             (Ended::Answered, Ending::Response { body, .. })
-                if policy.key.success_body_contains.as_ref().is_some_and(|marker| !contains(body, marker)) =>
+                if policy.key.success_body_contains.as_ref().is_some_and(|marker| !contains(&body, marker)) =>
             {
                 Finish::Release { cause: "no_success_marker".into() }
             }
             (Ended::Answered, Ending::Response { status, headers, body, trailers, .. }) => {
                 // A body too large to store is remembered as a tombstone: status only.
                 let (bytes, limit) = match body {
-                    Body::Whole(b) => (b.clone(), policy.max_response_bytes as usize),
+                    Body::Whole(b) => (b, policy.max_response_bytes as usize),
                     Body::TooLarge | Body::Cut => (Vec::new(), 0),
                 };
                 Finish::Complete {
-                    response: StoredResponse::new(*status, headers.clone(), bytes).with_trailers(trailers.clone()),
+                    response: StoredResponse::new(status, headers, bytes).with_trailers(trailers),
                     max_response_bytes: limit,
                     ttl_ms: policy.key.ttl.millis,
                     cause: format!("status_{status}"),
@@ -130,7 +130,7 @@ impl Engine {
         let (Ticket::Claim(StoreTicket::Shared(t)) | Ticket::Token(StoreTicket::Shared(t))) = ticket else {
             return (Some(Outcome::StoreError), "not a shared-store ticket".into());
         };
-        match self.plan_finish(route, ticket, &ending) {
+        match self.plan_finish(route, ticket, ending) {
             Finish::Nothing { outcome, cause } => (outcome, cause),
             Finish::Release { cause } => released(self.shared.release(host, t), cause),
             Finish::RestoreToken { cause } => restored(self.shared.restore_token(host, t), cause),

@@ -17,10 +17,10 @@
 //! either way.
 
 use super::worker::Worker;
+use super::{Map, Set};
 use crate::engine::Action;
 use crate::host::{Host, Level};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
 
 /// What this worker has seen of body delivery during paused headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -39,9 +39,9 @@ pub enum BodyDelivery {
 pub(super) struct BodyGate {
     delivery: Cell<BodyDelivery>,
     /// Streams paused at their headers for a body not seen yet.
-    awaiting: RefCell<HashMap<u32, AwaitingBody>>,
+    awaiting: RefCell<Map<u32, AwaitingBody>>,
     /// Streams let through unexamined because their body was withheld (shadow mode).
-    passthrough: RefCell<HashSet<u32>>,
+    passthrough: RefCell<Set<u32>>,
 }
 
 /// A stream paused at its headers for the body: its route and `request.total_size` then.

@@ -54,3 +54,9 @@ pub enum Flow {
 
 /// How often held duplicates are re-checked and queued writes sent, when any route needs it.
 pub const POLL_MS: u64 = 20;
+
+/// The worker's maps and sets, keyed by Envoy's context ids and callout tokens: numbers a client
+/// does not choose, so a fast fixed hash (foldhash) serves where std's SipHash cost more than
+/// the map operation itself, several times per request.
+type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
+type Set<K> = std::collections::HashSet<K, foldhash::fast::FixedState>;

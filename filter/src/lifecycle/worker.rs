@@ -8,16 +8,17 @@ use super::leases::{Lease, LeaseOwner};
 use super::waiters::{Poll, Waiter};
 use super::writes::Job;
 use super::POLL_MS;
+use super::{Map, Set};
 use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
 use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
 use crate::host::{Host, Level, Setup};
-use crate::key::truncated;
+use crate::key::{push_truncated, truncated};
 use crate::policy::{parse_bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, Payload, StoreError};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
 /// What every context of one worker shares.
 pub struct Worker {
@@ -42,9 +43,9 @@ pub struct Worker {
     /// This worker's wake-up queue: a stream enqueues, the root's queue event sends.
     wake_queue: Option<u32>,
     /// Held duplicates by stream context id.
-    pub(super) waiters: RefCell<HashMap<u32, Waiter>>,
+    pub(super) waiters: RefCell<Map<u32, Waiter>>,
     /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
-    pub(super) handoff: RefCell<HashMap<u32, (Ticket, String)>>,
+    pub(super) handoff: RefCell<Map<u32, (Ticket, String)>>,
     /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
     pub(super) outbox: RefCell<VecDeque<Job>>,
     /// Redis is a cluster: a batch of writes or claims holds one hash slot's keys.
@@ -56,14 +57,14 @@ pub struct Worker {
     pub(super) detached_out: RefCell<Vec<Detached>>,
     /// Claims whose requests wait for the upstream, renewed by the root every third of their
     /// lease: while this gateway lives, a slow request is never taken over.
-    pub(super) leases: RefCell<HashMap<LeaseOwner, Lease>>,
+    pub(super) leases: RefCell<Map<LeaseOwner, Lease>>,
     /// The calls the root context has out, by callout token: what each answer is for.
-    pub(super) calls: RefCell<HashMap<u32, RootCall>>,
+    pub(super) calls: RefCell<Map<u32, RootCall>>,
     /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
     /// only while it is here: Envoy may still accept `set_effective_context` for a stream whose
     /// client reset it, but a local reply sent there calls back into a context the SDK has
     /// deleted, and the SDK panics ("invalid context_id") — found by `make bench`.
-    pub(super) live: RefCell<HashSet<u32>>,
+    pub(super) live: RefCell<Set<u32>>,
     /// Whether Envoy passes the body while the headers are paused (see `body_gate`).
     pub(super) body_gate: BodyGate,
     /// Whether the streaming-gRPC warning was logged.
@@ -71,7 +72,7 @@ pub struct Worker {
     /// Where gRPC replays wait for the echo (see `replay`).
     pub(super) replay_slots: ReplaySlots,
     /// Streams replaying a gRPC answer through the echo: the trailers they add at its end.
-    pub(super) replays: RefCell<HashMap<u32, Vec<crate::response::Header>>>,
+    pub(super) replays: RefCell<Map<u32, Vec<crate::response::Header>>>,
     /// Whether Redis was asked if it evicts keys (see `eviction`).
     pub(super) eviction: Cell<super::eviction::Probe>,
 }
@@ -169,20 +170,20 @@ impl Worker {
             redis_headers,
             root_id,
             wake_queue,
-            waiters: RefCell::new(HashMap::new()),
-            handoff: RefCell::new(HashMap::new()),
+            waiters: RefCell::new(Map::default()),
+            handoff: RefCell::new(Map::default()),
             outbox: RefCell::new(VecDeque::new()),
             batch_per_slot: Cell::new(false),
             claims: Claims::default(),
 
             detached_out: RefCell::new(Vec::new()),
-            leases: RefCell::new(HashMap::new()),
-            calls: RefCell::new(HashMap::new()),
-            live: RefCell::new(HashSet::new()),
+            leases: RefCell::new(Map::default()),
+            calls: RefCell::new(Map::default()),
+            live: RefCell::new(Set::default()),
             body_gate: BodyGate::default(),
             streaming_logged: Cell::new(false),
             replay_slots,
-            replays: RefCell::new(HashMap::new()),
+            replays: RefCell::new(Map::default()),
             eviction: super::eviction::probe(),
         })
     }
@@ -273,17 +274,20 @@ impl Worker {
         host.log(level, &line);
     }
 
-    /// The decision as filter state, for Envoy's access log: `%FILTER_STATE(wasm.idem_outcome:PLAIN)%`,
-    /// `wasm.idem_route`, `wasm.idem_cause`, `wasm.idem_key` (the key's first 8 characters).
-    /// Stream context only (or the root acting on a stream).
     /// The decision for Envoy's access log: one filter state, `wasm.idem` (one host call where a
-    /// property per field took four), read as `%FILTER_STATE(wasm.idem:PLAIN)%`.
+    /// property per field took four), read as `%FILTER_STATE(wasm.idem:PLAIN)%`:
+    /// `idem_route=… idem_outcome=… idem_cause=… [idem_key=<the key's first 8 characters>]`.
+    /// Stream context only (or the root acting on a stream).
     pub(super) fn annotate(&self, host: &dyn Host, route: usize, v: &Verdict) {
-        let mut line =
-            format!("idem_route={} idem_outcome={} idem_cause={}", self.route_name(route), v.outcome.name(), v.cause);
+        let (name, outcome) = (self.route_name(route), v.outcome.name());
+        let mut line = String::with_capacity(64 + name.len() + v.cause.len());
+        for (label, value) in [("idem_route=", name), (" idem_outcome=", outcome), (" idem_cause=", &v.cause)] {
+            line.push_str(label);
+            line.push_str(value);
+        }
         if let Some(k) = v.key.as_deref() {
             line.push_str(" idem_key=");
-            line.push_str(&truncated(k));
+            push_truncated(&mut line, k);
         }
         host.set_property("idem", line.as_bytes());
     }

@@ -117,7 +117,7 @@ impl Worker {
         let now = host.now_ms();
         let lease = policy.key.lock_ttl.millis;
         let mut answer = None;
-        let (cmd, kind, cause, lasts_ms) = match self.engine.plan_finish(route, ticket, &ending) {
+        let (cmd, kind, cause, lasts_ms) = match self.engine.plan_finish(route, ticket, ending) {
             Finish::Nothing { outcome, cause } => {
                 self.record_finish(host, route, outcome, key.as_deref(), &cause);
                 return Some(after);
