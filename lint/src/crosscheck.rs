@@ -134,21 +134,33 @@ fn place(ctx: &PolicyCtx<'_>, p: &Place) -> (String, crate::source::Position, St
     }
 }
 
-/// Lints specs and cross-checks them with a policy set: every finding, spec rules and IDEM1xx.
-pub fn lint_with_policies(
-    specs: &[String],
-    policies: &[String],
-    cfg: &Config,
-) -> Result<Vec<Finding>, crate::source::FatalError> {
-    let set = PolicySet::load(policies)?;
+/// What linting a set of specs found: every finding (spec rules, and IDEM1xx when policies were
+/// given), and the specs that could not be read.
+#[derive(Debug, Default)]
+pub struct Linted {
+    pub findings: Vec<Finding>,
+    pub errors: Vec<crate::source::FatalError>,
+}
+
+/// Lints every spec and, with `policies` (loaded from `policy_paths`), cross-checks them: the
+/// one orchestration `idem-lint` runs. A spec that cannot be read is an error of its own while the
+/// others are still linted; the cross-check then waits, since with a spec missing every policy
+/// of its operations would look orphaned.
+pub fn lint_specs(specs: &[String], policies: Option<&PolicySet>, policy_paths: &[String], cfg: &Config) -> Linted {
+    let mut linted = Linted::default();
     let mut workspaces = Vec::new();
-    let mut out = Vec::new();
-    for s in specs {
-        let ws = Workspace::load(s)?;
-        out.extend(crate::lint::lint_workspace(&ws, cfg));
-        workspaces.push(ws);
+    for spec in specs {
+        match Workspace::load(spec) {
+            Ok(ws) => {
+                linted.findings.extend(crate::lint::lint_workspace(&ws, cfg));
+                workspaces.push(ws);
+            }
+            Err(e) => linted.errors.push(e),
+        }
     }
-    out.extend(cross_check(&workspaces, &set, policies, cfg));
-    crate::lint::sort(&mut out);
-    Ok(out)
+    if let (Some(set), true) = (policies, linted.errors.is_empty()) {
+        linted.findings.extend(cross_check(&workspaces, set, policy_paths, cfg));
+    }
+    crate::lint::sort(&mut linted.findings);
+    linted
 }

@@ -9,9 +9,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use idem_lint::config::{Config, FailOn, Severity};
-use idem_lint::crosscheck::cross_check;
+use idem_lint::crosscheck::{lint_specs, Linted};
 use idem_lint::generate::{generate, write_all, Action, Planned};
-use idem_lint::lint::{lint_workspace, sort};
 use idem_lint::loader::Workspace;
 use idem_lint::policy::{envoy_filter, PolicySet};
 use idem_lint::report::{render, Format, Run};
@@ -269,25 +268,7 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
     }
     // Policy errors are fatal before any spec is read: the same message the filter gives.
     let policies = if cli.policies.is_empty() { None } else { Some(PolicySet::load(&cli.policies)?) };
-    let mut findings = Vec::new();
-    let mut errors = Vec::new();
-    let mut workspaces = Vec::new();
-    for spec in &specs {
-        match Workspace::load(spec) {
-            Ok(ws) => {
-                findings.extend(lint_workspace(&ws, &config));
-                workspaces.push(ws);
-            }
-            Err(e) => errors.push(e),
-        }
-    }
-    if let Some(set) = &policies {
-        // With a spec missing, every policy of its operations would look orphaned.
-        if errors.is_empty() {
-            findings.extend(cross_check(&workspaces, set, &cli.policies, &config));
-        }
-    }
-    sort(&mut findings);
+    let Linted { findings, errors } = lint_specs(&specs, policies.as_ref(), &cli.policies, &config);
     let color = match cli.color {
         ColorArg::Always => true,
         ColorArg::Never => false,

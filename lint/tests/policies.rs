@@ -8,7 +8,8 @@ use std::process::{Command, Output};
 
 use idem_filter::policy::{parse_bundle, Bundle, RoutePolicy, SharedConfig, StoreKind};
 use idem_lint::config::Config;
-use idem_lint::crosscheck::lint_with_policies;
+use idem_lint::crosscheck::lint_specs;
+use idem_lint::policy::PolicySet;
 use idem_lint::rules::RULES;
 
 fn root() -> PathBuf {
@@ -49,9 +50,12 @@ fn findings_in(case: &Path, code: Option<&str>) -> Vec<String> {
     let rel = |f: &str| f.strip_prefix(&prefix).unwrap_or(f).to_string();
     let spec = case.join("spec.yaml").to_string_lossy().into_owned();
     let pol = case.join("policies").to_string_lossy().into_owned();
-    let found =
-        lint_with_policies(&[spec], &[pol], &Config::default()).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
-    found
+    let paths = [pol];
+    let set = PolicySet::load(&paths).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
+    let linted = lint_specs(&[spec], Some(&set), &paths, &Config::default());
+    assert!(linted.errors.is_empty(), "{}: {:?}", case.display(), linted.errors);
+    linted
+        .findings
         .iter()
         .filter(|f| code.is_none_or(|c| f.code == c))
         .map(|f| {
