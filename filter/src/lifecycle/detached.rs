@@ -9,6 +9,7 @@ use crate::engine::{Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::DetachedVia;
+use std::cell::RefCell;
 
 /// The request as the root context sends it upstream: the route's cluster, the headers it
 /// may carry (see [`crate::forward::upstream_headers`]) and the body.
@@ -18,6 +19,12 @@ pub(super) struct Outbound {
     pub(super) body: Vec<u8>,
     /// A gRPC call: its ending is read from its `grpc-status`.
     pub(super) grpc: bool,
+}
+
+/// Detached calls waiting for the root context to send them: this concern's state.
+#[derive(Default)]
+pub(super) struct DetachedCalls {
+    queued: RefCell<Vec<Detached>>,
 }
 
 /// A claimed request the root context sends upstream (`forward = "detached"`).
@@ -33,13 +40,13 @@ pub(super) struct Detached {
 impl Worker {
     /// Queues a detached call for the root context.
     pub(super) fn detach(&self, host: &dyn Host, call: Detached) {
-        self.detached_out.borrow_mut().push(call);
+        self.detached.queued.borrow_mut().push(call);
         self.wake(host);
     }
 
     /// Sends queued detached upstream calls (root context).
     pub(super) fn send_detached(&self, host: &dyn Host) {
-        let calls: Vec<Detached> = self.detached_out.borrow_mut().drain(..).collect();
+        let calls: Vec<Detached> = self.detached.queued.borrow_mut().drain(..).collect();
         for call in calls {
             let timeout = self.engine.policy(call.route).map(|p| p.upstream_timeout.millis).unwrap_or(15_000);
             let Outbound { cluster, headers, body, .. } = &call.request;

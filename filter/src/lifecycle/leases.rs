@@ -4,14 +4,22 @@
 //! execution.
 
 use super::worker::{RootCall, Worker};
+use super::Map;
 use crate::engine::{StoreTicket, Ticket};
 use crate::host::Host;
+use std::cell::RefCell;
 
 /// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum LeaseOwner {
     Stream(u32),
     Detached(u32),
+}
+
+/// The leases the root renews, by who holds them: this concern's state.
+#[derive(Default)]
+pub(super) struct Leases {
+    held: RefCell<Map<LeaseOwner, Lease>>,
 }
 
 pub(super) struct Lease {
@@ -27,11 +35,11 @@ impl Worker {
             return;
         };
         let renew_at_ms = host.now_ms().saturating_add(self.renew_every(route));
-        self.leases.borrow_mut().insert(owner, Lease { route, ticket: st.clone(), renew_at_ms });
+        self.leases.held.borrow_mut().insert(owner, Lease { route, ticket: st.clone(), renew_at_ms });
     }
 
     pub(super) fn drop_lease(&self, owner: LeaseOwner) {
-        self.leases.borrow_mut().remove(&owner);
+        self.leases.held.borrow_mut().remove(&owner);
     }
 
     fn renew_every(&self, route: usize) -> u64 {
@@ -43,6 +51,7 @@ impl Worker {
         let now = host.now_ms();
         let due: Vec<(LeaseOwner, usize, StoreTicket)> = self
             .leases
+            .held
             .borrow()
             .iter()
             .filter(|(_, l)| l.renew_at_ms <= now)
@@ -50,7 +59,7 @@ impl Worker {
             .collect();
         for (owner, route, ticket) in due {
             let next = now.saturating_add(self.renew_every(route));
-            if let Some(l) = self.leases.borrow_mut().get_mut(&owner) {
+            if let Some(l) = self.leases.held.borrow_mut().get_mut(&owner) {
                 l.renew_at_ms = next;
             }
             match &ticket {

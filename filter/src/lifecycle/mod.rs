@@ -12,7 +12,10 @@
 //!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
 //!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
 //!
-//! Each concern of the root in its file, as `impl Worker` blocks:
+//! Each concern in its file: the state it owns (a struct the worker holds one of: `Waiters`,
+//! `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`, `Replays`, `Metrics`) and its
+//! behaviour (`impl Worker` blocks); the worker keeps one map of the root's calls out, whose
+//! `RootCall` says which concern an answer belongs to:
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
 //! - `writes`: Redis completions, releases and token restores sent by the root, retried with
 //!   backoff until they land, batched while a write is out (group commit); orphaned claims
@@ -26,6 +29,7 @@
 //! - `eviction`: asks the Redis behind Webdis once whether it may evict idem's keys, and warns.
 //! - `replay`: answering a stream — in gRPC's form for a gRPC call, and a replayed gRPC answer
 //!   through the echo listener.
+//! - `metrics`: the counters and histograms.
 //!
 //! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
 
@@ -34,6 +38,7 @@ mod claims;
 mod detached;
 mod eviction;
 mod leases;
+mod metrics;
 mod replay;
 mod stream;
 mod waiters;

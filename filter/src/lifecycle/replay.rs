@@ -26,6 +26,12 @@ pub(super) enum Answered {
     ToEcho,
 }
 
+/// Streams replaying a gRPC answer through the echo: the trailers each adds at its end.
+#[derive(Default)]
+pub(super) struct Replays {
+    trailers: std::cell::RefCell<super::Map<u32, Vec<Header>>>,
+}
+
 impl Worker {
     /// Answers the current stream (its own callback, or the root acting on it) with `reply`.
     pub(super) fn answer(&self, host: &dyn Host, ctx: u32, route: usize, reply: LocalReply, grpc: bool) -> Answered {
@@ -63,13 +69,13 @@ impl Worker {
         set(":path", path)?;
         set(REPLAY_HEADER, token.as_bytes())?;
         // The body the client sent goes on (the echo reads nothing of it): its length stays.
-        self.replays.borrow_mut().insert(ctx, reply.trailers.clone());
+        self.replays.trailers.borrow_mut().insert(ctx, reply.trailers.clone());
         Ok(())
     }
 
     /// The trailers a stream owes its client once the echo's answer ends, if it replays.
     pub(super) fn take_replay(&self, ctx: u32) -> Option<Vec<Header>> {
-        self.replays.borrow_mut().remove(&ctx)
+        self.replays.trailers.borrow_mut().remove(&ctx)
     }
 
     /// The echo instance's answer to a replay call: the slot's answer, or 404 when the token names

@@ -12,14 +12,26 @@ use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
 use super::replay::Answered;
 use super::worker::{RootCall, Worker};
+use super::Map;
 use super::POLL_MS;
+use crate::engine::Ticket;
 use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
 use crate::host::Host;
 use crate::store::{redis, Claim, Payload};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// The longest gap between two Webdis polls of one group of held duplicates.
 pub const MAX_POLL_GAP_MS: u64 = 500;
+
+/// Held duplicates, and what the root hands their streams: this concern's state.
+#[derive(Default)]
+pub(super) struct Waiters {
+    /// Held duplicates by stream context id.
+    held: RefCell<Map<u32, Waiter>>,
+    /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
+    handoff: RefCell<Map<u32, (Ticket, String)>>,
+}
 
 /// A held duplicate.
 pub(super) struct Waiter {
@@ -62,14 +74,19 @@ fn poll_gap_ms(polls: u32) -> u64 {
 }
 
 impl Worker {
+    /// A held stream ended: it waits no more.
+    pub(super) fn forget_waiter(&self, ctx: u32) {
+        self.waiters.held.borrow_mut().remove(&ctx);
+    }
+
     /// Holds a paused stream until the root decides for it.
     pub(super) fn hold(&self, ctx: u32, waiter: Waiter) {
-        self.waiters.borrow_mut().insert(ctx, waiter);
+        self.waiters.held.borrow_mut().insert(ctx, waiter);
     }
 
     /// The ticket a held stream won on the root's tick, if any, for the stream to pick up.
     pub(super) fn take_handoff(&self, ctx: u32) -> Option<(crate::engine::Ticket, String)> {
-        self.handoff.borrow_mut().remove(&ctx)
+        self.waiters.handoff.borrow_mut().remove(&ctx)
     }
 
     /// The tick's re-check of every held duplicate not being polled already.
@@ -78,7 +95,7 @@ impl Worker {
         // a token is used once, never held).
         let mut groups: HashMap<(usize, [u8; 32], [u8; 32]), Vec<u32>> = HashMap::new();
         let mut shared = Vec::new();
-        for (ctx, w) in self.waiters.borrow().iter().filter(|(_, w)| !w.polling) {
+        for (ctx, w) in self.waiters.held.borrow().iter().filter(|(_, w)| !w.polling) {
             match (self.redis_route(w.prepared.route), &w.prepared.op) {
                 (true, StoreOp::Claim { id, fingerprint }) => {
                     groups.entry((w.prepared.route, *id, *fingerprint)).or_default().push(*ctx);
@@ -102,7 +119,7 @@ impl Worker {
     fn recheck_group(&self, host: &dyn Host, members: Vec<u32>, fingerprint: [u8; 32]) {
         let now = host.now_ms();
         let (prepared, first_deadline, due) = {
-            let waiters = self.waiters.borrow();
+            let waiters = self.waiters.held.borrow();
             let Some(first) = members.first().and_then(|c| waiters.get(c)) else {
                 return;
             };
@@ -116,7 +133,7 @@ impl Worker {
             // An unwritten mark (this process' answer not yet in Redis) keeps them held until
             // their deadline; an answer kept here resolves them all now.
             for ctx in members {
-                let deadline = self.waiters.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(0);
+                let deadline = self.waiters.held.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(0);
                 if v.outcome != Outcome::InFlight || now >= deadline {
                     self.resolve_waiter(host, ctx, v.clone());
                 }
@@ -128,7 +145,7 @@ impl Worker {
         }
         match self.dispatch(host, &cmd) {
             Ok(token) => {
-                let mut waiters = self.waiters.borrow_mut();
+                let mut waiters = self.waiters.held.borrow_mut();
                 for ctx in &members {
                     if let Some(w) = waiters.get_mut(ctx) {
                         w.polling = true;
@@ -141,7 +158,7 @@ impl Worker {
             }
             Err(e) => {
                 for ctx in members {
-                    let deadline = self.waiters.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(now);
+                    let deadline = self.waiters.held.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(now);
                     let v = self.engine.after_claim(&prepared, Err(e.clone()), now, Some(deadline));
                     self.resolve_waiter(host, ctx, v);
                 }
@@ -158,7 +175,7 @@ impl Worker {
         };
         let now = host.now_ms();
         let members: Vec<(u32, Prepared, u64)> = {
-            let waiters = self.waiters.borrow();
+            let waiters = self.waiters.held.borrow();
             let live = poll.members.iter().filter_map(|c| waiters.get(c).map(|w| (*c, w)));
             live.map(|(c, w)| (c, w.prepared.clone(), w.deadline_ms)).collect()
         };
@@ -203,7 +220,7 @@ impl Worker {
     /// A held request's verdict, acted on from the root context.
     pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
         let (route, outbound, grpc) = {
-            let mut waiters = self.waiters.borrow_mut();
+            let mut waiters = self.waiters.held.borrow_mut();
             if let Action::Wait { .. } = &v.action {
                 if let Some(w) = waiters.get_mut(&ctx) {
                     w.polling = false;
@@ -247,7 +264,7 @@ impl Worker {
                     if let Some(t) = ticket {
                         // Renewed while the upstream works, not only once its answer begins.
                         self.hold_lease(host, LeaseOwner::Stream(ctx), route, &t);
-                        self.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
+                        self.waiters.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
                     }
                     let _ = host.resume_request();
                 }

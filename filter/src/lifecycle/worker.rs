@@ -3,34 +3,28 @@
 
 use super::body_gate::{BodyGate, BODY_CHECK_MS};
 use super::claims::{ClaimBatch, Claims};
-use super::detached::Detached;
-use super::leases::{Lease, LeaseOwner};
-use super::waiters::{Poll, Waiter};
-use super::writes::Job;
+use super::detached::{Detached, DetachedCalls};
+use super::leases::{LeaseOwner, Leases};
+use super::metrics::Metrics;
+use super::replay::Replays;
+use super::waiters::{Poll, Waiters};
+use super::writes::{Job, Outbox};
 use super::POLL_MS;
 use super::{Map, Set};
-use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
-use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Ticket, Verdict};
+use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::{push_truncated, truncated};
-use crate::policy::{parse_bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
+use crate::policy::{parse_bundle, StoreKind};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, Payload, StoreError};
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 
 /// What every context of one worker shares.
 pub struct Worker {
     pub engine: Engine,
-    /// `counters[route][outcome.index()]`: defined at start for `[metrics] zero_series`, the
-    /// others on their first count.
-    counters: RefCell<Vec<Vec<Option<u32>>>>,
-    /// `idem_unmatched_total{outcome="passed"}` and `{outcome="rejected"}`.
-    unmatched_counters: [Option<u32>; 2],
-    /// Per route: how long held duplicates waited, and how long Redis calls took.
-    wait_histograms: Vec<Option<u32>>,
-    store_call_histograms: Vec<Option<u32>>,
+    /// Counters and histograms (see `metrics`).
+    metrics: Metrics,
     /// Envoy's log level for the `wasm` component when the plugin configured, so debug lines
     /// are not even formatted when they would be dropped.
     log_level: u32,
@@ -42,22 +36,20 @@ pub struct Worker {
     redis_headers: Vec<(String, String)>,
     /// This worker's wake-up queue: a stream enqueues, the root's queue event sends.
     wake_queue: Option<u32>,
-    /// Held duplicates by stream context id.
-    pub(super) waiters: RefCell<Map<u32, Waiter>>,
-    /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
-    pub(super) handoff: RefCell<Map<u32, (Ticket, String)>>,
-    /// Redis writes waiting to be sent (or re-sent) by the root context, oldest first.
-    pub(super) outbox: RefCell<VecDeque<Job>>,
+    /// Held duplicates (see `waiters`).
+    pub(super) waiters: Waiters,
+    /// Redis writes waiting for the root context (see `writes`).
+    pub(super) outbox: Outbox,
     /// Redis is a cluster: a batch of writes or claims holds one hash slot's keys.
     pub(super) batch_per_slot: Cell<bool>,
     /// Group commit of claims (see `claims`).
     pub(super) claims: Claims,
 
-    /// Detached upstream calls waiting to be sent by the root context.
-    pub(super) detached_out: RefCell<Vec<Detached>>,
+    /// Detached upstream calls waiting to be sent by the root context (see `detached`).
+    pub(super) detached: DetachedCalls,
     /// Claims whose requests wait for the upstream, renewed by the root every third of their
-    /// lease: while this gateway lives, a slow request is never taken over.
-    pub(super) leases: RefCell<Map<LeaseOwner, Lease>>,
+    /// lease: while this gateway lives, a slow request is never taken over (see `leases`).
+    pub(super) leases: Leases,
     /// The calls the root context has out, by callout token: what each answer is for.
     pub(super) calls: RefCell<Map<u32, RootCall>>,
     /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
@@ -71,8 +63,8 @@ pub struct Worker {
     pub(super) streaming_logged: Cell<bool>,
     /// Where gRPC replays wait for the echo (see `replay`).
     pub(super) replay_slots: ReplaySlots,
-    /// Streams replaying a gRPC answer through the echo: the trailers they add at its end.
-    pub(super) replays: RefCell<Map<u32, Vec<crate::response::Header>>>,
+    /// Streams replaying a gRPC answer through the echo (see `replay`).
+    pub(super) replays: Replays,
     /// Whether Redis was asked if it evicts keys (see `eviction`).
     pub(super) eviction: Cell<super::eviction::Probe>,
 }
@@ -121,69 +113,28 @@ impl Worker {
             true => setup.register_queue(&format!("idem-finish-{:016x}", host.random_u64().unwrap_or(0))),
             false => None,
         };
-        let counters = engine
-            .bundle
-            .routes
-            .iter()
-            .map(|r| {
-                let predefined: &[Outcome] = match engine.bundle.metrics.zero_series {
-                    ZeroSeries::All => &Outcome::ALL,
-                    ZeroSeries::Alerted => Outcome::alerted(r.mode == Mode::Token),
-                    ZeroSeries::None => &[],
-                };
-                Outcome::ALL
-                    .iter()
-                    .map(|o| predefined.contains(o).then(|| setup.define_counter(&counter_name(&r.name, *o))).flatten())
-                    .collect()
-            })
-            .collect();
-        let unmatched_counters =
-            [setup.define_counter(&unmatched_counter_name(false)), setup.define_counter(&unmatched_counter_name(true))];
-        let wait_histograms = engine
-            .bundle
-            .routes
-            .iter()
-            .map(|r| {
-                (r.key.on_in_flight == OnInFlight::Wait)
-                    .then(|| setup.define_histogram(&wait_histogram_name(&r.name)))
-                    .flatten()
-            })
-            .collect();
-        let store_call_histograms = engine
-            .bundle
-            .routes
-            .iter()
-            .map(|r| {
-                (r.store == StoreKind::Redis)
-                    .then(|| setup.define_histogram(&store_call_histogram_name(&r.name)))
-                    .flatten()
-            })
-            .collect();
+        let metrics = Metrics::define(setup, &engine.bundle);
         let redis_headers = engine.redis().map(|s| s.headers()).unwrap_or_default();
         Ok(Worker {
             engine,
-            counters: RefCell::new(counters),
-            unmatched_counters,
-            wait_histograms,
-            store_call_histograms,
+            metrics,
             log_level: setup.log_level(),
             redis_headers,
             root_id,
             wake_queue,
-            waiters: RefCell::new(Map::default()),
-            handoff: RefCell::new(Map::default()),
-            outbox: RefCell::new(VecDeque::new()),
+            waiters: Waiters::default(),
+            outbox: Outbox::default(),
             batch_per_slot: Cell::new(false),
             claims: Claims::default(),
 
-            detached_out: RefCell::new(Vec::new()),
-            leases: RefCell::new(Map::default()),
+            detached: DetachedCalls::default(),
+            leases: Leases::default(),
             calls: RefCell::new(Map::default()),
             live: RefCell::new(Set::default()),
             body_gate: BodyGate::default(),
             streaming_logged: Cell::new(false),
             replay_slots,
-            replays: RefCell::new(Map::default()),
+            replays: Replays::default(),
             eviction: super::eviction::probe(),
         })
     }
@@ -197,7 +148,7 @@ impl Worker {
     /// no held duplicate, body watch, queued claim or lease.
     pub(super) fn stream_ended(&self, context: u32) {
         self.live.borrow_mut().remove(&context);
-        self.waiters.borrow_mut().remove(&context);
+        self.forget_waiter(context);
         self.forget_body_wait(context);
         self.forget_queued_claim(context);
         self.drop_lease(LeaseOwner::Stream(context));
@@ -220,36 +171,21 @@ impl Worker {
     // ---- counting and logging
 
     pub(super) fn count(&self, host: &dyn Host, route: usize, outcome: Outcome) {
-        let mut counters = self.counters.borrow_mut();
-        let Some(slot) = counters.get_mut(route).and_then(|c| c.get_mut(outcome.index())) else {
-            return;
-        };
-        if slot.is_none() {
-            *slot = host.define_counter(&counter_name(self.route_name(route), outcome));
-        }
-        if let Some(id) = *slot {
-            host.count(id);
-        }
+        self.metrics.count(host, route, self.route_name(route), outcome);
     }
 
-    /// A Redis call of this route took `ms`.
+    /// A Redis call of this route, sent at `since_ms`, was answered.
     pub(super) fn store_call_took(&self, host: &dyn Host, route: usize, since_ms: u64) {
-        if let Some(Some(id)) = self.store_call_histograms.get(route) {
-            host.record(*id, host.now_ms().saturating_sub(since_ms));
-        }
+        self.metrics.store_call_took(host, route, since_ms);
     }
 
     /// A held duplicate of this route was resolved after waiting since `since_ms`.
     pub(super) fn record_wait(&self, host: &dyn Host, route: usize, since_ms: u64) {
-        if let Some(Some(id)) = self.wait_histograms.get(route) {
-            host.record(*id, host.now_ms().saturating_sub(since_ms));
-        }
+        self.metrics.record_wait(host, route, since_ms);
     }
 
     pub(super) fn count_unmatched(&self, host: &dyn Host, rejected: bool) {
-        if let Some(id) = self.unmatched_counters[usize::from(rejected)] {
-            host.count(id);
-        }
+        self.metrics.count_unmatched(host, rejected);
     }
 
     pub(super) fn route_name(&self, route: usize) -> &str {

@@ -9,6 +9,7 @@ use crate::host::Host;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::redis::{self, Released};
 use crate::store::{shared, Answer, Completion, StoreError};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 
 /// Pending Redis writes per worker are bounded: a long Redis outage must not grow a worker's
@@ -82,6 +83,13 @@ enum FinishKind {
     },
     Restore,
     HoldUnknown,
+}
+
+/// Redis writes waiting to be sent (or sent again) by the root context, oldest first: this
+/// concern's state.
+#[derive(Default)]
+pub(super) struct Outbox {
+    jobs: RefCell<VecDeque<Job>>,
 }
 
 impl Worker {
@@ -213,7 +221,7 @@ impl Worker {
 
     /// Queues a write for the root context, within the per-worker bounds.
     fn queue(&self, host: &dyn Host, job: Job) {
-        let mut outbox = self.outbox.borrow_mut();
+        let mut outbox = self.outbox.jobs.borrow_mut();
         outbox.push_back(job);
         let in_flight = self.writes_out().1;
         let mut bytes: usize = outbox.iter().map(|j| j.cmd.body.len()).sum();
@@ -251,7 +259,7 @@ impl Worker {
         }
         let now = host.now_ms();
         let due: Vec<Job> = {
-            let mut outbox = self.outbox.borrow_mut();
+            let mut outbox = self.outbox.jobs.borrow_mut();
             let (due, later): (VecDeque<Job>, VecDeque<Job>) = outbox.drain(..).partition(|j| j.next_at_ms <= now);
             *outbox = later;
             due.into()
@@ -339,7 +347,7 @@ impl Worker {
             {
                 // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's keys.
                 self.batching_per_slot(host);
-                let mut outbox = self.outbox.borrow_mut();
+                let mut outbox = self.outbox.jobs.borrow_mut();
                 for job in batch.into_iter().rev() {
                     outbox.push_front(job);
                 }
@@ -409,7 +417,7 @@ impl Worker {
                 let gap = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(ORPHAN_RECHECK_MAX_MS);
                 job.attempts += 1;
                 job.next_at_ms = now.saturating_add(gap);
-                self.outbox.borrow_mut().push_back(job);
+                self.outbox.jobs.borrow_mut().push_back(job);
                 return;
             }
             (FinishKind::ReleaseOrphan, Released::Deleted) => (Some(Outcome::OrphanReleased), job.cause),
@@ -443,7 +451,7 @@ impl Worker {
         job.next_at_ms = now.saturating_add(backoff);
         let cause = format!("{}; attempt {} refused ({e}); retrying in {backoff} ms", job.cause, job.attempts);
         self.record_finish(host, job.route, Some(Outcome::WriteRetried), job.key.as_deref(), &cause);
-        self.outbox.borrow_mut().push_back(job);
+        self.outbox.jobs.borrow_mut().push_back(job);
     }
 
     /// Carries out the client side of a finish (root context only).
