@@ -24,7 +24,7 @@ from .common import BUILD_HINT, ENVOY, REPO, SETUP_HINT, WASM, StackError
 from .envoy import Envoy, require_envoy, require_wasm, start_fast_upstream, start_fleet, start_idem_envoy
 from .envoy_config import (DEFAULT_ROUTES, ECHO, ECHO_PATH, ENABLE_IDEM, INTERNAL_LISTENER_EXTENSION, REENTRY,
                            cluster, direct_response_config, echo_cluster, echo_listener, echo_route, idem_config,
-                           listener, reentry_cluster, reentry_listener, route_entry, wasm_filter)
+                           listener, reentry_cluster, reentry_listener, route_entry, routes_from_policy, wasm_filter)
 from .examples import (EXAMPLE_GRPC_SERVICE, EXAMPLE_GRPC_YAML, EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM,
                        EXAMPLE_YAML, example_config_text, example_grpc_config_text, example_redis_config_text,
                        rewrite_example)
@@ -48,7 +48,7 @@ __all__ = [
     # upstream
     "UPSTREAM_PY", "Upstream",
     # envoy_config
-    "DEFAULT_ROUTES", "ENABLE_IDEM", "wasm_filter", "route_entry", "listener", "cluster", "idem_config",
+    "DEFAULT_ROUTES", "ENABLE_IDEM", "wasm_filter", "route_entry", "routes_from_policy", "listener", "cluster", "idem_config",
     "INTERNAL_LISTENER_EXTENSION", "REENTRY", "reentry_listener", "reentry_cluster", "ECHO", "ECHO_PATH",
     "echo_route", "echo_listener", "echo_cluster",
     "direct_response_config",

@@ -46,6 +46,41 @@ DEFAULT_ROUTES = [
 ]
 
 
+def routes_from_policy(policy_toml, envoy=None, after=(), **defaults):
+    """The Envoy route table a policy needs, so a test writes its routes once (in the policy):
+    each `[[route]]` with a `match.path` becomes an Envoy route of the same name with the filter
+    on — exact for a plain path, a prefix up to a template's first `{` or `*` — and a token
+    route's `issue_path` one named `<route>-issue`; exact ones first, so no prefix shadows them. `envoy[name]` is merged into a route's row (a `timeout`, or the
+    `match` of a policy that matches by Envoy route name); `defaults` go into every row; the
+    rows of `after` (a catch-all, say) follow."""
+    import tomllib
+    envoy = envoy or {}
+    exact, prefixes, seen = [], [], set()
+    for route in tomllib.loads(policy_toml).get("route", []):
+        name = route["name"]
+        row = {"name": name, "idem": True, **defaults}
+        path = route.get("match", {}).get("path")
+        if path is not None:
+            cut = min([i for i in (path.find("{"), path.find("*")) if i >= 0], default=-1)
+            row["match"] = {"path": path} if cut < 0 else {"prefix": path[:cut]}
+        row.update(envoy.get(name, {}))
+        if "match" not in row:
+            raise ValueError("policy route %r matches no path: give its Envoy match in envoy[%r]" % (name, name))
+        rows = [row]
+        issue_path = route.get("token", {}).get("issue_path")
+        if issue_path is not None:
+            rows.append({"name": name + "-issue", "idem": True, **defaults, "match": {"path": issue_path}})
+        for row in rows:
+            key = tuple(sorted(row["match"].items()))
+            if key not in seen:
+                seen.add(key)
+                (exact if "path" in row["match"] else prefixes).append(row)
+    unknown = set(envoy) - {r["name"] for r in exact + prefixes}
+    if unknown:
+        raise ValueError("envoy options for routes the policy does not have: %s" % ", ".join(sorted(unknown)))
+    return exact + prefixes + list(after)
+
+
 def route_entry(spec, cluster="demo_upstream"):
     """An Envoy route from a test's table row: `name`, `match`, `idem` (enable the filter), and
     optionally `timeout`, `cluster`, `direct_response`, `route_options` (merged into `route`:

@@ -18,29 +18,6 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import stack  # noqa: E402
 
-# The routes of the shared test Envoy. Each policy route of TEST_POLICY gets its own exact path,
-# plus the example's /api/orders/ prefix (policy path template) and a catch-all with no filter.
-TEST_ROUTES = [
-    {"name": "create-order", "match": {"path": "/api/order/create"}, "idem": True},
-    {"name": "pay-callback", "match": {"path": "/api/pay/callback"}, "idem": True},
-    {"name": "orders", "match": {"prefix": "/api/orders/"}, "idem": True},
-    {"name": "reject-dup", "match": {"path": "/t/reject"}, "idem": True},
-    {"name": "small-body", "match": {"path": "/t/small-body"}, "idem": True},
-    {"name": "tombstone", "match": {"path": "/t/tombstone"}, "idem": True},
-    {"name": "shadow", "match": {"path": "/t/shadow"}, "idem": True},
-    {"name": "query-key", "match": {"path": "/t/query"}, "idem": True},
-    {"name": "optional-key", "match": {"path": "/t/optional"}, "idem": True},
-    {"name": "by-route-name", "match": {"path": "/t/by-name"}, "idem": True},
-    {"name": "canonical", "match": {"path": "/t/canonical"}, "idem": True},
-    # Envoy gives up on the upstream after 1 s (504): outcome unknown, the claim must be held.
-    {"name": "timeouts", "match": {"path": "/t/timeouts"}, "idem": True, "timeout": "1s"},
-    {"name": "short-lease", "match": {"path": "/t/short-lease"}, "idem": True},
-    {"name": "dup-200", "match": {"path": "/t/dup-200"}, "idem": True},
-    {"name": "remember-2xx", "match": {"path": "/t/remember-2xx"}, "idem": True},
-    {"name": "short-ttl", "match": {"path": "/t/short-ttl"}, "idem": True},
-    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
-]
-
 TEST_POLICY = """
 [shared]
 buckets = 256
@@ -171,6 +148,16 @@ match = { method = "POST", path = "/t/short-ttl" }
 [route.key]
 ttl = "2s"
 """
+
+# The shared test Envoy's routes, from TEST_POLICY (one per policy route: /api/orders/ is the
+# prefix of order-pay's template), plus what the policy cannot say: the Envoy route that
+# by-route-name matches by name, Envoy giving up on the upstream after 1 s on /t/timeouts (504:
+# the outcome is unknown, the claim must be held), and a catch-all with no filter.
+TEST_ROUTES = stack.routes_from_policy(
+    TEST_POLICY,
+    envoy={"by-route-name": {"match": {"path": "/t/by-name"}}, "timeouts": {"timeout": "1s"}},
+    after=[{"name": "passthrough", "match": {"prefix": "/"}, "idem": False}],
+)
 
 
 def new_key(prefix="k"):

@@ -24,18 +24,6 @@ from idemtest import assert_local, assert_replay_of, assert_upstream_answer, cou
 
 PREFIX = "idem-hard-%s:" % uuid.uuid4().hex[:6]
 
-ROUTES = [
-    {"name": "h-key", "match": {"path": "/h/key"}, "idem": True},
-    {"name": "h-cookie", "match": {"path": "/h/cookie"}, "idem": True},
-    {"name": "h-anon", "match": {"path": "/h/anon"}, "idem": True},
-    {"name": "h-jwt", "match": {"path": "/h/jwt"}, "idem": True},
-    {"name": "h-callback", "match": {"path": "/h/callback"}, "idem": True},
-    # Case-insensitive, prefix: aliases of /h/order/create reach the filter, as they reach a
-    # framework that routes /Create and /create/ to one handler.
-    {"name": "h-orders", "match": {"prefix": "/h/order/", "case_sensitive": False}, "idem": True},
-    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
-]
-
 
 def policy(store="shared", lock_ttl="30s"):
     # Top-level keys come before the [redis] table (TOML would put them inside it).
@@ -89,6 +77,16 @@ name = "h-order-create"
 match = {{ method = "POST", path = "/h/order/create" }}
 store = "{store}"
 """.format(store=store, lock_ttl=lock_ttl)
+
+
+# Envoy's routes, from the policy's, and a catch-all with no filter. /h/order/create is reached
+# case-insensitively through its prefix: aliases of /h/order/create (/Create, /create/) reach the
+# filter, as they reach a framework that routes them to one handler.
+ROUTES = stack.routes_from_policy(
+    policy(),
+    envoy={"h-order-create": {"match": {"prefix": "/h/order/", "case_sensitive": False}}},
+    after=[{"name": "passthrough", "match": {"prefix": "/"}, "idem": False}],
+)
 
 
 JWT_SECRET = b"idem-e2e-jwt-secret-0123456789abcdef"

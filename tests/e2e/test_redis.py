@@ -23,15 +23,6 @@ from idemtest import (assert_local, assert_outcome_unknown, assert_replay_of, as
 
 PREFIX = "idem-e2e-%s:" % uuid.uuid4().hex[:6]
 
-ROUTES = [
-    {"name": "r-key", "match": {"path": "/r/key"}, "idem": True},
-    {"name": "r-wait", "match": {"path": "/r/wait"}, "idem": True},
-    {"name": "s-wait", "match": {"path": "/s/wait"}, "idem": True},
-    {"name": "r-lease", "match": {"path": "/r/lease"}, "idem": True},
-    {"name": "r-disconnect", "match": {"path": "/r/disconnect"}, "idem": True},
-    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
-]
-
 
 def policy(on_store_error="reject", timeout="1s", prefix=PREFIX):
     return stack.redis_table(timeout=timeout, on_store_error=on_store_error, prefix=prefix) + """
@@ -79,6 +70,11 @@ store = "redis"
 [route.key]
 lock_ttl = "3s"
 """
+
+
+
+# Envoy's routes, from the policy's, and a catch-all with no filter.
+ROUTES = stack.routes_from_policy(policy(), after=[{"name": "passthrough", "match": {"prefix": "/"}, "idem": False}])
 
 
 @pytest.fixture(scope="module")

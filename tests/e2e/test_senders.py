@@ -65,15 +65,6 @@ parts = ["path:mchid", "body:/out_trade_no"]
 scope = []
 """
 
-ROUTES = [
-    {"name": "alipay", "match": {"path": "/pay/alipay/notify"}, "idem": True, "timeout": "30s"},
-    {"name": "wechat-v3", "match": {"path": "/pay/wechat/v3/notify"}, "idem": True, "timeout": "30s"},
-    {"name": "wechat-v2", "match": {"path": "/pay/wechat/v2/notify"}, "idem": True, "timeout": "30s"},
-    {"name": "stripe-webhook", "match": {"path": "/webhooks/stripe"}, "idem": True, "timeout": "30s"},
-    {"name": "charges", "match": {"path": "/v1/charges"}, "idem": True, "timeout": "30s"},
-    {"name": "orders", "match": {"prefix": "/orders/"}, "idem": True, "timeout": "30s"},
-    {"name": "merchants", "match": {"prefix": "/m/"}, "idem": True, "timeout": "30s"},
-]
 
 
 def bundle(store, prefix):
@@ -87,6 +78,11 @@ def bundle(store, prefix):
         if line.startswith("name = ") and lines[-2:-1] == ["[[route]]"]:
             lines.append('store = "redis"')
     return stack.redis_table(timeout="500ms", prefix=prefix) + "\n".join(lines) + "\n"
+
+
+# Envoy's routes, from the policies (the providers' routes match their notify paths exactly; a
+# template's routes by its prefix); a 30 s upstream timeout, as a merchant may be slow.
+ROUTES = stack.routes_from_policy(bundle("shared", ""), timeout="30s")
 
 
 @pytest.fixture(scope="module")
