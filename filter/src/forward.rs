@@ -38,8 +38,11 @@ fn forwardable(name: &str, value: &[u8], via: DetachedVia) -> bool {
 
 /// The detached call's headers: the client's (pseudo-headers `:method`, `:path`, `:authority`
 /// included), minus [`forwardable`]'s drops. `Err` names a header whose value is not UTF-8.
-pub fn upstream_headers(request: &[Pair], via: DetachedVia) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::with_capacity(request.len());
+pub fn upstream_headers<'a>(
+    request: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    via: DetachedVia,
+) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
     for (n, v) in request {
         let name = String::from_utf8_lossy(n).to_ascii_lowercase();
         if !forwardable(&name, v, via) {
@@ -126,6 +129,7 @@ pub fn answer(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::pairs::Headers;
 
     #[test]
     fn detached_headers_are_the_inline_ones_through_reentry() {
@@ -144,7 +148,13 @@ mod tests {
         .iter()
         .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
-        let names = |via| upstream_headers(&req, via).unwrap().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let names = |via| {
+            upstream_headers(Headers::from_pairs(&req).iter(), via)
+                .unwrap()
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
             names(DetachedVia::Reentry),
             [":method", ":path", ":authority", "x-request-id", "x-envoy-external-address", "te", "x-user-role"]
@@ -155,8 +165,11 @@ mod tests {
             [":method", ":path", ":authority", "x-request-id", "te", "x-user-role"]
         );
         let te_other: Vec<Pair> = vec![(b"te".to_vec(), b"gzip".to_vec())];
-        assert!(upstream_headers(&te_other, DetachedVia::Reentry).unwrap().is_empty());
+        assert!(upstream_headers(Headers::from_pairs(&te_other).iter(), DetachedVia::Reentry).unwrap().is_empty());
         let latin1: Vec<Pair> = vec![(b"x-name".to_vec(), b"r\xe9sum\xe9".to_vec())];
-        assert_eq!(upstream_headers(&latin1, DetachedVia::Reentry), Err("x-name".to_string()));
+        assert_eq!(
+            upstream_headers(Headers::from_pairs(&latin1).iter(), DetachedVia::Reentry),
+            Err("x-name".to_string())
+        );
     }
 }

@@ -65,7 +65,8 @@ pub trait Host {
     // ---- the current stream
     /// One request header (the first value when it repeats), as bytes.
     fn request_header(&self, name: &str) -> Option<Vec<u8>>;
-    fn request_headers(&self) -> Vec<Pair>;
+    /// Every request header, in the host's serialized form (read in place).
+    fn request_headers(&self) -> crate::pairs::Headers;
     /// The buffered request body, `size` bytes from the start.
     fn request_body(&self, size: usize) -> Option<Vec<u8>>;
     fn response_headers(&self) -> Vec<Pair>;

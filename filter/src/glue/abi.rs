@@ -178,6 +178,13 @@ pub(super) fn buffer(buffer_type: u32, start: usize, max: usize) -> Result<Optio
     read_bytes(|d, s| unsafe { proxy_get_buffer_bytes(buffer_type, start, max, d, s) })
 }
 
+/// Every header of a map, serialized, to be read in place.
+pub(super) fn header_block(map_type: u32) -> Result<pairs::Headers, Status> {
+    // SAFETY: out-pointers from read_bytes.
+    let bytes = read_bytes(|d, s| unsafe { proxy_get_header_map_pairs(map_type, d, s) })?;
+    Ok(pairs::Headers::from_bytes(bytes.unwrap_or_default()))
+}
+
 /// Every header of a map, as bytes.
 pub(super) fn headers(map_type: u32) -> Result<Vec<Pair>, Status> {
     // SAFETY: out-pointers from read_bytes.

@@ -96,8 +96,8 @@ impl Host for Envoy {
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
         abi::header(abi::map::REQUEST_HEADERS, name).ok().flatten()
     }
-    fn request_headers(&self) -> Vec<Pair> {
-        abi::headers(abi::map::REQUEST_HEADERS).unwrap_or_default()
+    fn request_headers(&self) -> crate::pairs::Headers {
+        abi::header_block(abi::map::REQUEST_HEADERS).unwrap_or_default()
     }
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
         abi::buffer(abi::buffer::REQUEST_BODY, 0, size).ok().flatten()

@@ -14,7 +14,7 @@ use super::Flow;
 use crate::engine::{Action, Begin, Body, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::{Host, Level};
 use crate::key::RequestView;
-use crate::pairs::Pair;
+use crate::pairs::{Headers, Pair};
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
 use crate::response::{Header, LocalReply};
 use crate::store::redis;
@@ -91,7 +91,7 @@ pub(super) struct Capture {
 pub(super) struct Request {
     method: String,
     path: String,
-    headers: Vec<Pair>,
+    headers: Headers,
     body: Option<Vec<u8>>,
     /// A gRPC call (`content-type: application/grpc…`): its outcome is its `grpc-status`.
     pub(super) grpc: bool,
@@ -113,7 +113,7 @@ impl RequestView for WithHost<'_> {
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         let headers = self.req.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()));
-        headers.map(|(_, v)| v.as_slice()).collect()
+        headers.map(|(_, v)| v).collect()
     }
     fn body(&self) -> Option<&[u8]> {
         self.req.body.as_deref()
@@ -138,10 +138,14 @@ fn text(bytes: Option<Vec<u8>>) -> String {
     bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
-/// `:method` among the request's headers (a pseudo-header: there is one).
-fn method_of(headers: &[Pair]) -> String {
-    let value = headers.iter().find(|(n, _)| n == b":method").map(|(_, v)| v.clone());
-    text(value)
+/// `:method` among the request's headers.
+fn method_of(headers: &Headers) -> String {
+    header_text(headers, b":method")
+}
+
+/// A header's (first) value, as text.
+fn header_text(headers: &Headers, name: &[u8]) -> String {
+    headers.get(name).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
 }
 
 /// One request's state machine.
@@ -167,24 +171,21 @@ impl Stream {
             self.phase = Phase::Idle;
             return Flow::Pause;
         }
-        let header = |n: &str| text(host.request_header(n));
-        self.request.path = header(":path");
+        // Every header in one host call: the path, then the method and the key, would be more.
+        self.request.headers = host.request_headers();
+        self.request.path = header_text(&self.request.headers, b":path");
         if w.engine.is_issue_path(&self.request.path) {
-            self.request.method = header(":method");
+            self.request.method = method_of(&self.request.headers);
             if let Some(flow) = self.issue(host) {
                 return flow;
             }
         }
         let route_name = || host.property(&["xds", "route_name"]).map(|b| text(Some(b)));
-        // The method is read only if a policy's path matches, and then with every header at
-        // once: one host call where `:method` and then the headers would be two.
-        let mut headers = None;
-        let read_method = || method_of(headers.insert(host.request_headers()));
-        let Some(route) = w.engine.bundle.find(read_method, &self.request.path, route_name) else {
+        let headers = &self.request.headers;
+        let Some(route) = w.engine.bundle.find(|| method_of(headers), &self.request.path, route_name) else {
             self.phase = Phase::Idle;
             return self.unmatched(host);
         };
-        self.request.headers = headers.unwrap_or_else(|| host.request_headers());
         self.request.method = method_of(&self.request.headers);
         self.request.grpc = self
             .request
@@ -580,7 +581,6 @@ impl Stream {
                 return None;
             }
         };
-        self.request.headers = host.request_headers();
         let view = WithHost { req: &self.request, host };
         match w.engine.issue(&self.request.method, &self.request.path, &view, random)? {
             Issue::Reply { route, reply, cause } => {
@@ -623,7 +623,7 @@ impl Stream {
             w.count_unmatched(host, false);
             return Flow::Continue;
         }
-        let method = text(host.request_header(":method"));
+        let method = method_of(&self.request.headers);
         let Some(reply) = w.engine.unmatched(&method) else {
             w.count_unmatched(host, false);
             return Flow::Continue;
@@ -639,7 +639,7 @@ impl Stream {
     /// carry (the callout API takes text).
     fn outbound(&mut self, host: &dyn Host, route: usize) -> Result<Outbound, LocalReply> {
         let detached = &self.worker.engine.bundle.detached;
-        let headers = crate::forward::upstream_headers(&self.request.headers, detached.via).map_err(|name| {
+        let headers = crate::forward::upstream_headers(self.request.headers.iter(), detached.via).map_err(|name| {
             let default = crate::answers::Answers::default();
             let answers = self.worker.engine.policy(route).map_or(&default, |p| &p.answers);
             crate::response::error(

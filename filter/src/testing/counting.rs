@@ -106,9 +106,9 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("get_header_map_value", name.len() + r.as_ref().map_or(0, Vec::len));
         r
     }
-    fn request_headers(&self) -> Vec<Pair> {
+    fn request_headers(&self) -> crate::pairs::Headers {
         let r = self.inner.request_headers();
-        self.add("get_header_map_pairs", pairs_len(&r));
+        self.add("get_header_map_pairs", r.byte_len());
         r
     }
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {

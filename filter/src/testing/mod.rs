@@ -283,8 +283,8 @@ impl Host for FakeHost {
         self.with_stream(|s| s.request_headers.iter().find(|(n, _)| n == name.as_bytes()).map(|(_, v)| v.clone()))
             .flatten()
     }
-    fn request_headers(&self) -> Vec<Pair> {
-        self.with_stream(|s| s.request_headers.clone()).unwrap_or_default()
+    fn request_headers(&self) -> crate::pairs::Headers {
+        self.with_stream(|s| crate::pairs::Headers::from_pairs(&s.request_headers)).unwrap_or_default()
     }
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
         self.with_stream(|s| s.request_body.get(..size.min(s.request_body.len())).map(<[u8]>::to_vec))
