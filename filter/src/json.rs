@@ -149,7 +149,7 @@ fn write_canonical(value: &RawValue, out: &mut Vec<u8>) -> Result<(), PointerErr
 /// `1.001e3` and `10010e-1` are all `1001`; `-0` is `0`; `0.50` is `0.5`. Values whose digits
 /// would run past 40 places are written `<digits>e<exponent>` (`1e400`). `None` for text that is
 /// not a JSON number, or an exponent beyond 18 digits (no key is that).
-pub fn canonical_number(text: &str) -> Option<String> {
+fn canonical_number(text: &str) -> Option<String> {
     let (negative, unsigned) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),

@@ -5,7 +5,7 @@ use crate::policy::{Anonymous, KeyPolicy, PathTemplate, Source};
 use sha2::{Digest, Sha256};
 
 /// The longest key accepted, in bytes (Stripe and the IETF draft use the same bound).
-pub const MAX_KEY_LEN: usize = 255;
+const MAX_KEY_LEN: usize = 255;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
@@ -166,7 +166,7 @@ pub fn single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>
 }
 
 /// Accepts a bare token or an IETF structured-field string (`"..."` with `\"` and `\\` escapes).
-pub fn parse_sf_string(value: &str) -> Result<String, KeyError> {
+fn parse_sf_string(value: &str) -> Result<String, KeyError> {
     let v = value.trim_matches([' ', '\t']);
     let Some(inner) = v.strip_prefix('"') else {
         return Ok(v.to_string());

@@ -229,7 +229,7 @@ pub fn duplicate(answers: &Answers, dup: &DuplicateResponse, first_seen_ms: Opti
 ///
 /// Never the lease end: SDKs that honour `Retry-After` come back exactly then, and a retry that
 /// lands as the lease ends would take the claim over and run the business a second time.
-pub const IN_PROGRESS_RETRY_AFTER_S: u64 = 1;
+const IN_PROGRESS_RETRY_AFTER_S: u64 = 1;
 
 /// `409 REQUEST_IN_PROGRESS` with a short `Retry-After`: the first request is still waiting for
 /// the upstream, and its answer will be replayed to a later retry.

@@ -54,7 +54,7 @@ fn normalize_id(s: &str) -> String {
 }
 
 /// Whether a policy route matches an operation (see the module documentation).
-pub fn route_matches(r: &RoutePolicy, op: &Operation<'_>) -> bool {
+fn route_matches(r: &RoutePolicy, op: &Operation<'_>) -> bool {
     match &r.matcher {
         Matcher::Request { method, path } => {
             method.as_ref().is_none_or(|m| m.eq_ignore_ascii_case(op.method)) && same_shape(&path.source, op.path)
@@ -69,16 +69,11 @@ pub fn route_matches(r: &RoutePolicy, op: &Operation<'_>) -> bool {
 }
 
 /// Runs the enabled IDEM1xx rules and positions their findings.
-pub fn cross_check(
-    workspaces: &[Workspace],
-    policies: &PolicySet,
-    policy_args: &[String],
-    cfg: &Config,
-) -> Vec<Finding> {
+fn cross_check(workspaces: &[Workspace], policies: &PolicySet, policy_args: &[String], cfg: &Config) -> Vec<Finding> {
     let ctx = context(workspaces, policies, policy_args, cfg);
     let mut out = Vec::new();
     for rule in &RULES {
-        let Some(check) = rule.cross else { continue };
+        let crate::rules::Check::Policies(check) = rule.check else { continue };
         let Some(sev) = cfg.severity(rule.code) else { continue };
         let mut found = Vec::new();
         check(&ctx, &mut found);

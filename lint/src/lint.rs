@@ -86,7 +86,9 @@ pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
         let ctx = Ctx { ws, op, statements: &st, merged: merged.as_ref() };
         let mut found = Vec::new();
         for (rule, _) in &enabled {
-            (rule.check)(&ctx, &mut found);
+            if let crate::rules::Check::Operation(check) = rule.check {
+                check(&ctx, &mut found);
+            }
         }
         for f in found {
             if ignored(ws, op, &f.pointer, f.code) {

@@ -113,7 +113,7 @@ impl Node {
 }
 
 /// Escape one JSON-pointer segment (RFC 6901).
-pub fn escape_segment(s: &str) -> String {
+fn escape_segment(s: &str) -> String {
     if !s.contains(['~', '/']) {
         return s.to_string();
     }
@@ -121,7 +121,7 @@ pub fn escape_segment(s: &str) -> String {
 }
 
 /// Unescape one JSON-pointer segment (RFC 6901).
-pub fn unescape_segment(s: &str) -> String {
+fn unescape_segment(s: &str) -> String {
     if !s.contains('~') {
         return s.to_string();
     }

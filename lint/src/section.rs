@@ -20,7 +20,7 @@
 use std::ops::Range;
 
 /// Default titles, compared after [`normalize_title`].
-pub const TITLES: [&str; 2] = ["幂等性说明", "idempotency"];
+const TITLES: [&str; 2] = ["幂等性说明", "idempotency"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Label {
@@ -138,7 +138,7 @@ fn fences(ls: &[Line<'_>]) -> Vec<bool> {
 
 /// Normalise a title for comparison: no emphasis markers, numbering, trailing colon or
 /// parenthetical, lower case.
-pub fn normalize_title(s: &str) -> String {
+fn normalize_title(s: &str) -> String {
     let mut t: String = s.replace("**", "").replace("__", "").replace('`', "");
     t = t.trim().trim_end_matches([':', '：']).trim().to_string();
     // leading numbering: "3.", "3.1", "3.1.", "四、", "（四）", "(3)", "①"
@@ -355,7 +355,7 @@ fn strip_numbering(t: &str) -> Option<&str> {
 /// the case (`Idempotency-Key` → `idempotencykey`); in a pattern `…` stands for any text, so
 /// `重复…` is "starts with 重复" and `…幂等键…` is "contains 幂等键". Printed in
 /// `lint/README.md` ("Item labels"); a test checks that the two agree.
-pub const LABEL_FORMS: &[(&str, Label)] = &[
+const LABEL_FORMS: &[(&str, Label)] = &[
     ("重复…", Label::Duplicate),
     ("duplicate…", Label::Duplicate),
     ("…有效期…", Label::Expiry),
@@ -403,7 +403,7 @@ fn glob(pattern: &str, text: &str) -> bool {
 }
 
 /// The meaning of an item label (see [`LABEL_FORMS`]).
-pub fn label_kind(raw: &str) -> Option<Label> {
+fn label_kind(raw: &str) -> Option<Label> {
     let n: String = raw
         .replace("**", "")
         .replace("__", "")

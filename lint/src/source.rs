@@ -137,11 +137,6 @@ pub fn position_of(text: &str, offset: usize) -> Position {
     position_in(text, &line_starts(text), offset.min(u32::MAX as usize) as u32)
 }
 
-/// Display width of a string in a terminal (tabs count as 4, control characters as 0).
-pub fn display_width(s: &str) -> usize {
-    s.chars().map(char_width).sum()
-}
-
 pub fn char_width(c: char) -> usize {
     if c == '\t' {
         4
@@ -209,7 +204,7 @@ mod tests {
         assert_eq!(p.column_utf16, 24);
         let line = f.line_text(2);
         let prefix: String = line.chars().take(p.column - 1).collect();
-        assert_eq!(display_width(&prefix), 27);
+        assert_eq!(prefix.chars().map(char_width).sum::<usize>(), 27, "display width: tabs 4, CJK 2");
     }
 
     #[test]

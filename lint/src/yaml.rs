@@ -13,7 +13,7 @@ use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 use crate::node::{Entry, Node, Value};
 
 /// Maximum number of nodes that alias expansion may add (a "billion laughs" guard).
-pub const MAX_ALIAS_NODES: usize = 2_000_000;
+const MAX_ALIAS_NODES: usize = 2_000_000;
 /// Internal marker for a plain `<<` key (a quoted "<<" is an ordinary key).
 const MERGE_KEY: &str = "\u{0}<<merge>>";
 

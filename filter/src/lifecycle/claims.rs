@@ -20,7 +20,7 @@ const MAX_BATCH_CLAIMS: usize = 64;
 /// Claim calls a worker keeps out before the next claims wait for a batch: below it a claim
 /// goes out at once, so light load (a few connections) pays no wait; above it, one call per
 /// returning call carries everything that queued meanwhile.
-pub(super) const CLAIM_CALLS_OUT: u32 = 4;
+const CLAIM_CALLS_OUT: u32 = 4;
 
 /// One worker's claim calls out and the claims waiting for the next batch.
 #[derive(Default)]

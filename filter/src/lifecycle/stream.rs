@@ -22,9 +22,7 @@ use std::rc::Rc;
 
 /// Where a request is. Each phase holds only what that phase needs.
 pub(super) enum Phase {
-    /// No request headers yet.
-    Start,
-    /// Nothing more to do: no policy, answered locally, or finished.
+    /// Nothing to do: no request headers yet, no policy, answered locally, or finished.
     Idle,
     /// A policy matched; the body is being buffered for the decision.
     ReadingBody { route: usize },
@@ -159,7 +157,7 @@ pub struct Stream {
 impl Stream {
     pub fn new(worker: Rc<Worker>, context: u32) -> Self {
         worker.stream_started(context);
-        Stream { worker, context, phase: Phase::Start, request: Request::default() }
+        Stream { worker, context, phase: Phase::Idle, request: Request::default() }
     }
 
     /// The request headers arrived.
@@ -462,7 +460,7 @@ impl Stream {
         let key = v.key.clone();
         match v.action {
             Action::Forward(Some(ticket)) if w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached) => {
-                self.send_detached(host, route, ticket, key)
+                self.hand_to_root(host, route, ticket, key)
             }
             Action::Forward(ticket) => {
                 self.phase = match ticket {
@@ -659,7 +657,7 @@ impl Stream {
 
     /// Hands a claimed request to the root context, which sends it upstream itself; this
     /// request stays paused until the root answers it (or its client leaves).
-    fn send_detached(&mut self, host: &dyn Host, route: usize, ticket: Ticket, key: Option<String>) -> Flow {
+    fn hand_to_root(&mut self, host: &dyn Host, route: usize, ticket: Ticket, key: Option<String>) -> Flow {
         let w = Rc::clone(&self.worker);
         let first_seen_ms = ticket.first_seen_ms();
         let request = match self.outbound(host, route) {

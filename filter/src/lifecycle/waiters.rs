@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// The longest gap between two Webdis polls of one group of held duplicates.
-pub const MAX_POLL_GAP_MS: u64 = 500;
+const MAX_POLL_GAP_MS: u64 = 500;
 
 /// Held duplicates, and what the root hands their streams: this concern's state.
 #[derive(Default)]
@@ -218,7 +218,7 @@ impl Worker {
     }
 
     /// A held request's verdict, acted on from the root context.
-    pub(super) fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
+    fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
         let (route, outbound, grpc) = {
             let mut waiters = self.waiters.held.borrow_mut();
             if let Action::Wait { .. } = &v.action {

@@ -18,7 +18,7 @@ pub(super) fn de_route_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D
 
 /// Whether a shared-data namespace is acceptable: 1 to 128 of `A-Z a-z 0-9 . _ -` (`:` separates
 /// the parts of a key, `/` appears in Envoy Gateway's names and is kept out for the same reason).
-pub fn valid_namespace(s: &str) -> bool {
+fn valid_namespace(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
@@ -44,7 +44,7 @@ pub(super) fn de_opt_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<
     de_nonempty(d).map(Some)
 }
 
-pub(super) fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {
+fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {
     let v = u64::deserialize(d)?;
     if (min..=max).contains(&v) {
         Ok(v as u32)

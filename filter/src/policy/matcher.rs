@@ -57,7 +57,7 @@ impl PathTemplate {
         Ok(PathTemplate { source: source.to_string(), segments })
     }
 
-    pub fn is_exact(&self) -> bool {
+    fn is_exact(&self) -> bool {
         self.segments.iter().all(|s| matches!(s, Segment::Literal(_)))
     }
 

@@ -449,7 +449,7 @@ impl RawBundle {
 
 /// The default `max_body_bytes`: Envoy's default buffer limit (`per_connection_buffer_limit_bytes`,
 /// 1 MiB), the largest body Envoy buffers for a filter anyway; above it Envoy answers 413 itself.
-pub const DEFAULT_MAX_BODY_BYTES: u32 = 1 << 20;
+const DEFAULT_MAX_BODY_BYTES: u32 = 1 << 20;
 
 /// The longest composite key: more parts than this is a mistake, not a key.
 const MAX_KEY_PARTS: usize = 8;

@@ -13,7 +13,7 @@ use crate::host::Host;
 use crate::response::StoredResponse;
 use crate::store::StoreError;
 
-pub const SLOTS: u64 = 256;
+const SLOTS: u64 = 256;
 
 pub struct ReplaySlots {
     prefix: String,

@@ -50,7 +50,7 @@ fn source_of(op: &Operation<'_>, location: &KeyIn, name: &str) -> Result<Source,
 
 /// Whether two sources read the same value: header names compare case-insensitively, body
 /// pointers as pointers (a dotted spec path and its pointer are one key).
-pub fn same_source(a: &Source, b: &Source) -> bool {
+fn same_source(a: &Source, b: &Source) -> bool {
     match (a, b) {
         (Source::Header(x), Source::Header(y)) => x.eq_ignore_ascii_case(y),
         (Source::Body(x), Source::Body(y)) => x == y || x.replace('.', "/") == y.replace('.', "/"),
@@ -68,7 +68,7 @@ pub fn same_sources(policy: &[Source], spec: &[Source]) -> bool {
 
 /// Where an operation declares a key without a stated location: a header, then a query
 /// parameter, then a path parameter, then a body property.
-pub fn declared_location(ws: &Workspace, op: &Operation<'_>, name: &str) -> Option<KeyIn> {
+fn declared_location(ws: &Workspace, op: &Operation<'_>, name: &str) -> Option<KeyIn> {
     if op.params.iter().any(|p| p.location == "header" && p.name.eq_ignore_ascii_case(name)) {
         return Some(KeyIn::Header);
     }
@@ -90,7 +90,7 @@ pub fn declared_location(ws: &Workspace, op: &Operation<'_>, name: &str) -> Opti
 /// A body key as the filter's JSON pointer: a pointer stays, a JSONPath `$.data.id` is
 /// `/data/id`, a property name is a top-level property (`transaction_id` → `/transaction_id`;
 /// `a.b` is the property called `a.b`, as IDEM004 reads it).
-pub fn body_pointer(name: &str) -> String {
+fn body_pointer(name: &str) -> String {
     if name.starts_with('/') {
         return name.to_string();
     }

@@ -68,7 +68,7 @@ pub type CrossCheck = fn(&PolicyCtx<'_>, &mut Vec<CrossFinding>);
 
 impl PolicyCtx<'_> {
     /// The index of a route's file in the set.
-    pub fn file_index(&self, r: &RouteRef<'_>) -> usize {
+    fn file_index(&self, r: &RouteRef<'_>) -> usize {
         self.policies.files.iter().position(|f| std::ptr::eq(f, r.file)).unwrap_or(0)
     }
 

@@ -56,8 +56,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "non-safe operation without a 幂等性说明",
     source: include_str!("idem001_missing_statement.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

@@ -37,8 +37,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "statement does not say whether the operation is idempotent (or says it unreadably)",
     source: include_str!("idem002_idempotent_unstated.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

@@ -39,8 +39,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "idempotent, but no key named (or `幂等键：无`)",
     source: include_str!("idem003_missing_key.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

@@ -53,8 +53,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "named key is not declared by the operation",
     source: include_str!("idem004_undeclared_key.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

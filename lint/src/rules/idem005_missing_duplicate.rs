@@ -37,8 +37,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "idempotent, but no duplicate response named, or one without a status",
     source: include_str!("idem005_missing_duplicate.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

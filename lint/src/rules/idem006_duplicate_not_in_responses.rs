@@ -48,8 +48,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "duplicate status not among the responses, or its code not in that response",
     source: include_str!("idem006_duplicate_not_in_responses.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 /// The operation's `responses` map and the statement's duplicate status it lacks (and the code),

@@ -33,8 +33,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "duplicate answered with a 5xx",
     source: include_str!("idem007_duplicate_5xx.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

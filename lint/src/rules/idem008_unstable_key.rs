@@ -51,8 +51,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Warning,
     summary: "unstable or too-coarse key (user id alone, timestamp, signature, whole-body hash)",
     source: include_str!("idem008_unstable_key.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 fn words(name: &str) -> Vec<String> {

@@ -42,8 +42,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "description section and `x-idempotency` disagree (idempotent, key, duplicate, expiry)",
     source: include_str!("idem009_statements_disagree.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 /// The same parts in any order; a part's location counts when both statements give one.

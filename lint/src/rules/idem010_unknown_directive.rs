@@ -51,12 +51,11 @@ pub static RULE: Rule = Rule {
     severity: Severity::Warning,
     summary: "unknown rule code in `x-idem-lint-ignore`, or unknown field in `x-idempotency`",
     source: include_str!("idem010_unknown_directive.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 /// The fields of `x-idempotency`.
-pub const EXTENSION_FIELDS: [&str; 4] = ["idempotent", "key", "duplicate", "expiry"];
+const EXTENSION_FIELDS: [&str; 4] = ["idempotent", "key", "duplicate", "expiry"];
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let op = ctx.op;

@@ -41,8 +41,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Warning,
     summary: "statement says not idempotent, yet names a key or a duplicate code",
     source: include_str!("idem011_not_idempotent_with_key.rs"),
-    check,
-    cross: None,
+    check: super::Check::Operation(check),
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {

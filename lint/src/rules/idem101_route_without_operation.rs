@@ -48,8 +48,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "policy route that matches no operation of the spec",
     source: include_str!("idem101_route_without_operation.rs"),
-    check: super::spec_only_with_policies,
-    cross: Some(check),
+    check: super::Check::Policies(check),
 };
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

@@ -47,8 +47,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "operation documented as idempotent, but no policy route protects it",
     source: include_str!("idem102_operation_without_policy.rs"),
-    check: super::spec_only_with_policies,
-    cross: Some(check),
+    check: super::Check::Policies(check),
 };
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

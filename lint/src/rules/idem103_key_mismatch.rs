@@ -51,8 +51,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "policy and spec disagree on where the key is or what it is called",
     source: include_str!("idem103_key_mismatch.rs"),
-    check: super::spec_only_with_policies,
-    cross: Some(check),
+    check: super::Check::Policies(check),
 };
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

@@ -56,8 +56,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "policy and spec disagree on the duplicate response's status or code",
     source: include_str!("idem104_duplicate_mismatch.rs"),
-    check: super::spec_only_with_policies,
-    cross: Some(check),
+    check: super::Check::Policies(check),
 };
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

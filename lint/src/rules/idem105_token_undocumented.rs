@@ -49,8 +49,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "token policy whose issue endpoint or token header the spec does not document",
     source: include_str!("idem105_token_undocumented.rs"),
-    check: super::spec_only_with_policies,
-    cross: Some(check),
+    check: super::Check::Policies(check),
 };
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

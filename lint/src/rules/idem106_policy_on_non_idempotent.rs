@@ -37,8 +37,7 @@ pub static RULE: Rule = Rule {
     severity: Severity::Error,
     summary: "policy enforces idempotency on an operation the spec says is not idempotent",
     source: include_str!("idem106_policy_on_non_idempotent.rs"),
-    check: super::spec_only_with_policies,
-    cross: Some(check),
+    check: super::Check::Policies(check),
 };
 
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {

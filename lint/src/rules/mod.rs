@@ -68,7 +68,13 @@ impl Ctx<'_> {
     }
 }
 
-pub type Check = fn(&Ctx<'_>, &mut Vec<RawFinding>);
+/// What a rule checks: one operation of a spec, or the specs against the gateway's policies
+/// (`--policies`, the IDEM1xx rules).
+#[derive(Clone, Copy)]
+pub enum Check {
+    Operation(fn(&Ctx<'_>, &mut Vec<RawFinding>)),
+    Policies(cross::CrossCheck),
+}
 
 /// How bad a finding is: a rule's default, overridden per rule by `idem-lint.toml`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
@@ -99,19 +105,18 @@ pub struct Rule {
     pub summary: &'static str,
     /// The rule's source file (`include_str!`), whose leading `//!` comment is its documentation.
     source: &'static str,
-    /// The per-operation check (spec rules).
     pub check: Check,
-    /// The spec ↔ policy check (`--policies`, IDEM1xx); these rules have a no-op `check`.
-    pub cross: Option<cross::CrossCheck>,
 }
-
-/// The per-operation check of a cross-check rule: nothing (it runs only with `--policies`).
-pub(crate) fn spec_only_with_policies(_: &Ctx<'_>, _: &mut Vec<RawFinding>) {}
 
 /// The sections every rule's documentation has, in this order (as `## …` headings).
 pub const DOC_SECTIONS: [&str; 4] = ["What it checks", "Why", "Example", "Fix"];
 
 impl Rule {
+    /// Whether the rule checks specs against policies (`--policies`) rather than each operation.
+    pub fn checks_policies(&self) -> bool {
+        matches!(self.check, Check::Policies(_))
+    }
+
     /// The rule's documentation as Markdown: its file's leading `//!` comment (the sections of
     /// [`DOC_SECTIONS`]), under a title line made from the code, name and default severity.
     pub fn doc_markdown(&self) -> String {
