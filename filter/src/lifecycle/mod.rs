@@ -16,6 +16,8 @@
 //! `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`, `Replays`, `Metrics`) and its
 //! behaviour (`impl Worker` blocks); the worker keeps one map of the root's calls out, whose
 //! `RootCall` says which concern an answer belongs to:
+//! - `capture`: the upstream's answer, captured as it streams (or held whole on Redis), and the
+//!   ticket finished with it (the response half of [`Stream`]).
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
 //! - `writes`: Redis completions, releases and token restores sent by the root, retried with
 //!   backoff until they land, batched while a write is out (group commit); orphaned claims
@@ -34,6 +36,7 @@
 //! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
 
 mod body_gate;
+mod capture;
 mod claims;
 mod detached;
 mod eviction;
