@@ -1245,3 +1245,32 @@ fn a_held_duplicate_that_takes_the_key_over_is_renewed_before_its_answer_begins(
         .collect();
     assert_eq!(renewals.len(), 1, "the taken-over claim is renewed: {renewals:?}");
 }
+
+/// Header names are stored lower case whatever the upstream's spelling (an HTTP/1 upstream's
+/// names reach the filter as Envoy keeps them; HTTP/2 requires lower case): the replay carries
+/// the upstream's header once, under the name a client's lookup finds.
+#[test]
+fn an_answers_header_names_are_stored_and_replayed_lower_case() {
+    let (host, w) = setup(SHARED);
+    let (mut first, _) = send(&host, &w, 10, "/s", "k1");
+    let body = br#"{"order":1}"#;
+    let headers: [(&str, &[u8]); 2] = [("Content-Type", b"application/json"), ("X-Order-Ref", b"7")];
+    host.update(10, |st| *st = st.clone().with_response(201, &headers, body));
+    host.enter(10);
+    first.on_response_headers(&host, false);
+    first.on_response_body(&host, body.len(), true);
+    first.on_log(&host);
+    host.take_acts();
+    let (_, flow) = send(&host, &w, 11, "/s", "k1");
+    assert_eq!(flow, Flow::Pause, "replayed");
+    let acts = host.take_acts();
+    let replayed = acts
+        .iter()
+        .find_map(|a| match a {
+            Act::Reply { context: 11, reply } => Some(reply.headers.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no replay: {acts:?}"));
+    assert!(replayed.contains(&("x-order-ref".to_string(), b"7".to_vec())), "{replayed:?}");
+    assert!(!replayed.iter().any(|(n, _)| n.bytes().any(|b| b.is_ascii_uppercase())), "{replayed:?}");
+}

@@ -37,12 +37,6 @@ DELAY_MS = 2000
 SDK_TIMEOUT_S = 1
 SDK_RETRIES = 4
 
-ROUTES = [
-    {"name": "sdk-inline", "match": {"path": "/sdk/inline"}, "idem": True},
-    {"name": "sdk-detached", "match": {"path": "/sdk/detached"}, "idem": True},
-    {"name": "passthrough", "match": {"prefix": "/"}, "idem": False},
-]
-
 
 def policy(store):
     head = stack.redis_table(timeout="1s", prefix=PREFIX) if store == "redis" else ""
@@ -67,6 +61,10 @@ upstream_timeout = "10s"
 [route.key]
 lock_ttl = "2s"
 """.format(store=store)
+
+
+# Envoy's routes, from the policy's, and a catch-all with no filter.
+ROUTES = stack.routes_from_policy(policy("shared"), after=[{"name": "passthrough", "match": {"prefix": "/"}, "idem": False}])
 
 
 @pytest.fixture(params=["shared", "redis"])
