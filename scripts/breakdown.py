@@ -58,25 +58,14 @@ def build():
 
 
 def callgrind(case, n, outdir):
-    """(total instructions, {function: self instructions}) of a run of `n` requests of `case`."""
+    """(total instructions, {"file:function": self instructions}) of a run of `n` requests of `case`."""
     out = Path(outdir) / ("cg-%s-%d.out" % (case, n))
     subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=%s" % out, str(EXAMPLE), str(n), case],
                    cwd=REPO, check=True, capture_output=True)
-    ann = subprocess.run(["callgrind_annotate", "--threshold=100", str(out)], capture_output=True, text=True,
-                         check=True).stdout
     funcs = {}
-    total = 0
-    for line in ann.splitlines():
-        m = re.match(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(.*)$", line)
-        if not m:
-            continue
-        count = int(m.group(1).replace(",", ""))
-        name = m.group(2)
-        if "PROGRAM TOTALS" in name:
-            total = count
-        elif ":" in name:
-            funcs[name] = funcs.get(name, 0) + count
-    return total, funcs
+    for (_, name), count in self_costs(out).items():
+        funcs[name] = funcs.get(name, 0) + count
+    return sum(funcs.values()), funcs
 
 
 def envoy_binary():
@@ -95,16 +84,20 @@ def envoy_binary():
 
 
 def self_costs(path):
-    """{(object, function): self instructions} from a callgrind output file (calls' inclusive
-    lines skipped), with names resolved from callgrind's name compression."""
-    names, objects = {}, {}
+    """{(object, "file:function"): self instructions} from a callgrind output file (the inclusive
+    cost lines of calls skipped), with names resolved from callgrind's name compression (objects,
+    files and functions are numbered apart)."""
+    tables = {"ob": {}, "fl": {}, "fn": {}}
+    space = {"ob": "ob", "cob": "ob", "fl": "fl", "fi": "fl", "fe": "fl", "cfi": "fl", "cfl": "fl",
+             "fn": "fn", "cfn": "fn"}
     costs = {}
     obj = fn_obj = fn = "?"
+    file = fn_file = "???"
     skip_next = False
     for line in open(path):
-        if line.startswith(("ob=", "fn=", "cob=", "cfn=", "fl=", "fi=", "fe=", "cfi=", "cfl=")):
-            key, val = line.rstrip("\n").split("=", 1)
-            table = objects if key in ("ob", "cob") else names
+        key, eq, val = line.rstrip("\n").partition("=")
+        if eq and key in space:
+            table = tables[space[key]]
             m = re.match(r"\((\d+)\)(?: (.*))?$", val)
             if m:
                 if m.group(2):
@@ -112,8 +105,12 @@ def self_costs(path):
                 val = table.get(m.group(1), val)
             if key == "ob":
                 obj = val
+            elif key == "fl":
+                file = fn_file = val
+            elif key in ("fi", "fe"):
+                fn_file = val
             elif key == "fn":
-                fn, fn_obj = val, obj
+                fn, fn_obj, fn_file = val, obj, file
         elif line.startswith("calls="):
             skip_next = True
         elif line[:1].isdigit() or line[:1] in "+-*":
@@ -122,13 +119,14 @@ def self_costs(path):
                 continue
             parts = line.split()
             if len(parts) >= 2:
-                costs[(fn_obj, fn)] = costs.get((fn_obj, fn), 0) + int(parts[1])
+                name = "%s:%s" % (fn_file, fn)
+                costs[(fn_obj, name)] = costs.get((fn_obj, name), 0) + int(parts[1])
     return costs
 
 
-def is_jit(obj, fn):
+def is_jit(obj, name):
     """V8's JIT code: no object file, at an address above the binaries' (the module's code)."""
-    m = re.search(r"0x([0-9a-f]+)", fn)
+    m = re.search(r"0x([0-9a-f]+)", name)
     return obj == "???" and m is not None and int(m.group(1), 16) > 1 << 32
 
 
@@ -256,7 +254,7 @@ def main():
     subprocess.run([str(EXAMPLE), "20000"], cwd=REPO, check=True)
     if args.no_callgrind:
         return 0
-    if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
+    if not shutil.which("valgrind"):
         print("error: valgrind not found (apt-get install -y valgrind), or pass --no-callgrind", file=sys.stderr)
         return 2
     if args.envoy:

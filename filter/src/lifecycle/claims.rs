@@ -6,6 +6,7 @@
 //! whatever the number of requests. On Redis Cluster (a batch refused `CROSSSLOT`) a batch holds one hash
 //! slot's keys, as for writes.
 
+use super::slots::{batches, several_slots};
 use super::stream::{Request, WithHost};
 use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
@@ -13,7 +14,6 @@ use crate::engine::{Action, Prepared, StoreTicket};
 use crate::host::Host;
 use crate::store::{redis, Claim, StoreError};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 
 /// The most claims one batch carries.
 const MAX_BATCH_CLAIMS: usize = 64;
@@ -91,16 +91,8 @@ impl Worker {
         };
         let queued = std::mem::take(&mut *self.claims.queue.borrow_mut());
         let per_slot = self.batch_per_slot.get();
-        let mut groups: HashMap<Option<u16>, Vec<Vec<QueuedClaim>>> = HashMap::new();
-        for q in queued {
-            let slot = per_slot.then(|| redis::hash_slot(&q.ticket.key));
-            let chunks = groups.entry(slot).or_default();
-            match chunks.last_mut() {
-                Some(last) if last.len() < MAX_BATCH_CLAIMS => last.push(q),
-                _ => chunks.push(vec![q]),
-            }
-        }
-        for members in groups.into_values().flatten() {
+        let groups = batches(queued, per_slot, MAX_BATCH_CLAIMS, usize::MAX, |q| Some(q.ticket.key.as_str()), |_| 0);
+        for members in groups {
             let claims: Vec<(&redis::Ticket, u64)> =
                 members.iter().map(|q| (&q.ticket, self.engine.lock_ttl_ms(q.prepared.route))).collect();
             match self.dispatch(host, &store.claim_batch(&claims)) {
@@ -153,7 +145,7 @@ impl Worker {
     /// (the `SET` may have landed), else its verdict carried out on its stream.
     fn claim_resolved(&self, host: &dyn Host, q: QueuedClaim, found: Result<Claim<()>, StoreError>, sent_ms: u64) {
         let route = q.prepared.route;
-        self.store_call_took(host, route, sent_ms);
+        self.metrics.store_call_took(host, route, sent_ms);
         let live = self.live.borrow().contains(&q.ctx);
         if found.is_err() || (!live && matches!(found, Ok(Claim::Claimed(())))) {
             self.release_orphan(host, route, Some(q.prepared.key.clone()), &q.ticket);
@@ -177,13 +169,4 @@ impl Worker {
             _ => self.act_from_root(host, q.ctx, route, v, None, q.request.grpc),
         }
     }
-}
-
-/// Whether keys span more than one Redis Cluster hash slot (a batch of them can be refused
-/// `CROSSSLOT`; one of a single slot never is).
-pub(super) fn several_slots<'a>(mut keys: impl Iterator<Item = &'a str>) -> bool {
-    let Some(first) = keys.next().map(redis::hash_slot) else {
-        return false;
-    };
-    keys.any(|k| redis::hash_slot(k) != first)
 }

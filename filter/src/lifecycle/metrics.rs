@@ -65,12 +65,14 @@ impl Metrics {
         }
     }
 
+    /// A Redis call of this route, sent at `since_ms`, was answered.
     pub(super) fn store_call_took(&self, host: &dyn Host, route: usize, since_ms: u64) {
         if let Some(Some(id)) = self.store_call_histograms.get(route) {
             host.record(*id, host.now_ms().saturating_sub(since_ms));
         }
     }
 
+    /// A held duplicate of this route was resolved after waiting since `since_ms`.
     pub(super) fn record_wait(&self, host: &dyn Host, route: usize, since_ms: u64) {
         if let Some(Some(id)) = self.wait_histograms.get(route) {
             host.record(*id, host.now_ms().saturating_sub(since_ms));

@@ -43,6 +43,7 @@ mod eviction;
 mod leases;
 mod metrics;
 mod replay;
+mod slots;
 mod stream;
 mod waiters;
 mod worker;

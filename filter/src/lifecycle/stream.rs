@@ -110,11 +110,6 @@ pub(super) fn text(bytes: Option<Vec<u8>>) -> String {
     bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
-/// `:method` among the request's headers.
-fn method_of(headers: &Headers) -> String {
-    header_text(headers, b":method")
-}
-
 /// A header's (first) value, as text.
 fn header_text(headers: &Headers, name: &[u8]) -> String {
     headers.get(name).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
@@ -146,19 +141,18 @@ impl Stream {
         // Every header in one host call: the path, then the method and the key, would be more.
         self.request.headers = host.request_headers();
         self.request.path = header_text(&self.request.headers, b":path");
+        self.request.method = header_text(&self.request.headers, b":method");
         if w.engine.is_issue_path(&self.request.path) {
-            self.request.method = method_of(&self.request.headers);
             if let Some(flow) = self.issue(host) {
                 return flow;
             }
         }
         let route_name = || host.property(&["xds", "route_name"]).map(|b| text(Some(b)));
-        let headers = &self.request.headers;
-        let Some(route) = w.engine.bundle.find(|| method_of(headers), &self.request.path, route_name) else {
+        let method = || self.request.method.clone();
+        let Some(route) = w.engine.bundle.find(method, &self.request.path, route_name) else {
             self.phase = Phase::Idle;
             return self.unmatched(host);
         };
-        self.request.method = method_of(&self.request.headers);
         self.request.grpc = self
             .request
             .headers
@@ -264,7 +258,7 @@ impl Stream {
         if let Pending::Claim { .. } = pending {
             w.claim_returned(host);
         }
-        w.store_call_took(host, pending.route(), sent_ms);
+        w.metrics.store_call_took(host, pending.route(), sent_ms);
         let Some(store) = w.engine.redis() else {
             return;
         };
@@ -496,15 +490,15 @@ impl Stream {
         let w = &self.worker;
         if w.engine.bundle.unmatched == Unmatched::Pass {
             // The cheap common case: one counter, no more host calls.
-            w.count_unmatched(host, false);
+            w.metrics.count_unmatched(host, false);
             return Flow::Continue;
         }
-        let method = method_of(&self.request.headers);
-        let Some(reply) = w.engine.unmatched(&method) else {
-            w.count_unmatched(host, false);
+        let method = &self.request.method;
+        let Some(reply) = w.engine.unmatched(method) else {
+            w.metrics.count_unmatched(host, false);
             return Flow::Continue;
         };
-        w.count_unmatched(host, true);
+        w.metrics.count_unmatched(host, true);
         let line = format!("idem: no_policy method={method} path={} cause=unmatched_rejected", self.request.path);
         host.log(crate::host::Level::Info, &line);
         send(host, &reply);

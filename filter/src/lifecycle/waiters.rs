@@ -14,8 +14,7 @@ use super::replay::Answered;
 use super::worker::{RootCall, Worker};
 use super::Map;
 use super::POLL_MS;
-use crate::engine::Ticket;
-use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Verdict};
+use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::Host;
 use crate::store::{redis, Claim, Payload};
 use std::cell::RefCell;
@@ -85,7 +84,7 @@ impl Worker {
     }
 
     /// The ticket a held stream won on the root's tick, if any, for the stream to pick up.
-    pub(super) fn take_handoff(&self, ctx: u32) -> Option<(crate::engine::Ticket, String)> {
+    pub(super) fn take_handoff(&self, ctx: u32) -> Option<(Ticket, String)> {
         self.waiters.handoff.borrow_mut().remove(&ctx)
     }
 
@@ -169,7 +168,7 @@ impl Worker {
     /// A group's poll answered: each member's verdict. A claim the poll won goes to the oldest
     /// member still here (the others go on waiting); with nobody left, it is released.
     pub(super) fn polled(&self, host: &dyn Host, poll: Poll, status: u16, body: &[u8]) {
-        self.store_call_took(host, poll.route, poll.sent_ms);
+        self.metrics.store_call_took(host, poll.route, poll.sent_ms);
         let Some(store) = self.engine.redis() else {
             return;
         };
@@ -230,7 +229,7 @@ impl Worker {
             }
             match waiters.remove(&ctx) {
                 Some(w) => {
-                    self.record_wait(host, w.prepared.route, w.since_ms);
+                    self.metrics.record_wait(host, w.prepared.route, w.since_ms);
                     (w.prepared.route, w.outbound, w.grpc)
                 }
                 None => return, // the client went away meanwhile

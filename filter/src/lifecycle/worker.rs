@@ -24,7 +24,7 @@ use std::cell::{Cell, RefCell};
 pub struct Worker {
     pub engine: Engine,
     /// Counters and histograms (see `metrics`).
-    metrics: Metrics,
+    pub(super) metrics: Metrics,
     /// Envoy's log level for the `wasm` component when the plugin configured, so debug lines
     /// are not even formatted when they would be dropped.
     log_level: u32,
@@ -172,20 +172,6 @@ impl Worker {
 
     pub(super) fn count(&self, host: &dyn Host, route: usize, outcome: Outcome) {
         self.metrics.count(host, route, self.route_name(route), outcome);
-    }
-
-    /// A Redis call of this route, sent at `since_ms`, was answered.
-    pub(super) fn store_call_took(&self, host: &dyn Host, route: usize, since_ms: u64) {
-        self.metrics.store_call_took(host, route, since_ms);
-    }
-
-    /// A held duplicate of this route was resolved after waiting since `since_ms`.
-    pub(super) fn record_wait(&self, host: &dyn Host, route: usize, since_ms: u64) {
-        self.metrics.record_wait(host, route, since_ms);
-    }
-
-    pub(super) fn count_unmatched(&self, host: &dyn Host, rejected: bool) {
-        self.metrics.count_unmatched(host, rejected);
     }
 
     pub(super) fn route_name(&self, route: usize) -> &str {

@@ -1,8 +1,8 @@
 //! Finishing a claim or token: at once on the shared store; on Redis, a write the root context
 //! sends, retries with backoff while the store refuses it, and bounds per worker.
 
-use super::claims::several_slots;
 use super::replay::Answered;
+use super::slots::{batches, several_slots};
 use super::worker::{RootCall, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
@@ -264,39 +264,12 @@ impl Worker {
             *outbox = later;
             due.into()
         };
-        for batch in self.batches(due) {
+        // At most MAX_BATCH_WRITES writes and MAX_BATCH_BYTES per call, per slot on a cluster; a
+        // write that cannot be a step goes alone.
+        let per_slot = self.batch_per_slot.get();
+        for batch in batches(due, per_slot, MAX_BATCH_WRITES, MAX_BATCH_BYTES, step_key, |j| j.cmd.body.len()) {
             self.send_batch(host, batch, now);
         }
-    }
-
-    /// Due writes as the batches they go out in: one (or several of at most
-    /// [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`]), per slot on a cluster; a write that
-    /// cannot be a step goes alone.
-    fn batches(&self, due: Vec<Job>) -> Vec<Vec<Job>> {
-        let per_slot = self.batch_per_slot.get();
-        let mut groups: Vec<(Option<u16>, Vec<Job>, usize)> = Vec::new();
-        for job in due {
-            let Some(step) = &job.cmd.step else {
-                groups.push((None, vec![job], 0));
-                continue;
-            };
-            let slot = per_slot.then(|| redis::hash_slot(&step.key));
-            let size = job.cmd.body.len();
-            let open = groups.iter_mut().rev().find(|(s, g, bytes)| {
-                g.first().is_some_and(|j| j.cmd.step.is_some())
-                    && *s == slot
-                    && g.len() < MAX_BATCH_WRITES
-                    && bytes + size <= MAX_BATCH_BYTES
-            });
-            match open {
-                Some((_, g, bytes)) => {
-                    g.push(job);
-                    *bytes += size;
-                }
-                None => groups.push((slot, vec![job], size)),
-            }
-        }
-        groups.into_iter().map(|(_, g, _)| g).collect()
     }
 
     /// Sends one batch: a lone write as its own command, several as one [`redis::BATCH`] call.
@@ -363,7 +336,7 @@ impl Worker {
 
     /// The reply to one write.
     fn finished(&self, host: &dyn Host, job: Job, reply: redis::StepReply) {
-        self.store_call_took(host, job.route, job.sent_ms);
+        self.metrics.store_call_took(host, job.route, job.sent_ms);
         if matches!(job.kind, FinishKind::Release | FinishKind::ReleaseOrphan) {
             return self.release_answered(host, job, reply);
         }
@@ -469,4 +442,9 @@ impl Worker {
             }),
         }
     }
+}
+
+/// The key a write touches as a step of a batch (`None`: it cannot be one, and goes alone).
+fn step_key(job: &Job) -> Option<&str> {
+    job.cmd.step.as_ref().map(|s| s.key.as_str())
 }
