@@ -111,7 +111,7 @@ fn answer_root(host: &FakeHost, w: &Worker, token: u32, status: u16, body: &[u8]
 fn answer_stream(host: &FakeHost, s: &mut Stream, ctx: u32, status: u16, body: &[u8]) -> Vec<Act> {
     host.enter(ctx);
     host.deliver(status, body);
-    s.on_call_response(host, 1, body.len());
+    s.on_call_response(host, s.call_out().unwrap_or(0), 1, body.len());
     host.take_acts()
 }
 
@@ -168,8 +168,9 @@ fn a_body_chunk_during_the_claim_never_claims_twice() {
     let (host, w) = setup(&redis_policy(""));
     let (mut s, _) = send(&host, &w, 10, "/r", "k1");
     dispatched(&host.take_acts(), 10);
-    // Envoy delivers one more body callback while the Webdis call is out.
-    assert_eq!(s.on_request_body(&host, BODY.len(), true), Flow::Pause);
+    // Envoy delivers one more body callback while the Webdis call is out: held, with flow
+    // control (never counted against the buffer limit, which would be Envoy's 413).
+    assert_eq!(s.on_request_body(&host, BODY.len(), true), Flow::Hold);
     // Continuing at the trailers would send the request upstream before the claim's answer.
     assert_eq!(s.on_request_trailers(&host), Flow::Pause);
     assert!(host.take_acts().is_empty(), "no second claim");
@@ -211,7 +212,7 @@ fn claim_timed_out(host: &FakeHost, w: &Rc<Worker>) -> (u32, String) {
     let (_, claim) = dispatched(&host.take_acts(), 10);
     host.enter(10);
     host.deliver_timeout();
-    s.on_call_response(host, 3, 24);
+    s.on_call_response(host, s.call_out().unwrap_or(0), 3, 24);
     let replied = replies(&host.take_acts(), 10);
     assert_eq!(replied.len(), 1);
     assert_eq!((replied[0].0, replied[0].1["code"].as_str()), (503, Some("IDEMPOTENCY_STORE_UNAVAILABLE")));
@@ -252,7 +253,7 @@ fn the_look_for_a_late_claim_ends_with_another_owner_or_the_lease() {
         host.take_acts();
         host.enter(20);
         host.deliver_timeout();
-        s.on_call_response(&host, 3, 24);
+        s.on_call_response(&host, s.call_out().unwrap_or(0), 3, 24);
         host.take_acts();
         dispatched(&root_sends(&host, &w), ROOT)
     };
@@ -1158,7 +1159,7 @@ fn claims_made_while_four_claim_calls_are_out_go_together_in_one_call() {
     let mut c = queued(&host, &w, 12, "k3");
     let mut gone = queued(&host, &w, 13, "k4");
     // A body chunk or trailers while queued stay paused (continuing would forward unclaimed).
-    assert_eq!(b.on_request_body(&host, BODY.len(), true), Flow::Pause);
+    assert_eq!(b.on_request_body(&host, BODY.len(), true), Flow::Hold);
     assert_eq!(b.on_request_trailers(&host), Flow::Pause);
     // The first claim's answer wakes the root, which sends the three queued claims in one call.
     let acts = answer_stream(&host, &mut a, 10, 200, br#"{"SET":null}"#);
@@ -1273,4 +1274,133 @@ fn an_answers_header_names_are_stored_and_replayed_lower_case() {
         .unwrap_or_else(|| panic!("no replay: {acts:?}"));
     assert!(replayed.contains(&("x-order-ref".to_string(), b"7".to_vec())), "{replayed:?}");
     assert!(!replayed.iter().any(|(n, _)| n.bytes().any(|b| b.is_ascii_uppercase())), "{replayed:?}");
+}
+
+// ---- bodies still arriving when the decision comes (issue 36)
+
+const HEADER_ROUTE: &str = "[route.key]\nfingerprint = [\"method\", \"path\"]\n";
+
+/// A request on a route deciding at the headers, its body still to come.
+fn uploading(host: &FakeHost, w: &Rc<Worker>, ctx: u32, path: &str, key: &str) -> (Stream, Flow) {
+    let req = FakeStream::request("POST", path, &[("idempotency-key", key.as_bytes()), ("authorization", b"Bearer a")], BODY);
+    host.open(ctx, req);
+    let mut s = Stream::new(Rc::clone(w), ctx);
+    let flow = s.on_request_headers(host, false);
+    (s, flow)
+}
+
+#[test]
+fn a_claim_decided_by_a_batch_lets_the_rest_of_its_body_through() {
+    let (host, w) = setup(&redis_policy(HEADER_ROUTE));
+    let mut out: Vec<Stream> = (6..10)
+        .map(|ctx| {
+            let (s, flow) = uploading(&host, &w, ctx, "/r", &format!("k{ctx}"));
+            assert_eq!(flow, Flow::Pause);
+            s
+        })
+        .collect();
+    host.take_acts();
+    // The fifth claim waits for the batch while its client still uploads.
+    let (mut queued, flow) = uploading(&host, &w, 11, "/r", "k11");
+    assert_eq!(flow, Flow::Pause);
+    assert_eq!(dispatches(&host.take_acts()), 0, "queued for the next batch");
+    assert_eq!(queued.on_request_body(&host, 4, false), Flow::Hold, "held with flow control, not buffered");
+    let mut a = out.pop().unwrap();
+    answer_stream(&host, &mut a, 9, 200, br#"{"SET":null}"#);
+    let calls = root_calls(&root_sends(&host, &w));
+    let (token, _) = &calls[0];
+    let acts = answer_root(&host, &w, *token, 200, br#"{"EVAL":[""]}"#);
+    assert!(acts.contains(&Act::ResumeRequest { context: 11 }), "{acts:?}");
+    // The rest of the body arrives after the root resumed it: it goes upstream (it stayed
+    // paused, and the request hung, when the stream did not learn it was resumed).
+    host.enter(11);
+    assert_eq!(queued.on_request_body(&host, 4, false), Flow::Continue);
+    assert_eq!(queued.on_request_body(&host, 4, true), Flow::Continue);
+    // Its answer is captured and stored as any forwarded request's.
+    let (h, b) = upstream_answers(&host, &mut queued, 11);
+    assert_eq!((h, b), (Flow::Continue, Flow::Pause), "held until its record is written");
+    assert_eq!(count(&host, "r", "forwarded"), 2);
+    for s in out.iter_mut().chain([&mut a, &mut queued]) {
+        s.on_log(&host);
+    }
+}
+
+#[test]
+fn a_held_duplicate_that_takes_the_key_over_while_uploading_is_forwarded_whole() {
+    let policy = format!(
+        "[[route]]\nname = \"w\"\nmatch = {{ method = \"POST\", path = \"/w\" }}\n[route.key]\nfingerprint = [\"method\", \"path\"]\non_in_flight = \"wait\"\nwait_timeout = \"10s\"\n"
+    );
+    let (host, w) = setup(&policy);
+    let (mut first, flow) = uploading(&host, &w, 10, "/w", "k1");
+    assert_eq!(flow, Flow::Continue, "claimed at the headers");
+    assert_eq!(first.on_request_body(&host, BODY.len(), true), Flow::Continue);
+    let (mut second, flow) = uploading(&host, &w, 11, "/w", "k1");
+    assert_eq!(flow, Flow::Pause, "held as a duplicate");
+    assert_eq!(second.on_request_body(&host, 4, false), Flow::Hold);
+    // The first fails with a 500: its claim is released, and the duplicate takes the key over.
+    host.update(10, |st| *st = st.clone().with_response(500, &[], b"oops"));
+    host.enter(10);
+    first.on_response_headers(&host, false);
+    first.on_response_body(&host, 4, true);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    assert!(acts.contains(&Act::ResumeRequest { context: 11 }), "{acts:?}");
+    host.enter(11);
+    assert_eq!(second.on_request_body(&host, 4, false), Flow::Continue, "the rest goes upstream");
+    assert_eq!(second.on_request_body(&host, 4, true), Flow::Continue);
+    let (h, b) = upstream_answers(&host, &mut second, 11);
+    assert_eq!((h, b), (Flow::Continue, Flow::Continue));
+    assert_eq!(count(&host, "w", "stored"), 1, "the takeover's answer is stored, not an unknown outcome");
+    first.on_log(&host);
+    second.on_log(&host);
+}
+
+#[test]
+fn an_answer_decided_while_the_body_arrives_waits_for_its_end() {
+    let (host, w) = setup(&format!("[[route]]\nname = \"h\"\nmatch = {{ method = \"POST\", path = \"/h\" }}\n{HEADER_ROUTE}"));
+    let (mut first, _) = uploading(&host, &w, 10, "/h", "k1");
+    first.on_request_body(&host, BODY.len(), true);
+    upstream_answers(&host, &mut first, 10);
+    host.take_acts();
+    // The repeat is a replay, known at its headers; its 2 MiB body is still on its way.
+    let (mut repeat, flow) = uploading(&host, &w, 11, "/h", "k1");
+    assert_eq!(flow, Flow::Pause);
+    assert!(replies(&host.take_acts(), 11).is_empty(), "not sent under an unread body");
+    for _ in 0..31 {
+        assert_eq!(repeat.on_request_body(&host, 65_536, false), Flow::Discard, "read and dropped");
+    }
+    assert!(host.take_acts().is_empty());
+    assert_eq!(repeat.on_request_body(&host, 65_536, true), Flow::Discard);
+    let r = replies(&host.take_acts(), 11);
+    assert_eq!((r.len(), r[0].0), (1, 201), "the replay, once the request has ended");
+    // Trailers end a request too.
+    let (mut third, _) = uploading(&host, &w, 12, "/h", "k1");
+    host.take_acts();
+    assert_eq!(third.on_request_body(&host, 10, false), Flow::Discard);
+    assert_eq!(third.on_request_trailers(&host), Flow::Pause);
+    assert_eq!(replies(&host.take_acts(), 12).len(), 1);
+    // A client that never ends its body gets the answer after PARK_MS, from the root.
+    let (_fourth, _) = uploading(&host, &w, 13, "/h", "k1");
+    host.take_acts();
+    host.advance(idem_filter::lifecycle::PARK_MS);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert_eq!(replies(&host.take_acts(), 13).len(), 1, "sent when overdue");
+    // A request without a body is answered at once.
+    host.open(14, FakeStream::request("POST", "/h", &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")], b""));
+    let mut s = Stream::new(Rc::clone(&w), 14);
+    assert_eq!(s.on_request_headers(&host, true), Flow::Pause);
+    assert_eq!(replies(&host.take_acts(), 14).len(), 1);
+}
+
+#[test]
+fn a_body_over_the_limit_gets_the_filters_413_once_the_client_has_sent_it() {
+    let (host, w) = setup(&format!("{}\nmax_body_bytes = 16\n", SHARED_BODY_ROUTE));
+    let mut s = paused_for_body(&host, &w, 10);
+    assert_eq!(s.on_request_body(&host, 17, false), Flow::Discard, "over the limit: the rest is dropped");
+    assert!(replies(&host.take_acts(), 10).is_empty());
+    assert_eq!(s.on_request_body(&host, 1 << 20, true), Flow::Discard);
+    let r = replies(&host.take_acts(), 10);
+    assert_eq!(r.first().map(|r| r.0), Some(413), "the filter's own 413, read by the client");
 }

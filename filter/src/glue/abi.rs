@@ -5,15 +5,13 @@
 //! every later request on that worker fails until Envoy restarts — one Latin-1 header byte would
 //! do it. So the glue reads bytes and gets `Err(status)` for anything but `Ok`.
 //!
-//! The one SDK call left is `hostcalls::dispatch_http_call` (in [`dispatch`]): the SDK's
-//! dispatcher must learn the callout token, or it panics when the answer arrives ("invalid
-//! token_id"), and that registration is private to the SDK. Its panicking arm is unreachable
-//! with Envoy 1.40: `Context::httpCall` returns only `Ok`, `BadArgument` and `InternalFailure`
-//! (proxy-wasm-cpp-host `exports.cc` adds `InvalidMemoryAccess`, which needs a bad guest pointer;
-//! ours come from live slices).
+//! No SDK is linked at all: the module's exports (`super::exports`) are ours too, so the callout
+//! owner table, the context table and the body statuses Envoy accepts (watermark, no-buffer) are
+//! idem's to decide, not the SDK dispatcher's (which routes a reply to the context *it* thinks
+//! was active at dispatch, and `unwrap`s its maps).
 //!
-//! Memory the host returns was allocated through the SDK's `proxy_on_memory_allocate` (a boxed
-//! slice of exactly that size), so it is taken back with `Vec::from_raw_parts(ptr, len, len)`.
+//! Memory the host returns was allocated through our `proxy_on_memory_allocate` (a boxed slice of
+//! exactly that size), so it is taken back with `Vec::from_raw_parts(ptr, len, len)`.
 
 use crate::pairs::{self, Pair};
 use std::ptr::{null, null_mut};
@@ -117,6 +115,18 @@ extern "C" {
     fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    fn proxy_http_call(
+        upstream_data: *const u8,
+        upstream_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        trailers_data: *const u8,
+        trailers_size: usize,
+        timeout_ms: u32,
+        return_token: *mut u32,
+    ) -> u32;
 }
 
 fn check(status: u32) -> Result<(), Status> {
@@ -322,15 +332,35 @@ pub(super) fn increment(metric: u32, by: i64) {
     let _ = unsafe { proxy_increment_metric(metric, by) };
 }
 
-/// A callout through Envoy's async HTTP client (the one SDK hostcall kept; see the module doc).
+/// A callout through Envoy's async HTTP client; its token. Envoy keeps the call on the context
+/// that is effective now (cancelled when that context ends) and answers it there.
 pub(super) fn dispatch<N: AsRef<str>, V: AsRef<str>>(
     cluster: &str,
     headers: &[(N, V)],
     body: &[u8],
     timeout_ms: u64,
 ) -> Result<u32, Status> {
-    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
-    let body = if body.is_empty() { None } else { Some(body) };
-    let timeout = std::time::Duration::from_millis(timeout_ms.clamp(1, u64::from(u32::MAX)));
-    proxy_wasm::hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout).map_err(|s| s as u32)
+    let pairs: Vec<(&[u8], &[u8])> =
+        headers.iter().map(|(n, v)| (n.as_ref().as_bytes(), v.as_ref().as_bytes())).collect();
+    let h = pairs::encode(&pairs);
+    let trailers = pairs::encode::<&[u8], &[u8]>(&[]);
+    let (body_ptr, body_len) = if body.is_empty() { (null(), 0) } else { (body.as_ptr(), body.len()) };
+    let timeout = timeout_ms.clamp(1, u64::from(u32::MAX)) as u32;
+    let mut token = 0;
+    // SAFETY: live slices and out-pointer.
+    check(unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            h.as_ptr(),
+            h.len(),
+            body_ptr,
+            body_len,
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout,
+            &mut token,
+        )
+    })?;
+    Ok(token)
 }

@@ -4,7 +4,7 @@
 //! policies pick them as readily as `allkeys-*`. Each worker's root asks once, soon after it
 //! starts (and again every 30 s while Webdis does not answer), and logs what it found.
 
-use super::worker::Worker;
+use super::worker::{RootCall, Worker};
 use crate::host::{Host, Level};
 use crate::store::redis::Eviction;
 use std::cell::Cell;
@@ -20,8 +20,8 @@ pub(super) enum Probe {
     Due,
     /// To ask again at this time (Webdis did not answer).
     Later(u64),
-    /// Asked: the callout's token.
-    Sent(u32),
+    /// Asked; the answer is awaited (a [`RootCall::EvictionProbe`]).
+    Sent,
     /// Answered (or no Redis route): nothing more to do.
     Done,
 }
@@ -35,7 +35,7 @@ impl Worker {
         let due = match self.eviction.get() {
             Probe::Due => true,
             Probe::Later(at) => host.now_ms() >= at,
-            Probe::Sent(_) | Probe::Done => false,
+            Probe::Sent | Probe::Done => false,
         };
         if !due {
             return;
@@ -45,14 +45,12 @@ impl Worker {
             return;
         };
         self.eviction.set(match self.dispatch(host, &store.eviction_probe()) {
-            Ok(token) => Probe::Sent(token),
+            Ok(token) => {
+                self.call_out(token, RootCall::EvictionProbe);
+                Probe::Sent
+            }
             Err(_) => Probe::Later(host.now_ms().saturating_add(RETRY_MS)),
         });
-    }
-
-    /// Whether `token` is the probe's callout.
-    pub(super) fn is_eviction_probe(&self, token: u32) -> bool {
-        self.eviction.get() == Probe::Sent(token)
     }
 
     /// The probe's answer.

@@ -8,12 +8,17 @@ use crate::host::{Host, Setup};
 use crate::policy::{Bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
 use std::cell::RefCell;
 
+/// The counter of callout replies that reached no owner (always 0 unless something is wrong).
+pub const STRAY_REPLIES_COUNTER: &str = "idem_stray_replies_total";
+
 pub(super) struct Metrics {
     /// `counters[route][outcome.index()]`: defined at start for `[metrics] zero_series`, the
     /// others on their first count.
     counters: RefCell<Vec<Vec<Option<u32>>>>,
     /// `idem_unmatched_total{outcome="passed"}` and `{outcome="rejected"}`.
     unmatched: [Option<u32>; 2],
+    /// `idem_stray_replies_total`: callout replies no waiting call owned (defined on first use).
+    stray_replies: std::cell::Cell<Option<u32>>,
     /// Per route: how long held duplicates waited, and how long Redis calls took.
     wait_histograms: Vec<Option<u32>>,
     store_call_histograms: Vec<Option<u32>>,
@@ -46,6 +51,7 @@ impl Metrics {
                 setup.define_counter(&unmatched_counter_name(false)),
                 setup.define_counter(&unmatched_counter_name(true)),
             ],
+            stray_replies: std::cell::Cell::new(None),
             wait_histograms: histograms(&|r| r.key.on_in_flight == OnInFlight::Wait, wait_histogram_name),
             store_call_histograms: histograms(&|r| r.store == StoreKind::Redis, store_call_histogram_name),
         }
@@ -76,6 +82,16 @@ impl Metrics {
     pub(super) fn record_wait(&self, host: &dyn Host, route: usize, since_ms: u64) {
         if let Some(Some(id)) = self.wait_histograms.get(route) {
             host.record(*id, host.now_ms().saturating_sub(since_ms));
+        }
+    }
+
+    /// A callout reply reached no owner (see `Worker::stray_reply`).
+    pub(super) fn count_stray_reply(&self, host: &dyn Host) {
+        if self.stray_replies.get().is_none() {
+            self.stray_replies.set(host.define_counter(STRAY_REPLIES_COUNTER));
+        }
+        if let Some(id) = self.stray_replies.get() {
+            host.count(id);
         }
     }
 

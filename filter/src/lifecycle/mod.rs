@@ -26,6 +26,9 @@
 //!   each verdict carried out on its stream.
 //! - `leases`: claims renewed every third of their lease while the upstream works.
 //! - `detached`: requests the root sends upstream itself (`forward = "detached"`).
+//! - `contexts`: Envoy's contexts of one VM and the routing of every callout reply by its token
+//!   to the owner recorded when it was sent (the dispatcher the glue's exports call).
+//! - `early`: answers decided while the client still sends its body wait for the body's end.
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
 //! - `eviction`: asks the Redis behind Webdis once whether it may evict idem's keys, and warns.
@@ -38,7 +41,9 @@
 mod body_gate;
 mod capture;
 mod claims;
+mod contexts;
 mod detached;
+mod early;
 mod eviction;
 mod leases;
 mod metrics;
@@ -50,7 +55,10 @@ mod worker;
 mod writes;
 
 pub use body_gate::{BodyDelivery, WITHHELD_LOG};
+pub use contexts::Contexts;
+pub use early::{DISCARD_LIMIT, PARK_MS};
 pub use eviction::EVICTS_LOG;
+pub use metrics::STRAY_REPLIES_COUNTER;
 pub use stream::Stream;
 pub use worker::Worker;
 
@@ -58,7 +66,18 @@ pub use worker::Worker;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     Continue,
+    /// Stop here. A body chunk is buffered, counted against Envoy's buffer limit (past it Envoy
+    /// answers 413 itself): for a body the decision reads.
     Pause,
+    /// Stop a body chunk with flow control instead (`StopIterationAndWatermark`): Envoy keeps it
+    /// and stops reading from the client past its buffer limit, never a 413 — for a body that
+    /// goes upstream once the decision (made without it) is in. Headers and trailers: `Pause`.
+    Hold,
+    /// Drop a body chunk (`StopIterationNoBuffer`): the request was answered before its body
+    /// ended, and the answer waits until the client has sent it all — a client still uploading
+    /// reads no answer (HTTP/2 ends the stream with `RST_STREAM`; HTTP/1.1 closes under the
+    /// unread body). Headers and trailers: `Pause`.
+    Discard,
 }
 
 /// How often held duplicates are re-checked and queued writes sent, when any route needs it.

@@ -36,11 +36,11 @@ impl Worker {
     /// Answers the current stream (its own callback, or the root acting on it) with `reply`.
     pub(super) fn answer(&self, host: &dyn Host, ctx: u32, route: usize, reply: LocalReply, grpc: bool) -> Answered {
         if !grpc {
-            send(host, &reply);
+            self.send_when_read(host, ctx, reply);
             return Answered::Replied;
         }
         if reply.own.is_some() {
-            send(host, &reply.for_grpc());
+            self.send_when_read(host, ctx, reply.for_grpc());
             return Answered::Replied;
         }
         // A replayed gRPC answer: whole through the echo, or the route's duplicate answer.
@@ -51,7 +51,7 @@ impl Worker {
             }
         }
         let duplicate = self.engine.policy(route).map(|p| response::duplicate(&p.answers, &p.duplicate, None));
-        send(host, &duplicate.unwrap_or_default().for_grpc());
+        self.send_when_read(host, ctx, duplicate.unwrap_or_default().for_grpc());
         Answered::Replied
     }
 

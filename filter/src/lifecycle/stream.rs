@@ -8,8 +8,8 @@ use super::claims::QueuedClaim;
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
 use super::replay::{self, Answered};
-use super::waiters::Waiter;
-use super::worker::{send, status_of, Worker};
+use super::waiters::{Resumed, Waiter};
+use super::worker::{status_of, Worker};
 use super::writes::After;
 use super::Flow;
 use crate::engine::{Action, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
@@ -27,10 +27,12 @@ pub(super) enum Phase {
     Idle,
     /// A policy matched; the body is being buffered for the decision.
     ReadingBody { route: usize },
-    /// A Webdis call decides (claim, token use, token issue), sent at `.1`; the request is paused.
-    AwaitingStore(Pending, u64),
+    /// A Webdis call decides (claim, token use, token issue), sent at `.1` with callout token
+    /// `.2`; the request is paused.
+    AwaitingStore(Pending, u64, u32),
     /// Held as a duplicate (`on_in_flight = "wait"`), or its claim queued for the next batch:
-    /// the root decides for it and resumes or answers it.
+    /// the root decides for it and resumes or answers it (a [`Resumed`] picked up in the
+    /// stream's next callback).
     Held { route: usize },
     /// Sent upstream by the root context (`forward = "detached"`); the root answers it.
     Detached,
@@ -123,10 +125,27 @@ pub struct Stream {
     pub(super) request: Request,
 }
 
+impl Drop for Stream {
+    /// A stream Envoy deleted without `on_log` (it always logs first) leaves nothing behind.
+    fn drop(&mut self) {
+        if let Phase::AwaitingStore(_, _, token) = self.phase {
+            self.worker.stream_call_done(token);
+        }
+    }
+}
+
 impl Stream {
     pub fn new(worker: Rc<Worker>, context: u32) -> Self {
         worker.stream_started(context);
         Stream { worker, context, phase: Phase::Idle, request: Request::default() }
+    }
+
+    /// The callout token of this stream's own Webdis call out, if one is.
+    pub fn call_out(&self) -> Option<u32> {
+        match self.phase {
+            Phase::AwaitingStore(_, _, token) => Some(token),
+            _ => None,
+        }
     }
 
     /// The request headers arrived.
@@ -137,6 +156,10 @@ impl Stream {
             w.echo(host, host.request_header(replay::REPLAY_HEADER).as_deref());
             self.phase = Phase::Idle;
             return Flow::Pause;
+        }
+        if !end_of_stream {
+            // An answer decided before the body has all arrived waits for it (see `early`).
+            w.set_uploading(self.context, true);
         }
         // Every header in one host call: the path, then the method and the key, would be more.
         self.request.headers = host.request_headers();
@@ -178,8 +201,24 @@ impl Stream {
         self.decide(host, route)
     }
 
-    /// A request body chunk arrived; `size` is what Envoy has buffered so far.
+    /// A request body chunk arrived; `size` is what Envoy has buffered so far (this chunk alone
+    /// after a chunk was held or dropped).
     pub fn on_request_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        if end_of_stream {
+            self.worker.set_uploading(self.context, false);
+        }
+        self.take_handoff(host);
+        if let Some(flow) = self.worker.parked_chunk(host, self.context, size, end_of_stream) {
+            return flow;
+        }
+        match self.read_body(host, size, end_of_stream) {
+            // Answered while the body still arrives: the rest is dropped, not buffered.
+            Flow::Pause if self.worker.is_parked(self.context) => Flow::Discard,
+            flow => flow,
+        }
+    }
+
+    fn read_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
         let route = match self.phase {
             Phase::ReadingBody { .. } if self.worker.take_body_passthrough(self.context) => {
                 self.phase = Phase::Idle;
@@ -189,9 +228,11 @@ impl Stream {
                 self.worker.body_delivered();
                 route
             }
-            // Chunks that arrive while the decision is out (a Webdis call, a held duplicate, a
-            // queued claim) stay buffered: continuing would send the request upstream.
-            Phase::AwaitingStore(..) | Phase::Held { .. } => return Flow::Pause,
+            // Chunks that arrive while a decision made without them is out (a Webdis call, a
+            // held duplicate, a queued claim) wait, with flow control rather than against the
+            // buffer limit: continuing would send the request upstream undecided, and buffering
+            // would turn a large body into Envoy's own 413.
+            Phase::AwaitingStore(..) | Phase::Held { .. } => return Flow::Hold,
             _ => return Flow::Continue,
         };
         let limit = self.worker.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
@@ -234,6 +275,11 @@ impl Stream {
 
     /// Request trailers arrived (the body is complete).
     pub fn on_request_trailers(&mut self, host: &dyn Host) -> Flow {
+        self.worker.set_uploading(self.context, false);
+        self.take_handoff(host);
+        if self.worker.parked_chunk(host, self.context, 0, true).is_some() {
+            return Flow::Pause;
+        }
         match self.phase {
             Phase::ReadingBody { .. } if self.worker.take_body_passthrough(self.context) => {
                 self.phase = Phase::Idle;
@@ -249,12 +295,25 @@ impl Stream {
         }
     }
 
-    /// The answer of this stream's Webdis call.
-    pub fn on_call_response(&mut self, host: &dyn Host, num_headers: usize, body_size: usize) {
-        let Phase::AwaitingStore(pending, sent_ms) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+    /// The answer of this stream's Webdis call under callout `token`. A reply under any other
+    /// token is never read as this stream's (see [`super::Contexts::on_call_response`]).
+    pub fn on_call_response(&mut self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
+        let w = Rc::clone(&self.worker);
+        let sent = match self.phase {
+            Phase::AwaitingStore(_, _, sent) => Some(sent),
+            _ => None,
+        };
+        if sent != Some(token) {
+            let why = match sent {
+                Some(sent) => format!("stream {} waits for token {sent}", self.context),
+                None => format!("stream {} waits for no call", self.context),
+            };
+            return w.stray_reply(host, self.context, token, &why);
+        }
+        let Phase::AwaitingStore(pending, sent_ms, _) = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return;
         };
-        let w = Rc::clone(&self.worker);
+        w.stream_call_done(token);
         if let Pending::Claim { .. } = pending {
             w.claim_returned(host);
         }
@@ -298,10 +357,14 @@ impl Stream {
     /// The stream ended (Envoy's `on_log`): whatever it still holds is finished.
     pub fn on_log(&mut self, host: &dyn Host) {
         let w = Rc::clone(&self.worker);
-        w.stream_ended(self.context);
         self.take_handoff(host);
+        w.stream_ended(self.context);
+        if let Phase::AwaitingStore(_, _, token) = self.phase {
+            // Envoy cancels the call with the stream: its token is nobody's now.
+            w.stream_call_done(token);
+        }
         match std::mem::replace(&mut self.phase, Phase::Idle) {
-            Phase::AwaitingStore(Pending::Claim { prepared, ticket, .. }, _) => {
+            Phase::AwaitingStore(Pending::Claim { prepared, ticket, .. }, _, _) => {
                 // The client left while its claim was out: the claim may land with nobody to
                 // finish it. Its call ends with the stream: the next batch need not wait for it.
                 w.claim_returned(host);
@@ -366,7 +429,7 @@ impl Stream {
                 let outbound = match detached.then(|| self.outbound(host, route)).transpose() {
                     Ok(o) => o,
                     Err(reply) => {
-                        send(host, &reply);
+                        w.send_when_read(host, self.context, reply);
                         self.phase = Phase::Idle;
                         return Flow::Pause;
                     }
@@ -420,7 +483,8 @@ impl Stream {
             return Flow::Pause;
         }
         match w.dispatch(host, &cmd) {
-            Ok(_) => {
+            Ok(token) => {
+                w.stream_call_out(token, self.context);
                 let pending = match claimed_fingerprint {
                     Some(fingerprint) => {
                         w.claim_sent();
@@ -428,7 +492,7 @@ impl Stream {
                     }
                     None => Pending::UseToken { prepared, ticket },
                 };
-                self.phase = Phase::AwaitingStore(pending, now);
+                self.phase = Phase::AwaitingStore(pending, now, token);
                 Flow::Pause
             }
             Err(e) => {
@@ -459,7 +523,7 @@ impl Stream {
                 }
                 let line = format!("idem: token_issue_refused path={} cause={cause}", self.request.path);
                 host.log(crate::host::Level::Info, &line);
-                send(host, &reply);
+                w.send_when_read(host, self.context, reply);
                 self.phase = Phase::Idle;
                 Some(Flow::Pause)
             }
@@ -472,8 +536,9 @@ impl Stream {
                 let ttl = w.engine.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
                 let cmd = w.engine.redis().map(|s| s.issue_token(&id, host.now_ms(), ttl))?;
                 match w.dispatch(host, &cmd) {
-                    Ok(_) => {
-                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token }, host.now_ms());
+                    Ok(call) => {
+                        w.stream_call_out(call, self.context);
+                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token }, host.now_ms(), call);
                         Some(Flow::Pause)
                     }
                     Err(e) => {
@@ -501,7 +566,7 @@ impl Stream {
         w.metrics.count_unmatched(host, true);
         let line = format!("idem: no_policy method={method} path={} cause=unmatched_rejected", self.request.path);
         host.log(crate::host::Level::Info, &line);
-        send(host, &reply);
+        w.send_when_read(host, self.context, reply);
         Flow::Pause
     }
 
@@ -537,7 +602,7 @@ impl Stream {
             Err(reply) => {
                 let ending = Ending::NoResponse { forwarded: false };
                 let _ = w.finish_ticket(host, route, &ticket, key, ending, After::Nothing);
-                send(host, &reply);
+                w.send_when_read(host, self.context, reply);
                 self.phase = Phase::Idle;
                 return Flow::Pause;
             }
@@ -547,16 +612,22 @@ impl Stream {
         Flow::Pause
     }
 
-    /// A waiter that won the claim on the root's tick: its ticket, picked up here.
+    /// What the root did with this stream while it was held (a held duplicate's verdict, a
+    /// batched claim's), picked up here: the phase it goes on in.
     pub(super) fn take_handoff(&mut self, host: &dyn Host) {
         let Phase::Held { route } = self.phase else {
             return;
         };
-        let handed = self.worker.take_handoff(self.context);
-        if let Some((ticket, key)) = handed {
-            self.worker.hold_lease(host, LeaseOwner::Stream(self.context), route, &ticket);
-            self.phase = Phase::Forwarded { route, ticket, key: Some(key) };
-        }
+        let Some(resumed) = self.worker.take_handoff(self.context) else {
+            return;
+        };
+        self.phase = match resumed {
+            Resumed::Forwarded(ticket, key) => {
+                self.worker.hold_lease(host, LeaseOwner::Stream(self.context), route, &ticket);
+                Phase::Forwarded { route, ticket, key: Some(key) }
+            }
+            Resumed::Passed | Resumed::Answered => Phase::Idle,
+        };
     }
 }
 

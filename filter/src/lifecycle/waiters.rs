@@ -28,8 +28,20 @@ const MAX_POLL_GAP_MS: u64 = 500;
 pub(super) struct Waiters {
     /// Held duplicates by stream context id.
     held: RefCell<Map<u32, Waiter>>,
-    /// Tickets (and keys) won by a waiter on the root's tick, picked up by its stream.
-    handoff: RefCell<Map<u32, (Ticket, String)>>,
+    /// What the root did with a paused stream, picked up by the stream in its next callback.
+    handoff: RefCell<Map<u32, Resumed>>,
+}
+
+/// What the root context did with a paused stream (a held duplicate, a batched claim): the
+/// stream's next callback picks it up and goes on from there — its body chunks, still arriving,
+/// then go upstream (or are dropped under a parked answer) instead of staying paused.
+pub(super) enum Resumed {
+    /// Forwarded with this ticket (and key): its answer is to be captured.
+    Forwarded(Ticket, String),
+    /// Forwarded without a ticket (nothing to finish), or on to the echo listener.
+    Passed,
+    /// Answered (or the answer parked until the request ends).
+    Answered,
 }
 
 /// A held duplicate.
@@ -73,9 +85,10 @@ fn poll_gap_ms(polls: u32) -> u64 {
 }
 
 impl Worker {
-    /// A held stream ended: it waits no more.
+    /// A held stream ended: it waits no more, and nothing is handed to it.
     pub(super) fn forget_waiter(&self, ctx: u32) {
         self.waiters.held.borrow_mut().remove(&ctx);
+        self.waiters.handoff.borrow_mut().remove(&ctx);
     }
 
     /// Holds a paused stream until the root decides for it.
@@ -83,8 +96,8 @@ impl Worker {
         self.waiters.held.borrow_mut().insert(ctx, waiter);
     }
 
-    /// The ticket a held stream won on the root's tick, if any, for the stream to pick up.
-    pub(super) fn take_handoff(&self, ctx: u32) -> Option<(Ticket, String)> {
+    /// What the root did with a paused stream, if anything, for the stream to pick up.
+    pub(super) fn take_handoff(&self, ctx: u32) -> Option<Resumed> {
         self.waiters.handoff.borrow_mut().remove(&ctx)
     }
 
@@ -260,17 +273,26 @@ impl Worker {
                     self.detach(host, Detached { ctx, route, ticket, key: v.key, request, first_seen_ms });
                 }
                 (Action::Forward(ticket), _) => {
-                    if let Some(t) = ticket {
-                        // Renewed while the upstream works, not only once its answer begins.
-                        self.hold_lease(host, LeaseOwner::Stream(ctx), route, &t);
-                        self.waiters.handoff.borrow_mut().insert(ctx, (t, v.key.unwrap_or_default()));
-                    }
+                    let resumed = match ticket {
+                        Some(t) => {
+                            // Renewed while the upstream works, not only once its answer begins.
+                            self.hold_lease(host, LeaseOwner::Stream(ctx), route, &t);
+                            Resumed::Forwarded(t, v.key.unwrap_or_default())
+                        }
+                        None => Resumed::Passed,
+                    };
+                    self.waiters.handoff.borrow_mut().insert(ctx, resumed);
                     let _ = host.resume_request();
                 }
                 (Action::Reply(r), _) => {
-                    if self.answer(host, ctx, route, r, grpc) == Answered::ToEcho {
-                        let _ = host.resume_request();
-                    }
+                    let resumed = match self.answer(host, ctx, route, r, grpc) {
+                        Answered::ToEcho => {
+                            let _ = host.resume_request();
+                            Resumed::Passed
+                        }
+                        Answered::Replied => Resumed::Answered,
+                    };
+                    self.waiters.handoff.borrow_mut().insert(ctx, resumed);
                 }
                 (Action::Wait { .. }, _) => {}
             }

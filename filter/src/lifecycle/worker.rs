@@ -4,6 +4,7 @@
 use super::body_gate::{BodyGate, BODY_CHECK_MS};
 use super::claims::{ClaimBatch, Claims};
 use super::detached::{Detached, DetachedCalls};
+use super::early::Early;
 use super::leases::{LeaseOwner, Leases};
 use super::metrics::Metrics;
 use super::replay::Replays;
@@ -52,6 +53,11 @@ pub struct Worker {
     pub(super) leases: Leases,
     /// The calls the root context has out, by callout token: what each answer is for.
     pub(super) calls: RefCell<Map<u32, RootCall>>,
+    /// The calls streams have out (their own claim, token use or issue), by callout token: the
+    /// stream each answer is for. With `calls`, the one owner table every reply is routed by.
+    stream_calls: RefCell<Map<u32, u32>>,
+    /// Replies that reached no owner (see [`Worker::stray_reply`]), and whether one was logged.
+    stray_logged: Cell<bool>,
     /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
     /// only while it is here: Envoy may still accept `set_effective_context` for a stream whose
     /// client reset it, but a local reply sent there calls back into a context the SDK has
@@ -59,6 +65,8 @@ pub struct Worker {
     pub(super) live: RefCell<Set<u32>>,
     /// Whether Envoy passes the body while the headers are paused (see `body_gate`).
     pub(super) body_gate: BodyGate,
+    /// Answers that wait for their request's end (see `early`).
+    pub(super) early: Early,
     /// Whether the streaming-gRPC warning was logged.
     pub(super) streaming_logged: Cell<bool>,
     /// Where gRPC replays wait for the echo (see `replay`).
@@ -130,8 +138,11 @@ impl Worker {
             detached: DetachedCalls::default(),
             leases: Leases::default(),
             calls: RefCell::new(Map::default()),
+            stream_calls: RefCell::new(Map::default()),
+            stray_logged: Cell::new(false),
             live: RefCell::new(Set::default()),
             body_gate: BodyGate::default(),
+            early: Early::default(),
             streaming_logged: Cell::new(false),
             replay_slots,
             replays: Replays::default(),
@@ -151,6 +162,7 @@ impl Worker {
         self.forget_waiter(context);
         self.forget_body_wait(context);
         self.forget_queued_claim(context);
+        self.forget_early(context);
         self.drop_lease(LeaseOwner::Stream(context));
     }
 
@@ -310,8 +322,10 @@ impl Worker {
         self.send_outbox(host);
     }
 
-    /// The root's timer: queued writes, lease renewals, held duplicates.
+    /// The root's timer: the eviction probe, the body-delivery check, queued claims and
+    /// writes, lease renewals, held duplicates, and answers overdue for their request's end.
     pub fn on_tick(&self, host: &dyn Host) {
+        self.send_overdue_answers(host);
         self.probe_eviction(host);
         self.check_body_delivery(host);
         self.send_claims(host);
@@ -320,29 +334,60 @@ impl Worker {
         self.recheck_waiters(host);
     }
 
-    /// The answer of a call the root owns (a write, a renewal, a detached call, a poll).
+    /// The answer of a call the root owns (a claim batch, a write, a renewal, a detached call, a
+    /// poll, the eviction probe).
     pub fn on_call_response(&self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
+        let Some(call) = self.calls.borrow_mut().remove(&token) else {
+            return self.stray_reply(host, self.root_id, token, "no call of the root has that token");
+        };
         let (headers, body) = host.call_response(num_headers, body_size);
         let status = status_of(&headers);
-        if self.is_eviction_probe(token) {
-            self.eviction_answered(host, status, &body);
-            return;
-        }
-        let call = self.calls.borrow_mut().remove(&token);
         match call {
-            Some(RootCall::Claims(batch)) => self.claims_answered(host, batch, status, &body),
-            Some(RootCall::Writes(batch)) => {
+            RootCall::Claims(batch) => self.claims_answered(host, batch, status, &body),
+            RootCall::Writes(batch) => {
                 self.batch_finished(host, batch, status, &body);
                 self.send_outbox(host);
             }
-            Some(RootCall::Renewal(owner)) => self.renewed(owner, status, &body),
-            Some(RootCall::Detached(call)) => {
+            RootCall::Renewal(owner) => self.renewed(owner, status, &body),
+            RootCall::Detached(call) => {
                 self.detached_answered(host, call, status, headers, body);
                 self.send_outbox(host);
             }
-            Some(RootCall::Poll(poll)) => self.polled(host, poll, status, &body),
-            None => {}
+            RootCall::Poll(poll) => self.polled(host, poll, status, &body),
+            RootCall::EvictionProbe => self.eviction_answered(host, status, &body),
         }
+    }
+
+    /// Who a reply is for: the owner its token was recorded with when the call was sent.
+    pub(super) fn reply_owner(&self, token: u32) -> ReplyTo {
+        if self.calls.borrow().contains_key(&token) {
+            return ReplyTo::Root;
+        }
+        match self.stream_calls.borrow().get(&token) {
+            Some(ctx) => ReplyTo::Stream(*ctx),
+            None => ReplyTo::Nobody,
+        }
+    }
+
+    /// A stream sent a call: its reply is this stream's.
+    pub(super) fn stream_call_out(&self, token: u32, ctx: u32) {
+        self.stream_calls.borrow_mut().insert(token, ctx);
+    }
+
+    /// A stream's call was answered or abandoned (the stream ended): its token is forgotten.
+    pub(super) fn stream_call_done(&self, token: u32) {
+        self.stream_calls.borrow_mut().remove(&token);
+    }
+
+    /// A reply nobody is waiting for under its token (its stream ended, or a token nobody
+    /// recorded): never read, counted and logged once per worker with where it arrived.
+    pub(super) fn stray_reply(&self, host: &dyn Host, delivered_to: u32, token: u32, why: &str) {
+        self.metrics.count_stray_reply(host);
+        let line = format!(
+            "idem: a callout reply was delivered to context {delivered_to} under token {token}, which no \
+             waiting call owns ({why}); it is dropped unread (idem_stray_replies_total counts them)"
+        );
+        self.log_once(host, &self.stray_logged, Level::Warn, &line);
     }
 
     /// Remembers a call the root sent, for its answer.
@@ -373,9 +418,18 @@ pub(super) enum RootCall {
     Detached(Detached),
     /// A Webdis poll of a group of held duplicates.
     Poll(Poll),
+    /// The question whether Redis evicts keys (see `eviction`).
+    EvictionProbe,
 }
 
-impl Worker {}
+/// Where a callout's reply goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReplyTo {
+    Root,
+    Stream(u32),
+    /// No call out has this token.
+    Nobody,
+}
 
 /// The shared-data namespace of a bundle that names none: the plugin's name with what a
 /// namespace may not hold replaced by `_` (Envoy Gateway's names hold `/`), or `idem`.

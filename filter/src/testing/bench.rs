@@ -50,7 +50,7 @@ pub fn drive(fake: &FakeHost, host: &dyn Host, entered: &dyn Fn(), w: &Rc<Worker
     if redis && fake.take_acts().iter().any(|a| matches!(a, Act::Dispatch { .. })) {
         fake.deliver(200, br#"{"SET":null}"#);
         entered();
-        s.on_call_response(host, 1, 12);
+        s.on_call_response(host, s.call_out().unwrap_or(0), 1, 12);
     }
     entered();
     s.on_response_headers(host, false);
