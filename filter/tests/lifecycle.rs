@@ -1282,7 +1282,8 @@ const HEADER_ROUTE: &str = "[route.key]\nfingerprint = [\"method\", \"path\"]\n"
 
 /// A request on a route deciding at the headers, its body still to come.
 fn uploading(host: &FakeHost, w: &Rc<Worker>, ctx: u32, path: &str, key: &str) -> (Stream, Flow) {
-    let req = FakeStream::request("POST", path, &[("idempotency-key", key.as_bytes()), ("authorization", b"Bearer a")], BODY);
+    let req =
+        FakeStream::request("POST", path, &[("idempotency-key", key.as_bytes()), ("authorization", b"Bearer a")], BODY);
     host.open(ctx, req);
     let mut s = Stream::new(Rc::clone(w), ctx);
     let flow = s.on_request_headers(host, false);
@@ -1358,7 +1359,8 @@ fn a_held_duplicate_that_takes_the_key_over_while_uploading_is_forwarded_whole()
 
 #[test]
 fn an_answer_decided_while_the_body_arrives_waits_for_its_end() {
-    let (host, w) = setup(&format!("[[route]]\nname = \"h\"\nmatch = {{ method = \"POST\", path = \"/h\" }}\n{HEADER_ROUTE}"));
+    let (host, w) =
+        setup(&format!("[[route]]\nname = \"h\"\nmatch = {{ method = \"POST\", path = \"/h\" }}\n{HEADER_ROUTE}"));
     let (mut first, _) = uploading(&host, &w, 10, "/h", "k1");
     first.on_request_body(&host, BODY.len(), true);
     upstream_answers(&host, &mut first, 10);
@@ -1388,7 +1390,10 @@ fn an_answer_decided_while_the_body_arrives_waits_for_its_end() {
     w.on_tick(&host);
     assert_eq!(replies(&host.take_acts(), 13).len(), 1, "sent when overdue");
     // A request without a body is answered at once.
-    host.open(14, FakeStream::request("POST", "/h", &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")], b""));
+    host.open(
+        14,
+        FakeStream::request("POST", "/h", &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")], b""),
+    );
     let mut s = Stream::new(Rc::clone(&w), 14);
     assert_eq!(s.on_request_headers(&host, true), Flow::Pause);
     assert_eq!(replies(&host.take_acts(), 14).len(), 1);

@@ -467,3 +467,54 @@ fn entries_of_earlier_versions_compare_by_their_sha256_fingerprint() {
     assert!(matches!(found, Claim::Completed { payload: Payload::Legacy(l), .. } if l == [5; 16]), "{found:?}");
     assert!(matches!(found.resolve_legacy(|| Some([5; 16])), Claim::Completed { payload: Payload::Same, .. }));
 }
+
+// ---- gRPC replay slots (issue 35): allocated, never drawn at random
+
+mod replay_slots {
+    use idem_filter::response::StoredResponse;
+    use idem_filter::store::replay::{ReplaySlots, SLOTS, STALE_MS};
+    use idem_filter::store::StoreError;
+    use idem_filter::testing::FakeHost;
+    use std::collections::HashSet;
+
+    fn answer(n: u64) -> StoredResponse {
+        StoredResponse { status: 200, headers: vec![], body: n.to_string().into_bytes(), trailers: vec![] }
+    }
+
+    #[test]
+    fn every_replay_in_flight_has_its_own_slot_until_the_pool_is_full() {
+        let host = FakeHost::new(1_800_000_000_000);
+        // Two workers' pools over one shared data, as two VMs of one Envoy.
+        let (a, b) = (ReplaySlots::new("ns"), ReplaySlots::new("ns"));
+        let mut tokens = Vec::new();
+        for n in 0..SLOTS {
+            let pool = if n % 2 == 0 { &a } else { &b };
+            tokens.push((n, pool.put(&host, &answer(n)).unwrap()));
+        }
+        let slots: HashSet<&str> = tokens.iter().map(|(_, t)| t.split('.').next().unwrap()).collect();
+        assert_eq!(slots.len() as u64, SLOTS, "no two replays share a slot");
+        assert_eq!(a.put(&host, &answer(999)), Err(StoreError::Full), "a full pool says so");
+        // Each echo takes exactly its own answer, once.
+        for (n, token) in &tokens {
+            assert_eq!(b.take(&host, token).unwrap().body, n.to_string().into_bytes());
+            assert!(a.take(&host, token).is_none(), "a token is used once");
+        }
+        // Emptied slots are free again.
+        let again = a.put(&host, &answer(7)).unwrap();
+        assert_eq!(a.take(&host, &again).unwrap().body, b"7");
+    }
+
+    #[test]
+    fn a_slot_whose_echo_never_came_is_free_again_after_a_while() {
+        let host = FakeHost::new(1_800_000_000_000);
+        let pool = ReplaySlots::new("ns");
+        let first: Vec<String> = (0..SLOTS).map(|n| pool.put(&host, &answer(n)).unwrap()).collect();
+        assert_eq!(pool.put(&host, &answer(0)), Err(StoreError::Full));
+        host.advance(STALE_MS);
+        let late = pool.put(&host, &answer(1000)).unwrap();
+        // The stale slot's old token reads as gone, never as the new answer.
+        let reused = first.iter().find(|t| t.split('.').next() == late.split('.').next()).unwrap();
+        assert!(pool.take(&host, reused).is_none());
+        assert_eq!(pool.take(&host, &late).unwrap().body, b"1000");
+    }
+}

@@ -43,7 +43,11 @@ fn data_status(flow: Flow) -> u32 {
     }
 }
 
-fn on_stream(id: u32, status: fn(Flow) -> u32, event: impl FnOnce(&mut crate::lifecycle::Stream, &Envoy) -> Flow) -> u32 {
+fn on_stream(
+    id: u32,
+    status: fn(Flow) -> u32,
+    event: impl FnOnce(&mut crate::lifecycle::Stream, &Envoy) -> Flow,
+) -> u32 {
     status(enter(Flow::Continue, |c, host| c.on_stream(id, |s| event(s, host))))
 }
 

@@ -73,9 +73,11 @@ impl Contexts {
         }
     }
 
-    /// A callout's reply, delivered by Envoy on context `id` (where the call was kept). It goes
-    /// to the owner its token was recorded with, wherever Envoy delivered it; a reply nobody
-    /// recorded is dropped, counted and logged.
+    /// A callout's reply, delivered by Envoy on context `id` (where the call was kept, and where
+    /// its headers and body can be read: they are read there, first). It goes to the owner its
+    /// token was recorded with, wherever Envoy delivered it — a stream owner made the effective
+    /// context while it acts, so its resume or answer lands on its own request. A reply nobody
+    /// recorded is dropped unread, counted and logged.
     pub fn on_call_response(&mut self, host: &dyn Host, id: u32, token: u32, num_headers: usize, body_size: usize) {
         let root = match self.streams.get(&id) {
             Some((root, _)) => *root,
@@ -84,13 +86,27 @@ impl Contexts {
         let Some(worker) = self.worker(root).cloned() else {
             return;
         };
-        match worker.reply_owner(token) {
-            ReplyTo::Root => worker.on_call_response(host, token, num_headers, body_size),
-            ReplyTo::Stream(owner) => match self.stream(owner) {
-                Some(s) => s.on_call_response(host, token, num_headers, body_size),
-                None => worker.stray_reply(host, id, token, "its stream has ended"),
-            },
-            ReplyTo::Nobody => worker.stray_reply(host, id, token, "no call of this worker has that token"),
+        let owner = worker.reply_owner(token);
+        if owner == ReplyTo::Nobody {
+            return worker.stray_reply(host, id, token, "no call of this worker has that token");
+        }
+        let (headers, body) = host.call_response(num_headers, body_size);
+        match owner {
+            ReplyTo::Root => worker.on_reply(host, token, headers, body),
+            ReplyTo::Stream(owner) => {
+                let Some(stream) = self.stream(owner) else {
+                    return worker.stray_reply(host, id, token, "its stream has ended");
+                };
+                let elsewhere = owner != id;
+                if elsewhere && host.set_effective_context(owner).is_err() {
+                    return worker.stray_reply(host, id, token, "its stream's context is gone");
+                }
+                stream.on_reply(host, token, &headers, &body);
+                if elsewhere {
+                    let _ = host.set_effective_context(id);
+                }
+            }
+            ReplyTo::Nobody => {}
         }
     }
 

@@ -8,9 +8,11 @@
 //! the slot's status, headers and body. When that answer ends, this stream adds the trailers.
 
 use super::worker::{send, Worker};
+use crate::engine::Outcome;
 use crate::host::{Host, Level};
 use crate::policy::GrpcReplay;
 use crate::response::{self, Header, LocalReply, StoredResponse};
+use crate::store::StoreError;
 
 /// The header that carries a replay slot's token to the echo.
 pub const REPLAY_HEADER: &str = "x-idem-replay";
@@ -47,6 +49,17 @@ impl Worker {
         if !reply.trailers.is_empty() && self.engine.bundle.grpc.replay == GrpcReplay::Echo {
             match self.to_echo(host, ctx, &reply) {
                 Ok(()) => return Answered::ToEcho,
+                Err(StoreError::Full) => {
+                    // More replays in flight than slots: a retryable answer, never a wrong one.
+                    self.count(host, route, Outcome::StoreError);
+                    let busy = self.engine.policy(route).map(|p| {
+                        let message = "every gRPC replay slot of this gateway is in use; retry";
+                        response::error(&p.answers, 503, "IDEMPOTENCY_STORE_UNAVAILABLE", message)
+                    });
+                    host.log(Level::Warn, "idem: gRPC replay slots full; the replay was answered UNAVAILABLE");
+                    self.send_when_read(host, ctx, busy.unwrap_or_default().for_grpc());
+                    return Answered::Replied;
+                }
                 Err(e) => host.log(Level::Error, &format!("idem: gRPC replay through the echo not sent: {e}")),
             }
         }
@@ -55,16 +68,17 @@ impl Worker {
         Answered::Replied
     }
 
-    fn to_echo(&self, host: &dyn Host, ctx: u32, reply: &LocalReply) -> Result<(), String> {
+    fn to_echo(&self, host: &dyn Host, ctx: u32, reply: &LocalReply) -> Result<(), StoreError> {
         let answer = StoredResponse {
             status: reply.status,
             headers: reply.headers.clone(),
             body: reply.body.clone(),
             trailers: Vec::new(),
         };
-        let token = self.replay_slots.put(host, &answer).map_err(|e| e.to_string())?;
+        let token = self.replay_slots.put(host, &answer)?;
         let path = self.engine.bundle.grpc.echo_path.as_bytes();
-        let set = |n: &str, v: &[u8]| host.set_request_header(n, v).map_err(|e| format!("{n}: {e:?}"));
+        let set =
+            |n: &str, v: &[u8]| host.set_request_header(n, v).map_err(|e| StoreError::Host(format!("{n}: {e:?}")));
         set("content-type", REPLAY_CONTENT_TYPE)?;
         set(":path", path)?;
         set(REPLAY_HEADER, token.as_bytes())?;

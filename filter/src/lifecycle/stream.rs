@@ -295,21 +295,35 @@ impl Stream {
         }
     }
 
-    /// The answer of this stream's Webdis call under callout `token`. A reply under any other
-    /// token is never read as this stream's (see [`super::Contexts::on_call_response`]).
+    /// The answer of this stream's Webdis call under callout `token`, read from the host. A
+    /// reply under any other token is never read as this stream's.
     pub fn on_call_response(&mut self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
-        let w = Rc::clone(&self.worker);
-        let sent = match self.phase {
-            Phase::AwaitingStore(_, _, sent) => Some(sent),
-            _ => None,
-        };
-        if sent != Some(token) {
-            let why = match sent {
-                Some(sent) => format!("stream {} waits for token {sent}", self.context),
-                None => format!("stream {} waits for no call", self.context),
-            };
-            return w.stray_reply(host, self.context, token, &why);
+        if self.owns_call(host, token) {
+            let (headers, body) = host.call_response(num_headers, body_size);
+            self.on_reply(host, token, &headers, &body);
         }
+    }
+
+    /// Whether `token` is this stream's call out; if not, the reply is a stray (counted, logged).
+    fn owns_call(&self, host: &dyn Host, token: u32) -> bool {
+        let sent = self.call_out();
+        if sent == Some(token) {
+            return true;
+        }
+        let why = match sent {
+            Some(sent) => format!("stream {} waits for token {sent}", self.context),
+            None => format!("stream {} waits for no call", self.context),
+        };
+        self.worker.stray_reply(host, self.context, token, &why);
+        false
+    }
+
+    /// The reply (already read where Envoy delivered it) of this stream's call `token`.
+    pub fn on_reply(&mut self, host: &dyn Host, token: u32, headers: &[crate::pairs::Pair], body: &[u8]) {
+        if !self.owns_call(host, token) {
+            return;
+        }
+        let w = Rc::clone(&self.worker);
         let Phase::AwaitingStore(pending, sent_ms, _) = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return;
         };
@@ -321,8 +335,7 @@ impl Stream {
         let Some(store) = w.engine.redis() else {
             return;
         };
-        let (headers, body) = host.call_response(num_headers, body_size);
-        let status = status_of(&headers);
+        let status = status_of(headers);
         let now = host.now_ms();
         match pending {
             Pending::Claim { prepared, ticket, fingerprint } => {
@@ -330,7 +343,7 @@ impl Stream {
                 // A record written before fingerprints were xxh3: the request's SHA-256 decides.
                 let view = WithHost { req: &self.request, host };
                 let legacy = || w.engine.legacy_fingerprint(prepared.route, &view);
-                let found = store.parse_claim(fingerprint, status, &body).map(|c| c.resolve_legacy(legacy));
+                let found = store.parse_claim(fingerprint, status, body).map(|c| c.resolve_legacy(legacy));
                 if found.is_err() {
                     // A timeout (Envoy answers it 504), a reset, an unreadable reply: the SET
                     // may still reach Redis, with nobody to finish it. Free it if it does.
@@ -343,12 +356,12 @@ impl Stream {
                 self.apply(host, prepared.route, v, true);
             }
             Pending::UseToken { prepared, ticket } => {
-                let used = store.parse_use_token(ticket, status, &body).map(|u| u.map(StoreTicket::Redis));
+                let used = store.parse_use_token(ticket, status, body).map(|u| u.map(StoreTicket::Redis));
                 let v = w.engine.after_token(&prepared, used);
                 self.apply(host, prepared.route, v, true);
             }
-            Pending::Issue { route, token } => {
-                let v = w.engine.issued(route, &token, now, store.parse_ok(status, &body));
+            Pending::Issue { route, token: issued } => {
+                let v = w.engine.issued(route, &issued, now, store.parse_ok(status, body));
                 self.apply(host, route, v, true);
             }
         }

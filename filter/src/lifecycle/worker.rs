@@ -90,6 +90,7 @@ impl Worker {
             bundle.shared.namespace = Some(default_namespace(host.property(&["plugin_name"])));
         }
         let replay_slots = ReplaySlots::new(bundle.shared.namespace.as_deref().unwrap_or("idem"));
+
         let mut engine = Engine::new(bundle);
         let created = engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?;
         host.log(
@@ -337,10 +338,18 @@ impl Worker {
     /// The answer of a call the root owns (a claim batch, a write, a renewal, a detached call, a
     /// poll, the eviction probe).
     pub fn on_call_response(&self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
+        if self.reply_owner(token) != ReplyTo::Root {
+            return self.stray_reply(host, self.root_id, token, "no call of the root has that token");
+        }
+        let (headers, body) = host.call_response(num_headers, body_size);
+        self.on_reply(host, token, headers, body);
+    }
+
+    /// The reply (already read where Envoy delivered it) of the root's call `token`.
+    pub fn on_reply(&self, host: &dyn Host, token: u32, headers: Vec<crate::pairs::Pair>, body: Vec<u8>) {
         let Some(call) = self.calls.borrow_mut().remove(&token) else {
             return self.stray_reply(host, self.root_id, token, "no call of the root has that token");
         };
-        let (headers, body) = host.call_response(num_headers, body_size);
         let status = status_of(&headers);
         match call {
             RootCall::Claims(batch) => self.claims_answered(host, batch, status, &body),
@@ -359,7 +368,7 @@ impl Worker {
     }
 
     /// Who a reply is for: the owner its token was recorded with when the call was sent.
-    pub(super) fn reply_owner(&self, token: u32) -> ReplyTo {
+    pub fn reply_owner(&self, token: u32) -> ReplyTo {
         if self.calls.borrow().contains_key(&token) {
             return ReplyTo::Root;
         }
@@ -381,7 +390,7 @@ impl Worker {
 
     /// A reply nobody is waiting for under its token (its stream ended, or a token nobody
     /// recorded): never read, counted and logged once per worker with where it arrived.
-    pub(super) fn stray_reply(&self, host: &dyn Host, delivered_to: u32, token: u32, why: &str) {
+    pub fn stray_reply(&self, host: &dyn Host, delivered_to: u32, token: u32, why: &str) {
         self.metrics.count_stray_reply(host);
         let line = format!(
             "idem: a callout reply was delivered to context {delivered_to} under token {token}, which no \
@@ -424,7 +433,7 @@ pub(super) enum RootCall {
 
 /// Where a callout's reply goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ReplyTo {
+pub enum ReplyTo {
     Root,
     Stream(u32),
     /// No call out has this token.

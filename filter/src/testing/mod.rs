@@ -8,6 +8,9 @@
 //!   ([`FakeHost::acts`]: local replies, resumes, dispatched calls). A callout's answer is
 //!   delivered with [`FakeHost::deliver`] before calling the context it belongs to.
 //! - `set_effective_context` fails for a context that was never opened or was closed.
+//! - Callouts as Envoy keeps them: on the context effective at dispatch, delivered there
+//!   ([`FakeHost::take_callout`]), cancelled when it closes. Which object reads a reply is the
+//!   module's own dispatcher's business ([`crate::lifecycle::Contexts`]), driven as Envoy does.
 //!
 //! Beside it: [`CountingHost`] (`counting.rs`), which counts host calls and bytes for the bench
 //! breakdown and the host-call budget test, and [`bench`], the request `make bench` sends.
@@ -85,6 +88,11 @@ pub struct FakeHost {
     call_trailers: Mutex<Vec<Pair>>,
     acts: Mutex<Vec<Act>>,
     next_token: AtomicU32,
+    /// Callouts out, by token: the context that was effective when each was sent, which is
+    /// where Envoy keeps it (and delivers its reply), and which cancels it when it ends.
+    callouts: Mutex<HashMap<u32, u32>>,
+    /// Every callout's body, by token.
+    sent: Mutex<HashMap<u32, Vec<u8>>>,
     counters: Mutex<Vec<(String, u64)>>,
     histograms: Mutex<Vec<(String, Vec<u64>)>>,
     logs: Mutex<Vec<(Level, String)>>,
@@ -128,10 +136,27 @@ impl FakeHost {
         lock(&self.streams).insert(context, stream);
         self.enter(context);
     }
-    /// The client reset the stream: the context is gone.
+    /// The client reset the stream: the context is gone, and Envoy cancels the callouts it kept
+    /// there (their replies never come).
     pub fn close(&self, context: u32) {
         lock(&self.streams).remove(&context);
         lock(&self.closed).insert(context);
+        lock(&self.callouts).retain(|_, c| *c != context);
+    }
+    /// Where Envoy delivers the reply of callout `token`: the context that was effective when it
+    /// was sent; `None` once delivered or cancelled with its context. Taking it ends the call.
+    pub fn take_callout(&self, token: u32) -> Option<u32> {
+        lock(&self.callouts).remove(&token)
+    }
+    /// The body callout `token` was sent with.
+    pub fn dispatched(&self, token: u32) -> Option<Vec<u8>> {
+        lock(&self.sent).get(&token).cloned()
+    }
+    /// The callouts out (token, context kept on), by token.
+    pub fn callouts(&self) -> Vec<(u32, u32)> {
+        let mut out: Vec<(u32, u32)> = lock(&self.callouts).iter().map(|(t, c)| (*t, *c)).collect();
+        out.sort_unstable();
+        out
     }
     /// Envoy calls this context now (a stream's callback, or the root's: any id).
     pub fn enter(&self, context: u32) {
@@ -266,6 +291,8 @@ impl Host for FakeHost {
         _timeout_ms: u64,
     ) -> Result<u32, HostError> {
         let token = self.next_token.fetch_add(1, Ordering::SeqCst);
+        lock(&self.callouts).insert(token, self.current());
+        lock(&self.sent).insert(token, body.to_vec());
         self.act(Act::Dispatch { context: self.current(), token, cluster: cluster.into(), body: body.to_vec() });
         Ok(token)
     }
