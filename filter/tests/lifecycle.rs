@@ -1328,10 +1328,8 @@ fn a_claim_decided_by_a_batch_lets_the_rest_of_its_body_through() {
 
 #[test]
 fn a_held_duplicate_that_takes_the_key_over_while_uploading_is_forwarded_whole() {
-    let policy = format!(
-        "[[route]]\nname = \"w\"\nmatch = {{ method = \"POST\", path = \"/w\" }}\n[route.key]\nfingerprint = [\"method\", \"path\"]\non_in_flight = \"wait\"\nwait_timeout = \"10s\"\n"
-    );
-    let (host, w) = setup(&policy);
+    let policy = "[[route]]\nname = \"w\"\nmatch = { method = \"POST\", path = \"/w\" }\n[route.key]\nfingerprint = [\"method\", \"path\"]\non_in_flight = \"wait\"\nwait_timeout = \"10s\"\n";
+    let (host, w) = setup(policy);
     let (mut first, flow) = uploading(&host, &w, 10, "/w", "k1");
     assert_eq!(flow, Flow::Continue, "claimed at the headers");
     assert_eq!(first.on_request_body(&host, BODY.len(), true), Flow::Continue);
