@@ -193,6 +193,7 @@ class Handler(BaseHTTPRequestHandler):
             "method": self.command,
             "path": url.path,
             "authorization": self.headers.get("authorization"),
+            "body_bytes": len(body),
             "at": time.time(),
         }
         if txn is not None:

@@ -1407,3 +1407,21 @@ fn a_body_over_the_limit_gets_the_filters_413_once_the_client_has_sent_it() {
     let r = replies(&host.take_acts(), 10);
     assert_eq!(r.first().map(|r| r.0), Some(413), "the filter's own 413, read by the client");
 }
+
+#[test]
+fn an_early_answer_waits_only_briefly_until_envoy_is_seen_to_deliver_bodies() {
+    // Without allow_on_headers_stop_iteration no body chunk ever comes to a paused request:
+    // an answer that waited for the body's end would wait for nothing.
+    let (host, w) = setup(&format!("[[route]]\nname = \"h\"\nmatch = {{ method = \"POST\", path = \"/h\" }}\n{HEADER_ROUTE}"));
+    let mut first = Stream::new(Rc::clone(&w), 10);
+    host.open(10, FakeStream::request("POST", "/h", &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")], b""));
+    first.on_request_headers(&host, true);
+    upstream_answers(&host, &mut first, 10);
+    host.take_acts();
+    let (_repeat, _) = uploading(&host, &w, 11, "/h", "k1");
+    assert!(replies(&host.take_acts(), 11).is_empty());
+    host.advance(idem_filter::lifecycle::UNPROVEN_PARK_MS);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert_eq!(replies(&host.take_acts(), 11).len(), 1, "sent once the short wait is over");
+}

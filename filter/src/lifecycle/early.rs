@@ -11,6 +11,8 @@
 //!
 //! Only where Envoy passes the body to a paused request (`allow_on_headers_stop_iteration`);
 //! where it withholds it, nothing would tell us the request ended, and the answer goes at once.
+//! Before a worker knows which (see `body_gate`), an answer waits [`UNPROVEN_PARK_MS`] at most
+//! for a first body chunk, which proves delivery.
 
 use super::body_gate::BodyDelivery;
 use super::worker::{send, Worker};
@@ -23,6 +25,9 @@ use std::cell::RefCell;
 pub const DISCARD_LIMIT: usize = 16 << 20;
 /// The longest an answer waits for its request's end.
 pub const PARK_MS: u64 = 10_000;
+/// The longest it waits while no body chunk has proven that Envoy delivers bodies to paused
+/// requests (without the flag a body never comes, and the client would wait for nothing).
+pub const UNPROVEN_PARK_MS: u64 = 200;
 
 /// Streams whose request has not ended, and answers waiting for it: this concern's state.
 #[derive(Default)]
@@ -37,6 +42,8 @@ pub(super) struct Early {
 struct Parked {
     reply: LocalReply,
     since_ms: u64,
+    /// Sent from the root's tick at this time if the request has not ended by then.
+    due_ms: u64,
     dropped: usize,
 }
 
@@ -53,11 +60,14 @@ impl Worker {
 
     /// Sends `reply` on stream `ctx` (current now), or parks it until the request ends.
     pub(super) fn send_when_read(&self, host: &dyn Host, ctx: u32, reply: LocalReply) {
-        let parks = self.early.uploading.borrow().contains(&ctx) && self.body_delivery() != BodyDelivery::Withheld;
-        if !parks {
-            return send(host, &reply);
-        }
-        let parked = Parked { reply, since_ms: host.now_ms(), dropped: 0 };
+        let wait = match self.body_delivery() {
+            _ if !self.early.uploading.borrow().contains(&ctx) => return send(host, &reply),
+            BodyDelivery::Withheld => return send(host, &reply),
+            BodyDelivery::Delivered => PARK_MS,
+            BodyDelivery::Unknown => UNPROVEN_PARK_MS,
+        };
+        let now = host.now_ms();
+        let parked = Parked { reply, since_ms: now, due_ms: now.saturating_add(wait), dropped: 0 };
         self.early.parked.borrow_mut().insert(ctx, parked);
     }
 
@@ -66,6 +76,9 @@ impl Worker {
     pub(super) fn parked_chunk(&self, host: &dyn Host, ctx: u32, size: usize, end_of_stream: bool) -> Option<Flow> {
         let mut parked = self.early.parked.borrow_mut();
         let p = parked.get_mut(&ctx)?;
+        // A chunk while the headers are paused: Envoy delivers bodies, so the end will come.
+        p.due_ms = p.since_ms.saturating_add(PARK_MS);
+        self.body_delivered();
         p.dropped = p.dropped.saturating_add(size);
         if end_of_stream || p.dropped > DISCARD_LIMIT {
             if let Some(p) = parked.remove(&ctx) {
@@ -81,12 +94,12 @@ impl Worker {
         self.early.parked.borrow().contains_key(&ctx)
     }
 
-    /// On the root's tick: answers parked longer than [`PARK_MS`] go now.
+    /// On the root's tick: answers whose request did not end in time go now.
     pub(super) fn send_overdue_answers(&self, host: &dyn Host) {
         let now = host.now_ms();
         let overdue: Vec<u32> = {
             let parked = self.early.parked.borrow();
-            parked.iter().filter(|(_, p)| now.saturating_sub(p.since_ms) >= PARK_MS).map(|(c, _)| *c).collect()
+            parked.iter().filter(|(_, p)| now >= p.due_ms).map(|(c, _)| *c).collect()
         };
         for ctx in overdue {
             let Some(p) = self.early.parked.borrow_mut().remove(&ctx) else {
