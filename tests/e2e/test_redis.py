@@ -555,3 +555,40 @@ def test_each_worker_warns_once_when_redis_would_evict_its_keys(make_fleet, own_
     assert seen <= 3, "once per root context (2 workers and the main thread): %d" % seen
     time.sleep(1.0)  # a duration: later ticks must not ask again
     assert loud.log_text().count(stack.EVICTS_LOG) == seen
+
+
+# ------------------------------------------------------------------------------- replies and owners
+
+def test_fresh_envoys_hand_no_webdis_reply_to_another_owner(workdir, upstream, redis_stack):
+    """Issue 35: at a worker's start the eviction probe is out with the first claims; a claim once
+    read the probe's reply (and a release the claim's), so a second payload ran as a first one.
+    30 fresh Envoys, each sent at once two requests with one key and different payloads, and a
+    concurrent same-payload pair: every key runs once, nothing is a store error."""
+    prefix = "idem-fresh-%s:" % uuid.uuid4().hex[:6]
+    doubles, errors = [], []
+    for i in range(30):
+        try:
+            env = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, policy(prefix=prefix),
+                                    routes=ROUTES, n=1, concurrency=1)[0]
+        except stack.StackError as e:
+            pytest.fail(str(e), pytrace=False)
+        try:
+            other, same = new_key("fresh-other"), new_key("fresh-same")
+            sends = [lambda: post(env, "/r/key", other, {"sku": "A1", "qty": 1}),
+                     lambda: post(env, "/r/key", other, {"sku": "A1", "qty": 9}),
+                     lambda: post(env, "/r/key", same, {"sku": "B2"}),
+                     lambda: post(env, "/r/key", same, {"sku": "B2"})]
+            answers = fire(4, lambda j: sends[j](), max_workers=4)
+            for k in (other, same):
+                if upstream.calls(k) != 1:
+                    doubles.append("envoy %d: %s ran %d times: %s" % (i, k, upstream.calls(k),
+                                                                     [describe(a) for a in answers]))
+            c = env.stats("idem.r-key.")
+            if c.get("idem.r-key.store_error", 0):
+                errors.append("envoy %d: %s" % (i, c))
+            if env.counter("idem_stray_replies_total"):
+                errors.append("envoy %d: stray replies" % i)
+        finally:
+            env.stop()
+    assert not doubles, doubles[:3]
+    assert not errors, errors[:3]
