@@ -5,10 +5,14 @@
 //!
 //! Set bundle-wide in `[answers]`, per route in `[route.answers]`. Templates name values as
 //! `{{code}}`, `{{message}}`, `{{status}}`, `{{title}}`, `{{type}}`, `{{first_seen_at}}`,
-//! `{{held_until}}` and `{{should_retry}}` (`true`/`false`); a value is escaped for the
-//! template's content type (JSON string escapes when it says `json`, XML escapes when it says
-//! `xml`). A template is checked when the policy loads: unknown names are refused, and a JSON
-//! template must be JSON once filled in.
+//! `{{held_until}}` and `{{should_retry}}` (`true`/`false`); a value is escaped for where it
+//! lands, since `{{message}}` can carry what a client sent (a key, an XML tag name, a JSON member
+//! name): JSON string escapes when the content type says `json`, XML escapes when it says `xml`,
+//! HTML escapes for `text/html`, nothing for `text/plain`; in a header value, control characters
+//! and `%` are percent-encoded (`%0D%0A`), so no value can end the header line. A body template
+//! of any other content type may not hold `{{message}}` (refused at load). A template is checked
+//! when the policy loads: unknown names are refused, and a JSON template must be JSON once filled
+//! in.
 
 use crate::response::LocalReply;
 use serde::{de, Deserialize, Deserializer};
@@ -94,24 +98,56 @@ impl Template {
 enum Escape {
     Json,
     Xml,
-    None,
+    Html,
+    /// `text/plain`: nothing in it is markup.
+    Plain,
+    /// A header value: control characters and `%` percent-encoded.
+    Header,
+    /// Any other content type: no escaping is known, so no client-controlled value may go in.
+    Unknown,
 }
 
 impl Escape {
     fn for_content_type(ct: &str) -> Escape {
         let ct = ct.to_ascii_lowercase();
-        if ct.contains("json") {
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if media.contains("json") {
             Escape::Json
-        } else if ct.contains("xml") {
+        } else if media.contains("xml") {
             Escape::Xml
+        } else if media == "text/html" {
+            Escape::Html
+        } else if media == "text/plain" {
+            Escape::Plain
         } else {
-            Escape::None
+            Escape::Unknown
         }
     }
 
     fn push(self, out: &mut String, value: &str) {
         match self {
-            Escape::None => out.push_str(value),
+            Escape::Plain | Escape::Unknown => out.push_str(value),
+            Escape::Header => {
+                for c in value.chars() {
+                    if c.is_ascii_control() || c == '%' {
+                        out.push_str(&format!("%{:02X}", c as u32));
+                    } else {
+                        out.push(c);
+                    }
+                }
+            }
+            Escape::Html => {
+                for c in value.chars() {
+                    match c {
+                        '<' => out.push_str("&lt;"),
+                        '>' => out.push_str("&gt;"),
+                        '&' => out.push_str("&amp;"),
+                        '"' => out.push_str("&quot;"),
+                        '\'' => out.push_str("&#39;"),
+                        c => out.push(c),
+                    }
+                }
+            }
             Escape::Json => {
                 let quoted = serde_json::Value::from(value).to_string();
                 out.push_str(quoted.get(1..quoted.len().saturating_sub(1)).unwrap_or(""));
@@ -133,9 +169,18 @@ impl Escape {
 }
 
 /// Checks a body template against its content type: a JSON one must be JSON once filled in
-/// with values that need escaping (so a placeholder outside a string is found too).
+/// with values that need escaping (so a placeholder outside a string is found too), and one of
+/// a content type with no known escaping may not carry `{{message}}` (a client's bytes).
 pub fn check_body(template: &Template, content_type: &str) -> Result<(), String> {
-    if Escape::for_content_type(content_type) != Escape::Json {
+    let escape = Escape::for_content_type(content_type);
+    if escape == Escape::Unknown && template.pieces.contains(&Piece::Var(Var::Message)) {
+        return Err(format!(
+            "holds {{{{message}}}}, which can carry what a client sent, in content type {content_type:?}, for which \
+             the gateway knows no escaping; use a JSON, XML, text/html or text/plain content type, or leave \
+             {{{{message}}}} out"
+        ));
+    }
+    if escape != Escape::Json {
         return Ok(());
     }
     let sample = |v: Var| match v {
@@ -209,7 +254,7 @@ impl Answers {
             (format, None) => self.shaped(format, a),
         };
         for (name, value) in &self.headers {
-            reply.headers.push((name.clone(), value.fill(&|v| self.value(v, a), Escape::None).into_bytes()));
+            reply.headers.push((name.clone(), value.fill(&|v| self.value(v, a), Escape::Header).into_bytes()));
         }
         reply.own = Some(Box::new(crate::response::Own {
             code: a.code.to_string(),
@@ -492,5 +537,29 @@ mod tests {
         let bad_header = BTreeMap::from([("Bad Header".to_string(), "x".to_string())]);
         assert!(build(None, None, None, None, bad_header).unwrap_err().contains("not a header name"));
         assert!(build(Some("xml"), None, None, None, BTreeMap::new()).unwrap_err().contains("unknown format"));
+    }
+
+    /// What a client sent (an XML end tag with CR LF, markup, NUL) never leaves the value it
+    /// lands in.
+    #[test]
+    fn client_bytes_are_escaped_where_they_land() {
+        let hostile = "</transaction_id\r\nX-Injected: yes> <img src=x onerror=alert(1)> 100% \0";
+        let a = Answer { status: 400, code: "IDEMPOTENCY_KEY_INVALID", message: hostile, ..Default::default() };
+        let headers = BTreeMap::from([("X-Error".to_string(), "{{code}}: {{message}}".to_string())]);
+        let html =
+            build(None, Some("<p>{{message}}</p>".into()), Some("text/html; charset=utf-8".into()), None, headers);
+        let r = html.unwrap().render(&a);
+        let header = r.headers.iter().find(|(n, _)| n == "x-error").map(|(_, v)| v.clone()).unwrap();
+        assert!(!header.iter().any(|b| b.is_ascii_control()), "{:?}", String::from_utf8_lossy(&header));
+        assert!(
+            String::from_utf8_lossy(&header).contains("%0D%0AX-Injected: yes> <img src=x onerror=alert(1)> 100%25 %00")
+        );
+        let body = String::from_utf8(r.body).unwrap();
+        assert!(body.contains("&lt;img src=x onerror=alert(1)&gt;") && !body.contains("<img"), "{body}");
+        let plain = build(None, Some("{{message}}".into()), Some("text/plain".into()), None, BTreeMap::new());
+        assert_eq!(plain.unwrap().render(&a).body, hostile.as_bytes(), "text/plain carries no markup");
+        let csv = build(None, Some("{{message}}".into()), Some("text/csv".into()), None, BTreeMap::new()).unwrap_err();
+        assert!(csv.contains("knows no escaping"), "{csv}");
+        assert!(build(None, Some("{{code}}".into()), Some("text/csv".into()), None, BTreeMap::new()).is_ok());
     }
 }

@@ -48,7 +48,12 @@ fn unsupported(media: &str) -> KeyError {
 /// mode (a number by its exact digits). `data` is the data in canonical form ([`data`]).
 pub fn attribute(req: &dyn RequestView, name: &str) -> Result<Option<String>, KeyError> {
     if name == "data" {
-        return data(req).map(|d| d.map(|b| String::from_utf8_lossy(&b).into_owned()));
+        // Text exactly, or refused: two binary payloads must never become one key.
+        return data(req)?
+            .map(|b| {
+                String::from_utf8(b).map_err(|_| KeyError::Invalid("the CloudEvent's data is not UTF-8 text".into()))
+            })
+            .transpose();
     }
     match mode(req) {
         Mode::Binary => {

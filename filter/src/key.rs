@@ -207,18 +207,23 @@ pub fn validate(key: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// The decoded value of a query parameter in `path` (`/x?a=1&b=2`); twice is ambiguous.
+/// The decoded value of a query parameter in `path` (`/x?a=1&b=2`), decoded exactly (`+` a
+/// space, `%XX` a byte): a value that is not UTF-8 once decoded is refused, never turned into
+/// replacement characters (`caf%E9` and `caf%E8` would be one key). Twice is ambiguous.
 pub fn query_param(path: &str, name: &str) -> Result<Option<String>, KeyError> {
     let Some((_, query)) = path.split_once('?') else {
         return Ok(None);
     };
     let query = query.split('#').next().unwrap_or(query);
-    let mut values = form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name).map(|(_, v)| v);
-    let first = values.next();
-    if values.next().is_some() {
-        return Err(KeyError::Invalid(format!("query parameter {name} was sent more than once; send it exactly once")));
+    match crate::form::field(query.as_bytes(), name) {
+        Ok(v) => Ok(v),
+        Err(crate::form::FormError::Ambiguous) => {
+            Err(KeyError::Invalid(format!("query parameter {name} was sent more than once; send it exactly once")))
+        }
+        Err(crate::form::FormError::NotUtf8) => {
+            Err(KeyError::Invalid(format!("query parameter {name} is not UTF-8 once percent-decoded")))
+        }
     }
-    Ok(first.map(|v| v.into_owned()))
 }
 
 fn body_key(body: Option<&[u8]>, pointer: &str) -> Result<Option<String>, KeyError> {

@@ -381,3 +381,124 @@ fn cloudevent_attributes_come_from_either_mode() {
     let missing = Req::post("/e").header("ce-source", "/s");
     assert!(matches!(key_of(&r, &missing), Err(KeyError::Missing(m)) if m.contains("ce-id")));
 }
+
+// ---- exactness (issue 37): no key source turns bytes into text lossily
+
+/// A small deterministic generator (no dependency for one test).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+    /// Short byte strings biased to what tells lossy decoding apart: Latin-1 bytes (`caf\xE9`),
+    /// broken and whole UTF-8 sequences, separators.
+    fn bytes(&mut self) -> Vec<u8> {
+        const ALPHABET: &[u8] = b"ab%+&=;/\"<>\xe9\xe8\xc3\xa9\xff\x80";
+        let n = 1 + (self.next() % 6) as usize;
+        (0..n).map(|_| ALPHABET[(self.next() as usize) % ALPHABET.len()]).collect()
+    }
+}
+
+fn pct(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("%{b:02X}")).collect()
+}
+
+fn xml_text(bytes: &[u8]) -> Option<String> {
+    // XML bodies are text: only UTF-8 values can be sent at all; markup escaped.
+    let s = std::str::from_utf8(bytes).ok()?;
+    Some(s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;"))
+}
+
+/// The key each source reads from a request carrying `value` (its decoded bytes), for every
+/// source that can carry arbitrary bytes.
+fn keys_for(value: &[u8]) -> Vec<(&'static str, Result<Option<String>, KeyError>)> {
+    let src = |s: &str| {
+        parse_bundle(
+            &format!(
+                "[[route]]\nname = \"r\"\nmatch = {{ method = \"POST\", path = \"/o/{{id}}\" }}\n[route.key]\n{s}\n"
+            ),
+            "p",
+        )
+        .unwrap()
+    };
+    let mut out = Vec::new();
+    let query = Req::post(&format!("/o/1?key={}", pct(value)));
+    out.push(("query", read(&Source::Query("key".into()), None, &query)));
+    let mut form = Req::post("/o/1");
+    form.body = Some(format!("a=1&key={}", pct(value)).into_bytes());
+    out.push(("form", read(&Source::Form("key".into()), None, &form)));
+    let header = Req::post("/o/1").raw_header("x-key", value);
+    out.push(("header", read(&Source::Header("X-Key".into()), None, &header)));
+    let bundle = src("from = \"path\"\nname = \"id\"");
+    let template = match &bundle.routes[0].matcher {
+        idem_filter::policy::Matcher::Request { path, .. } => Some(path.clone()),
+        _ => None,
+    };
+    let path = Req::post(&format!("/o/{}", pct(value)));
+    out.push(("path", read(&Source::Path("id".into()), template.as_ref(), &path)));
+    if let Some(t) = xml_text(value) {
+        let mut xml = Req::post("/o/1");
+        xml.body = Some(format!("<xml><id>{t}</id></xml>").into_bytes());
+        out.push(("xml", read(&Source::Xml(vec!["xml".into(), "id".into()]), None, &xml)));
+    }
+    out
+}
+
+#[test]
+fn two_requests_share_a_key_only_if_their_decoded_values_are_equal_utf8() {
+    let mut rng = Lcg(37);
+    for _ in 0..3000 {
+        let (a, b) = (rng.bytes(), rng.bytes());
+        for ((source, ka), (_, kb)) in keys_for(&a).into_iter().zip(keys_for(&b)) {
+            for (value, key) in [(&a, &ka), (&b, &kb)] {
+                match key {
+                    Ok(Some(k)) => {
+                        // A header value is read as sent (trimmed, sf-string unquoted): compare
+                        // on what can be told apart; every other source decodes exactly.
+                        if source != "header" {
+                            assert_eq!(k.as_bytes(), value.as_slice(), "{source}: {value:?} read as {k:?}");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(KeyError::Invalid(m)) => {
+                        if std::str::from_utf8(value).is_err() {
+                            assert!(m.contains("UTF-8"), "{source}: {m}");
+                        }
+                    }
+                    Err(e) => {
+                        let _ = e;
+                    }
+                }
+            }
+            if let (Ok(Some(x)), Ok(Some(y))) = (&ka, &kb) {
+                assert_eq!(x == y, a == b, "{source}: {a:?} and {b:?} gave {x:?} and {y:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_query_key_that_is_not_utf8_once_decoded_is_refused_not_merged() {
+    for bad in ["%FF", "caf%E9", "caf%E8"] {
+        let r = read(&Source::Query("key".into()), None, &Req::post(&format!("/p?key={bad}")));
+        assert!(
+            matches!(&r, Err(KeyError::Invalid(m)) if m.contains("query parameter key is not UTF-8")),
+            "{bad}: {r:?}"
+        );
+    }
+    let ok = read(&Source::Query("key".into()), None, &Req::post("/p?key=caf%C3%A9")).unwrap();
+    assert_eq!(ok.as_deref(), Some("café"));
+}
+
+#[test]
+fn percent_escapes_in_a_path_are_one_path_whatever_the_case_of_their_hex_digits() {
+    let bundle = parse_bundle(
+        "[[route]]\nname = \"r\"\nmatch = { method = \"POST\", path = \"/o/{id}/pay\" }\n[route.key]\nfrom = \"path\"\nname = \"id\"\n",
+        "p",
+    )
+    .unwrap();
+    let m = &bundle.routes[0].matcher;
+    assert_eq!(m.canonical_path("/o/a%2fb/pay"), m.canonical_path("/o/a%2Fb/pay"));
+    assert_eq!(m.canonical_path("/o/a%2fb/pay"), "/o/a%2Fb/pay");
+}

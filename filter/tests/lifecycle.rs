@@ -1412,9 +1412,13 @@ fn a_body_over_the_limit_gets_the_filters_413_once_the_client_has_sent_it() {
 fn an_early_answer_waits_only_briefly_until_envoy_is_seen_to_deliver_bodies() {
     // Without allow_on_headers_stop_iteration no body chunk ever comes to a paused request:
     // an answer that waited for the body's end would wait for nothing.
-    let (host, w) = setup(&format!("[[route]]\nname = \"h\"\nmatch = {{ method = \"POST\", path = \"/h\" }}\n{HEADER_ROUTE}"));
+    let (host, w) =
+        setup(&format!("[[route]]\nname = \"h\"\nmatch = {{ method = \"POST\", path = \"/h\" }}\n{HEADER_ROUTE}"));
     let mut first = Stream::new(Rc::clone(&w), 10);
-    host.open(10, FakeStream::request("POST", "/h", &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")], b""));
+    host.open(
+        10,
+        FakeStream::request("POST", "/h", &[("idempotency-key", b"k1"), ("authorization", b"Bearer a")], b""),
+    );
     first.on_request_headers(&host, true);
     upstream_answers(&host, &mut first, 10);
     host.take_acts();

@@ -112,9 +112,23 @@ pub(super) fn text(bytes: Option<Vec<u8>>) -> String {
     bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
-/// A header's (first) value, as text.
+/// A header's (first) value, as text: exactly, never lossily — bytes that are not UTF-8 are
+/// percent-encoded (`caf\xE9` becomes `caf%E9`, which a query key then refuses as not UTF-8)
+/// rather than merged into one replacement character with every other such byte.
 fn header_text(headers: &Headers, name: &[u8]) -> String {
-    headers.get(name).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
+    headers.get(name).map(exact_text).unwrap_or_default()
+}
+
+/// `bytes` as text, with each byte of an invalid UTF-8 sequence as `%XX`.
+pub(super) fn exact_text(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// One request's state machine.

@@ -153,7 +153,8 @@ pub fn normalize_path(path: &str) -> Vec<Cow<'_, str>> {
 }
 
 /// Decodes `%XX` only where it stands for an unreserved character (RFC 3986 §2.3); other escapes
-/// (`%2F`, `%20`, …) stay as they are, as Envoy's normalisation keeps them.
+/// (`%2F`, `%20`, …) stay, with their hex digits in upper case (RFC 3986 §6.2.2.1: `%2f` and
+/// `%2F` are one path, so one fingerprint).
 fn decode_unreserved(seg: &str) -> Cow<'_, str> {
     if !seg.contains('%') {
         return Cow::Borrowed(seg);
@@ -167,12 +168,21 @@ fn decode_unreserved(seg: &str) -> Cow<'_, str> {
             .flatten()
             .and_then(|hex| u8::from_str_radix(hex, 16).ok())
             .filter(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
-        match decoded {
-            Some(b) => {
+        let escape = (bytes[i] == b'%')
+            .then(|| seg.get(i + 1..i + 3))
+            .flatten()
+            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()));
+        match (decoded, escape) {
+            (Some(b), _) => {
                 out.push(char::from(b));
                 i += 3;
             }
-            None => {
+            (None, Some(hex)) => {
+                out.push('%');
+                out.push_str(&hex.to_ascii_uppercase());
+                i += 3;
+            }
+            (None, None) => {
                 let ch_len = seg.get(i..).and_then(|r| r.chars().next()).map_or(1, char::len_utf8);
                 out.push_str(seg.get(i..i + ch_len).unwrap_or(""));
                 i += ch_len;
