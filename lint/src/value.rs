@@ -247,7 +247,10 @@ fn parse_part(part: &str) -> (Vec<String>, Option<KeyIn>) {
         let prose: String = text.split('`').step_by(2).collect::<Vec<_>>().join(" ");
         let location =
             bracket_location().or_else(|| Some(KeyIn::parse(&prose)).filter(|l| !matches!(l, KeyIn::Other(_))));
-        return (spans.into_iter().map(str::to_string).collect(), location);
+        // A composite key in one span (`mchid + out_trade_no`, WeChat Pay's docs): its parts,
+        // each at the span's location. No header, field or parameter name holds a separator.
+        let names = spans.into_iter().flat_map(split_parts).map(unquote).filter(|n| !n.is_empty());
+        return (names.map(str::to_string).collect(), location);
     }
     let mut name = text;
     let mut location = bracket_location();

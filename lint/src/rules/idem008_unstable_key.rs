@@ -7,10 +7,10 @@
 //!   last word is time/date/timestamp/ts, ends in `_at`/`At`, or starts with `gmt_`:
 //!   `notify_time`, `reqTime`, `createDate`, `gmt_create`);
 //! - a signature (`sign`, `signature`, `x-signature`);
-//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`);
-//! - a header that Envoy, a tracer or a proxy writes (`X-Request-Id`, `traceparent`, `x-b3-*`,
-//!   `x-envoy-*`, `X-Forwarded-For`, …) — the gateway refuses such a policy at load, and
-//!   `idem-lint policies` never writes one.
+//! - a whole-body hash (`body_hash`, `request_hash`, `md5`, `sha256`, `digest`).
+//!
+//! A header that Envoy, a tracer or a proxy writes (`X-Request-Id`, `traceparent`, …) is worse:
+//! the gateway refuses it, and IDEM012 reports it as an error.
 //!
 //! A user id as one part of a composite key (`user_id + order_no`) is fine.
 //!
@@ -20,8 +20,7 @@
 //! legitimate order is rejected. A retry sent a second later carries a different timestamp, and a
 //! signature is computed per request over a timestamp or nonce, so neither recognises a repeat.
 //! With a body hash two deliberate, identical purchases collide, and a retry whose JSON is
-//! re-serialised does not. Envoy generates `X-Request-Id` for every request that lacks one, so
-//! `required = true` never fires and every retry gets a fresh key: the route protects nothing.
+//! re-serialised does not.
 //!
 //! ## Example
 //!
@@ -118,12 +117,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let composite = key.value.parts.len() > 1;
     for part in &key.value.parts {
         let name = &part.name;
-        let maybe_header = matches!(part.location, None | Some(crate::value::KeyIn::Header));
-        let generated = || {
-            let why = idem_filter::policy::generated_header(name)?;
-            Some(format!("it {why}, so it does not identify one intended action"))
-        };
-        let Some(why) = classify(name).map(str::to_string).or_else(|| generated().filter(|_| maybe_header)) else {
+        let Some(why) = classify(name) else {
             continue;
         };
         // A user id is fine as one part of a composite key.

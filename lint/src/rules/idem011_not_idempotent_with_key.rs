@@ -1,7 +1,9 @@
 //! ## What it checks
 //!
-//! The statement says the operation is **not** idempotent (否, 不支持, no) yet names an idempotency
-//! key or a duplicate response code.
+//! One statement — the 幂等性说明 section, or `x-idempotency` — says the operation is **not**
+//! idempotent (否, 不支持, no) yet names an idempotency key or a duplicate response code itself.
+//! When the two statements disagree with each other (one says no, the other names a key), that is
+//! IDEM009's finding, not this one.
 //!
 //! ## Why
 //!
@@ -32,6 +34,7 @@
 //! or not idempotent, with no key and no duplicate (`- 幂等键：无`), every call creating anew.
 
 use super::{Ctx, RawFinding, Rule, Severity};
+use crate::statement::Statement;
 use crate::value::Tri;
 
 /// IDEM011 not-idempotent-with-key: its code, name, default severity and documentation (this file's `//!` comment).
@@ -45,9 +48,13 @@ pub static RULE: Rule = Rule {
 };
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
-    let Some(st) = ctx.merged else {
-        return;
-    };
+    // Each statement on its own: a "no" in one and a key in the other is IDEM009's conflict.
+    for st in [&ctx.statements.section, &ctx.statements.extension].into_iter().flatten() {
+        check_one(ctx, st, out);
+    }
+}
+
+fn check_one(ctx: &Ctx<'_>, st: &Statement, out: &mut Vec<RawFinding>) {
     let Some(idem) = st.idempotent.as_ref().filter(|f| f.value == Tri::No) else {
         return;
     };

@@ -26,6 +26,7 @@ pub mod idem008_unstable_key;
 pub mod idem009_statements_disagree;
 pub mod idem010_unknown_directive;
 pub mod idem011_not_idempotent_with_key;
+pub mod idem012_generated_header_key;
 pub mod idem101_route_without_operation;
 pub mod idem102_operation_without_policy;
 pub mod idem103_key_mismatch;
@@ -167,7 +168,7 @@ impl Rule {
     }
 }
 
-pub static RULES: [&Rule; 17] = [
+pub static RULES: [&Rule; 18] = [
     &idem001_missing_statement::RULE,
     &idem002_idempotent_unstated::RULE,
     &idem003_missing_key::RULE,
@@ -179,6 +180,7 @@ pub static RULES: [&Rule; 17] = [
     &idem009_statements_disagree::RULE,
     &idem010_unknown_directive::RULE,
     &idem011_not_idempotent_with_key::RULE,
+    &idem012_generated_header_key::RULE,
     &idem101_route_without_operation::RULE,
     &idem102_operation_without_policy::RULE,
     &idem103_key_mismatch::RULE,
