@@ -29,9 +29,10 @@ pub enum Var {
     FirstSeenAt,
     HeldUntil,
     ShouldRetry,
+    RequestId,
 }
 
-const VARS: [(&str, Var); 8] = [
+const VARS: [(&str, Var); 9] = [
     ("code", Var::Code),
     ("message", Var::Message),
     ("status", Var::Status),
@@ -40,7 +41,39 @@ const VARS: [(&str, Var); 8] = [
     ("first_seen_at", Var::FirstSeenAt),
     ("held_until", Var::HeldUntil),
     ("should_retry", Var::ShouldRetry),
+    ("request_id", Var::RequestId),
 ];
+
+/// Where `{{request_id}}` stands in a rendered answer until it is sent: the request's id is the
+/// stream's (`x-request-id`, read when the answer goes out), not known where answers are made.
+/// Made of characters no escaping changes.
+pub const REQUEST_ID_MARK: &str = "@@idem-request-id@@";
+
+/// The codes of the gateway's own answers (what `[answers.codes]` may map).
+pub const CODES: [&str; 15] = [
+    "REQUEST_IN_PROGRESS",
+    "IDEMPOTENCY_OUTCOME_UNKNOWN",
+    "IDEMPOTENCY_KEY_REUSED",
+    "IDEMPOTENCY_KEY_MISSING",
+    "IDEMPOTENCY_KEY_INVALID",
+    "IDEMPOTENCY_SCOPE_MISSING",
+    "IDEMPOTENCY_TOKEN_MISSING",
+    "IDEMPOTENCY_TOKEN_INVALID",
+    "IDEMPOTENCY_BODY_TOO_LARGE",
+    "IDEMPOTENCY_STORE_UNAVAILABLE",
+    "IDEMPOTENCY_MISCONFIGURED",
+    "IDEMPOTENCY_NO_POLICY",
+    "IDEMPOTENCY_UPSTREAM_UNAVAILABLE",
+    "IDEMPOTENCY_HEADER_INVALID",
+    "IDEMPOTENCY_MEDIA_TYPE_UNSUPPORTED",
+];
+
+/// The API's own code (and status) for one of the gateway's answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapped {
+    pub code: String,
+    pub status: Option<u16>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
@@ -216,11 +249,15 @@ pub struct Answers {
     pub format: Format,
     /// Extra headers on every answer (values may name placeholders).
     pub headers: Vec<(String, Template)>,
+    /// The API's own code (and status) for some of the gateway's answers, by the gateway's code
+    /// (`IDEMPOTENCY_KEY_REUSED → IdempotentParameterMismatchException`): what `{{code}}` and
+    /// the status say. Counters, logs and gRPC codes keep the gateway's code.
+    pub codes: BTreeMap<String, Mapped>,
 }
 
 impl Default for Answers {
     fn default() -> Self {
-        Answers { format: Format::Json, headers: Vec::new() }
+        Answers { format: Format::Json, headers: Vec::new(), codes: BTreeMap::new() }
     }
 }
 
@@ -245,7 +282,14 @@ impl Answers {
 
     /// The answer with a body of its own (a duplicate response's `body`), else in this shape;
     /// the headers are added either way.
-    pub fn render_with(&self, a: &Answer<'_>, own: Option<(&Template, &str)>) -> LocalReply {
+    pub fn render_with(&self, answer: &Answer<'_>, own: Option<(&Template, &str)>) -> LocalReply {
+        let mapped = self.codes.get(answer.code);
+        let shown = Answer {
+            code: mapped.map_or(answer.code, |m| m.code.as_str()),
+            status: mapped.and_then(|m| m.status).unwrap_or(answer.status),
+            ..answer.clone()
+        };
+        let a = &shown;
         let mut reply = match (&self.format, own) {
             (_, Some((body, content_type))) => {
                 let filled = body.fill(&|v| self.value(v, a), Escape::for_content_type(content_type));
@@ -257,10 +301,11 @@ impl Answers {
             reply.headers.push((name.clone(), value.fill(&|v| self.value(v, a), Escape::Header).into_bytes()));
         }
         reply.own = Some(Box::new(crate::response::Own {
-            code: a.code.to_string(),
-            message: a.message.to_string(),
-            first_seen_ms: a.first_seen_ms,
+            code: answer.code.to_string(),
+            message: answer.message.to_string(),
+            first_seen_ms: answer.first_seen_ms,
         }));
+        reply.request_id = self.names_request_id(own.map(|(t, _)| t));
         reply
     }
 
@@ -290,6 +335,17 @@ impl Answers {
         }
     }
 
+    /// Whether an answer rendered with this shape (or this own body) holds `{{request_id}}`.
+    fn names_request_id(&self, own: Option<&Template>) -> bool {
+        let body = match (&self.format, own) {
+            (_, Some(t)) | (Format::Template { body: t, .. }, None) => Some(t),
+            _ => None,
+        };
+        body.into_iter()
+            .chain(self.headers.iter().map(|(_, t)| t))
+            .any(|t| t.pieces.contains(&Piece::Var(Var::RequestId)))
+    }
+
     fn value(&self, v: Var, a: &Answer<'_>) -> String {
         let time = |ms: Option<u64>| ms.map(crate::response::rfc3339).unwrap_or_default();
         match v {
@@ -307,6 +363,7 @@ impl Answers {
             Var::FirstSeenAt => time(a.first_seen_ms),
             Var::HeldUntil => time(a.held_until_ms),
             Var::ShouldRetry => a.retryable.to_string(),
+            Var::RequestId => REQUEST_ID_MARK.to_string(),
         }
     }
 }
@@ -394,10 +451,45 @@ impl<'de> Deserialize<'de> for Answers {
             type_base: Option<String>,
             #[serde(default)]
             headers: BTreeMap<String, String>,
+            #[serde(default)]
+            codes: BTreeMap<String, RawMapped>,
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RawFull {
+            code: String,
+            #[serde(default)]
+            status: Option<u16>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum RawMapped {
+            Code(String),
+            Full(RawFull),
         }
         let raw = Raw::deserialize(d)?;
-        build(raw.format.as_deref(), raw.template, raw.content_type, raw.type_base, raw.headers)
-            .map_err(de::Error::custom)
+        let mut answers = build(raw.format.as_deref(), raw.template, raw.content_type, raw.type_base, raw.headers)
+            .map_err(de::Error::custom)?;
+        for (ours, theirs) in raw.codes {
+            if !CODES.contains(&ours.as_str()) {
+                return Err(de::Error::custom(format!(
+                    "`codes`: {ours:?} is not one of the gateway's answers; they are {}",
+                    CODES.join(", ")
+                )));
+            }
+            let mapped = match theirs {
+                RawMapped::Code(code) => Mapped { code, status: None },
+                RawMapped::Full(RawFull { code, status }) => Mapped { code, status },
+            };
+            if mapped.code.is_empty() || mapped.code.chars().any(char::is_control) {
+                return Err(de::Error::custom(format!("`codes.{ours}`: the code must be non-empty text")));
+            }
+            if let Some(st) = mapped.status.filter(|st| !(200..=599).contains(st)) {
+                return Err(de::Error::custom(format!("`codes.{ours}`: status {st} is not an HTTP status (200–599)")));
+            }
+            answers.codes.insert(ours, mapped);
+        }
+        Ok(answers)
     }
 }
 
@@ -434,7 +526,7 @@ fn build(
         let t = Template::parse(&value).map_err(|e| format!("`headers.{name}`: {e}"))?;
         out.push((name.to_ascii_lowercase(), t));
     }
-    Ok(Answers { format, headers: out })
+    Ok(Answers { format, headers: out, codes: BTreeMap::new() })
 }
 
 impl<'de> Deserialize<'de> for Template {
@@ -561,5 +653,47 @@ mod tests {
         let csv = build(None, Some("{{message}}".into()), Some("text/csv".into()), None, BTreeMap::new()).unwrap_err();
         assert!(csv.contains("knows no escaping"), "{csv}");
         assert!(build(None, Some("{{code}}".into()), Some("text/csv".into()), None, BTreeMap::new()).is_ok());
+    }
+
+    /// AWS-shaped APIs: the SDK raises the API's own exception for the gateway's answers.
+    #[test]
+    fn the_apis_own_codes_and_statuses_replace_the_gateways_in_what_the_client_reads() {
+        let toml = r#"
+format = "template"
+content_type = "application/x-amz-json-1.0"
+template = '{"__type":"com.amazonaws.dynamodb.v20120810#{{code}}","message":"{{message}}","RequestId":"{{request_id}}"}'
+[codes]
+IDEMPOTENCY_KEY_REUSED = "IdempotentParameterMismatchException"
+REQUEST_IN_PROGRESS = { code = "TransactionInProgressException", status = 400 }
+"#;
+        let a: Answers = toml::from_str(toml).unwrap();
+        let reused =
+            a.render(&Answer { status: 422, code: "IDEMPOTENCY_KEY_REUSED", message: "m", ..Default::default() });
+        let v: serde_json::Value = serde_json::from_slice(&reused.body).unwrap();
+        assert_eq!(v["__type"], "com.amazonaws.dynamodb.v20120810#IdempotentParameterMismatchException");
+        assert_eq!(reused.status, 422, "no status mapped: the gateway's");
+        assert_eq!(
+            reused.own.as_ref().unwrap().code,
+            "IDEMPOTENCY_KEY_REUSED",
+            "logs and gRPC keep the gateway's code"
+        );
+        assert!(reused.request_id && v["RequestId"] == REQUEST_ID_MARK);
+        let busy = a.render(&Answer { status: 409, code: "REQUEST_IN_PROGRESS", message: "m", ..Default::default() });
+        assert_eq!(busy.status, 400);
+        let other =
+            a.render(&Answer { status: 400, code: "IDEMPOTENCY_KEY_MISSING", message: "m", ..Default::default() });
+        assert!(String::from_utf8_lossy(&other.body).contains("#IDEMPOTENCY_KEY_MISSING"));
+        let bad = toml::from_str::<Answers>(
+            "[codes]
+KEY_REUSED = \"X\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(bad.contains("not one of the gateway's answers"), "{bad}");
+        let bad = toml::from_str::<Answers>(
+            "[codes]
+IDEMPOTENCY_KEY_REUSED = { code = \"X\", status = 99 }\n",
+        );
+        assert!(bad.unwrap_err().to_string().contains("not an HTTP status"));
     }
 }

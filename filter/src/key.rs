@@ -77,6 +77,7 @@ fn missing(source: &Source) -> KeyError {
         Source::CloudEvent(a) => {
             format!("the CloudEvent has no {a} (header ce-{a} in binary mode, member {a} in structured mode)")
         }
+        Source::Capture(..) | Source::Digest(_) => return missing(source.base()),
     };
     KeyError::Missing(what)
 }
@@ -128,6 +129,35 @@ pub fn read(
             }
         },
         Source::CloudEvent(name) => crate::cloudevents::attribute(req, name),
+        Source::Capture(inner, pattern) => {
+            let value = match inner.as_ref() {
+                // A signed header is a list (`Credential=…, SignedHeaders=…, Signature=…`): read
+                // as sent, not as one structured-field key.
+                Source::Header(name) => raw_single_header(req, name)?,
+                other => read(other, template, req)?,
+            };
+            let Some(value) = value else {
+                return Ok(None);
+            };
+            match pattern.capture(&value) {
+                Ok(Some(part)) => Ok(Some(part.to_string())),
+                Ok(None) => Err(KeyError::Invalid(format!(
+                    "{inner} does not match the pattern {} of {source}",
+                    pattern.as_str()
+                ))),
+                Err(n) => Err(KeyError::Invalid(format!(
+                    "the pattern {} of {source} matches {inner} {n} times; which one identifies the request is ambiguous",
+                    pattern.as_str()
+                ))),
+            }
+        }
+        Source::Digest(inner) => Ok(read(inner, template, req)?.map(|v| {
+            use std::fmt::Write;
+            Sha256::digest(v.as_bytes()).iter().fold(String::with_capacity(64), |mut hex, b| {
+                let _ = write!(hex, "{b:02x}");
+                hex
+            })
+        })),
         Source::Path(name) => match template.map(|t| t.param(req.path(), name)) {
             Some(Ok(v)) => Ok(v),
             Some(Err(_)) => {
@@ -163,6 +193,17 @@ pub fn single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>
         )));
     }
     Ok(Some(parsed))
+}
+
+/// A header sent once, as text exactly as sent (no structured-field parsing).
+fn raw_single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>, KeyError> {
+    match req.header_values(&name.to_ascii_lowercase()).as_slice() {
+        [] => Ok(None),
+        [one] => std::str::from_utf8(one)
+            .map(|v| Some(v.to_string()))
+            .map_err(|_| KeyError::Invalid(format!("header {name} is not valid UTF-8"))),
+        many => Err(KeyError::Invalid(format!("header {name} was sent {} times; send it exactly once", many.len()))),
+    }
 }
 
 /// Accepts a bare token or an IETF structured-field string (`"..."` with `\"` and `\\` escapes).

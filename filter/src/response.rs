@@ -19,6 +19,9 @@ pub struct LocalReply {
     pub own: Option<Box<Own>>,
     /// A trailers-only gRPC answer with this `grpc-status` ([`LocalReply::for_grpc`]).
     pub grpc_status: Option<u32>,
+    /// Its body or headers hold [`crate::answers::REQUEST_ID_MARK`], to be replaced by the
+    /// request's id when it is sent.
+    pub request_id: bool,
 }
 
 /// What one of the gateway's own answers says: its stable code, its message, and when the first

@@ -502,3 +502,87 @@ fn percent_escapes_in_a_path_are_one_path_whatever_the_case_of_their_hex_digits(
     assert_eq!(m.canonical_path("/o/a%2fb/pay"), m.canonical_path("/o/a%2Fb/pay"));
     assert_eq!(m.canonical_path("/o/a%2fb/pay"), "/o/a%2Fb/pay");
 }
+
+// ---- part of a value, and values by digest (issue 39)
+
+const SIGV4: &str = "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20261202/us-east-1/ec2/aws4_request, \
+SignedHeaders=content-type;host;x-amz-date, Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024";
+
+#[test]
+fn a_signed_callers_stable_id_is_read_out_of_a_header_signed_anew_per_request() {
+    let scope = Source::parse("sigv4:access_key_id").unwrap();
+    assert_eq!(scope.to_string(), "sigv4:access_key_id");
+    let req = |auth: &str| Req::post("/").header("authorization", auth);
+    let retry = SIGV4.replace("20261202", "20261203").replace("fe5f80f7", "0123abcd");
+    assert_eq!(read(&scope, None, &req(SIGV4)).unwrap().as_deref(), Some("AKIAIOSFODNN7EXAMPLE"));
+    assert_eq!(
+        read(&scope, None, &req(&retry)).unwrap(),
+        read(&scope, None, &req(SIGV4)).unwrap(),
+        "one caller across retries"
+    );
+    let other = SIGV4.replace("AKIAIOSFODNN7EXAMPLE", "AKIAOTHERKEY00000000");
+    assert_ne!(read(&scope, None, &req(&other)).unwrap(), read(&scope, None, &req(SIGV4)).unwrap());
+    // Scoped ids follow: the same key from the same access key is one claim, from another two.
+    let id = |auth: &str| {
+        scoped_id("r", std::slice::from_ref(&scope), Anonymous::Reject, "tok-1", None, &req(auth)).unwrap()
+    };
+    assert_eq!(id(SIGV4), id(&retry));
+    assert_ne!(id(SIGV4), id(&other));
+    // WeChat Pay v3 signs every call with a new nonce and signature; mchid stays.
+    let wx = Source::parse("wechatpay:mchid").unwrap();
+    let sign = |nonce: &str| {
+        format!(
+            r#"WECHATPAY2-SHA256-RSA2048 mchid="1900000001",nonce_str="{nonce}",signature="c2ln",timestamp="1554208460",serial_no="1DDE55AD98ED71D6EDD4A4A16996DE7B47773A8C""#
+        )
+    };
+    assert_eq!(read(&wx, None, &req(&sign("a"))).unwrap().as_deref(), Some("1900000001"));
+    assert_eq!(read(&wx, None, &req(&sign("a"))).unwrap(), read(&wx, None, &req(&sign("b"))).unwrap());
+}
+
+#[test]
+fn a_capture_that_matches_nothing_or_twice_is_refused_naming_the_part() {
+    let s = Source::parse(r"header:authorization ~ key=(\w+)").unwrap();
+    let r = |v: &str| read(&s, None, &Req::post("/").header("authorization", v));
+    assert!(
+        matches!(r("Bearer x"), Err(KeyError::Invalid(m)) if m.contains("does not match") && m.contains("header:authorization"))
+    );
+    assert!(matches!(r("key=a key=b"), Err(KeyError::Invalid(m)) if m.contains("2 times")));
+    assert_eq!(read(&s, None, &Req::post("/")).unwrap(), None, "absent is absent");
+    let huge = format!("key={} {}", "a".repeat(100_000), "b ".repeat(100_000));
+    assert_eq!(r(&huge).unwrap().map(|v| v.len()), Some(100_000), "linear time on a large value");
+}
+
+#[test]
+fn patterns_are_refused_at_load_unless_they_capture_exactly_one_part() {
+    for (bad, why) in [
+        (r"header:authorization ~ Credential=\w+/", "0 capture groups"),
+        (r"header:authorization ~ (a)(b)", "2 capture groups"),
+        (r"header:authorization ~ (a)\1", "no backreferences"),
+        (r"header:authorization ~ (?=a)(b)", "no backreferences or look-around"),
+        (r"path:id ~ (a)", "a pattern applies to one value"),
+        ("sha256:sha256:header:x", "one sha256: is enough"),
+    ] {
+        let e = Source::parse(bad).unwrap_err();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    let long = format!("header:a ~ ({})", "a".repeat(600));
+    assert!(Source::parse(&long).unwrap_err().contains("at most 512"));
+}
+
+#[test]
+fn a_value_too_long_for_a_key_identifies_the_request_by_its_digest() {
+    // WeChat Pay v2's refund notify: the ids are inside req_info, 1068 bytes of base64.
+    let req_info = "T".repeat(1068);
+    let body = format!("<xml><return_code>SUCCESS</return_code><req_info><![CDATA[{req_info}]]></req_info></xml>");
+    let mut req = Req::post("/refund-notify");
+    req.body = Some(body.into_bytes());
+    let plain = policy("from = \"xml\"\nname = \"/xml/req_info\"");
+    assert!(matches!(extract(&plain, None, &req), Err(KeyError::Invalid(m)) if m.contains("1068 bytes")));
+    let digested = policy("parts = [\"sha256:xml:/xml/req_info\"]");
+    let key = extract(&digested, None, &req).unwrap();
+    assert_eq!(key.len(), 64);
+    assert_eq!(key, format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(req_info.as_bytes())));
+    let mut other = req.clone();
+    other.body = Some(format!("<xml><req_info>{}U</req_info></xml>", "T".repeat(1067)).into_bytes());
+    assert_ne!(extract(&digested, None, &other).unwrap(), key);
+}

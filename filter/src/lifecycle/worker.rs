@@ -457,9 +457,45 @@ fn default_namespace(plugin_name: Option<Vec<u8>>) -> String {
 }
 
 pub(super) fn send(host: &dyn Host, r: &LocalReply) {
+    let filled;
+    let r = if r.request_id {
+        filled = with_request_id(host, r);
+        &filled
+    } else {
+        r
+    };
     if let Err(e) = host.send_reply(r) {
         host.log(Level::Error, &format!("idem: send_local_response failed: {e:?}"));
     }
+}
+
+/// The answer with `{{request_id}}` filled in: the stream's `x-request-id` (Envoy's, or a trusted
+/// caller's), kept only when it is a plain id (letters, digits, `-_.:`, at most 128), so it needs
+/// no escaping wherever the template put it; empty otherwise.
+fn with_request_id(host: &dyn Host, r: &LocalReply) -> LocalReply {
+    let id = host
+        .request_header("x-request-id")
+        .filter(|v| v.len() <= 128 && v.iter().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b)))
+        .unwrap_or_default();
+    let mark = crate::answers::REQUEST_ID_MARK.as_bytes();
+    let fill = |bytes: &[u8]| -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut rest = bytes;
+        while let Some(i) = rest.windows(mark.len()).position(|w| w == mark) {
+            out.extend_from_slice(rest.get(..i).unwrap_or_default());
+            out.extend_from_slice(&id);
+            rest = rest.get(i + mark.len()..).unwrap_or_default();
+        }
+        out.extend_from_slice(rest);
+        out
+    };
+    let mut out = r.clone();
+    out.body = fill(&r.body);
+    for (_, v) in &mut out.headers {
+        *v = fill(v);
+    }
+    out.request_id = false;
+    out
 }
 
 /// `:status` of a header map, 0 when absent (a failed callout has no headers).

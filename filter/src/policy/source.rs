@@ -3,6 +3,14 @@
 //! `path:<template parameter>`. Key parts, scope parts and fingerprint parts all name their
 //! values this way; what each role does with a value is in [`crate::key`] and
 //! [`crate::fingerprint`].
+//!
+//! Two forms take part of a value or stand for it:
+//! - `<source> ~ <regex>`: the regex's one capture group, found exactly once in the value
+//!   (`header:authorization ~ Credential=([A-Z0-9]+)/`: a SigV4 caller's access key id, stable
+//!   across the retries it signs anew). Named extractors for the common schemes:
+//!   `sigv4:access_key_id` and `wechatpay:mchid`.
+//! - `sha256:<source>`: the value's SHA-256 (hex) stands for it, so a stable value of any length
+//!   can identify a request (WeChat Pay v2's encrypted `req_info`, 1 KB and more).
 
 use serde::{de, Deserialize, Deserializer};
 use std::fmt;
@@ -33,16 +41,124 @@ pub enum Source {
     /// binary mode, the member of the JSON body in structured mode (`cloudevent:id`,
     /// `cloudevent:source`); `cloudevent:data` is the event's data in either mode.
     CloudEvent(String),
+    /// Part of another source's value: the capture group of a pattern found once in it.
+    Capture(Box<Source>, Pattern),
+    /// Another source's value by its SHA-256 (lower-case hex).
+    Digest(Box<Source>),
 }
+
+/// A regex with exactly one capture group, compared and hashed by its text.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    text: String,
+    regex: regex_lite::Regex,
+}
+
+impl Pattern {
+    /// The longest pattern accepted: enough for any scheme's token, short enough to read.
+    const MAX_LEN: usize = 512;
+
+    pub fn parse(text: &str) -> Result<Pattern, String> {
+        if text.len() > Pattern::MAX_LEN {
+            return Err(format!("the pattern is {} bytes long; at most {}", text.len(), Pattern::MAX_LEN));
+        }
+        let regex = regex_lite::RegexBuilder::new(text).size_limit(1 << 20).build().map_err(|e| {
+            format!("the pattern {text:?} is not a regex this gateway runs ({e}); no backreferences or look-around")
+        })?;
+        let groups = regex.captures_len() - 1;
+        if groups != 1 {
+            return Err(format!(
+                "the pattern {text:?} has {groups} capture groups; it needs exactly one, around the part to keep"
+            ));
+        }
+        Ok(Pattern { text: text.to_string(), regex })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The capture of the one match in `value`: `Ok(None)` without a match, `Err(n)` when the
+    /// pattern matches `n > 1` times (which one identifies the caller would be a guess).
+    pub fn capture<'v>(&self, value: &'v str) -> Result<Option<&'v str>, usize> {
+        let mut found = self.regex.captures_iter(value).filter_map(|c| c.get(1));
+        let Some(first) = found.next() else {
+            return Ok(None);
+        };
+        match found.count() {
+            0 => Ok(Some(first.as_str())),
+            more => Err(more + 1),
+        }
+    }
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+impl Eq for Pattern {}
+impl std::hash::Hash for Pattern {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+/// The named extractors: a scheme's stable caller id inside a value signed anew per request.
+const EXTRACTORS: &[(&str, &str, &str)] = &[
+    // AWS Signature V4: `Authorization: AWS4-HMAC-SHA256 Credential=AKIA…/20261202/us-east-1/ec2/aws4_request, …`
+    ("sigv4:access_key_id", "header:authorization", r"\bCredential=([A-Za-z0-9]+)/"),
+    // WeChat Pay API v3: `Authorization: WECHATPAY2-SHA256-RSA2048 mchid="1900000001",nonce_str=…`
+    ("wechatpay:mchid", "header:authorization", r#"\bmchid="([0-9A-Za-z_-]+)""#),
+];
 
 impl Source {
     /// Whether reading it needs the request body.
     pub fn reads_body(&self) -> bool {
-        matches!(self, Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::CloudEvent(_))
+        match self {
+            Source::Capture(inner, _) | Source::Digest(inner) => inner.reads_body(),
+            _ => matches!(self, Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::CloudEvent(_)),
+        }
     }
 
-    /// Parses `kind:argument`.
+    /// The source whose value this one reads (itself, or what a capture or digest reads).
+    pub fn base(&self) -> &Source {
+        match self {
+            Source::Capture(inner, _) | Source::Digest(inner) => inner.base(),
+            other => other,
+        }
+    }
+
+    /// Parses `kind:argument`, `<source> ~ <regex>`, `sha256:<source>` or a named extractor.
     pub fn parse(s: &str) -> Result<Source, String> {
+        if let Some(inner) = s.strip_prefix("sha256:") {
+            let inner = Source::parse(inner)?;
+            if matches!(inner, Source::Digest(_)) {
+                return Err(format!("invalid source {s:?}: one sha256: is enough"));
+            }
+            return Ok(Source::Digest(Box::new(inner)));
+        }
+        if let Some((inner, pattern)) = s.split_once(" ~ ") {
+            let inner = Source::parse(inner.trim())?;
+            if !matches!(
+                inner,
+                Source::Header(_)
+                    | Source::Query(_)
+                    | Source::Cookie(_)
+                    | Source::Form(_)
+                    | Source::Body(_)
+                    | Source::Xml(_)
+                    | Source::Metadata(_)
+            ) {
+                return Err(format!("invalid source {s:?}: a pattern applies to one value: header, query, cookie, form, body, xml or metadata"));
+            }
+            let pattern = Pattern::parse(pattern.trim()).map_err(|e| format!("invalid source {s:?}: {e}"))?;
+            return Ok(Source::Capture(Box::new(inner), pattern));
+        }
+        if let Some((_, base, pattern)) = EXTRACTORS.iter().find(|(name, _, _)| *name == s) {
+            let inner = Source::parse(base)?;
+            return Ok(Source::Capture(Box::new(inner), Pattern::parse(pattern)?));
+        }
         let bad = |why: &str| format!("invalid source {s:?}: {why}; expected {EXPECTED}");
         let (kind, arg) = s.split_once(':').ok_or_else(|| bad("no `kind:`"))?;
         if arg.is_empty() {
@@ -77,7 +193,8 @@ impl Source {
 
 const EXPECTED: &str =
     "header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, \
-form:<field>, xml:/<element>[/…] or path:<template parameter>";
+form:<field>, xml:/<element>[/…] or path:<template parameter>; part of one: `<source> ~ <regex with one group>`, \
+sigv4:access_key_id or wechatpay:mchid; by digest: sha256:<source>";
 
 /// `/xml/transaction_id` → `["xml", "transaction_id"]`: element names (XML `Name`s without a
 /// namespace prefix), from the root.
@@ -147,6 +264,13 @@ impl fmt::Display for Source {
             Source::Xml(path) => write!(f, "xml:/{}", path.join("/")),
             Source::Path(p) => write!(f, "path:{p}"),
             Source::CloudEvent(a) => write!(f, "cloudevent:{a}"),
+            Source::Capture(inner, p) => {
+                match EXTRACTORS.iter().find(|(_, b, pat)| *pat == p.as_str() && inner.to_string() == *b) {
+                    Some((name, _, _)) => write!(f, "{name}"),
+                    None => write!(f, "{inner} ~ {}", p.as_str()),
+                }
+            }
+            Source::Digest(inner) => write!(f, "sha256:{inner}"),
         }
     }
 }
@@ -165,9 +289,9 @@ impl schemars::JsonSchema for Source {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter> or cloudevent:<attribute>.",
+            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter> or cloudevent:<attribute>; part of a value: `<source> ~ <regex with one capture group>`, sigv4:access_key_id, wechatpay:mchid; a value by its SHA-256: sha256:<source>.",
             "type": "string",
-            "pattern": "^(header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)$"
+            "pattern": "^(sha256:)?((header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)( ~ .+)?|sigv4:access_key_id|wechatpay:mchid)$"
         })
     }
 }

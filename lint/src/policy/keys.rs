@@ -49,9 +49,12 @@ fn source_of(op: &Operation<'_>, location: &KeyIn, name: &str) -> Result<Source,
 }
 
 /// Whether two sources read the same value: header names compare case-insensitively, body
-/// pointers as pointers (a dotted spec path and its pointer are one key).
+/// pointers as pointers (a dotted spec path and its pointer are one key), a digest as the value
+/// it digests.
 fn same_source(a: &Source, b: &Source) -> bool {
     match (a, b) {
+        // A value by its digest is that value: the spec names the field, the policy hashes it.
+        (Source::Digest(x), y) | (y, Source::Digest(x)) => same_source(x, y),
         (Source::Header(x), Source::Header(y)) => x.eq_ignore_ascii_case(y),
         (Source::Body(x), Source::Body(y)) => x == y || x.replace('.', "/") == y.replace('.', "/"),
         _ => a == b,
