@@ -52,8 +52,10 @@ clippy:
 unit: build
 	$(CARGO) test --workspace
 
+# Four files at a time (pytest-xdist, each file on one worker so its module fixtures hold): most
+# e2e time is waiting (Envoy starts, timeouts, sleeps), not computing.
 e2e: setup build
-	.venv/bin/pytest -q tests/e2e
+	.venv/bin/pytest -q -n 4 --dist loadfile tests/e2e
 
 lint-corpora: setup build
 	bash scripts/lint-corpora.sh

@@ -9,7 +9,7 @@
 #
 # Everything (the default level):
 #   - demo and redis, above
-#   - pytest into .venv; the e2e tests' real SDKs: orb-billing from PyPI into .venv and from npm into
+#   - pytest and pytest-xdist into .venv; the e2e tests' real SDKs: orb-billing from PyPI into .venv and from npm into
 #     tests/e2e/sdk; alipay-sdk-python, wechatpayv3, wechatpy, stripe, cloudevents, grpcio and
 #     grpcio-status from PyPI; stripe from npm
 #   - pyyaml==6.0.3, jsonschema==4.26.0 into .venv (the deploy tests: examples/istio, envoy-gateway,
@@ -78,11 +78,15 @@ if [ ! -x .venv/bin/pytest ]; then
   say "installing pytest into .venv"
   .venv/bin/pip install --quiet --disable-pip-version-check pytest
 fi
+if ! .venv/bin/python -c "import xdist" 2>/dev/null; then
+  say "installing pytest-xdist==3.8.0 into .venv (make e2e runs four test files at a time)"
+  .venv/bin/pip install --quiet --disable-pip-version-check pytest-xdist==3.8.0
+fi
 
 # Real SDKs for the e2e tests (tests/e2e/sdk), pinned: a Stainless-generated API client from PyPI
 # and npm (the retry tests), the payment providers' own SDKs (Alipay, WeChat Pay v3 and v2, Stripe:
 # the sender tests sign, encrypt and verify real notifications with them) and CloudEvents.
-if ! .venv/bin/python -c "import orb, alipay.aop.api, wechatpayv3, wechatpy, stripe, cloudevents, grpc, grpc_status, h2" 2>/dev/null; then
+if ! .venv/bin/python -c "import orb, alipay.aop.api, wechatpayv3, wechatpy, stripe, cloudevents, grpc, grpc_status, h2, boto3" 2>/dev/null; then
   say "installing the Python SDKs for the e2e tests (tests/e2e/sdk/requirements.txt)"
   .venv/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/sdk/requirements.txt
 fi

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -153,8 +154,16 @@ def test_the_action_installs_idem_lint_and_annotates_findings(wheel, tmp_path):
 def test_the_crates_package_for_crates_io():
     """`cargo publish --dry-run` of both crates (idem-lint depends on idem-filter by version)."""
     cargo = shutil.which("cargo") or str(os.path.expanduser("~/.cargo/bin/cargo"))
+    target = stack.REPO / "target" / "publish-check"
+    # The packaged idem-filter is served to idem-lint from a local registry under one version:
+    # cargo takes registry sources as immutable and would reuse the copy an earlier run extracted
+    # (into CARGO_HOME) or built. Only those local registries are cleared, never crates.io's.
+    cargo_home = Path(os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo")))
+    stale = list(target.glob("package")) + list(target.glob("debug/.fingerprint/idem-filter-*"))
+    stale += [p for p in cargo_home.glob("registry/src/*/idem-filter-*") if not p.parent.name.startswith("index.")]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
     done = run([cargo, "publish", "--dry-run", "--allow-dirty", "-p", "idem-filter", "-p", "idem-lint"],
-               cwd=stack.REPO, timeout=900,
-               env=dict(os.environ, CARGO_TARGET_DIR=str(stack.REPO / "target" / "publish-check")))
+               cwd=stack.REPO, timeout=900, env=dict(os.environ, CARGO_TARGET_DIR=str(target)))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Packaging idem-lint" in done.stderr and "aborting upload due to dry run" in done.stderr, done.stderr
