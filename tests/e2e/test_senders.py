@@ -10,6 +10,7 @@ every notification with the provider's SDK and counts its business runs.
 """
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -179,6 +180,19 @@ def test_a_wechat_v3_notify_redelivered_while_a_slow_merchant_works_ends_in_succ
 
 
 # ------------------------------------------------------------------------- WeChat Pay API v2
+
+def test_a_wechat_v2_refund_notify_keyed_on_its_encrypted_req_info_books_the_refund_once(gateway, merchant):
+    refund_id = "50300" + uuid.uuid4().hex[:20]
+    deliveries = [merchant.wechat_v2.refund_notify(refund_id, "R-" + refund_id[-8:], "4200" + refund_id[-16:])
+                  for _ in range(3)]
+    req_info = re.search(rb"<req_info><!\[CDATA\[(.*?)\]\]>", deliveries[0]).group(1)
+    assert len(req_info) > 255, "longer than a key may be: %d bytes" % len(req_info)
+    assert len({re.search(rb"<nonce_str>(.*?)</nonce_str>", d).group(1) for d in deliveries}) == 3
+    answers = [post(gateway, "/pay/wechat/v2/refund-notify", d, content_type="text/xml") for d in deliveries]
+    for r in answers:
+        assert r.status == 200 and b"SUCCESS" in r.body, describe(r)
+    assert merchant.calls(refund_id) == 1, "the refund was booked %d times" % merchant.calls(refund_id)
+
 
 def test_a_wechat_v2_xml_notify_runs_once_per_merchant(gateway, merchant):
     txn = "4200" + uuid.uuid4().hex[:24]

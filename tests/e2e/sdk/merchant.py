@@ -118,6 +118,13 @@ class Merchant:
             if fail:
                 return 200, "application/xml", b"<xml><return_code><![CDATA[FAIL]]></return_code></xml>"
             return 200, "application/xml", SUCCESS_V2
+        if path == "/pay/wechat/v2/refund-notify":
+            try:
+                refund = self.wechat_v2.verify_refund(body)
+            except Exception:
+                return self._forged(200, "application/xml", b"<xml><return_code><![CDATA[FAIL]]></return_code></xml>")
+            self._run(refund["refund_id"])
+            return 200, "application/xml", SUCCESS_V2
         if path == "/webhooks/stripe":
             try:
                 event = stripe_verify(body.decode("utf-8"), headers.get("Stripe-Signature", ""))

@@ -15,6 +15,7 @@ server checks before it runs its business.
 
 import base64
 import datetime
+import hashlib
 import json
 import secrets
 import string
@@ -161,6 +162,28 @@ class WeChatV2:
     def verify(self, body):
         """The merchant's check: the notification's fields (raises on a bad signature)."""
         return self.merchant.parse_payment_result(body)
+
+    def refund_notify(self, refund_id, out_refund_no, transaction_id):
+        """One delivery of a refund notification: the refund inside `req_info`, encrypted as
+        WeChat Pay does (wechatpy's RefundCrypto: AES-256-ECB, key = MD5 of the API key); a new
+        `nonce_str` each time, the same `req_info`."""
+        from wechatpy.crypto import RefundCrypto
+        fields = {"out_refund_no": out_refund_no, "out_trade_no": "O-" + out_refund_no, "refund_account":
+                  "REFUND_SOURCE_RECHARGE_FUNDS", "refund_fee": "100", "refund_id": refund_id,
+                  "refund_recv_accout": "招商银行信用卡0403", "refund_request_source": "API", "refund_status": "SUCCESS",
+                  "settlement_refund_fee": "100", "settlement_total_fee": "100",
+                  "success_time": "2026-12-02 10:00:00", "total_fee": "100", "transaction_id": transaction_id}
+        root = "<root>%s</root>" % "".join("<%s><![CDATA[%s]]></%s>" % (k, v, k) for k, v in fields.items())
+        key = hashlib.md5(self.API_KEY.encode()).hexdigest().encode()
+        req_info = RefundCrypto(key).encrypt(root.encode("utf-8")).decode()
+        return ("<xml><return_code>SUCCESS</return_code><appid><![CDATA[%s]]></appid><mch_id><![CDATA[%s]]></mch_id>"
+                "<nonce_str><![CDATA[%s]]></nonce_str><req_info><![CDATA[%s]]></req_info></xml>"
+                % (self.APPID, self.MCHID, uuid.uuid4().hex, req_info)).encode("utf-8")
+
+    def verify_refund(self, body):
+        """The merchant's side: `req_info` decrypted (wechatpy's WeChatRefundCrypto), the refund's fields."""
+        from wechatpy.crypto import WeChatRefundCrypto
+        return WeChatRefundCrypto(self.API_KEY).decrypt_message(body, self.APPID, self.MCHID)
 
 
 SUCCESS_V2 = b"<xml><return_code><![CDATA[SUCCESS]]></return_code><return_msg><![CDATA[OK]]></return_msg></xml>"
