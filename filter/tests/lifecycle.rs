@@ -1429,3 +1429,23 @@ fn an_early_answer_waits_only_briefly_until_envoy_is_seen_to_deliver_bodies() {
     w.on_tick(&host);
     assert_eq!(replies(&host.take_acts(), 11).len(), 1, "sent once the short wait is over");
 }
+
+#[test]
+fn a_request_no_policy_matches_passes_with_a_warning_once_per_path() {
+    // A policy on /refund under an Envoy route /refunds: one refund ran twice, silently.
+    let (host, w) = setup("[[route]]\nname = \"create-refund\"\nmatch = { method = \"POST\", path = \"/refund\" }\n");
+    let warnings = || host.logs().into_iter().filter(|(_, l)| l.contains("no policy matches")).count();
+    for (ctx, path) in [(10, "/refunds"), (11, "/refunds?x=1"), (12, "/refunds/77"), (13, "/refunds/78")] {
+        let mut req = FakeStream::request("POST", path, &[("idempotency-key", b"k")], b"");
+        req.properties.insert("xds.route_name".into(), b"refunds".to_vec());
+        host.open(ctx, req);
+        let mut s = Stream::new(Rc::clone(&w), ctx);
+        assert_eq!(s.on_request_headers(&host, true), Flow::Continue, "unmatched passes by default");
+    }
+    assert_eq!(warnings(), 2, "once for /refunds, once for /refunds/<n>: {:?}", host.logs());
+    let line = host.logs().into_iter().find(|(_, l)| l.contains("no policy matches")).unwrap();
+    assert!(
+        line.1.contains("POST /refunds on Envoy route \"refunds\"") && line.1.contains("unmatched = \"reject\""),
+        "{line:?}"
+    );
+}

@@ -89,6 +89,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print the documentation of a rule (the same as --explain CODE).
+    Explain {
+        /// The rule's code, e.g. IDEM004.
+        code: String,
+    },
     /// List the rules with their default severity.
     Rules {
         /// Print the rule table of lint/README.md (Markdown) instead.
@@ -202,7 +207,8 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         };
         if b.envoy_filter {
             let files: Vec<String> = set.files.iter().map(|f| f.name().to_string()).collect();
-            print(&envoy_filter(&text, &b.wasm, &files));
+            let routes: Vec<_> = set.routes().map(|r| r.route).collect();
+            print(&envoy_filter(&text, &b.wasm, &files, &routes));
         } else {
             print(&text);
         }
@@ -224,7 +230,11 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
         print(&s);
         return Ok(0);
     }
-    if let Some(code) = &cli.explain {
+    let explain = match &cli.command {
+        Some(Command::Explain { code }) => Some(code),
+        _ => cli.explain.as_ref(),
+    };
+    if let Some(code) = explain {
         let Some(rule) = find(code) else {
             return Err(FatalError::whole_file(code, "unknown rule code (see `idem-lint rules`)"));
         };

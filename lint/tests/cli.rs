@@ -232,6 +232,8 @@ fn rules_and_explain() {
     assert_eq!(rows.len(), 2 + idem_lint::rules::RULES.len(), "{table}");
     assert!(rows[2].starts_with("| IDEM001 | missing-statement | error | "), "{table}");
     assert!(rows.iter().any(|r| r.starts_with("| IDEM008 | ") && r.contains(" | warning | ")), "{table}");
+    // `explain CODE` is the same as `--explain CODE`.
+    assert_eq!(stdout(&run(&["explain", "idem004"])), doc);
     let o = run(&["--explain", "IDEM999"]);
     assert_eq!(o.status.code(), Some(2));
     let labels = stdout(&run(&["rules", "--labels"]));

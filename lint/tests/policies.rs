@@ -395,6 +395,14 @@ fn envoy_filter_entry_is_the_documented_shape_and_carries_the_bundle() {
     let value = conf.get("value").unwrap().as_str().unwrap();
     assert_eq!(parse_bundle(value, "value").unwrap(), expected_bundle(&policy_files()));
     assert!(y.contains("envoy.config.route.v3.FilterConfig") && y.contains("config: {}"), "{y}");
+    // The header's route table names the bundled policies' own routes, not a fixed example.
+    let o = run_in(&repo(), &["bundle", "policies/order-pay.toml", "--envoy-filter"]);
+    let header = stdout(&o);
+    assert!(
+        header.contains("#   - name: order-pay\n#     match: { prefix: /api/orders/, case_sensitive: false }"),
+        "{header}"
+    );
+    assert!(!header.contains("create-order"), "{header}");
     let o = run_in(&repo(), &["bundle", "policies/", "--envoy-filter", "--format", "json"]);
     let root = idem_lint::loader::parse_text("filter.yaml", &stdout(&o)).unwrap();
     let v = root.as_seq().unwrap()[0].get("typed_config").unwrap().get("config").unwrap();

@@ -581,8 +581,9 @@ impl Stream {
     fn unmatched(&mut self, host: &dyn Host) -> Flow {
         let w = &self.worker;
         if w.engine.bundle.unmatched == Unmatched::Pass {
-            // The cheap common case: one counter, no more host calls.
+            // The cheap common case: one counter, and a warning the first time a path is seen.
             w.metrics.count_unmatched(host, false);
+            w.warn_unmatched(host, &self.request.method, &self.request.path);
             return Flow::Continue;
         }
         let method = &self.request.method;

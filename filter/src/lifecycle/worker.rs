@@ -21,6 +21,9 @@ use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, Payload, StoreError};
 use std::cell::{Cell, RefCell};
 
+/// The most path patterns a worker warns about as unmatched (then it stops: the counter goes on).
+const MAX_UNMATCHED_WARNINGS: usize = 64;
+
 /// What every context of one worker shares.
 pub struct Worker {
     pub engine: Engine,
@@ -69,6 +72,8 @@ pub struct Worker {
     pub(super) early: Early,
     /// Whether the streaming-gRPC warning was logged.
     pub(super) streaming_logged: Cell<bool>,
+    /// The path patterns of requests that passed unmatched, each warned about once.
+    unmatched_seen: RefCell<Set<u64>>,
     /// Where gRPC replays wait for the echo (see `replay`).
     pub(super) replay_slots: ReplaySlots,
     /// Streams replaying a gRPC answer through the echo (see `replay`).
@@ -145,6 +150,7 @@ impl Worker {
             body_gate: BodyGate::default(),
             early: Early::default(),
             streaming_logged: Cell::new(false),
+            unmatched_seen: RefCell::new(Set::default()),
             replay_slots,
             replays: Replays::default(),
             eviction: super::eviction::probe(),
@@ -172,6 +178,35 @@ impl Worker {
     pub(super) fn batching_per_slot(&self, host: &dyn Host) {
         let line = "idem: Redis is a cluster: claims and writes are batched per hash slot from now on";
         self.log_once(host, &self.batch_per_slot, Level::Info, line);
+    }
+
+    /// A request on a route with the filter on that no policy matched passed unprotected: warned
+    /// once per method and path pattern (digits collapsed: `/refund/123` and `/refund/456` are
+    /// one), at most [`MAX_UNMATCHED_WARNINGS`] patterns per worker. A policy path that differs
+    /// from the route's (`/refund` under an Envoy route `/refunds`) otherwise fails open silently.
+    pub(super) fn warn_unmatched(&self, host: &dyn Host, method: &str, path: &str) {
+        let bare = path.split(['?', '#']).next().unwrap_or(path);
+        let pattern: String = bare.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
+        let mut h = std::hash::BuildHasher::build_hasher(&foldhash::fast::FixedState::default());
+        std::hash::Hasher::write(&mut h, method.as_bytes());
+        std::hash::Hasher::write(&mut h, pattern.as_bytes());
+        let key = std::hash::Hasher::finish(&h);
+        let mut seen = self.unmatched_seen.borrow_mut();
+        if seen.len() >= MAX_UNMATCHED_WARNINGS || !seen.insert(key) {
+            return;
+        }
+        drop(seen);
+        let route = host.property(&["xds", "route_name"]).map(|b| String::from_utf8_lossy(&b).into_owned());
+        host.log(
+            Level::Warn,
+            &format!(
+                "idem: no policy matches {method} {} on Envoy route {:?}: it passed unprotected (unmatched = \
+                 \"pass\"). Give the route a policy whose match.path is the route's path, or set unmatched = \
+                 \"reject\" so such requests are refused (docs/deploy.md); logged once per path",
+                truncated(bare),
+                route.unwrap_or_default()
+            ),
+        );
     }
 
     /// Logs `line` the first time only (per worker), as `logged` records.
