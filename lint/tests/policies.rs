@@ -258,7 +258,7 @@ fn bundles_across_files_reject_two_redis_tables_and_duplicate_names_naming_both_
     let b = dir.join("b.toml");
     assert_eq!(
         stderr(&o).trim(),
-        format!("idem-lint: error: {}:3:1: [redis] appears in two policy files (first at {}:1:1); a bundle has one, keep it in one file", b.display(), a.display())
+        format!("idem-lint: error: {}:3:1: [redis] differs from the one in {}:1:1; a bundle has one [redis]: state it once (in any one file, or a file of its own) or identically", b.display(), a.display())
     );
     std::fs::remove_file(&b).unwrap();
     std::fs::copy(repo().join("policies/order-pay.toml"), dir.join("c.toml")).unwrap();
@@ -490,4 +490,53 @@ fn examples_envoy_redis_yaml_routes_are_the_policy_files_on_the_redis_store() {
     for (g, w) in got.routes.iter().zip(&want) {
         assert_eq!(g, w, "examples/envoy-redis.yaml route {:?} differs from its policy file", w.name);
     }
+}
+
+/// A policy per route, with `[redis]` stated once for the bundle (in a file of its own, or in one
+/// of the route files): every layout bundles; two files that state it differently are refused.
+#[test]
+fn bundle_wide_tables_are_stated_once_for_every_file() {
+    let dir = std::env::temp_dir().join(format!("idem-compose-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let redis = "[redis]\ncluster = \"webdis\"\ntimeout = \"500ms\"\n";
+    let route = |name: &str, path: &str| {
+        format!("[[route]]\nname = \"{name}\"\nmatch = {{ method = \"POST\", path = \"{path}\" }}\nstore = \"redis\"\n")
+    };
+    std::fs::write(dir.join("create-payout.toml"), route("create-payout", "/payouts")).unwrap();
+    std::fs::write(dir.join("create-refund.toml"), route("create-refund", "/refunds")).unwrap();
+    std::fs::write(dir.join("redis.toml"), redis).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let bundle = parse_bundle(&stdout(&o), "bundle").unwrap();
+    assert_eq!(bundle.routes.len(), 2);
+    assert_eq!(bundle.redis.as_ref().map(|r| r.cluster.as_str()), Some("webdis"));
+    // In one of the route files instead, and the same table twice: the same bundle.
+    std::fs::remove_file(dir.join("redis.toml")).unwrap();
+    std::fs::write(dir.join("create-refund.toml"), format!("{redis}\n{}", route("create-refund", "/refunds"))).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::write(dir.join("create-payout.toml"), format!("{redis}\n{}", route("create-payout", "/payouts"))).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(parse_bundle(&stdout(&o), "bundle").unwrap().routes.len(), 2);
+    // Two files that disagree: refused, naming both.
+    let other = redis.replace("500ms", "2s");
+    std::fs::write(dir.join("create-payout.toml"), format!("{other}\n{}", route("create-payout", "/payouts"))).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("[redis] differs from the one in")
+            && e.contains("create-payout.toml")
+            && e.contains("create-refund.toml"),
+        "{e}"
+    );
+    // A route file alone still says what it lacks.
+    let o = run_in(&repo(), &["bundle", dir.join("create-payout.toml").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::write(dir.join("lonely.toml"), route("lonely", "/lonely")).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.join("lonely.toml").to_str().unwrap()]);
+    assert!(stderr(&o).contains("needs a top-level [redis] table"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -138,7 +138,28 @@ impl PolicyFile {
     /// Parses one policy file (TOML, or JSON when it starts with `{`; JSON files carry no
     /// field spans and findings then point at their first line).
     pub fn parse(name: &str, text: &str) -> Result<PolicyFile, FatalError> {
-        let bundle = parse_bundle(text, name).map_err(|e| fatal(&e, text))?;
+        PolicyFile::parse_with(name, text, &toml::Table::new())
+    }
+
+    /// Parses a file with the bundle-wide tables another file states (`[redis]` in a file of
+    /// its own, say), appended after its own text when it lacks them: errors in the file itself
+    /// keep their positions.
+    pub fn parse_with(name: &str, text: &str, bundle_tables: &toml::Table) -> Result<PolicyFile, FatalError> {
+        let own: Option<toml::Table> = toml::from_str(text).ok();
+        let missing: toml::Table = match &own {
+            Some(own) => bundle_tables
+                .iter()
+                .filter(|(k, _)| !own.contains_key(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            None => toml::Table::new(),
+        };
+        let full = if missing.is_empty() || text.trim_start().starts_with('{') {
+            text.to_string()
+        } else {
+            format!("{text}\n{}", toml::to_string(&missing).unwrap_or_default())
+        };
+        let bundle = parse_bundle(&full, name).map_err(|e| fatal(&e, &full))?;
         let mirror: MirrorDoc = if text.trim_start().starts_with('{') {
             MirrorDoc::default()
         } else {

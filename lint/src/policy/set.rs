@@ -1,7 +1,6 @@
 //! A policy set: the files behind the command-line arguments, each parsed on its own, then
 //! checked across files as one bundle, and the routes of all of them.
 
-use std::ops::Range;
 use std::path::Path;
 
 use idem_filter::policy::{parse_bundle, RoutePolicy};
@@ -61,12 +60,19 @@ pub struct RouteRef<'a> {
 
 impl PolicySet {
     /// Reads and checks every file (each with the filter's parser), then the set as one bundle.
+    /// The bundle-wide tables (`[redis]`, `[tokens]`, `[answers]`, `[shared]`, …) may be stated in
+    /// any one file, or a file of their own: every file is checked with them.
     pub fn load(args: &[String]) -> Result<PolicySet, FatalError> {
-        let mut files = Vec::new();
+        let mut texts = Vec::new();
         for name in expand(args)? {
             let text = std::fs::read_to_string(&name)
                 .map_err(|e| FatalError::whole_file(&name, format!("cannot read: {e}")))?;
-            files.push(PolicyFile::parse(&name, &text)?);
+            texts.push((name, text));
+        }
+        let shared = bundle_tables(&texts)?;
+        let mut files = Vec::new();
+        for (name, text) in &texts {
+            files.push(PolicyFile::parse_with(name, text, &shared)?);
         }
         let set = PolicySet { files };
         set.check_across_files()?;
@@ -86,26 +92,6 @@ impl PolicySet {
 
     /// What the filter checks inside one bundle, across files, with both places named.
     pub(crate) fn check_across_files(&self) -> Result<(), FatalError> {
-        for (table, get) in [
-            ("[shared]", (|f: &PolicyFile| f.shared_span.clone()) as fn(&PolicyFile) -> Option<Range<usize>>),
-            ("[redis]", |f: &PolicyFile| f.redis_span.clone()),
-        ] {
-            let mut first: Option<(&PolicyFile, Range<usize>)> = None;
-            for f in &self.files {
-                let Some(s) = get(f) else { continue };
-                if let Some((pf, ps)) = &first {
-                    return Err(fatal_at(
-                        f,
-                        &s,
-                        format!(
-                            "{table} appears in two policy files (first at {}); a bundle has one, keep it in one file",
-                            pf.at(ps)
-                        ),
-                    ));
-                }
-                first = Some((f, s));
-            }
-        }
         let routes: Vec<RouteRef<'_>> = self.routes().collect();
         for (i, r) in routes.iter().enumerate() {
             for o in &routes[..i] {
@@ -144,6 +130,64 @@ impl PolicySet {
         parse_bundle(&text, "bundle").map_err(|e| fatal(&e, &text))?;
         Ok(())
     }
+}
+
+/// The tables a bundle has once, whichever file states them.
+const BUNDLE_TABLES: [&str; 7] = ["redis", "tokens", "answers", "shared", "detached", "grpc", "metrics"];
+
+/// The bundle-wide tables of a set of TOML policy files: each may be stated in any one file (or
+/// in several, identically); two files that state one differently are refused, naming both.
+fn bundle_tables(texts: &[(String, String)]) -> Result<toml::Table, FatalError> {
+    let mut out = toml::Table::new();
+    let mut from: Vec<(&str, &str, &str)> = Vec::new();
+    for (name, text) in texts {
+        if text.trim_start().starts_with('{') {
+            continue;
+        }
+        // A file that does not parse is reported by its own check, with the position.
+        let Ok(table) = toml::from_str::<toml::Table>(text) else {
+            continue;
+        };
+        for key in BUNDLE_TABLES {
+            let Some(value) = table.get(key) else { continue };
+            match out.get(key) {
+                Some(seen) if seen != value => {
+                    let (_, first_name, first_text) =
+                        from.iter().find(|(k, _, _)| *k == key).copied().unwrap_or_default();
+                    let p = crate::source::position_of(first_text, table_offset(first_text, key));
+                    return Err(FatalError::at(
+                        name,
+                        text,
+                        table_offset(text, key),
+                        format!(
+                            "[{key}] differs from the one in {first_name}:{}:{}; a bundle has one [{key}]: state it \
+                             once (in any one file, or a file of its own) or identically",
+                            p.line, p.column
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    out.insert(key.to_string(), value.clone());
+                    from.push((key, name, text));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Where `[key]` starts in a TOML text (0 when it is written another way, such as dotted keys).
+fn table_offset(text: &str, key: &str) -> usize {
+    let header = format!("[{key}]");
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_start().starts_with(&header) {
+            return offset + (line.len() - line.trim_start().len());
+        }
+        offset += line.len();
+    }
+    0
 }
 
 /// Path template shape: literal segments, `None` for `{param}`.
