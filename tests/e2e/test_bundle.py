@@ -137,3 +137,31 @@ def test_bundle_envoy_filter_entry_loads_and_every_policy_answers(bundled, upstr
 
     # no policy, no filter
     assert_upstream_answer(post(env, "/healthz", None))
+
+
+def test_a_policy_per_route_on_redis_bundles_and_runs_on_two_envoys(workdir, upstream, redis_stack, tmp_path):
+    """Two Redis route files and `[redis]` in a file of its own (issue 40): `idem-lint bundle DIR`
+    composes them, and two Envoys sharing one Redis run the bundle: forwarded once, replayed on
+    either Envoy."""
+    prefix = "idem-compose-%s:" % new_key()[-6:]
+    (tmp_path / "redis.toml").write_text(stack.redis_table(prefix=prefix))
+    for name, path in (("create-payout", "/payouts"), ("create-refund", "/refunds")):
+        (tmp_path / ("%s.toml" % name)).write_text(
+            '[[route]]\nname = "%s"\nmatch = { method = "POST", path = "%s" }\nstore = "redis"\n' % (name, path))
+    r = subprocess.run([str(IDEM_LINT), "bundle", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    routes = stack.routes_from_policy(r.stdout)
+    try:
+        envs = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, r.stdout, routes=routes, n=2)
+    except stack.StackError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        for path in ("/payouts", "/refunds"):
+            key = new_key("compose")
+            first = post(envs[0], path, key)
+            assert_upstream_answer(first, key=key, n=1)
+            assert_replay_of(post(envs[1], path, key), first)
+            assert upstream.calls(key) == 1
+    finally:
+        for env in envs:
+            env.stop()
