@@ -209,6 +209,20 @@ def test_canonical_json_fingerprint(idem, upstream):
                          body=b'{"c":{"x":1,"y":2},"b":[2,1],"a":1}')
     assert_local(other, 422, "IDEMPOTENCY_KEY_REUSED")
     assert upstream.calls(key) == 1
+    # Numbers by their exact decimal value, never through floating point: two 20-digit amounts
+    # that differ in the last digit (one f64 for both) are two requests; 1e2 and 100.0 are 100.
+    big = new_key()
+    first = idem.request("POST", "/t/canonical", headers={"Idempotency-Key": big, "content-type": "application/json"},
+                         body=b'{"amount": 12345678901234567890, "fee": 1e2}')
+    assert_upstream_answer(first, key=big, n=1)
+    same = idem.request("POST", "/t/canonical", headers={"Idempotency-Key": big, "content-type": "application/json"},
+                        body=b'{"fee":100.0,"amount":12345678901234567890}')
+    assert_replay_of(same, first)
+    off_by_one = idem.request("POST", "/t/canonical",
+                              headers={"Idempotency-Key": big, "content-type": "application/json"},
+                              body=b'{"fee":100,"amount":12345678901234567891}')
+    assert_local(off_by_one, 422, "IDEMPOTENCY_KEY_REUSED")
+    assert upstream.calls(big) == 1
 
 
 def test_payment_callback_keyed_by_body_replays_first_success(idem, upstream):

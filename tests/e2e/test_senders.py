@@ -318,6 +318,13 @@ def test_a_composite_key_keeps_each_merchants_trade_numbers_apart(gateway, merch
     assert (a.status, b.status) == (201, 201) and b.header("idempotent-replayed") is None, describe(b)
     assert_replay_of(post(gateway, "/m/1900000109/orders", {"out_trade_no": trade, "amount": 1}), a)
     assert merchant.calls("1900000109/" + trade) == 1 and merchant.calls("1900000110/" + trade) == 1
+    # Parts whose text slides across the boundary are two keys: merchant 19000001 with trade
+    # 09…, and merchant 1900000109 with trade … (joined without a separator they are one text).
+    slide_a = post(gateway, "/m/19000001/orders", {"out_trade_no": "09" + trade, "amount": 1})
+    slide_b = post(gateway, "/m/1900000109/orders", {"out_trade_no": trade, "amount": 1})
+    assert slide_a.status == 201 and slide_a.header("idempotent-replayed") is None, describe(slide_a)
+    assert slide_b.header("idempotent-replayed") == "true", "the earlier order is replayed: %s" % describe(slide_b)
+    assert merchant.calls("19000001/09" + trade) == 1 and merchant.calls("1900000109/" + trade) == 1
     # A separator smuggled into a part (percent-encoded in the path) is refused, never joined.
     r = post(gateway, "/m/1900%1F000109/orders", {"out_trade_no": trade, "amount": 1})
     j = assert_local(r, 400, "IDEMPOTENCY_KEY_INVALID")
