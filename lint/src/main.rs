@@ -89,6 +89,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write a complete Envoy bootstrap that runs the policies (run it with `envoy -c FILE.yaml`):
+    /// a loopback listener with the policies' routes (the filter enabled on each) and a catch-all,
+    /// the upstream cluster, the Webdis cluster for Redis routes, the internal listeners detached
+    /// forwarding and gRPC replays need, and the stats tags that label the counters.
+    Envoy(EnvoyArgs),
     /// Print the documentation of a rule (the same as --explain CODE).
     Explain {
         /// The rule's code, e.g. IDEM004.
@@ -137,6 +142,36 @@ struct PoliciesArgs {
     /// Config file (default: ./idem-lint.toml when it exists): extra section titles.
     #[arg(long, value_name = "FILE")]
     config: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct EnvoyArgs {
+    /// Policy files, or directories whose *.toml files (sorted by name) are read.
+    #[arg(value_name = "DIR|FILE", required = true)]
+    paths: Vec<String>,
+    /// The service behind the gateway.
+    #[arg(long, value_name = "HOST:PORT")]
+    upstream: String,
+    /// Webdis, for routes with store = "redis" (required when there are any).
+    #[arg(long, value_name = "HOST:PORT")]
+    webdis: Option<String>,
+    /// The listener's port (on 127.0.0.1).
+    #[arg(long, value_name = "PORT", default_value_t = 10000)]
+    listen: u16,
+    /// The admin port (on 127.0.0.1: /stats, /stats/prometheus).
+    #[arg(long, value_name = "PORT", default_value_t = 9901)]
+    admin: u16,
+    /// The filter's .wasm.
+    #[arg(long, value_name = "PATH", default_value = "target/wasm32-wasip1/release/idem_filter.wasm")]
+    wasm: String,
+}
+
+/// `host:port` of a flag.
+fn host_port<'a>(flag: &str, v: &'a str) -> Result<(&'a str, u16), FatalError> {
+    v.rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse().ok()?)))
+        .filter(|(h, _)| !h.is_empty())
+        .ok_or_else(|| FatalError::whole_file(flag, format!("{v:?} is not HOST:PORT")))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -198,6 +233,33 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
             None => Config::default(),
         };
         return write_policies(p, &config);
+    }
+    if let Some(Command::Envoy(e)) = &cli.command {
+        let set = PolicySet::load(&e.paths)?;
+        let bundle = set.bundle_toml()?;
+        let routes: Vec<_> = set.routes().map(|r| r.route).collect();
+        let redis = set.files.iter().find_map(|f| f.bundle.redis.as_ref()).map(|r| r.cluster.clone());
+        let uses_redis = routes.iter().any(|r| r.store == idem_filter::policy::StoreKind::Redis);
+        if uses_redis && e.webdis.is_none() {
+            return Err(FatalError::whole_file(
+                "--webdis",
+                "a route keeps its keys in Redis: give Webdis as --webdis HOST:PORT",
+            ));
+        }
+        let b = idem_lint::policy::Bootstrap {
+            bundle: &bundle,
+            wasm: &e.wasm,
+            upstream: host_port("--upstream", &e.upstream)?,
+            webdis: e.webdis.as_deref().map(|w| host_port("--webdis", w)).transpose()?,
+            listen: e.listen,
+            admin: e.admin,
+        };
+        let (text, skipped) = idem_lint::policy::bootstrap(&b, &routes, redis.as_deref());
+        for name in skipped {
+            eprintln!("idem-lint: note: route {name:?} matches an Envoy route by name: add that route yourself");
+        }
+        print(&text);
+        return Ok(0);
     }
     if let Some(Command::Bundle(b)) = &cli.command {
         let set = PolicySet::load(&b.paths)?;

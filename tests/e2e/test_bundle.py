@@ -12,7 +12,7 @@ import pytest
 
 import stack
 from conftest import envoy_from_yaml, new_key
-from idemtest import assert_local, assert_replay_of, assert_upstream_answer, describe, post
+from idemtest import assert_local, assert_replay_of, assert_upstream_answer, describe, post, wait_for
 
 IDEM_LINT = stack.REPO / "target" / "release" / "idem-lint"
 
@@ -165,3 +165,58 @@ def test_a_policy_per_route_on_redis_bundles_and_runs_on_two_envoys(workdir, ups
     finally:
         for env in envs:
             env.stop()
+
+
+def generated_envoy(workdir, paths, upstream_port, webdis_port=None):
+    """`idem-lint envoy PATHS --upstream … [--webdis …]` as printed, run by a real Envoy."""
+    def config(lp, ap):
+        argv = [str(IDEM_LINT), "envoy", *[str(p) for p in paths], "--upstream", "127.0.0.1:%d" % upstream_port,
+                "--listen", str(lp), "--admin", str(ap), "--wasm", str(stack.WASM)]
+        if webdis_port:
+            argv += ["--webdis", "127.0.0.1:%d" % webdis_port]
+        r = subprocess.run(argv, cwd=str(stack.REPO), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    return envoy_from_yaml(workdir, "envoy-generated", config)
+
+
+def assert_runs(env, upstream, path, key, body=None, headers=None):
+    first = post(env, path, key, body=body, headers=headers)
+    assert first.status == 200 and first.header("idempotent-replayed") is None, describe(first)
+    again = post(env, path, key, body=body, headers=headers)
+    assert_replay_of(again, first)
+    return first
+
+
+def test_idem_lint_envoy_runs_a_new_users_policy_the_shipped_ones_and_a_redis_bundle(workdir, upstream, redis_stack,
+                                                                                     tmp_path):
+    # A newcomer's own route: POST /refunds keyed on a body field.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "create-refund.toml").write_text(
+        '[[route]]\nname = "create-refund"\nmatch = { method = "POST", path = "/refunds" }\n'
+        '[route.key]\nfrom = "body"\nname = "/refund_no"\nscope = []\n')
+    with generated_envoy(workdir, [mine], upstream.port) as env:
+        refund = "rf-" + new_key()
+        assert_runs(env, upstream, "/refunds", None, body={"refund_no": refund, "amount": 5})
+        prom = env.admin("/stats/prometheus").body.decode()
+        assert 'idem_requests_total{route="create-refund",outcome="replayed"} 1' in prom, prom[-2000:]
+        # A path no policy matches on a route the filter is on is logged, not silent.
+        post(env, "/refunds/extra", new_key())
+        wait_for(lambda: "no policy matches POST /refunds/extra" in env.log_text(), 5, what="the unmatched warning")
+    # The shipped policies.
+    with generated_envoy(workdir, ["policies/"], upstream.port) as env:
+        key = new_key()
+        assert_runs(env, upstream, "/api/order/create", key)
+        assert upstream.calls(key) == 1
+    # A Redis bundle: two route files and [redis] in a file of its own.
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    (fleet / "redis.toml").write_text(stack.redis_table(prefix="idem-gen-%s:" % new_key()[-6:]))
+    (fleet / "create-payout.toml").write_text(
+        '[[route]]\nname = "create-payout"\nmatch = { method = "POST", path = "/payouts" }\nstore = "redis"\n')
+    with generated_envoy(workdir, [fleet], upstream.port, redis_stack.webdis.port) as env:
+        key = new_key()
+        assert_runs(env, upstream, "/payouts", key)
+        assert upstream.calls(key) == 1
+        assert env.counter("idem.create-payout.stored") >= 1

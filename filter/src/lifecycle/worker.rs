@@ -203,7 +203,7 @@ impl Worker {
                 "idem: no policy matches {method} {} on Envoy route {:?}: it passed unprotected (unmatched = \
                  \"pass\"). Give the route a policy whose match.path is the route's path, or set unmatched = \
                  \"reject\" so such requests are refused (docs/deploy.md); logged once per path",
-                truncated(bare),
+                bare.chars().take(200).collect::<String>(),
                 route.unwrap_or_default()
             ),
         );

@@ -1,6 +1,7 @@
 //! The Envoy HCM `http_filters` entry that carries a bundle (`idem-lint bundle --envoy-filter`).
 
 use idem_filter::policy::{Matcher, RoutePolicy};
+use serde_json::{json, Value};
 
 /// The Envoy HCM `http_filters` entry for the bundle (YAML), with the per-route switch as a
 /// comment. `configuration` is the bundle text (TOML or JSON).
@@ -77,6 +78,107 @@ pub fn envoy_filter(bundle: &str, wasm: &str, files: &[String], routes: &[&Route
         }
     }
     s
+}
+
+/// Where `idem-lint envoy` points the bootstrap.
+pub struct Bootstrap<'a> {
+    pub bundle: &'a str,
+    pub wasm: &'a str,
+    pub upstream: (&'a str, u16),
+    pub webdis: Option<(&'a str, u16)>,
+    pub listen: u16,
+    pub admin: u16,
+}
+
+/// A complete Envoy bootstrap (JSON, which Envoy reads as YAML too) for a bundle: a loopback
+/// listener whose routes are the policies' own (the filter enabled on each), a catch-all without
+/// it, the upstream cluster, the Webdis cluster when a route keeps its keys in Redis, the internal
+/// listeners detached requests and gRPC replays need, and the stats tags that give the counters
+/// their `route` and `outcome` labels. Policies matched by Envoy route name cannot be routed from
+/// here: they are returned to be named on stderr.
+pub fn bootstrap(b: &Bootstrap<'_>, routes: &[&RoutePolicy], redis: Option<&str>) -> (String, Vec<String>) {
+    let enable = json!({"idem": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}});
+    let mut envoy_routes = vec![json!({"name": "idem-echo", "match": {"prefix": "/.idem/replay"},
+        "route": {"cluster": "idem_echo", "timeout": "15s"}, "typed_per_filter_config": enable.clone()})];
+    let mut skipped = Vec::new();
+    for r in routes {
+        let Matcher::Request { path, .. } = &r.matcher else {
+            skipped.push(r.name.clone());
+            continue;
+        };
+        let m = match path.source.find('{') {
+            Some(cut) => json!({"prefix": path.source.get(..cut).unwrap_or("/"), "case_sensitive": false}),
+            None => json!({"path_separated_prefix": path.source, "case_sensitive": false}),
+        };
+        envoy_routes.push(json!({"name": r.name, "match": m,
+            "route": {"cluster": "upstream", "timeout": format!("{}s", r.upstream_timeout.millis.div_ceil(1000).max(1))},
+            "typed_per_filter_config": enable.clone()}));
+    }
+    envoy_routes.push(json!({"name": "passthrough", "match": {"prefix": "/"}, "route": {"cluster": "upstream"}}));
+    let wasm_filter = |config: &str, disabled: bool| {
+        json!({"name": "idem", "disabled": disabled, "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {"name": "idem", "root_id": "idem", "allow_on_headers_stop_iteration": true,
+                "failure_policy": "FAIL_CLOSED",
+                "vm_config": {"vm_id": "idem", "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": b.wasm}}},
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config}}}})
+    };
+    let router = json!({"name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}});
+    let hcm = |prefix: &str, routes: &Value, filters: Vec<Value>| {
+        json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": prefix, "codec_type": "AUTO", "normalize_path": true, "merge_slashes": true,
+            "http_protocol_options": {"enable_trailers": true},
+            "route_config": {"name": format!("{prefix}_routes"), "virtual_hosts": [{"name": prefix, "domains": ["*"], "routes": routes}]},
+            "http_filters": filters.into_iter().chain([router.clone()]).collect::<Vec<_>>()}})
+    };
+    let routes_value = Value::Array(envoy_routes);
+    let cluster = |name: &str, host: &str, port: u16| {
+        json!({"name": name, "type": "STRICT_DNS", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": host, "port_value": port}}}}]}]},
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http_protocol_options": {"enable_trailers": true}}}}})
+    };
+    let internal = |name: &str| {
+        json!({"name": name, "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "envoy_internal_address": {"server_listener_name": name}}}}]}]},
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}}})
+    };
+    let echo_routes = json!([{"name": "echo", "match": {"prefix": "/"}, "direct_response": {"status": 404}}]);
+    let mut clusters =
+        vec![cluster("upstream", b.upstream.0, b.upstream.1), internal("idem_reentry"), internal("idem_echo")];
+    if let (Some(name), Some((host, port))) = (redis, b.webdis) {
+        clusters.push(cluster(name, host, port));
+    }
+    let config = json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": b.admin}}},
+        "stats_config": {"stats_tags": [
+            {"tag_name": "route", "regex": "(route=\\.=(.+?);\\.;)"},
+            {"tag_name": "outcome", "regex": "(outcome=\\.=(.+?);\\.;)"}]},
+        "bootstrap_extensions": [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}],
+        "static_resources": {
+            "listeners": [
+                {"name": "ingress", "address": {"socket_address": {"address": "127.0.0.1", "port_value": b.listen}},
+                 "filter_chains": [{"filters": [hcm("ingress", &routes_value, vec![wasm_filter(b.bundle, true)])]}]},
+                // Detached requests re-enter here: the same routes, without idem.
+                {"name": "idem_reentry", "internal_listener": {},
+                 "filter_chains": [{"filters": [hcm("reentry", &routes_value, vec![])]}]},
+                // gRPC replays are answered here by idem with role = "echo".
+                {"name": "idem_echo", "internal_listener": {}, "per_connection_buffer_limit_bytes": 16 << 20,
+                 "filter_chains": [{"filters": [hcm("echo", &echo_routes, vec![wasm_filter("role = \"echo\"\n", false)])]}]}
+            ],
+            "clusters": clusters
+        }
+    });
+    let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+    (format!("{text}\n"), skipped)
 }
 
 /// A YAML scalar: plain when that is unambiguous, else double-quoted (JSON escaping is valid YAML).

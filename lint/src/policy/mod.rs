@@ -10,7 +10,7 @@
 //! - `file.rs`: one policy file, parsed, with the spans of its fields;
 //! - `set.rs`: the files of a set, loaded and checked across files, and their routes;
 //! - `bundle.rs`: the set merged into one table, written as TOML or JSON;
-//! - `envoy.rs`: the Envoy `http_filters` entry that carries a bundle;
+//! - `envoy.rs`: the Envoy `http_filters` entry that carries a bundle, and a whole bootstrap;
 //! - `keys.rs`: a spec's key as the filter's sources (what the generator writes, IDEM103 compares).
 
 mod bundle;
@@ -19,6 +19,6 @@ mod file;
 pub mod keys;
 mod set;
 
-pub use self::envoy::envoy_filter;
+pub use self::envoy::{bootstrap, envoy_filter, Bootstrap};
 pub use self::file::{fatal, PolicyFile, RouteSpans};
 pub use self::set::{expand, shape, PolicySet, RouteRef};
