@@ -159,13 +159,7 @@ fn no_interleaving_hands_a_reply_to_another_owner() {
                         // Envoy delivers only on a live context.
                         let live: Vec<u32> = contexts.iter().copied().filter(|x| !gone.contains(x)).collect();
                         let on = if rng.below(3) == 0 { live[rng.below(live.len())] } else { kept_on };
-                        host.take_callout(token);
-                        let body = reply_for(&host, token);
-                        for a in deliver(&host, &mut c, on, token, &body) {
-                            if let Act::ResumeRequest { context } = a {
-                                resumed.push(context);
-                            }
-                        }
+                        resumed.extend(answer(&host, &mut c, on, token));
                     }
                 }
             }
@@ -184,13 +178,7 @@ fn no_interleaving_hands_a_reply_to_another_owner() {
                 break;
             }
             for (token, kept_on) in out {
-                host.take_callout(token);
-                let body = reply_for(&host, token);
-                for a in deliver(&host, &mut c, kept_on, token, &body) {
-                    if let Act::ResumeRequest { context } = a {
-                        resumed.push(context);
-                    }
-                }
+                resumed.extend(answer(&host, &mut c, kept_on, token));
             }
         }
         for a in host.take_acts() {
@@ -212,6 +200,19 @@ fn no_interleaving_hands_a_reply_to_another_owner() {
         assert_eq!(errors.count(), 0, "seed {seed}: a reply was read by the wrong owner: {:?}", host.logs());
         assert!(host.callouts().is_empty(), "seed {seed}: calls left out");
     }
+}
+
+/// Redis answers call `token` (Envoy delivers it on context `on`): the streams resumed meanwhile.
+fn answer(host: &FakeHost, c: &mut Contexts, on: u32, token: u32) -> Vec<u32> {
+    host.take_callout(token);
+    let body = reply_for(host, token);
+    let acts = deliver(host, c, on, token, &body);
+    acts.into_iter()
+        .filter_map(|a| match a {
+            Act::ResumeRequest { context } => Some(context),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The reply Redis would give to the call `token` carried: every claim is won, the probe says
