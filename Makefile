@@ -6,7 +6,7 @@ CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup setup-demo setup-redis dist build demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
+.PHONY: all setup setup-demo setup-redis dist build build-filter demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
 
 all: build
 
@@ -19,19 +19,22 @@ setup-demo:
 setup-redis:
 	@bash scripts/setup.sh redis
 
-build: setup-demo
-	$(CARGO) build --release --target wasm32-wasip1 -p idem-filter
+build: build-filter
 	$(CARGO) build --release -p idem-lint
+
+# The filter alone: what the demos and `make run` load (they never run idem-lint).
+build-filter: setup-demo
+	$(CARGO) build --release --target wasm32-wasip1 -p idem-filter
 
 # The walkthrough on the embedded shared-data store: starts the demo upstream and Envoy,
 # sends the requests, prints every answer and the counters, stops everything.
-demo: build
+demo: build-filter
 	$(PY) scripts/demo.py
 
 # The same walkthrough against two Envoy processes sharing one Redis (through Webdis);
 # `make demo-redis CLUSTER=1`: sharing a Redis Cluster (3 primaries, 3 replicas) through
 # Envoy's redis_proxy (examples/redis-cluster/).
-demo-redis: build setup-redis
+demo-redis: build-filter setup-redis
 	$(PY) scripts/demo_redis.py $(if $(CLUSTER),--cluster)
 
 # What a Redis Cluster failover costs: keys with retries across a `kill -9` of a primary.
@@ -39,7 +42,7 @@ failover: build setup-redis
 	$(PY) scripts/failover.py
 
 # The same stack, kept up for manual curl until Ctrl-C.
-run: build
+run: build-filter
 	$(PY) scripts/demo.py --serve
 
 fmt-check:

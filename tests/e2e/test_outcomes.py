@@ -153,6 +153,21 @@ def test_query_key(idem, upstream):
     assert upstream.calls(key) == 1
 
 
+def test_a_query_key_that_is_not_utf8_once_decoded_is_refused_never_merged(idem, upstream):
+    # caf%E9 and caf%E8 are two Latin-1 strings: decoded lossily both were one key (the second
+    # got the first's answer). Not UTF-8: 400, naming the source, and nothing forwarded.
+    base = new_key()
+    total = upstream.calls()["total"]
+    for raw in (base + "-caf%E9", base + "-caf%E8", "%FF"):
+        j = assert_local(post(idem, "/t/query?key=" + raw, None), 400, "IDEMPOTENCY_KEY_INVALID")
+        assert "query parameter key is not UTF-8" in j["message"], j
+    assert upstream.calls()["total"] == total
+    # The same text in UTF-8 is a key like any other.
+    first = post(idem, "/t/query?key=" + base + "-caf%C3%A9", None)
+    assert first.status == 200 and first.header("idempotent-replayed") is None, describe(first)
+    assert_replay_of(post(idem, "/t/query?key=" + base + "-caf%C3%A9", None), first)
+
+
 def test_optional_key_lets_keyless_requests_through(idem, upstream):
     before = upstream.calls()["total"]
     assert_upstream_answer(post(idem, "/t/optional", None))

@@ -325,6 +325,13 @@ def test_a_composite_key_keeps_each_merchants_trade_numbers_apart(gateway, merch
     assert slide_a.status == 201 and slide_a.header("idempotent-replayed") is None, describe(slide_a)
     assert slide_b.header("idempotent-replayed") == "true", "the earlier order is replayed: %s" % describe(slide_b)
     assert merchant.calls("19000001/09" + trade) == 1 and merchant.calls("1900000109/" + trade) == 1
+    # %2f and %2F are one path (RFC 3986 §6.2.2.1): one key and one fingerprint, so the repeat is
+    # the same order, replayed (it was one key and two fingerprints: a 422).
+    lower = post(gateway, "/m/19%2f00/orders", {"out_trade_no": trade, "amount": 1})
+    upper = post(gateway, "/m/19%2F00/orders", {"out_trade_no": trade, "amount": 1})
+    assert lower.status == 201, describe(lower)
+    assert_replay_of(upper, lower)
+    assert merchant.calls("19%2f00/" + trade) == 1 and merchant.calls("19%2F00/" + trade) == 0
     # A separator smuggled into a part (percent-encoded in the path) is refused, never joined.
     r = post(gateway, "/m/1900%1F000109/orders", {"out_trade_no": trade, "amount": 1})
     j = assert_local(r, 400, "IDEMPOTENCY_KEY_INVALID")
@@ -334,18 +341,19 @@ def test_a_composite_key_keeps_each_merchants_trade_numbers_apart(gateway, merch
 def test_a_lowercase_http2_method_is_the_policys_method(gateway, merchant):
     """HTTP/2 lets a client send `:method: post`; frameworks run the POST handler for it.
 
-    Sent without a body (the order is in the path, the route's fingerprint is method + path): a
-    replay decided at the headers is answered before a body would have arrived, and Envoy then
-    ends the stream with RST_STREAM(NO_ERROR), as RFC 9113 §8.1 allows and as it does for every
-    local reply sent early; curl 7.88 (Debian 12) reports that as error 92 about one time in 40.
+    With a body: the replay is decided at the headers (the route's fingerprint is method + path)
+    and waits for the body's end before it is sent, so curl reads it (sent at once, Envoy then
+    ended the stream with RST_STREAM(NO_ERROR), which curl 7.88 reports as error 92).
     """
     order = "H2-" + uuid.uuid4().hex[:8]
     url = "http://127.0.0.1:%d/orders/%s/pay" % (gateway.listen_port, order)
     out = []
     for _ in range(2):
         r = subprocess.run(["curl", "-sS", "-i", "--http2-prior-knowledge", "-X", "post", url, "-H",
-                            "authorization: Bearer u1"],
+                            "authorization: Bearer u1", "-H", "content-type: application/json",
+                            "--data-binary", '{"amount": 100, "note": "%s"}' % ("x" * 4096)],
                            capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, "curl exit %d: %s" % (r.returncode, r.stderr)
         out.append("%s\n(curl exit %d: %s)" % (r.stdout, r.returncode, r.stderr.strip()))
     assert out[0].startswith("HTTP/2 200"), out[0]
     assert "idempotent-replayed: true" in out[1].lower(), out[1]
