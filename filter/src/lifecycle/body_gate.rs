@@ -148,4 +148,4 @@ pub const WITHHELD_LOG: &str =
 the headers, so routes that need the body (key from the body, fingerprint with \"body\", forward = \"detached\") \
 answer 500 IDEMPOTENCY_MISCONFIGURED. Set `allow_on_headers_stop_iteration: true` in the Wasm filter's config \
 (Istio: the EnvoyFilter patch in examples/istio/; Envoy Gateway: the EnvoyPatchPolicy in examples/envoy-gateway/), \
-or key and fingerprint these routes without the body (README: \"Deploy on Istio / Envoy Gateway / Higress\").";
+or key and fingerprint these routes without the body (docs/deploy.md: \"Deploy on Istio / Envoy Gateway / Higress\").";

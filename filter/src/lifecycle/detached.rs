@@ -59,7 +59,7 @@ impl Worker {
                     let hint = match self.engine.bundle.detached.via {
                         DetachedVia::Reentry => format!(
                             "; is there a cluster {cluster} reaching the internal listener detached requests re-enter \
-                             Envoy through? (README: Detached forwarding; or [detached] via = \"cluster\")"
+                             Envoy through? (docs/clients.md: Detached forwarding; or [detached] via = \"cluster\")"
                         ),
                         DetachedVia::Cluster => String::new(),
                     };

@@ -662,4 +662,4 @@ impl Stream {
 /// Logged once per worker when a policy route sees a streaming gRPC call.
 const STREAMING_LOG: &str = "idem: a gRPC call on a policy route sent more than one message (client or bidi \
 streaming); streaming calls pass through unprotected (idem_requests_total{outcome=\"unprotected\"}). \
-Key streaming methods in the service, or leave them out of the policy routes (README: \"gRPC\").";
+Key streaming methods in the service, or leave them out of the policy routes (docs/grpc.md).";

@@ -145,7 +145,7 @@ struct RawBundle {
 /// Why `_rules_` is refused, and what to write instead.
 const HIGRESS_RULES: &str = "`_rules_` (Higress matchRules) is not supported: idem selects routes itself. Put the \
 whole bundle in the WasmPlugin's defaultConfig and leave matchRules out; a `route` entry with `match` applies to \
-that method and path, one without `match` to the Envoy route named like its `name` (README: Deploy on Higress)";
+that method and path, one without `match` to the Envoy route named like its `name` (docs/deploy.md: Deploy on Istio / Envoy Gateway / Higress)";
 
 fn default_role() -> Role {
     Role::Gateway
