@@ -622,7 +622,7 @@ fn a_detached_answer_for_a_client_that_left_is_stored_not_sent() {
     host.take_acts();
     let acts = root_sends(&host, &w);
     let call = acts.iter().find_map(|a| match a {
-        Act::Dispatch { context: ROOT, token, cluster, body } => Some((*token, cluster.clone(), body.clone())),
+        Act::Dispatch { context: ROOT, token, cluster, body, .. } => Some((*token, cluster.clone(), body.clone())),
         _ => None,
     });
     let (token, cluster, body) = call.expect("a detached call from the root");

@@ -171,7 +171,7 @@ fn unknown_outcome_records_and_renewals_carry_the_claims_record() {
     let reply = serde_json::json!({ "SET": unknown }).to_string();
     assert_eq!(
         s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap(),
-        Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, payload: Payload::Same }
+        Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, payload: Payload::Same, held: None }
     );
     // What the scripts do with another owner's record is tested on a real Redis
     // (tests/redis_owner_checks.rs); here, only what they are given.

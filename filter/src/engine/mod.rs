@@ -13,11 +13,13 @@
 
 mod finish;
 pub mod outcome;
+mod reconcile;
 mod tokens;
 pub mod verdict;
 
 pub use finish::{completed, held, released, restored};
 pub use outcome::Outcome;
+pub use reconcile::{LookupAnswer, RECONCILED_HEADER};
 pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 
 use crate::fingerprint::fingerprint;
@@ -282,9 +284,19 @@ impl Engine {
                 );
                 shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
             }
-            Claim::Unknown { first_seen_ms, held_until_ms, .. } => {
+            Claim::Unknown { first_seen_ms, held_until_ms, held, .. } => {
                 let reply = response::outcome_unknown(&policy.answers, first_seen_ms, held_until_ms);
-                shadowed(policy, Outcome::OutcomeUnknown, reply, "outcome_unknown".into(), k)
+                // A held duplicate polling from the root never starts a lookup: a request
+                // does, when it meets the unknown outcome itself.
+                match held {
+                    Some(held) if policy.reconcile.is_some() && policy.mode == Mode::Key && !waited => Verdict {
+                        outcome: Outcome::OutcomeUnknown,
+                        action: Action::Reconcile { prepared: Box::new(p.clone()), held, unknown: reply },
+                        cause: "outcome_unknown_lookup".into(),
+                        key: k,
+                    },
+                    _ => shadowed(policy, Outcome::OutcomeUnknown, reply, "outcome_unknown".into(), k),
+                }
             }
             Claim::InFlight { first_seen_ms, .. } => {
                 let wait = policy.key.on_in_flight == OnInFlight::Wait && policy.mode == Mode::Key;

@@ -32,10 +32,13 @@ pub enum Outcome {
     Misconfigured,
     Unsupported,
     Unprotected,
+    ReconciledRan,
+    ReconciledAbsent,
+    ReconcileFailed,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 29] = [
+    pub const ALL: [Outcome; 32] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::RejectedDuplicate,
@@ -65,6 +68,9 @@ impl Outcome {
         Outcome::Misconfigured,
         Outcome::Unsupported,
         Outcome::Unprotected,
+        Outcome::ReconciledRan,
+        Outcome::ReconciledAbsent,
+        Outcome::ReconcileFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +104,9 @@ impl Outcome {
             Outcome::Misconfigured => "misconfigured",
             Outcome::Unsupported => "unsupported",
             Outcome::Unprotected => "unprotected",
+            Outcome::ReconciledRan => "reconciled_ran",
+            Outcome::ReconciledAbsent => "reconciled_absent",
+            Outcome::ReconcileFailed => "reconcile_failed",
         }
     }
 

@@ -43,6 +43,14 @@ pub enum Action {
         prepared: Box<Prepared>,
         deadline_ms: u64,
     },
+    /// The key holds an unknown outcome and the route has a lookup (`[route.reconcile]`): ask
+    /// the service whether the first attempt ran ([`crate::engine::Engine::take_lookup`]).
+    /// `unknown` is the answer when no lookup is made (a gRPC call).
+    Reconcile {
+        prepared: Box<Prepared>,
+        held: StoreTicket,
+        unknown: LocalReply,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

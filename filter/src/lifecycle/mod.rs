@@ -46,6 +46,7 @@ mod detached;
 mod early;
 mod eviction;
 mod leases;
+mod lookup;
 mod metrics;
 mod replay;
 mod slots;

@@ -7,6 +7,7 @@ use super::capture::Capture;
 use super::claims::QueuedClaim;
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
+use super::lookup::Looking;
 use super::replay::{self, Answered};
 use super::waiters::{Resumed, Waiter};
 use super::worker::{status_of, Worker};
@@ -42,6 +43,9 @@ pub(super) enum Phase {
     Capturing { route: usize, ticket: Ticket, key: Option<String>, capture: Capture },
     /// A gRPC answer replayed through the echo listener: these trailers end it.
     Replaying { trailers: Vec<Header> },
+    /// A lookup asks the service whether the first attempt of an unknown outcome ran; the
+    /// request is paused.
+    Looking(Box<Looking>),
 }
 
 /// A Webdis call the stream waits for.
@@ -68,6 +72,13 @@ impl Pending {
             Pending::Claim { prepared, .. } | Pending::UseToken { prepared, .. } => prepared.route,
             Pending::Issue { route, .. } => *route,
         }
+    }
+}
+
+impl Request {
+    /// The request's `:authority`, exactly.
+    pub(super) fn authority(&self) -> String {
+        header_text(&self.headers, b":authority")
     }
 }
 
@@ -142,7 +153,7 @@ pub struct Stream {
 impl Drop for Stream {
     /// A stream Envoy deleted without `on_log` (it always logs first) leaves nothing behind.
     fn drop(&mut self) {
-        if let Phase::AwaitingStore(_, _, token) = self.phase {
+        if let Some(token) = self.call_out() {
             self.worker.stream_call_done(token);
         }
     }
@@ -156,8 +167,9 @@ impl Stream {
 
     /// The callout token of this stream's own Webdis call out, if one is.
     pub fn call_out(&self) -> Option<u32> {
-        match self.phase {
-            Phase::AwaitingStore(_, _, token) => Some(token),
+        match &self.phase {
+            Phase::AwaitingStore(_, _, token) => Some(*token),
+            Phase::Looking(looking) => Some(looking.token),
             _ => None,
         }
     }
@@ -337,6 +349,9 @@ impl Stream {
         if !self.owns_call(host, token) {
             return;
         }
+        if let Phase::Looking(_) = self.phase {
+            return self.on_lookup_reply(host, headers, body);
+        }
         let w = Rc::clone(&self.worker);
         let Phase::AwaitingStore(pending, sent_ms, _) = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return;
@@ -385,6 +400,7 @@ impl Stream {
     pub fn on_log(&mut self, host: &dyn Host) {
         let w = Rc::clone(&self.worker);
         self.take_handoff(host);
+        self.abandon_lookup(host);
         w.stream_ended(self.context);
         if let Phase::AwaitingStore(_, _, token) = self.phase {
             // Envoy cancels the call with the stream: its token is nobody's now.
@@ -413,7 +429,10 @@ impl Stream {
 
     /// Counts, logs and carries out a verdict. `paused` says the request is already paused (a
     /// callout answered), so forwarding means resuming it.
-    fn apply(&mut self, host: &dyn Host, route: usize, v: Verdict, paused: bool) -> Flow {
+    pub(super) fn apply(&mut self, host: &dyn Host, route: usize, v: Verdict, paused: bool) -> Flow {
+        if let Action::Reconcile { prepared, held, unknown } = v.action {
+            return self.reconcile(host, *prepared, held, unknown, paused);
+        }
         let w = Rc::clone(&self.worker);
         w.record(host, route, &v);
         if !matches!(v.action, Action::Wait { .. }) {
@@ -449,6 +468,7 @@ impl Stream {
                     Answered::ToEcho => Flow::Continue,
                 }
             }
+            Action::Reconcile { .. } => Flow::Pause,
             Action::Wait { prepared, deadline_ms } => {
                 // On a detached route, a held duplicate that takes the key over is sent by the
                 // root too: it keeps its request for that.

@@ -284,7 +284,8 @@ impl Worker {
                     self.waiters.handoff.borrow_mut().insert(ctx, resumed);
                     let _ = host.resume_request();
                 }
-                (Action::Reply(r), _) => {
+                // The root never looks an unknown outcome up (a held request found it): 409.
+                (Action::Reply(r) | Action::Reconcile { unknown: r, .. }, _) => {
                     let resumed = match self.answer(host, ctx, route, r, grpc) {
                         Answered::ToEcho => {
                             let _ = host.resume_request();

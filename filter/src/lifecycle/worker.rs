@@ -61,6 +61,8 @@ pub struct Worker {
     stream_calls: RefCell<Map<u32, u32>>,
     /// Replies that reached no owner (see [`Worker::stray_reply`]), and whether one was logged.
     stray_logged: Cell<bool>,
+    /// A lookup (`[route.reconcile]`) could not be sent: logged once.
+    pub(super) lookup_logged: Cell<bool>,
     /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
     /// only while it is here: Envoy may still accept `set_effective_context` for a stream whose
     /// client reset it, but a local reply sent there calls back into a context the SDK has
@@ -146,6 +148,7 @@ impl Worker {
             calls: RefCell::new(Map::default()),
             stream_calls: RefCell::new(Map::default()),
             stray_logged: Cell::new(false),
+            lookup_logged: Cell::new(false),
             live: RefCell::new(Set::default()),
             body_gate: BodyGate::default(),
             early: Early::default(),

@@ -9,6 +9,7 @@
 mod fields;
 mod matcher;
 mod parse;
+mod reconcile;
 mod source;
 
 pub use fields::parse_duration;
@@ -16,6 +17,7 @@ pub use matcher::{normalize_path, percent_decode, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
 pub use parse::{line_col, parse_bundle, PolicyError};
+pub use reconcile::{Found, LookupPath, Reconcile, MAX_LOOKUP_TIMEOUT_MS};
 pub use source::{generated_header, is_param_name, xml_path, Source};
 
 use serde::Deserialize;
@@ -149,6 +151,8 @@ pub struct RoutePolicy {
     pub forward: Forward,
     /// Timeout of the upstream call when `forward = "detached"`.
     pub upstream_timeout: Duration,
+    /// `[route.reconcile]`: how a repeat that meets an unknown outcome asks the service.
+    pub reconcile: Option<Reconcile>,
 }
 
 /// `[detached]`: how the root context sends a detached request.

@@ -191,6 +191,9 @@ struct RawRoute {
     /// The shape of the gateway's own answers on this route.
     #[serde(default)]
     answers: Option<Answers>,
+    /// Ask the service whether a first attempt whose outcome is unknown ran.
+    #[serde(default)]
+    reconcile: Option<super::Reconcile>,
 }
 
 fn default_mode() -> Mode {
@@ -413,6 +416,24 @@ impl RawBundle {
                     r.name
                 )));
             }
+            if let Some(reconcile) = &r.reconcile {
+                if r.mode == Mode::Token {
+                    return Err(error(format!(
+                        "route {:?}: [route.reconcile] applies to key routes, not mode = \"token\"",
+                        r.name
+                    )));
+                }
+                if r.store == StoreKind::Redis {
+                    return Err(error(format!(
+                        "route {:?}: [route.reconcile] runs on store = \"shared\" in this version; on Redis, resolve \
+                         unknown outcomes as docs/unknown-outcomes.md shows",
+                        r.name
+                    )));
+                }
+                reconcile
+                    .check(key.sources.len())
+                    .map_err(|e| error(format!("route {:?}: [route.reconcile] {e}", r.name)))?;
+            }
             if let Some(body) = &r.duplicate.body {
                 crate::answers::check_body(body, &r.duplicate.content_type)
                     .map_err(|e| error(format!("route {:?}: [route.duplicate] `body` {e}", r.name)))?;
@@ -430,6 +451,7 @@ impl RawBundle {
                 answers: r.answers.or_else(|| self.answers.clone()).unwrap_or_default(),
                 forward: r.forward,
                 upstream_timeout: r.upstream_timeout,
+                reconcile: r.reconcile,
             });
         }
         Ok(Bundle {

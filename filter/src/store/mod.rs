@@ -47,8 +47,9 @@ pub enum Claim<T> {
     /// The key completed earlier. `response` is `None` for a tombstone (status only).
     Completed { first_seen_ms: u64, status: u16, response: Option<StoredResponse>, payload: Payload },
     /// The first attempt was forwarded and no answer came back: it may have run. Held (never
-    /// taken over) until `held_until_ms`, or until an operator releases it.
-    Unknown { first_seen_ms: u64, held_until_ms: u64, payload: Payload },
+    /// taken over) until `held_until_ms`, or until an operator releases it. `held` is the proof
+    /// a lookup (`[route.reconcile]`) starts from, where the store gives one.
+    Unknown { first_seen_ms: u64, held_until_ms: u64, payload: Payload, held: Option<T> },
 }
 
 impl<T> Claim<T> {
@@ -76,8 +77,8 @@ impl<T> Claim<T> {
             Claim::Completed { first_seen_ms, status, response, payload } => {
                 Claim::Completed { first_seen_ms, status, response, payload }
             }
-            Claim::Unknown { first_seen_ms, held_until_ms, payload } => {
-                Claim::Unknown { first_seen_ms, held_until_ms, payload }
+            Claim::Unknown { first_seen_ms, held_until_ms, payload, held } => {
+                Claim::Unknown { first_seen_ms, held_until_ms, payload, held: held.map(f) }
             }
         }
     }

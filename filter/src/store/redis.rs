@@ -549,7 +549,7 @@ fn parse_record(record: &str, fp: &[u8; 32]) -> Result<Claim<()>, StoreError> {
     };
     match field(&f, 0) {
         "I" => Ok(Claim::InFlight { first_seen_ms: num(3), lease_ends_ms: num(4), payload }),
-        "U" => Ok(Claim::Unknown { first_seen_ms: num(3), held_until_ms: num(4), payload }),
+        "U" => Ok(Claim::Unknown { first_seen_ms: num(3), held_until_ms: num(4), payload, held: None }),
         "T" => Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: None, payload }),
         "C" => {
             let bytes = STANDARD.decode(field(&f, 5)).map_err(|_| bad())?;

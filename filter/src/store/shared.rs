@@ -39,8 +39,24 @@ enum State {
     Issued = 4,
     /// A token used; `first_seen_ms` is when.
     Used = 5,
-    /// Forwarded, no answer: held until `until_ms`, never taken over.
+    /// Forwarded, no answer: held until `until_ms`, never taken over. While a lookup asks the
+    /// service (`[route.reconcile]`), `owner` is the lookup's and `status` holds when its lease
+    /// ends ([`lookup_lease`]); 0 otherwise, as in entries of earlier versions.
     Unknown = 6,
+}
+
+/// A lookup's lease end as an unknown entry's `status` holds it: whole seconds modulo 2^16, odd
+/// (never 0, which says no lookup is out), so the lease runs one to three seconds past `until_ms`.
+/// The entry has no other free field; a lease lasts seconds, so the wrap (18 h) cannot make a
+/// lapsed lease look live for longer than one lease.
+fn lookup_lease(until_ms: u64) -> u16 {
+    ((until_ms / 1000 + 1) & 0xffff) as u16 | 1
+}
+
+/// Whether a lookup lease (`status` of an unknown entry) is still running at `now`.
+fn lookup_out(status: u16, now: u64) -> bool {
+    let left = status.wrapping_sub(((now / 1000) & 0xffff) as u16);
+    status != 0 && left != 0 && left < 0x8000
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,19 +346,27 @@ impl SharedStore {
 
     /// What a live entry of position `i` in bucket `b` says to a request with fingerprint `fp`;
     /// `None` when its response slot is being rewritten.
-    fn found<T>(
+    fn found(
         &self,
         host: &dyn Host,
         b: u32,
         i: usize,
         e: &Entry,
         fp: &[u8; 16],
-    ) -> Result<Option<Claim<T>>, StoreError> {
+    ) -> Result<Option<Claim<Ticket>>, StoreError> {
         let payload = Payload::of(&e.fingerprint, e.legacy_digest, fp);
         let first_seen_ms = e.first_seen_ms;
         Ok(Some(match e.state {
             State::InFlight => Claim::InFlight { first_seen_ms, lease_ends_ms: e.until_ms, payload },
-            State::Unknown => Claim::Unknown { first_seen_ms, held_until_ms: e.until_ms, payload },
+            State::Unknown if lookup_out(e.status, host.now_ms()) => {
+                Claim::InFlight { first_seen_ms, lease_ends_ms: host.now_ms().saturating_add(1000), payload }
+            }
+            State::Unknown => Claim::Unknown {
+                first_seen_ms,
+                held_until_ms: e.until_ms,
+                payload,
+                held: Some(Ticket { bucket: b, index: i as u32, id: e.id, owner: e.owner, first_seen_ms }),
+            },
             State::Tombstone | State::Issued | State::Used => {
                 Claim::Completed { first_seen_ms, status: e.status, response: None, payload }
             }
@@ -368,7 +392,7 @@ impl SharedStore {
         let now = host.now_ms();
         let (entries, _) = self.read(host, b)?;
         match entries.iter().position(|e| e.id == short && e.live(now)) {
-            Some(i) => self.found(host, b, i, &entries[i], &fp),
+            Some(i) => Ok(self.found(host, b, i, &entries[i], &fp)?.map(|c| c.map(|_| ()))),
             None => Ok(None),
         }
     }
@@ -484,14 +508,28 @@ impl SharedStore {
         max_response_bytes: usize,
         ttl_ms: u64,
     ) -> Result<Completion, StoreError> {
+        self.settle(host, t, State::InFlight, response, max_response_bytes, ttl_ms)
+    }
+
+    /// Writes `response` as the answer of the ticket's entry if the ticket still holds it in
+    /// `state` (a claim in flight, or an unknown outcome under a lookup).
+    fn settle(
+        &self,
+        host: &dyn Host,
+        t: &Ticket,
+        state: State,
+        response: &StoredResponse,
+        max_response_bytes: usize,
+        ttl_ms: u64,
+    ) -> Result<Completion, StoreError> {
         let tombstone = response.encoded_len() > max_response_bytes;
-        let (state, done) =
+        let (written, done) =
             if tombstone { (State::Tombstone, Completion::Tombstoned) } else { (State::Completed, Completion::Stored) };
         let mut slot_written = false;
         self.modify(host, t.bucket, |entries, now| {
             // Ownership is checked before the slot is written, so a late writer never clobbers
             // a new owner's slot.
-            if !owns(entries, t, State::InFlight) {
+            if !owns(entries, t, state) {
                 return Ok(Edit::Done(Completion::LostOwnership));
             }
             if !tombstone && !slot_written {
@@ -502,7 +540,7 @@ impl SharedStore {
                 slot_written = true;
             }
             let e = &mut entries[t.index as usize];
-            e.state = state;
+            e.state = written;
             e.status = response.status;
             e.until_ms = now.saturating_add(ttl_ms);
             Ok(Edit::Write(done))
@@ -525,6 +563,58 @@ impl SharedStore {
             e.state = State::Unknown;
             e.until_ms = now.saturating_add(hold_ms);
         })
+    }
+
+    /// Takes the lookup of an unknown outcome (`held`, as a claim found it): of the repeats that
+    /// meet it, one asks the service while the others wait. `None` when another lookup runs or
+    /// the entry changed.
+    pub fn take_lookup(&self, host: &dyn Host, held: &Ticket, lease_ms: u64) -> Result<Option<Ticket>, StoreError> {
+        let owner = host.random_u64()?;
+        self.modify(host, held.bucket, |entries, now| {
+            let free = entries.get(held.index as usize).is_some_and(|e| {
+                e.id == held.id && e.owner == held.owner && e.state == State::Unknown && !lookup_out(e.status, now)
+            });
+            if !free {
+                return Ok(Edit::Done(None));
+            }
+            let e = &mut entries[held.index as usize];
+            e.owner = owner;
+            e.status = lookup_lease(now.saturating_add(lease_ms));
+            Ok(Edit::Write(Some(Ticket { owner, ..*held })))
+        })
+    }
+
+    /// The lookup says the first attempt ran: `response` becomes the key's answer. Fenced by the
+    /// lookup's ticket.
+    pub fn lookup_ran(
+        &self,
+        host: &dyn Host,
+        t: &Ticket,
+        response: &StoredResponse,
+        max_response_bytes: usize,
+        ttl_ms: u64,
+    ) -> Result<Completion, StoreError> {
+        self.settle(host, t, State::Unknown, response, max_response_bytes, ttl_ms)
+    }
+
+    /// The lookup says the first attempt did not run: the entry becomes the lookup's own claim
+    /// (the repeat runs as the first request); the ticket returned completes or releases it.
+    pub fn lookup_absent(&self, host: &dyn Host, t: &Ticket, lock_ttl_ms: u64) -> Result<Option<Ticket>, StoreError> {
+        let first_seen_ms = std::cell::Cell::new(0);
+        let taken = self.update_entry(host, t, State::Unknown, |e, now| {
+            e.state = State::InFlight;
+            e.status = 0;
+            e.first_seen_ms = now;
+            e.until_ms = now.saturating_add(lock_ttl_ms);
+            first_seen_ms.set(now);
+        })?;
+        Ok(taken.then_some(Ticket { first_seen_ms: first_seen_ms.get(), ..*t }))
+    }
+
+    /// The lookup failed (no answer, or one that says neither): the outcome stays unknown and
+    /// the next repeat may ask again.
+    pub fn lookup_failed(&self, host: &dyn Host, t: &Ticket) -> Result<bool, StoreError> {
+        self.update_entry(host, t, State::Unknown, |e, _| e.status = 0)
     }
 
     /// Applies `f` to the ticket's entry if the ticket still holds it in `state`; `false` if not.

@@ -65,12 +65,32 @@ impl FakeStream {
 /// What the filter did, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Act {
-    Reply { context: u32, reply: LocalReply },
-    ResumeRequest { context: u32 },
-    ResumeResponse { context: u32 },
-    Dispatch { context: u32, token: u32, cluster: String, body: Vec<u8> },
-    Trailer { context: u32, name: String, value: Vec<u8> },
-    Enqueue { queue: u32 },
+    Reply {
+        context: u32,
+        reply: LocalReply,
+    },
+    ResumeRequest {
+        context: u32,
+    },
+    ResumeResponse {
+        context: u32,
+    },
+    /// A callout: `path` is its `:path` header.
+    Dispatch {
+        context: u32,
+        token: u32,
+        cluster: String,
+        path: String,
+        body: Vec<u8>,
+    },
+    Trailer {
+        context: u32,
+        name: String,
+        value: Vec<u8>,
+    },
+    Enqueue {
+        queue: u32,
+    },
 }
 
 /// In-memory host for tests. `Sync`, so threads can play Envoy's worker VMs against one store.
@@ -286,14 +306,16 @@ impl Host for FakeHost {
     fn dispatch(
         &self,
         cluster: &str,
-        _headers: &[(String, String)],
+        headers: &[(String, String)],
         body: &[u8],
         _timeout_ms: u64,
     ) -> Result<u32, HostError> {
         let token = self.next_token.fetch_add(1, Ordering::SeqCst);
         lock(&self.callouts).insert(token, self.current());
         lock(&self.sent).insert(token, body.to_vec());
-        self.act(Act::Dispatch { context: self.current(), token, cluster: cluster.into(), body: body.to_vec() });
+        let path = headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone()).unwrap_or_default();
+        let context = self.current();
+        self.act(Act::Dispatch { context, token, cluster: cluster.into(), path, body: body.to_vec() });
         Ok(token)
     }
     fn enqueue(&self, queue: u32) {

@@ -1,0 +1,140 @@
+//! Reconciling an unknown outcome (`[route.reconcile]`): a repeat that meets one takes the
+//! lookup (one at a time per key), asks the service, and what the service says decides the key —
+//! it ran (its answer becomes the key's answer), it did not (the repeat runs as the first
+//! request), or nobody knows (409 as without a lookup).
+
+use super::{shadowed, Action, Engine, Outcome, Prepared, StoreTicket, Ticket, Verdict};
+use crate::host::Host;
+use crate::policy::Found;
+use crate::response::{Header, LocalReply, StoredResponse};
+use crate::store::{Completion, StoreError};
+
+/// The header a reconciled answer carries (beside `Idempotent-Replayed: true`): the answer is the
+/// lookup's, not the first attempt's.
+pub const RECONCILED_HEADER: &str = "idempotency-reconciled";
+
+/// What the lookup answered.
+pub struct LookupAnswer {
+    /// 0 when no answer came (reset, refused, timed out).
+    pub status: u16,
+    pub headers: Vec<Header>,
+    pub body: Vec<u8>,
+}
+
+impl Engine {
+    /// Takes the lookup of the unknown outcome a claim found (`held`): `Some` is the lookup's
+    /// ticket (this request asks the service), `None` when another request asks already — the
+    /// caller asks the store again, which answers in flight until that lookup settles.
+    pub fn take_lookup(
+        &self,
+        host: &dyn Host,
+        p: &Prepared,
+        held: &StoreTicket,
+    ) -> Result<Option<StoreTicket>, StoreError> {
+        let Some(reconcile) = self.policy(p.route).and_then(|r| r.reconcile.as_ref()) else {
+            return Ok(None);
+        };
+        // The lease outlives the call by a second, so a lookup that times out settles itself.
+        let lease_ms = reconcile.timeout.millis.saturating_add(1000);
+        match held {
+            StoreTicket::Shared(t) => Ok(self.shared.take_lookup(host, t, lease_ms)?.map(StoreTicket::Shared)),
+            StoreTicket::Redis(_) => Ok(None),
+        }
+    }
+
+    /// The lookup's path for the request's key.
+    pub fn lookup_path(&self, p: &Prepared) -> Option<String> {
+        let reconcile = self.policy(p.route)?.reconcile.as_ref()?;
+        Some(reconcile.lookup.render(&p.key))
+    }
+
+    /// What the lookup's answer does to the key, and the request's verdict. `unknown` is the
+    /// 409 the request gets when the lookup settles nothing.
+    pub fn after_lookup(
+        &self,
+        host: &dyn Host,
+        p: &Prepared,
+        t: &StoreTicket,
+        answer: LookupAnswer,
+        unknown: LocalReply,
+    ) -> Verdict {
+        let policy = match self.checked(p.route) {
+            Ok(policy) => policy,
+            Err(v) => return *v,
+        };
+        let (Some(reconcile), StoreTicket::Shared(ticket)) = (policy.reconcile.as_ref(), t) else {
+            return self.lookup_failed(host, p, t, unknown, "no_lookup".into());
+        };
+        let k = Some(p.key.clone());
+        match reconcile.found(answer.status) {
+            Found::Ran => {
+                let stored = StoredResponse::new(answer.status, answer.headers, answer.body);
+                let written = self.shared.lookup_ran(
+                    host,
+                    ticket,
+                    &stored,
+                    policy.max_response_bytes as usize,
+                    policy.key.ttl.millis,
+                );
+                match written {
+                    Ok(Completion::Stored | Completion::Tombstoned) => {
+                        let mut reply = stored.replay();
+                        reply.headers.push((RECONCILED_HEADER.into(), b"true".to_vec()));
+                        let cause = format!("lookup_ran:{}", answer.status);
+                        Verdict { outcome: Outcome::ReconciledRan, action: Action::Reply(reply), cause, key: k }
+                    }
+                    Ok(Completion::LostOwnership) => self.look_again(host, p, unknown),
+                    Err(e) => self.lookup_failed(host, p, t, unknown, format!("store: {e}")),
+                }
+            }
+            Found::Absent => match self.shared.lookup_absent(host, ticket, policy.key.lock_ttl.millis) {
+                Ok(Some(claim)) => Verdict {
+                    outcome: Outcome::ReconciledAbsent,
+                    action: Action::Forward(Some(Ticket::Claim(StoreTicket::Shared(claim)))),
+                    cause: format!("lookup_absent:{}", answer.status),
+                    key: k,
+                },
+                Ok(None) => self.look_again(host, p, unknown),
+                Err(e) => self.lookup_failed(host, p, t, unknown, format!("store: {e}")),
+            },
+            Found::Failed if answer.status == 0 => self.lookup_failed(host, p, t, unknown, "lookup_no_answer".into()),
+            Found::Failed => {
+                let cause = format!("lookup_status:{}", answer.status);
+                self.lookup_failed(host, p, t, unknown, cause)
+            }
+        }
+    }
+
+    /// Gives the lookup up (it failed, or its request left): the next repeat may ask again.
+    pub fn drop_lookup(&self, host: &dyn Host, t: &StoreTicket) {
+        if let StoreTicket::Shared(t) = t {
+            let _ = self.shared.lookup_failed(host, t);
+        }
+    }
+
+    fn lookup_failed(
+        &self,
+        host: &dyn Host,
+        p: &Prepared,
+        t: &StoreTicket,
+        unknown: LocalReply,
+        cause: String,
+    ) -> Verdict {
+        self.drop_lookup(host, t);
+        let key = Some(p.key.clone());
+        match self.policy(p.route) {
+            Some(policy) => shadowed(policy, Outcome::ReconcileFailed, unknown, cause, key),
+            None => Verdict { outcome: Outcome::ReconcileFailed, action: Action::Reply(unknown), cause, key },
+        }
+    }
+
+    /// The entry changed while the lookup was out (its lease ran out and another repeat took
+    /// it): what it holds now decides, but never a second lookup from here.
+    fn look_again(&self, host: &dyn Host, p: &Prepared, unknown: LocalReply) -> Verdict {
+        let v = self.run_shared(host, p, None, None);
+        match v.action {
+            Action::Reconcile { .. } => Verdict { action: Action::Reply(unknown), cause: "lookup_lost".into(), ..v },
+            _ => v,
+        }
+    }
+}
