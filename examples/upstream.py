@@ -21,6 +21,7 @@ Behaviour is chosen per request by headers the client sends (Envoy forwards them
     x-demo-fail-first: 1       the first execution for this key answers 500,
                                later ones answer normally
     x-demo-reset: 1            do the work, then drop the connection without answering
+    x-demo-reset-before: 1     drop the connection before doing any work (nothing counted)
     x-demo-cut-body: 1         do the work, send 200 headers and half the body, then drop the connection
     x-demo-latin1: 1           add a Latin-1 (non-UTF-8) header: filename="r\xe9sum\xe9.pdf"
     x-demo-trailers: 1         answer chunked, with a trailer (grpc-status: 0)
@@ -30,7 +31,14 @@ Introspection (not counted as executions):
     GET  /__calls?key=K              -> {"calls": n}   executions with that key
     GET  /__calls?transaction_id=T   -> {"calls": n}   executions with that body id
     GET  /__calls                    -> {"total": n, "by_key": {...}, "by_transaction_id": {...}}
+    GET  /__calls?lookups=K          -> {"calls": n}   lookups of key K (below)
     POST /__reset                    -> forget all counts
+
+The system of record, as a gateway's reconcile lookup asks it (not counted as executions):
+
+    GET  /orders/by-key/K[?delay_ms=N]  -> 200 and the answer key K's first execution gave,
+                                           or 404 when key K never ran
+    GET  /orders/broken/K               -> 503 (a lookup that fails)
     GET  /__health                   -> {"ok": true}
 
 Answers are JSON such as ``{"order_id": "ord-7", "key": "K", "n": 1, ...}`` where
@@ -46,7 +54,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 
 class Counts:
@@ -58,6 +66,8 @@ class Counts:
         self.total = 0
         self.by_key = {}
         self.by_txn = {}
+        self.answers = {}
+        self.lookups = {}
 
     def record(self, key, txn):
         with self.lock:
@@ -142,15 +152,38 @@ class Handler(BaseHTTPRequestHandler):
             with COUNTS.lock:
                 if "key" in query:
                     return self._send_json(200, {"calls": COUNTS.by_key.get(query["key"][0], 0)})
+                if "lookups" in query:
+                    return self._send_json(200, {"calls": COUNTS.lookups.get(query["lookups"][0], 0)})
                 if "transaction_id" in query:
                     return self._send_json(200, {"calls": COUNTS.by_txn.get(query["transaction_id"][0], 0)})
                 return self._send_json(200, {"total": COUNTS.total, "by_key": dict(COUNTS.by_key),
                                              "by_transaction_id": dict(COUNTS.by_txn)})
+        if url.path.startswith(("/orders/by-key/", "/orders/broken/")):
+            return self._lookup(url, query)
         if url.path == "/__reset":
             with COUNTS.lock:
                 COUNTS.reset()
             return self._send_json(200, {"reset": True})
         return self._business(url, query, body)
+
+    def _lookup(self, url, query):
+        raw = url.path.split("/", 3)[3]
+        if "/" in raw or raw in ("", ".", ".."):
+            # A key must arrive as one path segment: a gateway that let it through unencoded would
+            # ask about another resource.
+            return self._send_json(400, {"error": "the key is not one path segment", "path": url.path})
+        key = unquote(raw)
+        with COUNTS.lock:
+            COUNTS.lookups[key] = COUNTS.lookups.get(key, 0) + 1
+            found = COUNTS.answers.get(key)
+        delay_ms = int(query.get("delay_ms", ["0"])[0])
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000.0)
+        if url.path.startswith("/orders/broken/"):
+            return self._send_json(503, {"error": "the order service is down (demo)"})
+        if found is None:
+            return self._send_json(404, {"error": "no order for this key", "key": key})
+        return self._send_json(200, found)
 
     def _business(self, url, query, body):
         key = self.headers.get("idempotency-key")
@@ -159,6 +192,13 @@ class Handler(BaseHTTPRequestHandler):
                 if name in query:
                     key = query[name][0]
                     break
+        if self.headers.get("x-demo-reset-before"):
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return
         txn = None
         payload = None
         if body:
@@ -176,6 +216,10 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(delay_ms / 1000.0)
 
         if self.headers.get("x-demo-reset"):
+            if key is not None:
+                with COUNTS.lock:  # the work is done: the system of record has the order
+                    COUNTS.answers.setdefault(key, {"order_id": "ord-%d" % total, "key": key, "n": n,
+                                                    "path": url.path})
             self.close_connection = True
             try:
                 self.connection.shutdown(2)
@@ -205,6 +249,9 @@ class Handler(BaseHTTPRequestHandler):
         pad = _int_header(self.headers, "x-demo-body-bytes", 0)
         if pad > 0:
             answer["padding"] = "x" * pad
+        if key is not None and status < 300:
+            with COUNTS.lock:
+                COUNTS.answers.setdefault(key, answer)
         extra = [("x-order-id", answer["order_id"]), ("cache-control", "no-store")]
         cookie = self.headers.get("x-demo-set-cookie")
         if cookie:

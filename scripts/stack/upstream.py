@@ -33,6 +33,11 @@ class Upstream:
             return request(self.port, "GET", "/__calls").json()
         return request(self.port, "GET", "/__calls" + q).json()["calls"]
 
+    def lookups(self, key):
+        """How many times a gateway looked key `key` up (`GET /orders/by-key/<key>`)."""
+        q = "?lookups=" + urllib.parse.quote(key, safe="")
+        return request(self.port, "GET", "/__calls" + q).json()["calls"]
+
     def reset(self):
         request(self.port, "POST", "/__reset")
 
