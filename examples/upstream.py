@@ -38,6 +38,7 @@ The system of record, as a gateway's reconcile lookup asks it (not counted as ex
 
     GET  /orders/by-key/K[?delay_ms=N]  -> 200 and the answer key K's first execution gave,
                                            or 404 when key K never ran
+    GET  /payments/by-transaction/T     -> the same by the JSON body's transaction_id
     GET  /orders/broken/K               -> 503 (a lookup that fails)
     GET  /__health                   -> {"ok": true}
 
@@ -158,7 +159,7 @@ class Handler(BaseHTTPRequestHandler):
                     return self._send_json(200, {"calls": COUNTS.by_txn.get(query["transaction_id"][0], 0)})
                 return self._send_json(200, {"total": COUNTS.total, "by_key": dict(COUNTS.by_key),
                                              "by_transaction_id": dict(COUNTS.by_txn)})
-        if url.path.startswith(("/orders/by-key/", "/orders/broken/")):
+        if url.path.startswith(("/orders/by-key/", "/orders/broken/", "/payments/by-transaction/")):
             return self._lookup(url, query)
         if url.path == "/__reset":
             with COUNTS.lock:
@@ -173,6 +174,8 @@ class Handler(BaseHTTPRequestHandler):
             # ask about another resource.
             return self._send_json(400, {"error": "the key is not one path segment", "path": url.path})
         key = unquote(raw)
+        if url.path.startswith("/payments/"):
+            key = "txn:" + key
         with COUNTS.lock:
             COUNTS.lookups[key] = COUNTS.lookups.get(key, 0) + 1
             found = COUNTS.answers.get(key)
@@ -249,9 +252,12 @@ class Handler(BaseHTTPRequestHandler):
         pad = _int_header(self.headers, "x-demo-body-bytes", 0)
         if pad > 0:
             answer["padding"] = "x" * pad
-        if key is not None and status < 300:
+        if status < 300:
             with COUNTS.lock:
-                COUNTS.answers.setdefault(key, answer)
+                if key is not None:
+                    COUNTS.answers.setdefault(key, answer)
+                if txn is not None:
+                    COUNTS.answers.setdefault("txn:" + txn, answer)
         extra = [("x-order-id", answer["order_id"]), ("cache-control", "no-store")]
         cookie = self.headers.get("x-demo-set-cookie")
         if cookie:
