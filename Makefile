@@ -52,15 +52,23 @@ clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --release --target wasm32-wasip1 -p idem-filter -p idem-floor -- -D warnings
 
-unit: build
+# The module tests load the built .wasm; the linter's tests build and run the debug binary.
+unit: build-filter
 	$(CARGO) test --workspace
 
 # Four files at a time (pytest-xdist, each file on one worker so its module fixtures hold): most
-# e2e time is waiting (Envoy starts, timeouts, sleeps), not computing.
-e2e: setup build
-	.venv/bin/pytest -q -n 4 --dist loadfile tests/e2e
+# e2e time is waiting (Envoy starts, timeouts, sleeps), not computing. The slowest files come
+# first (pytest keeps the command line's order; xdist keeps it with --no-loadscope-reorder), so
+# none of them starts last and runs alone.
+# test_bundle runs the debug idem-lint (already built by `cargo test`): the tests never need the
+# release build's minutes of LTO.
+E2E_SLOW_FIRST := tests/e2e/test_packaging.py tests/e2e/test_redis.py tests/e2e/test_memory.py \
+	tests/e2e/test_senders.py tests/e2e/test_retries.py tests/e2e/test_tokens.py
+e2e: setup build-filter
+	$(CARGO) build -p idem-lint -p idem-admin
+	.venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder $(E2E_SLOW_FIRST) tests/e2e
 
-lint-corpora: setup build
+lint-corpora: setup
 	bash scripts/lint-corpora.sh
 
 test: setup fmt-check clippy unit e2e lint-corpora

@@ -2,11 +2,14 @@
 
 The http_filters entry is the command's output, byte for byte (only indented to its place in the
 HTTP connection manager); the rest of the bootstrap comes from scripts/stack/envoy_config.py. The
-built linter is target/release/idem-lint (`make build`); a missing binary is a failure, never a skip.
+linter is target/debug/idem-lint (`cargo build -p idem-lint`; `make e2e` builds it, and `cargo test`
+already has), or $IDEM_LINT; a missing binary is a failure, never a skip.
 """
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +17,7 @@ import stack
 from conftest import envoy_from_yaml, new_key
 from idemtest import assert_local, assert_replay_of, assert_upstream_answer, describe, post, wait_for
 
-IDEM_LINT = stack.REPO / "target" / "release" / "idem-lint"
+IDEM_LINT = Path(os.environ.get("IDEM_LINT") or stack.REPO / "target" / "debug" / "idem-lint")
 
 # One Envoy route per policy of policies/, each with the filter switched on, plus a catch-all without.
 ROUTES = [
@@ -32,7 +35,7 @@ ROUTES = [
 
 def bundle_entry():
     if not IDEM_LINT.is_file():
-        pytest.fail("%s is missing: build it with `make build` (or `cargo build --release -p idem-lint`)"
+        pytest.fail("%s is missing: build it with `cargo build -p idem-lint` (or set IDEM_LINT to a built idem-lint)"
                     % IDEM_LINT, pytrace=False)
     r = subprocess.run([str(IDEM_LINT), "bundle", "policies/", "--envoy-filter", "--wasm", str(stack.WASM)],
                        cwd=str(stack.REPO), capture_output=True, text=True, timeout=60)

@@ -5,6 +5,7 @@
 //! - [`redis`]: Redis through Webdis HTTP callouts, a fleet of Envoys; the glue carries the calls,
 //!   this crate builds them and reads the replies.
 
+pub mod operator;
 pub mod redis;
 pub mod replay;
 pub mod shared;

@@ -119,8 +119,8 @@ macro_rules! restore_body {
     };
 }
 const COMPLETE: &str = concat!("local K,A=KEYS[1],ARGV ", complete_body!());
-const RELEASE: &str = concat!("local K,A=KEYS[1],ARGV ", release_body!());
-const RESTORE_TOKEN: &str = concat!("local K,A=KEYS[1],ARGV ", restore_body!());
+pub(super) const RELEASE: &str = concat!("local K,A=KEYS[1],ARGV ", release_body!());
+pub(super) const RESTORE_TOKEN: &str = concat!("local K,A=KEYS[1],ARGV ", restore_body!());
 const RENEW: &str = "if redis.call('GET',KEYS[1])==ARGV[1] then \
     return redis.call('PEXPIRE',KEYS[1],ARGV[2]) else return 0 end";
 const USE_TOKEN: &str = "local v=redis.call('GET',KEYS[1]) if not v then return false end \
@@ -528,7 +528,7 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
 const XXH3_MARK: &str = "x";
 
 /// A fingerprint as records hold it: `x` and the 16 bytes in hex.
-fn fp_field(fp: &[u8; 32]) -> String {
+pub(super) fn fp_field(fp: &[u8; 32]) -> String {
     format!("{XXH3_MARK}{}", hex16(fp))
 }
 

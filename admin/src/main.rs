@@ -1,0 +1,261 @@
+//! idem-admin: what an operator does with the unknown outcomes idem holds on the Redis store.
+//!
+//! A forwarded request that got no answer may have run, so idem holds its key as an unknown
+//! outcome and answers every repeat `409 IDEMPOTENCY_OUTCOME_UNKNOWN`. Once the operator knows
+//! what happened, `release` lets the client's next repeat run (it did not run), `resolve` gives
+//! the client the answer it should have had (it ran). Both are fenced: a key that another request
+//! has claimed since is never touched. Talks to Redis directly (not through Webdis), as an ACL
+//! user of its own (docs/unknown-outcomes.md).
+//!
+//! Exit codes: 0 done (or listed), 1 nothing changed (the key is not that unknown outcome any
+//! more), 2 bad usage or Redis unreachable.
+
+mod held;
+mod resp;
+
+use clap::{Parser, Subcommand};
+use held::{Change, Entry};
+use idem_filter::response::{rfc3339, StoredResponse};
+use idem_filter::store::operator;
+use serde_json::json;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "idem-admin", version, about = "List, release or resolve the unknown outcomes idem holds on Redis")]
+struct Cli {
+    /// Redis to talk to: redis://[user[:password]@]host:port[/db] (an ACL user allowed
+    /// SCAN, GET, EVAL, DEL and SET on the prefix's keys; docs/unknown-outcomes.md).
+    #[arg(long, env = "IDEM_REDIS_URL", default_value = "redis://127.0.0.1:6379", hide_env_values = true)]
+    redis: String,
+    /// The bundle's `[redis] prefix`.
+    #[arg(long, default_value = "idem:")]
+    prefix: String,
+    /// JSON for scripts instead of text for people.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The unknown outcomes held now, oldest first (the store key, the owner that fences it,
+    /// when the first attempt was seen, when the hold ends).
+    List,
+    /// It did not run: release the key, so the client's next repeat runs as a first request.
+    Release {
+        /// The store key, as `list` and the filter's `unknown_outcome` log line give it.
+        store_key: String,
+        /// Release only the unknown outcome of this owner (as `list` showed it): if the key was
+        /// released and held again by another request since, nothing changes.
+        #[arg(long)]
+        owner: Option<String>,
+    },
+    /// It ran: store the answer the client should get; its repeats replay it until the hold ends.
+    Resolve {
+        store_key: String,
+        #[arg(long)]
+        owner: Option<String>,
+        /// The answer's HTTP status (200–599).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(200..=599))]
+        status: u16,
+        /// An answer header, `name: value` (repeatable). Without `content-type`, a body that is
+        /// JSON is `application/json`, any other `text/plain; charset=utf-8`.
+        #[arg(long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// The answer's body.
+        #[arg(long, conflicts_with = "body_file")]
+        body: Option<String>,
+        /// The answer's body, read from a file.
+        #[arg(long)]
+        body_file: Option<std::path::PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("idem-admin: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<ExitCode, String> {
+    // Checked before connecting: a malformed key is the operator's typo, not Redis' state.
+    let key = match &cli.command {
+        Command::List => None,
+        Command::Release { store_key, .. } | Command::Resolve { store_key, .. } => Some(store_key),
+    };
+    if let Some(key) = key {
+        if !operator::is_claim_key(&cli.prefix, key) {
+            return Err(format!(
+                "{key:?} is not a claim key: expected {}k: and 64 lowercase hex digits (the store_key of `idem-admin list` or of the filter's unknown_outcome log line; --prefix is the bundle's [redis] prefix)",
+                cli.prefix
+            ));
+        }
+    }
+    let answer = match &cli.command {
+        Command::Resolve { status, headers, body, body_file, .. } => Some(answer(*status, headers, body, body_file)?),
+        _ => None,
+    };
+    let target = resp::Target::parse(&cli.redis).map_err(|e| format!("--redis {}: {e}", redacted(&cli.redis)))?;
+    let mut con = resp::Connection::open(&target, Duration::from_secs(5))
+        .map_err(|e| format!("cannot use Redis at {}: {e}", redacted(&cli.redis)))?;
+    let redis_error = |e: resp::Error| format!("Redis at {}: {e}", redacted(&cli.redis));
+    match &cli.command {
+        Command::List => {
+            let entries = held::list(&mut con, &cli.prefix).map_err(redis_error)?;
+            print_list(&entries, cli.json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Release { store_key, owner } => {
+            let change = held::release(&mut con, store_key, owner.as_deref()).map_err(redis_error)?;
+            Ok(report("released", store_key, &change, cli.json))
+        }
+        Command::Resolve { store_key, owner, .. } => {
+            let Some(answer) = &answer else { return Err("no answer".into()) };
+            let change = held::resolve(&mut con, store_key, owner.as_deref(), answer).map_err(redis_error)?;
+            Ok(report("resolved", store_key, &change, cli.json))
+        }
+    }
+}
+
+/// The answer `resolve` stores, from its flags.
+fn answer(
+    status: u16,
+    headers: &[String],
+    body: &Option<String>,
+    body_file: &Option<std::path::PathBuf>,
+) -> Result<StoredResponse, String> {
+    let body = match (body, body_file) {
+        (Some(b), _) => b.clone().into_bytes(),
+        (None, Some(path)) => std::fs::read(path).map_err(|e| format!("--body-file {}: {e}", path.display()))?,
+        (None, None) => Vec::new(),
+    };
+    let mut parsed = Vec::with_capacity(headers.len() + 1);
+    for h in headers {
+        let Some((name, value)) = h.split_once(':') else {
+            return Err(format!("--header {h:?}: expected `name: value`"));
+        };
+        let name = name.trim().to_ascii_lowercase();
+        let valid =
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !valid || value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            return Err(format!(
+                "--header {h:?}: not a valid HTTP header (a token name, a value without CR, LF or NUL)"
+            ));
+        }
+        parsed.push((name, value.trim().as_bytes().to_vec()));
+    }
+    if !body.is_empty() && !parsed.iter().any(|(n, _)| n == "content-type") {
+        let json = serde_json::from_slice::<serde_json::Value>(&body).is_ok();
+        let content_type = if json { "application/json" } else { "text/plain; charset=utf-8" };
+        parsed.push(("content-type".into(), content_type.as_bytes().to_vec()));
+    }
+    Ok(StoredResponse::new(status, parsed, body))
+}
+
+fn print_list(entries: &[Entry], as_json: bool) {
+    if as_json {
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "store_key": e.store_key,
+                    "owner": e.held.owner,
+                    "first_seen_at": rfc3339(e.held.first_seen_ms),
+                    "held_until": rfc3339(e.held.held_until_ms),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return;
+    }
+    if entries.is_empty() {
+        println!("no unknown outcomes held");
+        return;
+    }
+    println!("{:<72}  {:<16}  {:<24}  {:<24}", "STORE KEY", "OWNER", "FIRST SEEN", "HELD UNTIL");
+    for e in entries {
+        println!(
+            "{:<72}  {:<16}  {:<24}  {:<24}",
+            e.store_key,
+            e.held.owner,
+            rfc3339(e.held.first_seen_ms),
+            rfc3339(e.held.held_until_ms)
+        );
+    }
+    println!("{} unknown outcome{} held", entries.len(), if entries.len() == 1 { "" } else { "s" });
+}
+
+/// Prints what a release or resolve did; exit 0 if it changed the key, 1 if not.
+fn report(done: &str, store_key: &str, change: &Change, as_json: bool) -> ExitCode {
+    let (result, message) = match change {
+        Change::Done => (done.to_string(), format!("{done} {store_key}")),
+        Change::Absent => (
+            "absent".into(),
+            format!("nothing {done}: {store_key} does not exist (its hold ended, or it was released)"),
+        ),
+        Change::Holds(kind) => (
+            "unchanged".into(),
+            format!("nothing {done}: {store_key} holds {}, not an unknown outcome", kind.describe()),
+        ),
+        Change::OtherOwner(owner) => (
+            "unchanged".into(),
+            format!("nothing {done}: {store_key} is now the unknown outcome of another request (owner {owner})"),
+        ),
+    };
+    if as_json {
+        println!("{}", json!({ "store_key": store_key, "result": result, "message": message }));
+    } else if matches!(change, Change::Done) {
+        println!("{message}");
+    } else {
+        eprintln!("idem-admin: {message}");
+    }
+    if matches!(change, Change::Done) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// The URL without its password, for messages.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = url.get(scheme + 3..at).unwrap_or("");
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", url.get(..scheme + 3).unwrap_or(""), url.get(at..).unwrap_or(""))
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_password_never_reaches_a_message() {
+        assert_eq!(redacted("redis://op:s3cret@127.0.0.1:6379/0"), "redis://op:***@127.0.0.1:6379/0");
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn an_answer_gets_a_content_type_and_refuses_bad_headers() {
+        let a = answer(200, &[], &Some(r#"{"order":"o-1"}"#.into()), &None).unwrap();
+        assert_eq!(a.headers, vec![("content-type".to_string(), b"application/json".to_vec())]);
+        let a =
+            answer(201, &["Content-Type: text/csv".into(), "X-Order: 1".into()], &Some("a,b".into()), &None).unwrap();
+        assert_eq!(a.headers.len(), 2);
+        assert_eq!(a.headers[0], ("content-type".to_string(), b"text/csv".to_vec()));
+        for bad in ["no colon", "bad name: v", "x: a\r\nset-cookie: s=1", ": v"] {
+            assert!(answer(200, &[bad.into()], &None, &None).is_err(), "{bad:?}");
+        }
+    }
+}

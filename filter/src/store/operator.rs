@@ -1,0 +1,168 @@
+//! What an operator does to a Redis store's unknown outcomes (`idem-admin`): read a held record,
+//! release it, or resolve it with an answer. The record formats live in [`super::redis`]; this
+//! module only reads an unknown record and builds the record that replaces it, so the operator's
+//! tool and the filter can never disagree on them.
+//!
+//! Every change is fenced the way the filter fences its own writes: the tool reads the record,
+//! then runs a script that changes the key only if it still holds exactly that record. A key
+//! another request has claimed since (its hold ran out, a new request took it) is never touched.
+
+use super::redis::{RELEASE, RESTORE_TOKEN};
+use crate::response::StoredResponse;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
+/// `EVAL <script> 1 <key> <record read>`: deletes the key if it still holds the record read.
+/// Replies 1 (released), 0 (the key holds another record now) or 2 (the key is gone).
+pub const RELEASE_IF_UNCHANGED: &str = RELEASE;
+
+/// `EVAL <script> 1 <key> <record read> <new record>`: replaces the record read, keeping its
+/// expiry. Replies 1 (resolved) or 0 (the key holds another record, or is gone).
+pub const REPLACE_IF_UNCHANGED: &str = RESTORE_TOKEN;
+
+/// What a held unknown outcome's record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The claiming request's random owner id (hex), which fences every write.
+    pub owner: String,
+    pub first_seen_ms: u64,
+    pub held_until_ms: u64,
+}
+
+/// The key's kind, as the first field of its record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    InFlight,
+    Unknown,
+    Completed,
+    Tombstone,
+    Other,
+}
+
+impl RecordKind {
+    pub fn of(record: &str) -> RecordKind {
+        match record.split('|').next() {
+            Some("I") => RecordKind::InFlight,
+            Some("U") => RecordKind::Unknown,
+            Some("C") => RecordKind::Completed,
+            Some("T") => RecordKind::Tombstone,
+            _ => RecordKind::Other,
+        }
+    }
+
+    /// For messages: what the key holds.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RecordKind::InFlight => "a claim in flight (a request took the key)",
+            RecordKind::Unknown => "an unknown outcome",
+            RecordKind::Completed => "a stored answer",
+            RecordKind::Tombstone => "a stored answer too large to keep (a tombstone)",
+            RecordKind::Other => "a record that is not a claim",
+        }
+    }
+}
+
+/// A claim key's unknown-outcome record (`U|owner|fingerprint|first seen|held until`); `None` for
+/// any other record (a token's `U|owner|used at` has three fields and is not a claim either).
+pub fn held(record: &str) -> Option<Held> {
+    let f: Vec<&str> = record.split('|').collect();
+    let [kind, owner, _fp, first, until] = f.as_slice() else {
+        return None;
+    };
+    if *kind != "U" || owner.len() != 16 || !owner.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(Held { owner: owner.to_string(), first_seen_ms: first.parse().ok()?, held_until_ms: until.parse().ok()? })
+}
+
+/// The completed record that resolves the unknown record `record` with `answer`: same owner,
+/// fingerprint and first-seen time, so the client's repeat (same fingerprint) gets `answer`
+/// replayed and a different request with the key gets 422, as for any stored answer.
+pub fn resolved(record: &str, answer: &StoredResponse) -> Option<String> {
+    held(record)?;
+    let mut f = record.split('|').skip(1);
+    let (owner, fp, first) = (f.next()?, f.next()?, f.next()?);
+    let mut enc = Vec::with_capacity(answer.encoded_len());
+    answer.encode_into(&mut enc);
+    Some(format!("C|{owner}|{fp}|{first}|{}|{}", answer.status, STANDARD.encode(enc)))
+}
+
+/// Whether `store_key` names a claim key under `prefix`: `<prefix>k:` and 64 lowercase hex digits.
+pub fn is_claim_key(prefix: &str, store_key: &str) -> bool {
+    store_key
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix("k:"))
+        .is_some_and(|id| id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic, clippy::string_slice)]
+    use super::*;
+    use crate::store::redis::{fp_field, read_claim};
+    use crate::store::{Claim, Payload};
+
+    fn unknown(fp: &[u8; 32]) -> String {
+        format!("U|00000000000000ab|{}|1700000000000|1700086400000", fp_field(fp))
+    }
+
+    #[test]
+    fn an_unknown_record_is_read_and_nothing_else_is() {
+        let fp = [7u8; 32];
+        let held = held(&unknown(&fp)).unwrap();
+        assert_eq!(
+            held,
+            Held {
+                owner: "00000000000000ab".into(),
+                first_seen_ms: 1_700_000_000_000,
+                held_until_ms: 1_700_086_400_000
+            }
+        );
+        for other in
+            ["I|00000000000000ab|x00|1|2", "U|00000000000000ab|1700000000000", "U|zz|x|1|2", "C|a|b|1|200|AA==", ""]
+        {
+            assert_eq!(super::held(other), None, "{other:?}");
+        }
+    }
+
+    /// The filter reads the resolved record as the key's stored answer: the client's repeat (same
+    /// fingerprint) replays it, another body with the key is a different request.
+    #[test]
+    fn a_resolved_record_is_the_stored_answer_the_filter_replays() {
+        let fp = [7u8; 32];
+        let answer = StoredResponse::new(
+            201,
+            vec![("content-type".into(), b"application/json".to_vec())],
+            br#"{"order":"A|B"}"#.to_vec(),
+        );
+        let record = resolved(&unknown(&fp), &answer).unwrap();
+        match read_claim(&fp, serde_json::Value::String(record.clone())).unwrap() {
+            Claim::Completed { first_seen_ms, status, response, payload } => {
+                assert_eq!((first_seen_ms, status, payload), (1_700_000_000_000, 201, Payload::Same));
+                assert_eq!(response, Some(answer));
+            }
+            other => panic!("{other:?}"),
+        }
+        let other_fp = [8u8; 32];
+        assert!(matches!(
+            read_claim(&other_fp, serde_json::Value::String(record)).unwrap(),
+            Claim::Completed { payload: Payload::Different, .. }
+        ));
+        assert_eq!(resolved("I|00000000000000ab|x00|1|2", &StoredResponse::new(200, vec![], vec![])), None);
+    }
+
+    #[test]
+    fn claim_keys_are_the_prefix_k_and_a_hex_id() {
+        let id = "0123456789abcdef".repeat(4);
+        assert!(is_claim_key("idem:", &format!("idem:k:{id}")));
+        for bad in [
+            format!("idem:t:{id}"),
+            format!("other:k:{id}"),
+            format!("idem:k:{}", &id[1..]),
+            format!("idem:k:{}", id.to_uppercase()),
+            "idem:k:../x".into(),
+        ] {
+            assert!(!is_claim_key("idem:", &bad), "{bad}");
+        }
+    }
+}
