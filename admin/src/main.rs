@@ -1,33 +1,40 @@
-//! idem-admin: what an operator does with the unknown outcomes idem holds on the Redis store.
+//! idem-admin: what an operator does with the unknown outcomes idem holds, on either store.
 //!
 //! A forwarded request that got no answer may have run, so idem holds its key as an unknown
 //! outcome and answers every repeat `409 IDEMPOTENCY_OUTCOME_UNKNOWN`. Once the operator knows
 //! what happened, `release` lets the client's next repeat run (it did not run), `resolve` gives
 //! the client the answer it should have had (it ran). Both are fenced: a key that another request
-//! has claimed since is never touched. Talks to Redis directly (not through Webdis), as an ACL
-//! user of its own (docs/unknown-outcomes.md).
+//! has claimed since is never touched. On Redis it talks to Redis directly (not through Webdis),
+//! as an ACL user of its own; on the shared store, whose records live inside Envoy, to the
+//! filter's admin listener (`--shared`), which makes the change there (docs/unknown-outcomes.md).
 //!
 //! Exit codes: 0 done (or listed), 1 nothing changed (the key is not that unknown outcome any
 //! more), 2 bad usage or Redis unreachable.
 
-mod held;
+mod http;
+mod on_redis;
+mod on_shared;
 mod resp;
 
 use clap::{Parser, Subcommand};
-use held::{Change, Entry};
 use idem_filter::response::{rfc3339, StoredResponse};
 use idem_filter::store::operator;
+use idem_filter::store::shared::held::parse_store_key;
 use serde_json::json;
 use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "idem-admin", version, about = "List, release or resolve the unknown outcomes idem holds on Redis")]
+#[command(name = "idem-admin", version, about = "List, release or resolve the unknown outcomes idem holds")]
 struct Cli {
+    /// The shared store: the filter's admin listener, http://host:port (its bearer secret in
+    /// IDEM_ADMIN_SECRET). Without it, the Redis store (--redis).
+    #[arg(long, env = "IDEM_ADMIN_URL", conflicts_with = "redis")]
+    shared: Option<String>,
     /// Redis to talk to: redis://[user[:password]@]host:port[/db] (an ACL user allowed
     /// SCAN, GET, EVAL, DEL and SET on the prefix's keys; docs/unknown-outcomes.md).
-    #[arg(long, env = "IDEM_REDIS_URL", default_value = "redis://127.0.0.1:6379", hide_env_values = true)]
-    redis: String,
+    #[arg(long, env = "IDEM_REDIS_URL", hide_env_values = true)]
+    redis: Option<String>,
     /// The bundle's `[redis] prefix`.
     #[arg(long, default_value = "idem:")]
     prefix: String,
@@ -84,44 +91,122 @@ fn main() -> ExitCode {
     }
 }
 
+/// One held unknown outcome, as `list` prints it (either store).
+pub struct Row {
+    pub store_key: String,
+    pub owner: String,
+    pub first_seen_at: String,
+    pub held_until: String,
+    /// A lookup is asking the service about it right now (shared store).
+    pub looking_up: bool,
+}
+
+/// What a release or resolve did: `result` for scripts, `message` for people.
+pub struct Outcome {
+    pub changed: bool,
+    pub result: String,
+    pub message: String,
+}
+
+/// Where the unknown outcomes are.
+enum Store {
+    Redis { con: resp::Connection, url: String, prefix: String },
+    Shared(on_shared::Listener),
+}
+
+impl Store {
+    fn list(&mut self) -> Result<Vec<Row>, String> {
+        match self {
+            Store::Redis { con, url, prefix } => {
+                let entries = on_redis::list(con, prefix).map_err(|e| format!("Redis at {}: {e}", redacted(url)))?;
+                Ok(entries
+                    .into_iter()
+                    .map(|e| Row {
+                        store_key: e.store_key,
+                        owner: e.held.owner,
+                        first_seen_at: rfc3339(e.held.first_seen_ms),
+                        held_until: rfc3339(e.held.held_until_ms),
+                        looking_up: false,
+                    })
+                    .collect())
+            }
+            Store::Shared(listener) => listener.list(),
+        }
+    }
+
+    fn change(&mut self, key: &str, owner: Option<&str>, answer: Option<&StoredResponse>) -> Result<Outcome, String> {
+        let done = if answer.is_some() { "resolved" } else { "released" };
+        match self {
+            Store::Redis { con, url, .. } => {
+                let change = match answer {
+                    Some(a) => on_redis::resolve(con, key, owner, a),
+                    None => on_redis::release(con, key, owner),
+                }
+                .map_err(|e| format!("Redis at {}: {e}", redacted(url)))?;
+                let (result, message) = change.describe(done, key);
+                Ok(Outcome { changed: change == operator::Change::Done, result, message })
+            }
+            Store::Shared(listener) => match answer {
+                Some(a) => listener.resolve(key, owner, a),
+                None => listener.release(key, owner),
+            },
+        }
+    }
+}
+
 fn run(cli: &Cli) -> Result<ExitCode, String> {
-    // Checked before connecting: a malformed key is the operator's typo, not Redis' state.
+    // Checked before connecting: a malformed key or answer is the operator's typo.
     let key = match &cli.command {
         Command::List => None,
         Command::Release { store_key, .. } | Command::Resolve { store_key, .. } => Some(store_key),
     };
     if let Some(key) = key {
-        if !operator::is_claim_key(&cli.prefix, key) {
-            return Err(format!(
-                "{key:?} is not a claim key: expected {}k: and 64 lowercase hex digits (the store_key of `idem-admin list` or of the filter's unknown_outcome log line; --prefix is the bundle's [redis] prefix)",
-                cli.prefix
-            ));
-        }
+        check_store_key(cli, key)?;
     }
     let answer = match &cli.command {
         Command::Resolve { status, headers, body, body_file, .. } => Some(answer(*status, headers, body, body_file)?),
         _ => None,
     };
-    let target = resp::Target::parse(&cli.redis).map_err(|e| format!("--redis {}: {e}", redacted(&cli.redis)))?;
-    let mut con = resp::Connection::open(&target, Duration::from_secs(5))
-        .map_err(|e| format!("cannot use Redis at {}: {e}", redacted(&cli.redis)))?;
-    let redis_error = |e: resp::Error| format!("Redis at {}: {e}", redacted(&cli.redis));
+    let mut store = open(cli)?;
     match &cli.command {
         Command::List => {
-            let entries = held::list(&mut con, &cli.prefix).map_err(redis_error)?;
-            print_list(&entries, cli.json);
+            print_list(&store.list()?, cli.json);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Release { store_key, owner } => {
-            let change = held::release(&mut con, store_key, owner.as_deref()).map_err(redis_error)?;
-            Ok(report("released", store_key, &change, cli.json))
-        }
-        Command::Resolve { store_key, owner, .. } => {
-            let Some(answer) = &answer else { return Err("no answer".into()) };
-            let change = held::resolve(&mut con, store_key, owner.as_deref(), answer).map_err(redis_error)?;
-            Ok(report("resolved", store_key, &change, cli.json))
+        Command::Release { store_key, owner } | Command::Resolve { store_key, owner, .. } => {
+            let outcome = store.change(store_key, owner.as_deref(), answer.as_ref())?;
+            Ok(report(store_key, &outcome, cli.json))
         }
     }
+}
+
+fn check_store_key(cli: &Cli, key: &str) -> Result<(), String> {
+    if cli.shared.is_some() {
+        if parse_store_key(key).is_none() {
+            return Err(format!("{key:?} is not a shared-store key: expected s:<bucket>:<32 lowercase hex digits> (the store_key of `idem-admin list` or of the filter's unknown_outcome log line)"));
+        }
+    } else if !operator::is_claim_key(&cli.prefix, key) {
+        return Err(format!(
+            "{key:?} is not a claim key: expected {}k: and 64 lowercase hex digits (the store_key of `idem-admin list` or of the filter's unknown_outcome log line; --prefix is the bundle's [redis] prefix)",
+            cli.prefix
+        ));
+    }
+    Ok(())
+}
+
+fn open(cli: &Cli) -> Result<Store, String> {
+    if let Some(url) = &cli.shared {
+        let target = http::Target::parse(url).map_err(|e| format!("--shared {url}: {e}"))?;
+        let secret = std::env::var("IDEM_ADMIN_SECRET").map_err(|_| {
+            "--shared needs the admin listener's bearer secret in IDEM_ADMIN_SECRET ([admin] secret)".to_string()
+        })?;
+        return Ok(Store::Shared(on_shared::Listener { target, secret }));
+    }
+    let url = cli.redis.clone().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let target = resp::Target::parse(&url).map_err(|e| format!("--redis {}: {e}", redacted(&url)))?;
+    let con = resp::Connection::open(&target, Duration::from_secs(5))
+        .map_err(|e| format!("cannot use Redis at {}: {e}", redacted(&url)))?;
+    Ok(Store::Redis { con, url, prefix: cli.prefix.clone() })
 }
 
 /// The answer `resolve` stores, from its flags.
@@ -159,64 +244,46 @@ fn answer(
     Ok(StoredResponse::new(status, parsed, body))
 }
 
-fn print_list(entries: &[Entry], as_json: bool) {
+fn print_list(rows: &[Row], as_json: bool) {
     if as_json {
-        let rows: Vec<serde_json::Value> = entries
+        let rows: Vec<serde_json::Value> = rows
             .iter()
-            .map(|e| {
+            .map(|r| {
                 json!({
-                    "store_key": e.store_key,
-                    "owner": e.held.owner,
-                    "first_seen_at": rfc3339(e.held.first_seen_ms),
-                    "held_until": rfc3339(e.held.held_until_ms),
+                    "store_key": r.store_key,
+                    "owner": r.owner,
+                    "first_seen_at": r.first_seen_at,
+                    "held_until": r.held_until,
+                    "looking_up": r.looking_up,
                 })
             })
             .collect();
         println!("{}", serde_json::Value::Array(rows));
         return;
     }
-    if entries.is_empty() {
+    if rows.is_empty() {
         println!("no unknown outcomes held");
         return;
     }
-    println!("{:<72}  {:<16}  {:<24}  {:<24}", "STORE KEY", "OWNER", "FIRST SEEN", "HELD UNTIL");
-    for e in entries {
-        println!(
-            "{:<72}  {:<16}  {:<24}  {:<24}",
-            e.store_key,
-            e.held.owner,
-            rfc3339(e.held.first_seen_ms),
-            rfc3339(e.held.held_until_ms)
-        );
+    let width = rows.iter().map(|r| r.store_key.len()).max().unwrap_or(9).max(9);
+    println!("{:<width$}  {:<16}  {:<24}  {:<24}", "STORE KEY", "OWNER", "FIRST SEEN", "HELD UNTIL");
+    for r in rows {
+        let note = if r.looking_up { "  (a lookup is asking the service)" } else { "" };
+        println!("{:<width$}  {:<16}  {:<24}  {:<24}{note}", r.store_key, r.owner, r.first_seen_at, r.held_until);
     }
-    println!("{} unknown outcome{} held", entries.len(), if entries.len() == 1 { "" } else { "s" });
+    println!("{} unknown outcome{} held", rows.len(), if rows.len() == 1 { "" } else { "s" });
 }
 
 /// Prints what a release or resolve did; exit 0 if it changed the key, 1 if not.
-fn report(done: &str, store_key: &str, change: &Change, as_json: bool) -> ExitCode {
-    let (result, message) = match change {
-        Change::Done => (done.to_string(), format!("{done} {store_key}")),
-        Change::Absent => (
-            "absent".into(),
-            format!("nothing {done}: {store_key} does not exist (its hold ended, or it was released)"),
-        ),
-        Change::Holds(kind) => (
-            "unchanged".into(),
-            format!("nothing {done}: {store_key} holds {}, not an unknown outcome", kind.describe()),
-        ),
-        Change::OtherOwner(owner) => (
-            "unchanged".into(),
-            format!("nothing {done}: {store_key} is now the unknown outcome of another request (owner {owner})"),
-        ),
-    };
+fn report(store_key: &str, outcome: &Outcome, as_json: bool) -> ExitCode {
     if as_json {
-        println!("{}", json!({ "store_key": store_key, "result": result, "message": message }));
-    } else if matches!(change, Change::Done) {
-        println!("{message}");
+        println!("{}", json!({ "store_key": store_key, "result": outcome.result, "message": outcome.message }));
+    } else if outcome.changed {
+        println!("{}", outcome.message);
     } else {
-        eprintln!("idem-admin: {message}");
+        eprintln!("idem-admin: {}", outcome.message);
     }
-    if matches!(change, Change::Done) {
+    if outcome.changed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -449,3 +449,27 @@ fn a_generated_header_key_is_refused_at_load_with_the_reason_and_the_way_out() {
     let ok = "[[route]]\nname = \"pay\"\n[route.key]\nfingerprint = [\"header:x-forwarded-proto\"]\n";
     assert!(parse_bundle(ok, "ok.toml").is_ok());
 }
+
+/// `role = "admin"`: the operator's listener, with a long bearer secret and no routes; `[admin]`
+/// anywhere else is refused, each with the line of what is wrong.
+#[test]
+fn an_admin_bundle_needs_a_long_secret_and_nothing_else() {
+    let secret = "k".repeat(32);
+    let ok = parse_bundle(&format!("role = \"admin\"\n\n[admin]\nsecret = \"{secret}\"\n"), "admin.toml").unwrap();
+    assert_eq!((ok.role, ok.admin.map(|a| a.secret)), (Role::Admin, Some(secret.clone())));
+
+    let e = err("role = \"admin\"\n");
+    assert!(e.message.contains("needs an [admin] table with a `secret`"), "{e}");
+    let e = err("role = \"admin\"\n\n[admin]\nsecret = \"short\"\n");
+    assert!(e.message.contains("`secret` has 5 characters; at least 32") && e.line == Some(4), "{e}");
+    let e = err(&format!("role = \"admin\"\n\n[admin]\nsecret = \"{} x\"\n", "k".repeat(32)));
+    assert!(e.message.contains("printable ASCII without spaces"), "{e}");
+    let e = err(&format!(
+        "role = \"admin\"\n\n[admin]\nsecret = \"{secret}\"\n\n[[route]]\nname = \"r\"\nmatch = {{ path = \"/r\" }}\n"
+    ));
+    assert!(e.message.contains("takes no [[route]]") && e.line == Some(1), "{e}");
+    let e = err(&format!("[admin]\nsecret = \"{secret}\"\n"));
+    assert!(e.message.contains("a bundle of its own with role = \"admin\"") && e.line == Some(1), "{e}");
+    let e = err(&format!("role = \"admin\"\n\n[admin]\nsecret = \"{secret}\"\ntoken = 1\n"));
+    assert!(e.message.contains("unknown field `token`"), "{e}");
+}

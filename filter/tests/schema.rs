@@ -20,7 +20,7 @@ fn the_schema_describes_every_top_level_table_and_refuses_others() {
     let props: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
     assert_eq!(
         props,
-        ["answers", "detached", "grpc", "metrics", "redis", "role", "route", "shared", "tokens", "unmatched"]
+        ["admin", "answers", "detached", "grpc", "metrics", "redis", "role", "route", "shared", "tokens", "unmatched"]
     );
     assert_eq!(schema["additionalProperties"], false, "unknown tables (and Higress' _rules_) are refused");
     let route = &schema["$defs"]["Route"];

@@ -518,3 +518,73 @@ mod replay_slots {
         assert_eq!(pool.take(&host, &late).unwrap().body, b"1000");
     }
 }
+
+/// The admin listener's view: an instance whose own [shared] sizes differ attaches to the shape
+/// the gateway created, lists the unknown outcomes, and releases or resolves one only while it is
+/// still that unknown outcome (of that owner).
+#[test]
+fn an_operator_lists_releases_and_resolves_unknown_outcomes_fenced() {
+    use idem_filter::store::operator::{Change, RecordKind};
+    use idem_filter::store::shared::held::parse_store_key;
+    let (host, gateway) = store(16, 4);
+    let other_shape =
+        SharedStore::new(&SharedConfig { buckets: 2, entries_per_bucket: 64, max_response_bytes: 1, namespace: None });
+    let admin = other_shape.attach(&host).unwrap().expect("the gateway's store");
+    assert!(admin.held(&host).unwrap().is_empty());
+
+    let gone = claimed(gateway.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+    let ran = claimed(gateway.claim(&host, &id("ran"), &FP, 1_000).unwrap());
+    let _busy = claimed(gateway.claim(&host, &id("busy"), &FP, 1_000).unwrap());
+    host.advance(10);
+    assert!(gateway.hold_unknown(&host, &gone, 60_000).unwrap());
+    assert!(gateway.hold_unknown(&host, &ran, 60_000).unwrap());
+    let held = admin.held(&host).unwrap();
+    assert_eq!(held.len(), 2, "only the unknown outcomes: {held:?}");
+    assert!(held.iter().all(|h| h.held_until_ms == 1_700_000_060_010 && !h.looking_up));
+    let key = |t: &Ticket| parse_store_key(&t.store_key()).unwrap();
+    assert_eq!(
+        held.iter().map(|h| h.store_key()).collect::<std::collections::BTreeSet<_>>(),
+        [gone.store_key(), ran.store_key()].into_iter().collect()
+    );
+
+    // Released: the repeat claims the key as a first request.
+    let (b, i) = key(&gone);
+    assert_eq!(
+        admin.operator_release(&host, b, &i, Some(gone.owner ^ 1)).unwrap(),
+        Change::OtherOwner(format!("{:016x}", gone.owner))
+    );
+    assert_eq!(admin.operator_release(&host, b, &i, Some(gone.owner)).unwrap(), Change::Done);
+    assert_eq!(admin.operator_release(&host, b, &i, None).unwrap(), Change::Absent);
+    let retry = claimed(gateway.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+    // The key now holds a claim in flight: neither a release nor a resolve touches it.
+    assert_eq!(admin.operator_release(&host, b, &i, None).unwrap(), Change::Holds(RecordKind::InFlight));
+    let answer = ok_response(r#"{"order":"o-1"}"#);
+    assert_eq!(admin.operator_resolve(&host, b, &i, None, &answer).unwrap(), Change::Holds(RecordKind::InFlight));
+    assert!(gateway.renew(&host, &retry, 1_000).unwrap(), "the new claim is still its owner's");
+
+    // Resolved: the same request gets the answer replayed, another body is a different request,
+    // and the answer lasts as long as the hold would have.
+    let (b, i) = key(&ran);
+    assert_eq!(admin.operator_resolve(&host, b, &i, None, &answer).unwrap(), Change::Done);
+    match gateway.claim(&host, &id("ran"), &FP, 1_000).unwrap() {
+        Claim::Completed { status: 201, response: Some(r), payload: Payload::Same, .. } => assert_eq!(r, answer),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        gateway.claim(&host, &id("ran"), &[9; 32], 1_000).unwrap(),
+        Claim::Completed { payload: Payload::Different, .. }
+    ));
+    assert_eq!(admin.operator_resolve(&host, b, &i, None, &answer).unwrap(), Change::Holds(RecordKind::Completed));
+    host.advance(60_001);
+    claimed(gateway.claim(&host, &id("ran"), &FP, 1_000).unwrap());
+    // A bucket the gateway never made.
+    assert_eq!(admin.operator_release(&host, 99, &i, None).unwrap(), Change::Absent);
+}
+
+#[test]
+fn an_admin_instance_before_any_gateway_finds_no_store() {
+    let host = FakeHost::new(0);
+    let s =
+        SharedStore::new(&SharedConfig { buckets: 4, entries_per_bucket: 4, max_response_bytes: 64, namespace: None });
+    assert!(s.attach(&host).unwrap().is_none());
+}

@@ -153,16 +153,19 @@ class Envoy:
 
 def start_idem_envoy(workdir, upstream_port, policy_toml, routes=None, concurrency=2, wasm_path=None,
                      with_filter=True, wait=True, timeout=60.0, extra_clusters=(), name="envoy-idem",
-                     pre_filters=(), post_filters=(), upstream_http2=False):
+                     pre_filters=(), post_filters=(), upstream_http2=False, idem_admin_secret=None):
+    """`idem_admin_secret`: also the operator's listener (`role = "admin"`) on `env.idem_admin_port`."""
     require_envoy()
     if with_filter:
         wasm_path = wasm_path or require_wasm()
     listen_port, admin_port = free_port(), free_port()
+    idem_admin = (free_port(), idem_admin_secret) if idem_admin_secret else None
     cfg = idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
                       policy_toml=policy_toml, routes=routes, wasm_path=wasm_path, with_filter=with_filter,
                       extra_clusters=extra_clusters, pre_filters=pre_filters, post_filters=post_filters,
-                      upstream_http2=upstream_http2)
+                      upstream_http2=upstream_http2, idem_admin=idem_admin)
     env = Envoy(cfg, workdir, concurrency=concurrency, name=name)
+    env.idem_admin_port = idem_admin[0] if idem_admin else None
     if wait:
         try:
             env.wait_ready(timeout)

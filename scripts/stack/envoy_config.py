@@ -198,6 +198,15 @@ def echo_cluster():
     return internal_cluster(ECHO)
 
 
+def idem_admin_listener(wasm_path, port, secret):
+    """The operator's listener for the shared store (`role = "admin"`, docs/unknown-outcomes.md):
+    on loopback, its own port, the same plugin name and vm_id as the gateway (so the same shared
+    data and namespace). Every request is answered by the filter; the route is never reached."""
+    admin = wasm_filter('role = "admin"\n\n[admin]\nsecret = "%s"\n' % secret, wasm_path, disabled=False)
+    routes = [{"name": "idem-admin", "match": {"prefix": "/"}, "direct_response": {"status": 404}}]
+    return listener("idem_admin", port, routes, [admin])
+
+
 def cluster(name, port, http2=False):
     protocol = {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {"enable_trailers": True}}
     return {
@@ -216,10 +225,12 @@ def cluster(name, port, http2=False):
 
 
 def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=None, wasm_path=None,
-                with_filter=True, extra_clusters=(), pre_filters=(), post_filters=(), upstream_http2=False):
+                with_filter=True, extra_clusters=(), pre_filters=(), post_filters=(), upstream_http2=False,
+                idem_admin=None):
     """A complete Envoy bootstrap (as a dict; Envoy reads JSON as YAML) with idem in front of one cluster,
     and the internal listener detached requests re-enter through. `pre_filters` run before idem (e.g.
-    jwt_authn, whose verified claims a scope can name), `post_filters` after it (on both listeners)."""
+    jwt_authn, whose verified claims a scope can name), `post_filters` after it (on both listeners).
+    `idem_admin = (port, secret)` adds the operator's listener."""
     routes = DEFAULT_ROUTES if routes is None else routes
     filters = list(pre_filters) + ([wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else [])
     if not with_filter:
@@ -232,6 +243,8 @@ def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=N
     if with_filter:
         listeners.append(echo_listener(wasm_path or WASM))
         clusters.append(echo_cluster())
+    if idem_admin:
+        listeners.append(idem_admin_listener(wasm_path or WASM, *idem_admin))
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": STATS_CONFIG,

@@ -1,8 +1,10 @@
-"""The operator's tool for unknown outcomes on the Redis store (`idem-admin`, target/debug/idem-admin
-or $IDEM_ADMIN), against real Redis shared by two Envoys through Webdis, run as the ACL user
-docs/unknown-outcomes.md documents: a held key is listed, released (the next repeat runs) or
-resolved with an answer (the next repeats replay it, on either Envoy); a key another request has
-taken since is never changed; malformed store keys, headers and credentials are refused clearly."""
+"""The operator's tool for unknown outcomes (`idem-admin`, target/debug/idem-admin or $IDEM_ADMIN) on
+both stores: on Redis against real Redis shared by two Envoys through Webdis, as the ACL user
+docs/unknown-outcomes.md documents; on the shared store through the filter's own admin listener
+(`role = "admin"`) in the gateway's Envoy. A held key is listed, released (the next repeat runs) or
+resolved with an answer (the next repeats replay it); a key another request has taken since is
+never changed; malformed store keys, headers and credentials are refused clearly; the admin
+listener wants its secret and is not reachable from the ingress listener."""
 
 import json
 import os
@@ -46,6 +48,9 @@ PASS = {"name": "passthrough", "match": {"prefix": "/"}, "idem": False}
 ROUTES = stack.routes_from_policy(POLICY, envoy={"a-order": {"timeout": "1s"}, "a-short": {"timeout": "3s"}},
                                   after=[PASS])
 AUTH = "Bearer merchant-42"
+ADMIN_SECRET = "admin-secret-" + uuid.uuid4().hex  # 45 characters
+SHARED_POLICY = POLICY.split("[[route]]", 1)[1].replace('store = "redis"', 'store = "shared"')
+SHARED_POLICY = "[[route]]" + SHARED_POLICY
 
 
 @pytest.fixture(scope="module")
@@ -64,25 +69,41 @@ def admin(redis_stack, *args, user=OPERATOR):
                           env=dict(os.environ, IDEM_REDIS_URL=url))
 
 
+@pytest.fixture(scope="module")
+def gw(workdir, upstream):
+    """One Envoy on the shared store, with the operator's listener beside its ingress."""
+    assert ADMIN.is_file(), "%s is missing: build it with `cargo build -p idem-admin` (or set IDEM_ADMIN)" % ADMIN
+    env = stack.start_idem_envoy(workdir, upstream.port, SHARED_POLICY, routes=ROUTES, name="envoy-admin",
+                                 idem_admin_secret=ADMIN_SECRET)
+    yield env
+    env.stop()
+
+
+def shared_admin(gw, *args, secret=ADMIN_SECRET):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDEM_")}
+    env.update(IDEM_ADMIN_URL="http://127.0.0.1:%d" % gw.idem_admin_port, IDEM_ADMIN_SECRET=secret)
+    return subprocess.run([str(ADMIN), *args], capture_output=True, text=True, timeout=30, env=env)
+
+
 def order(env, key, headers=None, body=None, path="/a/order"):
     return post(env, path, key, auth=AUTH, headers=headers, body=body or {"sku": "A1", "amount": "100.00"}, timeout=20)
 
 
-def store_key_of(env, key):
+def store_key_of(env, key, store="redis"):
     """The store key the filter's unknown_outcome line names for `key` (what an operator starts from)."""
     def found():
         for line in env.log_text().splitlines():
             if "idem: unknown_outcome " in line:
                 record = json.loads(line.split("idem: unknown_outcome ", 1)[1])
-                if record["key_prefix"] == key[:8] + "…" and record["store"] == "redis":
+                if record["key_prefix"] == key[:8] + "…" and record["store"] == store:
                     return record["store_key"]
         return None
     wait_for(lambda: found() is not None, 5, what="the unknown_outcome log line of %s" % key)
     return found()
 
 
-def listed(redis_stack):
-    done = admin(redis_stack, "list", "--json")
+def listed(redis_stack, run=admin):
+    done = run(redis_stack, "list", "--json")
     assert done.returncode == 0, done.stderr
     return {e["store_key"]: e for e in json.loads(done.stdout)}
 
@@ -194,3 +215,118 @@ def test_a_wrong_password_is_a_clear_error_that_hides_the_password(fleet, redis_
     # Webdis' user (the filter's) is not the operator: its ACL has no SCAN.
     done = admin(redis_stack, "list", user=("default", stack.REDIS_PASSWORD))
     assert done.returncode == 2 and "NOPERM" in done.stderr, done
+
+
+# ---------------------------------------------------------------------------- the shared store
+
+def test_shared_a_released_key_lets_the_next_repeat_run(gw, upstream):
+    key = new_key("sadm-rel")
+    first = order(gw, key, headers={"x-demo-reset-before": "1"})
+    assert first.status >= 500, describe(first)
+    store_key = store_key_of(gw, key, store="shared")
+    assert store_key.startswith("s:"), store_key
+    assert_outcome_unknown(order(gw, key))
+    entry = listed(gw, run=shared_admin)[store_key]
+    assert entry["first_seen_at"] < entry["held_until"] and entry["looking_up"] is False, entry
+    table = shared_admin(gw, "list")
+    assert table.returncode == 0 and store_key in table.stdout and entry["owner"] in table.stdout, table
+
+    done = shared_admin(gw, "release", store_key, "--owner", entry["owner"])
+    assert (done.returncode, done.stdout.strip()) == (0, "released %s" % store_key), done
+    assert store_key not in listed(gw, run=shared_admin)
+    again = shared_admin(gw, "release", store_key)
+    assert again.returncode == 1 and "does not exist" in again.stderr, again
+    retry = order(gw, key)
+    assert retry.status == 200 and retry.json()["n"] == 1, describe(retry)
+    assert "idem: admin released %s" % store_key in gw.log_text()
+
+
+def test_shared_a_resolved_key_replays_the_operators_answer(gw, upstream):
+    key = new_key("sadm-res")
+    first = order(gw, key, headers={"x-demo-delay-ms": "1500"})
+    assert first.status == 504, describe(first)
+    wait_for(lambda: upstream.calls(key) == 1, 5, what="the business to run")
+    store_key = store_key_of(gw, key, store="shared")
+    answer = {"order_id": "ord-\"7|8\"", "note": "line1\r\nline2", "amount": 12345678901234567890}
+    done = shared_admin(gw, "--json", "resolve", store_key, "--status", "201", "--header", "X-Order-Id: ord-7",
+                        "--body", json.dumps(answer))
+    assert done.returncode == 0 and json.loads(done.stdout)["result"] == "resolved", done
+    for _ in range(2):
+        r = order(gw, key)
+        assert r.status == 201 and r.header("idempotent-replayed") == "true", describe(r)
+        assert r.body == json.dumps(answer).encode() and r.header("x-order-id") == "ord-7", describe(r)
+    assert order(gw, key, body={"sku": "B2", "amount": "1.00"}).status == 422
+    assert upstream.calls(key) == 1
+    twice = shared_admin(gw, "resolve", store_key, "--status", "200", "--body", "{}")
+    assert twice.returncode == 1 and "holds a stored answer" in twice.stderr, twice
+
+
+def test_shared_a_key_taken_by_another_request_is_never_changed(gw, upstream):
+    key = new_key("sadm-race")
+    order(gw, key, headers={"x-demo-reset-before": "1"}, path="/a/short")
+    store_key = store_key_of(gw, key, store="shared")
+    old_owner = listed(gw, run=shared_admin)[store_key]["owner"]
+    time.sleep(3.2)  # the 3 s hold ends; the client's next attempt takes the key (its upstream is slow) ...
+    pending = {}
+    t = threading.Thread(target=lambda: pending.setdefault(
+        "r", order(gw, key, headers={"x-demo-delay-ms": "4000"}, path="/a/short")))
+    t.start()
+    wait_for(lambda: upstream.calls(key) == 1, 5, what="the new claim to reach the business")
+    # ... so the operator's late release and resolve change nothing while it runs (3 s),
+    for args in (["release", store_key], ["resolve", store_key, "--status", "200", "--body", "{}"]):
+        done = shared_admin(gw, *args)
+        assert done.returncode == 1 and "a claim in flight" in done.stderr, done
+    t.join()
+    assert pending["r"].status == 504, describe(pending["r"])
+    # ... nor once it is an unknown outcome of its own: the operator's --owner is the old one.
+    wait_for(lambda: store_key in listed(gw, run=shared_admin), 5, what="the second unknown outcome")
+    second = listed(gw, run=shared_admin)[store_key]
+    assert second["owner"] != old_owner
+    done = shared_admin(gw, "release", store_key, "--owner", old_owner)
+    assert done.returncode == 1 and "another request" in done.stderr, done
+    assert listed(gw, run=shared_admin)[store_key] == second
+
+
+def raw_admin(gw, method, path, secret=ADMIN_SECRET, body=None, port=None):
+    headers = {"authorization": "Bearer %s" % secret} if secret is not None else {}
+    return stack.request(port or gw.idem_admin_port, method, path, headers=headers, body=body)
+
+
+def test_shared_the_admin_listener_wants_its_secret_and_is_not_on_the_ingress(gw):
+    for secret in (None, "wrong", ADMIN_SECRET[:-1], ADMIN_SECRET + "x"):
+        r = raw_admin(gw, "GET", "/unknown", secret=secret)
+        assert r.status == 401 and r.json()["code"] == "UNAUTHORIZED", describe(r)
+        assert r.header("www-authenticate") == "Bearer", describe(r)
+    assert raw_admin(gw, "GET", "/unknown").status == 200
+    wrong = shared_admin(gw, "list", secret="wrong-secret")
+    assert wrong.returncode == 2 and "401" in wrong.stderr, wrong
+    # The ingress listener has no admin API: /unknown there is an ordinary request, which the
+    # upstream answers (the demo upstream echoes its method and path).
+    r = raw_admin(gw, "GET", "/unknown", port=gw.listen_port)
+    assert r.status == 200 and (r.json()["method"], r.json()["path"]) == ("GET", "/unknown"), describe(r)
+    assert b"store_key" not in r.body, describe(r)
+    r = raw_admin(gw, "POST", "/unknown/s:0:%s/release" % ("0" * 32), port=gw.listen_port)
+    assert b"released" not in r.body and b"absent" not in r.body, describe(r)
+
+
+@pytest.mark.parametrize("method,path,body,status,message", [
+    ("POST", "/unknown/s:1:..%2F..%2Fx/release", None, 400, "is not a shared-store key"),
+    ("POST", "/unknown/idem:k:%s/release" % ("a" * 64), None, 400, "is not a shared-store key"),
+    ("POST", "/unknown/s:1:%s/release?owner=xyz" % ("a" * 32), None, 400, "is not 16 hex digits"),
+    ("POST", "/unknown/s:1:%s/resolve" % ("a" * 32), b'{"status":700}', 400, "from 200 to 599"),
+    ("POST", "/unknown/s:1:%s/resolve" % ("a" * 32), b'{"status":200,"headers":[["x-a","1\\r\\nset-cookie: s=1"]]}',
+     400, "without CR, LF or NUL"),
+    ("POST", "/unknown/s:1:%s/resolve" % ("a" * 32), b"not json", 400, "is not JSON"),
+    ("GET", "/unknown/s:1:%s/release" % ("a" * 32), None, 405, "POST"),
+    ("DELETE", "/unknown", None, 405, "GET /unknown"),
+    ("GET", "/elsewhere", None, 404, "serves GET /unknown"),
+    ("POST", "/unknown/s:1:%s/release" % ("a" * 32), None, 404, "does not exist"),
+])
+def test_shared_malformed_calls_get_a_clear_answer(gw, method, path, body, status, message):
+    r = raw_admin(gw, method, path, body=body)
+    assert r.status == status and message in r.json()["message"], describe(r)
+
+
+def test_shared_the_cli_refuses_a_malformed_key_before_calling(gw):
+    done = shared_admin(gw, "release", "s:1:../../etc")
+    assert done.returncode == 2 and "is not a shared-store key" in done.stderr, done

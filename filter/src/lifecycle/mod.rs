@@ -38,6 +38,7 @@
 //!
 //! The glue (`glue/`) only turns proxy-wasm callbacks into these calls.
 
+mod admin;
 mod body_gate;
 mod capture;
 mod claims;

@@ -2,6 +2,7 @@
 //! body), decide on the shared store or through one Webdis call, capture the response, and
 //! report how it ended.
 
+use super::admin;
 use super::body_gate::BodyDelivery;
 use super::capture::Capture;
 use super::claims::QueuedClaim;
@@ -10,7 +11,7 @@ use super::leases::LeaseOwner;
 use super::lookup::Looking;
 use super::replay::{self, Answered};
 use super::waiters::{Resumed, Waiter};
-use super::worker::{status_of, Worker};
+use super::worker::{send, status_of, Worker};
 use super::writes::After;
 use super::Flow;
 use crate::engine::{Action, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
@@ -18,7 +19,7 @@ use crate::host::{Host, Level};
 use crate::key::RequestView;
 use crate::pairs::Headers;
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
-use crate::response::{Header, LocalReply};
+use crate::response::{json_reply, Header, LocalReply};
 use crate::store::redis;
 use std::rc::Rc;
 
@@ -46,6 +47,8 @@ pub(super) enum Phase {
     /// A lookup asks the service whether the first attempt of an unknown outcome ran; the
     /// request is paused.
     Looking(Box<Looking>),
+    /// A call to the admin listener (`role = "admin"`) whose body is still arriving.
+    Admin,
 }
 
 /// A Webdis call the stream waits for.
@@ -183,6 +186,15 @@ impl Stream {
             self.phase = Phase::Idle;
             return Flow::Pause;
         }
+        if w.engine.bundle.role == Role::Admin {
+            // The operator's listener answers every call itself, once the call has ended.
+            self.request.headers = host.request_headers();
+            self.phase = Phase::Admin;
+            if end_of_stream {
+                self.answer_admin(host, Vec::new());
+            }
+            return Flow::Pause;
+        }
         if !end_of_stream {
             // An answer decided before the body has all arrived waits for it (see `early`).
             w.set_uploading(self.context, true);
@@ -227,9 +239,27 @@ impl Stream {
         self.decide(host, route)
     }
 
+    fn answer_admin(&mut self, host: &dyn Host, body: Vec<u8>) {
+        self.phase = Phase::Idle;
+        let bundle = &self.worker.engine.bundle;
+        match &bundle.admin {
+            Some(cfg) => admin::answer(host, cfg, &bundle.shared, &self.request.headers, &body),
+            None => send(host, &json_reply(503, "NOT_CONFIGURED", "role = \"admin\" without [admin]", &[])),
+        }
+    }
+
     /// A request body chunk arrived; `size` is what Envoy has buffered so far (this chunk alone
     /// after a chunk was held or dropped).
     pub fn on_request_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        if matches!(self.phase, Phase::Admin) {
+            if size > admin::MAX_ADMIN_BODY {
+                self.phase = Phase::Idle;
+                send(host, &json_reply(413, "BODY_TOO_LARGE", "an admin call's body is at most 1 MiB", &[]));
+            } else if end_of_stream {
+                self.answer_admin(host, host.request_body(size).unwrap_or_default());
+            }
+            return Flow::Pause;
+        }
         if end_of_stream {
             self.worker.set_uploading(self.context, false);
         }

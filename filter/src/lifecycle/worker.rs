@@ -15,7 +15,7 @@ use super::{Map, Set};
 use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::{push_truncated, truncated};
-use crate::policy::{parse_bundle, StoreKind};
+use crate::policy::{parse_bundle, Role, StoreKind};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, Payload, StoreError};
@@ -99,7 +99,12 @@ impl Worker {
         let replay_slots = ReplaySlots::new(bundle.shared.namespace.as_deref().unwrap_or("idem"));
 
         let mut engine = Engine::new(bundle);
-        let created = engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?;
+        // The admin instance reads the store the gateway created, in its shape: it never
+        // creates or resizes a bucket (its own [shared] sizes may differ).
+        let created = match engine.bundle.role {
+            Role::Admin => 0,
+            _ => engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?,
+        };
         host.log(
             Level::Info,
             &format!(

@@ -170,13 +170,14 @@ impl Worker {
 
     /// One structured line per request whose outcome is unknown (forwarded, no answer): exactly
     /// the requests a reconciliation job must check. JSON after the `idem: unknown_outcome ` tag,
-    /// with the Redis key an operator releases (`DEL`) once the business effect is checked.
+    /// with the store key an operator releases or resolves (`idem-admin`) once the business
+    /// effect is checked.
     fn report_unknown(&self, host: &dyn Host, route: usize, ticket: &StoreTicket, key: Option<&str>, cause: &str) {
         let now = host.now_ms();
         let hold = self.engine.policy(route).map(|p| p.key.unknown_hold_ms()).unwrap_or(0);
         let (first_seen_ms, store, store_key) = match ticket {
-            StoreTicket::Shared(t) => (t.first_seen_ms, "shared", None),
-            StoreTicket::Redis(t) => (t.first_seen_ms, "redis", Some(t.key.clone())),
+            StoreTicket::Shared(t) => (t.first_seen_ms, "shared", t.store_key()),
+            StoreTicket::Redis(t) => (t.first_seen_ms, "redis", t.key.clone()),
         };
         let mut line = serde_json::Map::new();
         line.insert("route".into(), self.route_name(route).into());

@@ -37,6 +37,8 @@ pub struct Bundle {
     pub role: Role,
     /// The `[redis]` table; required when a route uses `store = "redis"`.
     pub redis: Option<RedisConfig>,
+    /// The `[admin]` table of a `role = "admin"` bundle.
+    pub admin: Option<AdminConfig>,
     /// How issued tokens are signed (`[tokens]`).
     pub tokens: TokensConfig,
     /// Which counters exist before their first count (`[metrics]`).
@@ -262,6 +264,19 @@ pub enum GrpcReplay {
 pub enum Role {
     Gateway,
     Echo,
+    /// The operator's listener: lists, releases and resolves the shared store's unknown
+    /// outcomes (`[admin]`), and answers nothing else.
+    Admin,
+}
+
+/// `[admin]` of a `role = "admin"` bundle: who may use the operator's listener.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The bearer secret every call carries (`authorization: Bearer <secret>`); at least 32
+    /// characters.
+    pub secret: String,
 }
 
 /// How a claimed request reaches the upstream.

@@ -2,9 +2,9 @@
 //! errors that name the line, column and field.
 
 use super::{
-    Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy, KeySource,
-    Matcher, MetricsConfig, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source, StoreKind,
-    TokenPolicy, TokensConfig, Unmatched, MIN_TOKEN_SECRET,
+    AdminConfig, Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy,
+    KeySource, Matcher, MetricsConfig, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source,
+    StoreKind, TokenPolicy, TokensConfig, Unmatched, MIN_TOKEN_SECRET,
 };
 use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
@@ -131,10 +131,13 @@ struct RawBundle {
     /// Which counters exist before their first count.
     #[serde(default)]
     metrics: MetricsConfig,
-    /// `gateway` (default), or `echo`: the instance in the internal listener gRPC replays go
-    /// through, which answers them and nothing else.
+    /// `gateway` (default); `echo`: the instance in the internal listener gRPC replays go
+    /// through, which answers them and nothing else; `admin`: the operator's listener.
     #[serde(default = "default_role")]
     role: Role,
+    /// Who may use the operator's listener (`role = "admin"` only).
+    #[serde(default)]
+    admin: Option<AdminConfig>,
     /// Higress' per-route rules (its WasmPlugin `matchRules`, sent as `_rules_` with
     /// `_match_route_`): refused with what to write instead, not as an unknown field.
     #[serde(rename = "_rules_", default)]
@@ -295,6 +298,7 @@ impl RawBundle {
                         .into(),
             });
         }
+        self.check_admin(source, origin)?;
         if let Some(secret) = &self.tokens.secret {
             if secret.chars().count() < MIN_TOKEN_SECRET {
                 let at = source.find("secret").map(|offset| line_col(source, offset));
@@ -465,9 +469,49 @@ impl RawBundle {
             tokens: self.tokens,
             metrics: self.metrics,
             role: self.role,
+            admin: self.admin,
         })
     }
+
+    /// `role = "admin"`: no routes, and an `[admin]` secret long enough that it cannot be guessed;
+    /// `[admin]` in any other bundle is a mistake.
+    fn check_admin(&self, source: &str, origin: &str) -> Result<(), PolicyError> {
+        let error = |needle: &str, message: String| {
+            let at = source.find(needle).map(|offset| line_col(source, offset));
+            PolicyError { origin: origin.to_string(), line: at.map(|(l, _)| l), column: at.map(|(_, c)| c), message }
+        };
+        match (self.role, &self.admin) {
+            (Role::Admin, _) if !self.route.is_empty() => Err(error(
+                "role",
+                "role = \"admin\" serves the operator's listener only: it takes no [[route]] (the gateway's bundle has them)"
+                    .into(),
+            )),
+            (Role::Admin, None) => Err(error(
+                "role",
+                "role = \"admin\" needs an [admin] table with a `secret` (at least 32 characters, e.g. `openssl rand -base64 32`)".into(),
+            )),
+            (Role::Admin, Some(a)) if a.secret.chars().count() < MIN_ADMIN_SECRET => Err(error(
+                "secret",
+                format!(
+                    "[admin] `secret` has {} characters; at least {MIN_ADMIN_SECRET} (random, e.g. `openssl rand -base64 32`)",
+                    a.secret.chars().count()
+                ),
+            )),
+            (Role::Admin, Some(a)) if a.secret.bytes().any(|b| !b.is_ascii_graphic()) => Err(error(
+                "secret",
+                "[admin] `secret` must be printable ASCII without spaces: it travels in an `authorization: Bearer` header".into(),
+            )),
+            (Role::Gateway | Role::Echo, Some(_)) => Err(error(
+                "[admin]",
+                "[admin] belongs to the operator's listener: a bundle of its own with role = \"admin\" (docs/unknown-outcomes.md)".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
+
+/// The shortest `[admin] secret`: 32 characters of a random secret cannot be guessed.
+const MIN_ADMIN_SECRET: usize = 32;
 
 /// The default `max_body_bytes`: Envoy's default buffer limit (`per_connection_buffer_limit_bytes`,
 /// 1 MiB), the largest body Envoy buffers for a filter anyway; above it Envoy answers 413 itself.

@@ -1,7 +1,8 @@
-//! What an operator does to a Redis store's unknown outcomes (`idem-admin`): read a held record,
-//! release it, or resolve it with an answer. The record formats live in [`super::redis`]; this
-//! module only reads an unknown record and builds the record that replaces it, so the operator's
-//! tool and the filter can never disagree on them.
+//! What an operator does to the unknown outcomes a store holds (`idem-admin`; on the shared store
+//! through the admin listener, [`super::shared`]): read a held record, release it, or resolve it
+//! with an answer. For Redis the record formats live in [`super::redis`]; this module only reads
+//! an unknown record and builds the record that replaces it, so the operator's tool and the filter
+//! can never disagree on them.
 //!
 //! Every change is fenced the way the filter fences its own writes: the tool reads the record,
 //! then runs a script that changes the key only if it still holds exactly that record. A key
@@ -29,10 +30,45 @@ pub struct Held {
     pub held_until_ms: u64,
 }
 
+/// What an operator's release or resolve did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Done,
+    /// Nothing changed: the key does not exist (its hold ended, or someone released it).
+    Absent,
+    /// Nothing changed: the key holds something else now (a claim, an answer, a lookup).
+    Holds(RecordKind),
+    /// Nothing changed: the key is an unknown outcome of another request (owner, hex) than the
+    /// one the operator listed.
+    OtherOwner(String),
+}
+
+impl Change {
+    /// What a release or resolve (`done`: "released", "resolved") of `key` did, as scripts read
+    /// it (`result`: `done`, `absent` or `unchanged`) and as people do (the message).
+    pub fn describe(&self, done: &str, key: &str) -> (String, String) {
+        match self {
+            Change::Done => (done.to_string(), format!("{done} {key}")),
+            Change::Absent => {
+                ("absent".into(), format!("nothing {done}: {key} does not exist (its hold ended, or it was released)"))
+            }
+            Change::Holds(kind) => {
+                ("unchanged".into(), format!("nothing {done}: {key} holds {}, not an unknown outcome", kind.describe()))
+            }
+            Change::OtherOwner(owner) => (
+                "unchanged".into(),
+                format!("nothing {done}: {key} is now the unknown outcome of another request (owner {owner})"),
+            ),
+        }
+    }
+}
+
 /// The key's kind, as the first field of its record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordKind {
     InFlight,
+    /// An unknown outcome whose lookup (`[route.reconcile]`) is asking the service right now.
+    LookingUp,
     Unknown,
     Completed,
     Tombstone,
@@ -54,6 +90,7 @@ impl RecordKind {
     pub fn describe(self) -> &'static str {
         match self {
             RecordKind::InFlight => "a claim in flight (a request took the key)",
+            RecordKind::LookingUp => "an unknown outcome whose lookup is asking the service now",
             RecordKind::Unknown => "an unknown outcome",
             RecordKind::Completed => "a stored answer",
             RecordKind::Tombstone => "a stored answer too large to keep (a tombstone)",

@@ -13,6 +13,8 @@
 //! Every claim carries a random owner id; completion and release check it (fencing), and a stored
 //! response carries its owner so a replay never serves a slot that another owner rewrote.
 
+pub mod held;
+
 use super::{Answer, Claim, Completion, Payload, StoreError, TokenUse};
 use crate::host::{Host, HostError};
 use crate::policy::SharedConfig;
@@ -151,6 +153,13 @@ pub struct Ticket {
     id: [u8; 16],
     pub owner: u64,
     pub first_seen_ms: u64,
+}
+
+impl Ticket {
+    /// What an operator names the claim's entry by (`s:<bucket>:<id>`, see [`held::store_key`]).
+    pub fn store_key(&self) -> String {
+        held::store_key(self.bucket, &self.id)
+    }
 }
 
 pub struct SharedStore {

@@ -1,28 +1,16 @@
-//! The Redis side of the operator's three operations. Each change reads the key's record first,
+//! The operator's three operations on Redis. Each change reads the key's record first,
 //! checks it is the unknown outcome the operator means, then runs a script that changes the key
 //! only if it still holds exactly that record (idem_filter::store::operator).
 
 use crate::resp::{Connection, Error, Reply};
 use idem_filter::response::StoredResponse;
-use idem_filter::store::operator::{self, Held, RecordKind};
+use idem_filter::store::operator::{self, Change, Held, RecordKind};
 
 /// One held unknown outcome, as `list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub store_key: String,
     pub held: Held,
-}
-
-/// What a release or a resolve did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    Done,
-    /// Nothing changed: the key does not exist (its hold ended, or someone released it).
-    Absent,
-    /// Nothing changed: the key holds something else now (a claim, an answer).
-    Holds(RecordKind),
-    /// Nothing changed: the key is an unknown outcome of another request than the one listed.
-    OtherOwner(String),
 }
 
 /// Every claim key under `prefix` that holds an unknown outcome, oldest first.

@@ -1,0 +1,203 @@
+//! The operator's view of the shared store, served by the admin listener (`role = "admin"`):
+//! every unknown outcome held, and the two fenced changes an operator makes to one. The admin
+//! instance runs in the same Envoy process and VM as the gateway (same `vm_id`), so it reads the
+//! same shared data; it never creates or resizes a bucket, and takes the shape the gateway
+//! created (its own `[shared]` sizes need not match).
+
+use super::{lookup_out, Edit, Entry, SharedStore, State, ENTRY_LEN};
+use crate::host::Host;
+use crate::response::StoredResponse;
+use crate::store::operator::{Change, RecordKind};
+use crate::store::StoreError;
+
+/// One unknown outcome, as `GET /unknown` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldEntry {
+    pub bucket: u32,
+    pub id: [u8; 16],
+    pub owner: u64,
+    pub first_seen_ms: u64,
+    pub held_until_ms: u64,
+    /// A lookup (`[route.reconcile]`) is asking the service about it right now.
+    pub looking_up: bool,
+}
+
+impl HeldEntry {
+    /// `s:<bucket>:<id>`: what the operator names the entry by (also in the `unknown_outcome`
+    /// log line).
+    pub fn store_key(&self) -> String {
+        store_key(self.bucket, &self.id)
+    }
+}
+
+/// The store key of a shared-store entry: `s:<bucket>:<the 16-byte id in hex>`.
+pub fn store_key(bucket: u32, id: &[u8; 16]) -> String {
+    let mut key = format!("s:{bucket}:");
+    for b in id {
+        key.push_str(&format!("{b:02x}"));
+    }
+    key
+}
+
+/// Reads `s:<bucket>:<32 lowercase hex digits>`; `None` for anything else.
+pub fn parse_store_key(key: &str) -> Option<(u32, [u8; 16])> {
+    let rest = key.strip_prefix("s:")?;
+    let (bucket, hex) = rest.split_once(':')?;
+    if bucket.is_empty() || bucket.len() > 5 || !bucket.bytes().all(|b| b.is_ascii_digit()) || hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (o, pair) in id.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        *o = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some((bucket.parse().ok()?, id))
+}
+
+/// The most buckets a gateway creates (`[shared] buckets` is at most 65536).
+const MAX_BUCKETS: u32 = 65536;
+
+impl SharedStore {
+    /// The store the gateway instances of this namespace created, in the shape they created it
+    /// (entries per bucket from a bucket's length, buckets counted): `None` when none did yet.
+    pub fn attach(&self, host: &dyn Host) -> Result<Option<SharedStore>, StoreError> {
+        let Some((first, _)) = host.shared_get(&self.bucket_key(0))? else {
+            return Ok(None);
+        };
+        let entries = (first.len() / ENTRY_LEN) as u32;
+        let mut buckets = 1;
+        while buckets < MAX_BUCKETS && host.shared_get(&self.bucket_key(buckets))?.is_some() {
+            buckets += 1;
+        }
+        Ok(Some(SharedStore { buckets, entries, prefix: self.prefix.clone(), secret: [0; 16] }))
+    }
+
+    /// Every unknown outcome held now, oldest first.
+    pub fn held(&self, host: &dyn Host) -> Result<Vec<HeldEntry>, StoreError> {
+        let now = host.now_ms();
+        let mut out = Vec::new();
+        for b in 0..self.buckets {
+            let (entries, _) = self.read(host, b)?;
+            out.extend(entries.iter().filter(|e| e.state == State::Unknown && e.live(now)).map(|e| HeldEntry {
+                bucket: b,
+                id: e.id,
+                owner: e.owner,
+                first_seen_ms: e.first_seen_ms,
+                held_until_ms: e.until_ms,
+                looking_up: lookup_out(e.status, now),
+            }));
+        }
+        out.sort_by_key(|e| (e.first_seen_ms, e.bucket, e.id));
+        Ok(out)
+    }
+
+    /// Releases the unknown outcome `id` of bucket `bucket` (of `owner`, when given): the
+    /// client's next repeat runs as a first request.
+    pub fn operator_release(
+        &self,
+        host: &dyn Host,
+        bucket: u32,
+        id: &[u8; 16],
+        owner: Option<u64>,
+    ) -> Result<Change, StoreError> {
+        self.change_held(host, bucket, id, owner, |entries, i, _| {
+            entries[i] = Entry::EMPTY;
+            Ok(())
+        })
+    }
+
+    /// Stores `answer` as the key's answer until its hold would have ended: the client's
+    /// repeats (same fingerprint) get it replayed; another request with the key gets 422.
+    pub fn operator_resolve(
+        &self,
+        host: &dyn Host,
+        bucket: u32,
+        id: &[u8; 16],
+        owner: Option<u64>,
+        answer: &StoredResponse,
+    ) -> Result<Change, StoreError> {
+        let mut slot_written = None;
+        self.change_held(host, bucket, id, owner, |entries, i, e| {
+            // The slot first, under the entry's owner, as a completion writes it: a reader that
+            // sees the new entry finds its answer.
+            if slot_written != Some(i) {
+                let mut v = Vec::with_capacity(8 + answer.encoded_len());
+                v.extend_from_slice(&e.owner.to_le_bytes());
+                answer.encode_into(&mut v);
+                host.shared_set(&self.slot_key(bucket, i as u32), &v, None)?;
+                slot_written = Some(i);
+            }
+            let entry = &mut entries[i];
+            entry.state = State::Completed;
+            entry.status = answer.status;
+            Ok(())
+        })
+    }
+
+    /// Applies `f` to the entry `id` of `bucket` if it is a live unknown outcome (of `owner`)
+    /// with no lookup out, in one CAS write.
+    fn change_held(
+        &self,
+        host: &dyn Host,
+        bucket: u32,
+        id: &[u8; 16],
+        owner: Option<u64>,
+        mut f: impl FnMut(&mut [Entry], usize, Entry) -> Result<(), StoreError>,
+    ) -> Result<Change, StoreError> {
+        if bucket >= self.buckets {
+            return Ok(Change::Absent);
+        }
+        self.modify(host, bucket, |entries, now| {
+            let Some(i) = entries.iter().position(|e| e.id == *id && e.live(now)) else {
+                return Ok(Edit::Done(Change::Absent));
+            };
+            let e = entries[i];
+            let kind = match e.state {
+                State::Unknown if lookup_out(e.status, now) => RecordKind::LookingUp,
+                State::Unknown => RecordKind::Unknown,
+                State::InFlight => RecordKind::InFlight,
+                State::Completed => RecordKind::Completed,
+                State::Tombstone => RecordKind::Tombstone,
+                _ => RecordKind::Other,
+            };
+            if kind != RecordKind::Unknown {
+                return Ok(Edit::Done(Change::Holds(kind)));
+            }
+            if owner.is_some_and(|o| o != e.owner) {
+                return Ok(Edit::Done(Change::OtherOwner(format!("{:016x}", e.owner))));
+            }
+            f(entries, i, e)?;
+            Ok(Edit::Write(Change::Done))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn store_keys_read_back_and_nothing_else_does() {
+        let id = [0xab; 16];
+        let key = store_key(17, &id);
+        assert_eq!(key, format!("s:17:{}", "ab".repeat(16)));
+        assert_eq!(parse_store_key(&key), Some((17, id)));
+        for bad in [
+            "s:17:".to_string(),
+            format!("s::{}", "ab".repeat(16)),
+            format!("s:-1:{}", "ab".repeat(16)),
+            format!("s:17:{}", "AB".repeat(16)),
+            format!("s:17:{}0", "ab".repeat(16)),
+            format!("s:123456:{}", "ab".repeat(16)),
+            format!("idem:k:{}", "ab".repeat(32)),
+            "s:1:../../../etc/passwd0000000000".to_string(),
+        ] {
+            assert_eq!(parse_store_key(&bad), None, "{bad}");
+        }
+    }
+}
