@@ -6,7 +6,7 @@ CARGO ?= cargo
 WASM := target/wasm32-wasip1/release/idem_filter.wasm
 PY := .venv/bin/python
 
-.PHONY: all setup setup-demo setup-redis dist build build-filter demo demo-redis failover run test fmt-check clippy unit e2e lint-corpora bench oci clean
+.PHONY: all setup setup-demo setup-redis wasm-target dist build build-filter demo demo-redis failover run test check fmt-check clippy unit e2e lint-corpora bench oci clean
 
 all: build
 
@@ -47,6 +47,15 @@ run: build-filter
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
+
+wasm-target:
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+
+# The inner loop, without Envoy, Redis or Python: formatting, clippy (native and wasm32), the
+# core's unit tests, the linter's and the operator tool's tests, and the built module's ABI tests.
+check: wasm-target fmt-check clippy
+	$(CARGO) build --release --target wasm32-wasip1 -p idem-filter
+	$(CARGO) test --workspace
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

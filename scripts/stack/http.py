@@ -2,16 +2,42 @@
 
 import http.client
 import json
+import os
+import random
 import socket
 
 # The caller identity test and demo clients send: policies scope keys by `Authorization` by default.
 DEFAULT_AUTH = "Bearer e2e-client"
 
 
+# Listening ports come from below Linux's ephemeral range (32768-60999, where the kernel also
+# picks every outgoing connection's source port: a port taken with bind(0) and released could be
+# reused by a connection before Envoy binds it — "Address already in use", seen under load), and
+# each pytest-xdist worker takes its own slice of it, so two workers never pick the same port.
+_PORT_RANGE = (20000, 32000)
+_next_port = [0]
+
+
+def _port_slice():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    size = (_PORT_RANGE[1] - _PORT_RANGE[0]) // max(count, 4)
+    start = _PORT_RANGE[0] + (index % max(count, 4)) * size
+    return start, size
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, from this process' slice (see _PORT_RANGE)."""
+    start, size = _port_slice()
+    if not _next_port[0]:
+        _next_port[0] = random.randrange(size)
+    for _ in range(size):
+        port = start + _next_port[0] % size
+        _next_port[0] += 1
+        if port_is_free(port):
+            return port
+    raise OSError("no free port in %d-%d" % (start, start + size))
 
 
 def port_is_free(port):

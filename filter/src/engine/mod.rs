@@ -1,8 +1,8 @@
 //! The decision engine: for a request on a policy route, forward it (with a claim) or answer it;
 //! for a forwarded request, decide what its outcome does to the claim.
 //!
-//! Host-independent and store-independent: a decision is split around the one store operation it
-//! needs ([`Engine::begin`] → store → [`Engine::after_claim`] / [`Engine::after_token`]), so the
+//! Host-independent, and the same decisions on either store: a decision is split around the one
+//! store operation it needs ([`Engine::begin`] → store → [`Engine::after_claim`] / [`Engine::after_token`]), so the
 //! shared store runs it synchronously ([`Engine::run_shared`], called by the stream; tests use
 //! [`Engine::decide_shared`], which is `begin` and `run_shared` in one) and the Redis store across a
 //! Webdis callout, with the same answers.

@@ -122,9 +122,9 @@ impl Stream {
         Flow::Continue
     }
 
-    /// Response trailers arrived. An answer with trailers (gRPC's status lives there) is not
-    /// stored whole: a tombstone (status only) is, so a repeat gets the duplicate answer —
-    /// never a replay without its trailers.
+    /// Response trailers arrived. A gRPC answer's trailers (its status) are kept and replayed
+    /// with it. An HTTP answer with trailers is not stored whole: a tombstone (status only) is,
+    /// so a repeat gets the duplicate answer — never a replay without its trailers.
     pub fn on_response_trailers(&mut self, host: &dyn Host) -> Flow {
         if let Phase::Capturing { capture, .. } = &mut self.phase {
             if capture.grpc {
