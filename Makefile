@@ -41,9 +41,11 @@ demo-redis: build-filter setup-redis
 failover: build setup-redis
 	$(PY) scripts/failover.py
 
-# The same stack, kept up for manual curl until Ctrl-C.
+# The same stack, kept up for manual curl until Ctrl-C. `make run POLICIES=my-policies/` (files or
+# directories) runs yours instead, with the bootstrap `idem-lint envoy` writes for them.
 run: build-filter
-	$(PY) scripts/demo.py --serve
+	$(if $(POLICIES),$(CARGO) build -q -p idem-lint)
+	$(PY) scripts/demo.py --serve $(if $(POLICIES),--policies $(POLICIES))
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

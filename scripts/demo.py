@@ -4,6 +4,7 @@ filter does, print its counters, stop everything.
 
     python3 scripts/demo.py            # the walkthrough (`make demo`); exit 1 if a step misbehaves
     python3 scripts/demo.py --serve    # keep the stack up for manual curl until Ctrl-C (`make run`)
+    python3 scripts/demo.py --serve --policies DIR_OR_FILE...   # your policies instead (`make run POLICIES=…`)
 
 Ports: 10000 (gateway), 9901 (admin), 8080 (upstream) on 127.0.0.1 -- each replaced by a free
 port only when busy. Needs .venv/bin/envoy (`make setup`) and the built filter (`make build`).
@@ -11,7 +12,9 @@ port only when busy. Needs .venv/bin/envoy (`make setup`) and the built filter (
 
 import argparse
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -133,7 +136,10 @@ def dim(t):
 
 
 class Demo:
-    def __init__(self):
+    def __init__(self, policies=None):
+        # Policy files or directories to serve instead of examples/envoy.yaml: the bootstrap
+        # `idem-lint envoy` writes for them (`make run POLICIES=…`).
+        self.policies = policies
         self.failures = []
         self.procs = []
         self.envoys = []
@@ -152,8 +158,11 @@ class Demo:
         self.upstream = stack.Upstream(self.workdir, port=ports["upstream"])
         self.procs.append(self.upstream)
         cfg = self.workdir / "envoy.yaml"
-        cfg.write_text(with_token_routes(stack.example_config_text(ports["listen"], ports["admin"],
-                                                                   ports["upstream"])))
+        if self.policies:
+            cfg.write_text(self.policies_config(ports))
+        else:
+            cfg.write_text(with_token_routes(stack.example_config_text(ports["listen"], ports["admin"],
+                                                                       ports["upstream"])))
         self.envoy = stack.Envoy(cfg, self.workdir, listen_port=ports["listen"], admin_port=ports["admin"],
                                  cwd=str(stack.REPO), name="envoy-demo")
         self.procs.append(self.envoy)
@@ -163,6 +172,17 @@ class Demo:
         print("%s gateway %s  admin http://127.0.0.1:%d  upstream http://127.0.0.1:%d" % (
             bold("stack up:"), self.gw, self.envoy.admin_port, self.upstream.port))
         print(dim("  envoy log: %s" % self.envoy.proc.log_path))
+
+    def policies_config(self, ports):
+        """`idem-lint envoy POLICIES --upstream <the demo upstream>`: what a user runs for theirs."""
+        lint = os.environ.get("IDEM_LINT") or str(stack.REPO / "target" / "debug" / "idem-lint")
+        argv = [lint, "envoy", *self.policies, "--upstream", "127.0.0.1:%d" % ports["upstream"],
+                "--listen", str(ports["listen"]), "--admin", str(ports["admin"]), "--wasm", str(stack.WASM)]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=str(stack.REPO))
+        if done.returncode != 0:
+            raise stack.StackError("idem-lint envoy refused the policies:\n%s" % done.stderr.strip())
+        print(dim("  envoy config from: %s" % " ".join(argv[1:])))
+        return done.stdout
 
     def stop(self):
         for p in reversed(self.procs):
@@ -380,8 +400,13 @@ class Demo:
                 "localhost:%d" % self.upstream.port)
 
     def serve(self):
-        print("\nTry it (another terminal; each line prints what its comment says):\n")
-        print(try_it(*self.try_it_addresses()))
+        if self.policies:
+            print("\nYour policies on %s (the demo upstream answers every path; it counts executions per "
+                  "Idempotency-Key at %s/__calls).\nCounters: curl -s localhost:%d/stats/prometheus | grep idem_"
+                  % (self.gw, "http://127.0.0.1:%d" % self.upstream.port, self.envoy.admin_port))
+        else:
+            print("\nTry it (another terminal; each line prints what its comment says):\n")
+            print(try_it(*self.try_it_addresses()))
         print("Upstream knobs (request headers): x-demo-delay-ms, x-demo-status, x-demo-fail-first, "
               "x-demo-set-cookie,\nx-demo-body-bytes.  Envoy log: %s\n\nPress Ctrl-C to stop." % self.envoy.proc.log_path)
         while True:
@@ -394,14 +419,19 @@ class Demo:
 def main():
     ap = argparse.ArgumentParser(description="idem walkthrough")
     ap.add_argument("--serve", action="store_true", help="keep the stack up for manual curl until Ctrl-C")
+    ap.add_argument("--policies", nargs="+", metavar="DIR_OR_FILE",
+                    help="with --serve: run these policies (the bootstrap `idem-lint envoy` writes) instead of "
+                         "examples/envoy.yaml")
     args = ap.parse_args()
+    if args.policies and not args.serve:
+        ap.error("--policies goes with --serve (the walkthrough runs the shipped policies)")
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)  # also when started in the background (SIGINT ignored there)
 
-    demo = Demo()
+    demo = Demo(policies=args.policies)
     try:
         demo.start()
         if args.serve:

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -98,6 +99,30 @@ def test_every_try_it_line_prints_what_its_comment_says(make_run, workdir):
     # The business ran once per intended action: order-1 for alice and for bob, slow-1 once.
     calls = stack.request(make_run.upstream.port, "GET", "/__calls?key=order-1").json()["calls"]
     assert calls == 2, "order-1 ran %d times (alice once, bob once)" % calls
+
+
+def test_make_run_serves_a_new_users_own_policy(workdir):
+    """`make run POLICIES=dir`: a refund route of the user's own, keyed on a body field, on the
+    bootstrap `idem-lint envoy` writes — forwarded once, replayed, and counted with its labels."""
+    policies = workdir / "my-policies"
+    policies.mkdir()
+    (policies / "refunds.toml").write_text(
+        '[[route]]\nname = "create-refund"\nmatch = { method = "POST", path = "/refunds" }\n\n'
+        '[route.key]\nfrom = "body"\nname = "/refund_id"\n')
+    d = demo.Demo(policies=[str(policies)])
+    d.start()
+    try:
+        refund = "rf-" + uuid.uuid4().hex[:8]
+        send = lambda: d.envoy.request("POST", "/refunds", body=json.dumps({"refund_id": refund, "amount": 5}),
+                                       headers={"authorization": "Bearer alice", "content-type": "application/json"})
+        first, again = send(), send()
+        assert first.status == 200 and first.header("idempotent-replayed") is None, first
+        assert again.status == 200 and again.header("idempotent-replayed") == "true", again
+        assert again.body == first.body
+        text = d.envoy.admin("/stats/prometheus").body.decode()
+        assert 'idem_requests_total{route="create-refund",outcome="replayed"} 1' in text, text[:2000]
+    finally:
+        d.stop()
 
 
 DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md", "policies/README.md",
