@@ -126,7 +126,7 @@ impl Store {
                         owner: e.held.owner,
                         first_seen_at: rfc3339(e.held.first_seen_ms),
                         held_until: rfc3339(e.held.held_until_ms),
-                        looking_up: false,
+                        looking_up: e.held.lookup_lease_ms.is_some_and(|l| l > now_ms()),
                     })
                     .collect())
             }
@@ -288,6 +288,10 @@ fn report(store_key: &str, outcome: &Outcome, as_json: bool) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The URL without its password, for messages.

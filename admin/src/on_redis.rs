@@ -88,6 +88,10 @@ fn read_held(
     let Some(held) = operator::held(&record) else {
         return Ok(Err(Change::Holds(RecordKind::of(&record))));
     };
+    // A lookup asking the service decides the key itself; one whose lease has lapsed does not.
+    if held.lookup_lease_ms.is_some_and(|l| l > crate::now_ms()) {
+        return Ok(Err(Change::Holds(RecordKind::LookingUp)));
+    }
     if let Some(owner) = owner {
         if !owner.eq_ignore_ascii_case(&held.owner) {
             return Ok(Err(Change::OtherOwner(held.owner)));

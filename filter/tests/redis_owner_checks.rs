@@ -345,3 +345,59 @@ fn a_claim_batch_claims_each_free_key_and_returns_the_others_records() {
     assert!((1..=30_000).contains(&live.pttl(&free.key)), "the lock ttl applies");
     assert_eq!(live.get(&held.key).as_deref(), Some(held.record.as_str()));
 }
+
+/// A lookup of an unknown outcome (`[route.reconcile]`): one repeat takes it (fenced on the record
+/// found, so a second taker is refused); while its lease runs the record reads as in flight, after
+/// it lapses as the unknown outcome again; what the answer writes is fenced by the lookup's own
+/// record — a lookup whose lease was taken over writes nothing.
+#[test]
+fn a_lookup_is_taken_once_and_only_its_owner_settles_the_key() {
+    use idem_filter::store::redis::{held_ticket, read_claim_at};
+    use idem_filter::store::Claim;
+    let live = Live::start("lookup");
+    let cfg = store_config();
+    let store = RedisStore::new(&cfg);
+    let first = claim(&live, &store, 0xa, 1000);
+    let (status, body) = live.send(&store.hold_unknown(&first, 86_400_000, 2000, 30_000));
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    let unknown = serde_json::Value::String(live.get(&first.key).unwrap());
+    let held = held_ticket(&first, &unknown, 3000).expect("a free unknown outcome");
+
+    let (take_b, b) = store.take_lookup(&held, 0xb, 5000);
+    let (take_c, _) = store.take_lookup(&held, 0xc, 5000);
+    let (status, body) = live.send(&take_b);
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    let (status, body) = live.send(&take_c);
+    assert_eq!(store.parse_update(status, &body), Ok(false), "one lookup per key");
+    let leased = serde_json::Value::String(live.get(&first.key).unwrap());
+    assert!(matches!(read_claim_at(&FP, leased.clone(), 4000), Ok(Claim::InFlight { lease_ends_ms: 5000, .. })));
+    assert!(held_ticket(&first, &leased, 4000).is_none(), "no second lookup while the lease runs");
+    assert!(matches!(read_claim_at(&FP, leased.clone(), 6000), Ok(Claim::Unknown { .. })), "a lapsed lease");
+    let lapsed = held_ticket(&first, &leased, 6000).expect("a lapsed lease can be taken over");
+
+    // D takes the lapsed lease over: B's late answer writes nothing, D's does.
+    let (take_d, d) = store.take_lookup(&lapsed, 0xd, 9000);
+    let (status, body) = live.send(&take_d);
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    let (ran_b, _) = store.complete(&b, &answer(), 4096, 86_400_000, 30_000);
+    let (status, body) = live.send(&ran_b);
+    assert_eq!(store.parse_update(status, &body), Ok(false), "B was fenced out");
+    let (status, body) = live.send(&store.lookup_failed(&b));
+    assert_eq!(store.parse_update(status, &body), Ok(false));
+    assert_eq!(live.get(&first.key).as_deref(), Some(d.record.as_str()));
+    // D's lookup found nothing: the unknown outcome comes back without a lease.
+    let (status, body) = live.send(&store.lookup_failed(&d));
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    let back = live.get(&first.key).unwrap();
+    assert!(back.starts_with("U|") && back.split('|').count() == 5, "{back}");
+    // E asks next; the service says it did not run: the key becomes E's claim.
+    let e_held = held_ticket(&first, &serde_json::Value::String(back), 9500).unwrap();
+    let (take_e, e) = store.take_lookup(&e_held, 0xe, 12_000);
+    let (status, body) = live.send(&take_e);
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    let (absent, claim) = store.lookup_absent(&e, 0xf, 10_000, 30_000);
+    let (status, body) = live.send(&absent);
+    assert_eq!(store.parse_update(status, &body), Ok(true));
+    assert_eq!(live.get(&first.key).as_deref(), Some(claim.record.as_str()));
+    assert!(claim.record.starts_with("I|000000000000000f|"), "{}", claim.record);
+}

@@ -484,12 +484,8 @@ fn examples_envoy_redis_yaml_routes_are_the_policy_files_on_the_redis_store() {
     assert_eq!(repo_relative(&files), EXAMPLE_POLICIES);
     let got = parse_bundle(&block, "examples/envoy-redis.yaml").unwrap();
     assert!(got.redis.is_some(), "the Redis example needs its [redis] table");
-    // A lookup ([route.reconcile]) is shared-store only in this version: the Redis example leaves it out.
-    let want: Vec<RoutePolicy> = expected_bundle(&files)
-        .routes
-        .into_iter()
-        .map(|r| RoutePolicy { store: StoreKind::Redis, reconcile: None, ..r })
-        .collect();
+    let want: Vec<RoutePolicy> =
+        expected_bundle(&files).routes.into_iter().map(|r| RoutePolicy { store: StoreKind::Redis, ..r }).collect();
     assert_eq!(got.routes.len(), want.len());
     for (g, w) in got.routes.iter().zip(&want) {
         assert_eq!(g, w, "examples/envoy-redis.yaml route {:?} differs from its policy file", w.name);

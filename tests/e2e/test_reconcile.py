@@ -1,10 +1,14 @@
-"""Unknown outcomes resolved by asking the service (`[route.reconcile]`), in real Envoy on the
-shared store: a first attempt that timed out after the business ran is answered with the business's
-answer; one reset before the business acted runs on the repeat; a lookup that fails leaves the 409;
-twenty concurrent repeats share one lookup; a key that holds `/`, `..` or `%00` stays in its path
-segment (the demo upstream refuses a lookup whose key is not one segment)."""
+"""Unknown outcomes resolved by asking the service (`[route.reconcile]`), in real Envoy on both
+stores (the shared store; Redis through Webdis with two Envoys, requests alternating between them):
+a first attempt that timed out after the business ran is answered with the business's answer; one
+reset before the business acted runs on the repeat; a lookup that fails leaves the 409; twenty
+concurrent repeats share one lookup; a key that holds `/`, `..` or `%00` stays in its path segment
+(the demo upstream refuses a lookup whose key is not one segment)."""
 
+import itertools
+import threading
 import time
+import uuid
 
 import pytest
 
@@ -42,13 +46,45 @@ PASS = {"name": "passthrough", "match": {"prefix": "/"}, "idem": False}
 ROUTES = stack.routes_from_policy(POLICY, envoy={"rc-create": {"timeout": "1s"}, "rc-broken": {"timeout": "1s"}},
                                   after=[PASS])
 AUTH = "Bearer merchant-7"
+REDIS_POLICY = stack.redis_table(timeout="1s", prefix="idem-rc-%s:" % uuid.uuid4().hex[:6]) + POLICY.replace(
+    'path = "/rc/create" }\n', 'path = "/rc/create" }\nstore = "redis"\n'
+).replace('path = "/rc/broken" }\n', 'path = "/rc/broken" }\nstore = "redis"\n')
 
 
-@pytest.fixture(scope="module")
-def gw(workdir, upstream):
-    env = stack.start_idem_envoy(workdir, upstream.port, POLICY, routes=ROUTES, name="envoy-reconcile")
-    yield env
-    env.stop()
+class Fleet:
+    """Envoys sharing one Redis, taking requests in turn; counters summed over them."""
+
+    def __init__(self, envs):
+        self.envs = envs
+        self._turn = itertools.cycle(envs)
+        self._lock = threading.Lock()
+
+    def request(self, *args, **kw):
+        with self._lock:
+            env = next(self._turn)
+        return env.request(*args, **kw)
+
+    def stats(self, prefix):
+        total = {}
+        for env in self.envs:
+            for k, v in env.stats(prefix).items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+
+@pytest.fixture(scope="module", params=["shared", "redis"])
+def gw(request, workdir, upstream):
+    if request.param == "shared":
+        env = stack.start_idem_envoy(workdir, upstream.port, POLICY, routes=ROUTES, name="envoy-reconcile")
+        yield env
+        env.stop()
+        return
+    redis_stack = request.getfixturevalue("redis_stack")
+    assert REDIS_POLICY.count('store = "redis"') == 2, REDIS_POLICY
+    envs = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, REDIS_POLICY, routes=ROUTES, n=2)
+    yield Fleet(envs)
+    for e in envs:
+        e.stop()
 
 
 def create(gw, key, headers=None, path="/rc/create"):
@@ -80,6 +116,8 @@ def test_a_timed_out_first_attempt_gets_the_businesss_answer_from_the_lookup(gw,
     assert third.header("idempotent-replayed") == "true" and third.header("idempotency-reconciled") is None
     assert upstream.calls(key) == 1, "the business ran once"
     assert upstream.lookups(key) == 1, "one lookup, with the key as one path segment"
+    # Counted once the writes are in (on Redis the reconciled answer is written after it is sent).
+    wait_for(lambda: delta(before, counters(gw, "rc-create")).get("replayed") == 1, 5, what="the counts")
     d = delta(before, counters(gw, "rc-create"))
     assert (d.get("held"), d.get("reconciled_ran"), d.get("replayed")) == (1, 1, 1), d
 
@@ -95,6 +133,7 @@ def test_a_first_attempt_reset_before_the_business_acted_runs_once_on_the_repeat
     assert repeat.json()["n"] == 1
     assert create(gw, key).json() == repeat.json(), "later repeats replay the repeat's answer"
     assert (upstream.calls(key), upstream.lookups(key)) == (1, 1)
+    wait_for(lambda: delta(before, counters(gw, "rc-create")).get("stored") == 1, 5, what="the counts")
     d = delta(before, counters(gw, "rc-create"))
     assert (d.get("held"), d.get("reconciled_absent"), d.get("stored")) == (1, 1, 1), d
 

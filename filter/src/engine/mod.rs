@@ -19,7 +19,7 @@ pub mod verdict;
 
 pub use finish::{completed, held, released, restored};
 pub use outcome::Outcome;
-pub use reconcile::{LookupAnswer, RECONCILED_HEADER};
+pub use reconcile::{failed_cause, reconciled_absent, reconciled_ran, LookupAnswer, RECONCILED_HEADER};
 pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 
 use crate::fingerprint::fingerprint;

@@ -65,7 +65,6 @@ impl Engine {
         let (Some(reconcile), StoreTicket::Shared(ticket)) = (policy.reconcile.as_ref(), t) else {
             return self.lookup_failed(host, p, t, unknown, "no_lookup".into());
         };
-        let k = Some(p.key.clone());
         match reconcile.found(answer.status) {
             Found::Ran => {
                 let stored = StoredResponse::new(answer.status, answer.headers, answer.body);
@@ -77,31 +76,32 @@ impl Engine {
                     policy.key.ttl.millis,
                 );
                 match written {
-                    Ok(Completion::Stored | Completion::Tombstoned) => {
-                        let mut reply = stored.replay();
-                        reply.headers.push((RECONCILED_HEADER.into(), b"true".to_vec()));
-                        let cause = format!("lookup_ran:{}", answer.status);
-                        Verdict { outcome: Outcome::ReconciledRan, action: Action::Reply(reply), cause, key: k }
-                    }
+                    Ok(Completion::Stored | Completion::Tombstoned) => reconciled_ran(p, &stored),
                     Ok(Completion::LostOwnership) => self.look_again(host, p, unknown),
                     Err(e) => self.lookup_failed(host, p, t, unknown, format!("store: {e}")),
                 }
             }
             Found::Absent => match self.shared.lookup_absent(host, ticket, policy.key.lock_ttl.millis) {
-                Ok(Some(claim)) => Verdict {
-                    outcome: Outcome::ReconciledAbsent,
-                    action: Action::Forward(Some(Ticket::Claim(StoreTicket::Shared(claim)))),
-                    cause: format!("lookup_absent:{}", answer.status),
-                    key: k,
-                },
+                Ok(Some(claim)) => reconciled_absent(p, StoreTicket::Shared(claim), answer.status),
                 Ok(None) => self.look_again(host, p, unknown),
                 Err(e) => self.lookup_failed(host, p, t, unknown, format!("store: {e}")),
             },
-            Found::Failed if answer.status == 0 => self.lookup_failed(host, p, t, unknown, "lookup_no_answer".into()),
-            Found::Failed => {
-                let cause = format!("lookup_status:{}", answer.status);
-                self.lookup_failed(host, p, t, unknown, cause)
-            }
+            Found::Failed => self.lookup_failed(host, p, t, unknown, failed_cause(answer.status)),
+        }
+    }
+
+    /// What a lookup's answer says, for a store whose writes the caller makes (Redis).
+    pub fn lookup_found(&self, p: &Prepared, status: u16) -> Found {
+        self.policy(p.route).and_then(|r| r.reconcile.as_ref()).map_or(Found::Failed, |r| r.found(status))
+    }
+
+    /// The verdict of a lookup that settled nothing (on a store whose writes the caller makes):
+    /// the 409, or the request forwarded in shadow mode.
+    pub fn lookup_settled_nothing(&self, p: &Prepared, unknown: LocalReply, cause: String) -> Verdict {
+        let key = Some(p.key.clone());
+        match self.policy(p.route) {
+            Some(policy) => shadowed(policy, Outcome::ReconcileFailed, unknown, cause, key),
+            None => Verdict { outcome: Outcome::ReconcileFailed, action: Action::Reply(unknown), cause, key },
         }
     }
 
@@ -121,11 +121,7 @@ impl Engine {
         cause: String,
     ) -> Verdict {
         self.drop_lookup(host, t);
-        let key = Some(p.key.clone());
-        match self.policy(p.route) {
-            Some(policy) => shadowed(policy, Outcome::ReconcileFailed, unknown, cause, key),
-            None => Verdict { outcome: Outcome::ReconcileFailed, action: Action::Reply(unknown), cause, key },
-        }
+        self.lookup_settled_nothing(p, unknown, cause)
     }
 
     /// The entry changed while the lookup was out (its lease ran out and another repeat took
@@ -136,5 +132,33 @@ impl Engine {
             Action::Reconcile { .. } => Verdict { action: Action::Reply(unknown), cause: "lookup_lost".into(), ..v },
             _ => v,
         }
+    }
+}
+
+/// The lookup said the first attempt ran and its answer is the key's now: the repeat gets it,
+/// marked as a replay of a reconciled answer.
+pub fn reconciled_ran(p: &Prepared, stored: &StoredResponse) -> Verdict {
+    let mut reply = stored.replay();
+    reply.headers.push((RECONCILED_HEADER.into(), b"true".to_vec()));
+    let cause = format!("lookup_ran:{}", stored.status);
+    Verdict { outcome: Outcome::ReconciledRan, action: Action::Reply(reply), cause, key: Some(p.key.clone()) }
+}
+
+/// The lookup said the first attempt did not run and the key is the repeat's claim: it runs.
+pub fn reconciled_absent(p: &Prepared, claim: StoreTicket, status: u16) -> Verdict {
+    Verdict {
+        outcome: Outcome::ReconciledAbsent,
+        action: Action::Forward(Some(Ticket::Claim(claim))),
+        cause: format!("lookup_absent:{status}"),
+        key: Some(p.key.clone()),
+    }
+}
+
+/// Why a lookup settled nothing: no answer (0), or a status neither `ran` nor `absent`.
+pub fn failed_cause(status: u16) -> String {
+    if status == 0 {
+        "lookup_no_answer".into()
+    } else {
+        format!("lookup_status:{status}")
     }
 }

@@ -7,11 +7,12 @@
 //! slot's keys, as for writes.
 
 use super::slots::{batches, several_slots};
-use super::stream::{Request, WithHost};
+use super::stream::{redis_claim, Request, WithHost};
 use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
-use crate::engine::{Action, Prepared, StoreTicket};
+use crate::engine::{Action, Prepared, Verdict};
 use crate::host::Host;
+use crate::policy::OnInFlight;
 use crate::store::{redis, Claim, StoreError};
 use std::cell::{Cell, RefCell};
 
@@ -117,8 +118,12 @@ impl Worker {
         };
         match store.parse_batch(batch.members.len(), status, body) {
             Ok(replies) => {
+                let now = host.now_ms();
                 for (q, reply) in batch.members.into_iter().zip(replies) {
-                    let found = reply.and_then(|v| redis::read_claim(&q.fingerprint, v));
+                    let found = reply.and_then(|v| {
+                        let held = redis::held_ticket(&q.ticket, &v, now);
+                        redis::read_claim_at(&q.fingerprint, v, now).map(|c| (c, held))
+                    });
                     self.claim_resolved(host, q, found, batch.sent_ms);
                 }
             }
@@ -143,11 +148,17 @@ impl Worker {
 
     /// One batched claim's answer: released when its client left or the answer is unreadable
     /// (the `SET` may have landed), else its verdict carried out on its stream.
-    fn claim_resolved(&self, host: &dyn Host, q: QueuedClaim, found: Result<Claim<()>, StoreError>, sent_ms: u64) {
+    fn claim_resolved(
+        &self,
+        host: &dyn Host,
+        q: QueuedClaim,
+        found: Result<(Claim<()>, Option<redis::Ticket>), StoreError>,
+        sent_ms: u64,
+    ) {
         let route = q.prepared.route;
         self.metrics.store_call_took(host, route, sent_ms);
         let live = self.live.borrow().contains(&q.ctx);
-        if found.is_err() || (!live && matches!(found, Ok(Claim::Claimed(())))) {
+        if found.is_err() || (!live && matches!(found, Ok((Claim::Claimed(()), _)))) {
             self.release_orphan(host, route, Some(q.prepared.key.clone()), &q.ticket);
         }
         if !live {
@@ -155,11 +166,23 @@ impl Worker {
         }
         let now = host.now_ms();
         let view = WithHost { req: &q.request, host };
-        let found = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
+        let found = found.map(|(c, held)| (c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)), held));
         let redis_id = q.ticket.id();
-        let claim = found.map(|c| c.map(|()| StoreTicket::Redis(q.ticket)));
+        let claim = found.map(|(c, held)| redis_claim(c, q.ticket, held));
         self.remember_found(host, route, &redis_id, &q.fingerprint, &claim);
-        let v = self.engine.after_claim(&q.prepared, claim, now, None);
+        let v = match (self.engine.after_claim(&q.prepared, claim.clone(), now, None), &claim) {
+            // The root cannot ask the service for a stream: a batched repeat that meets a free
+            // unknown outcome waits as for a request in flight where the route waits (a repeat
+            // sent alone takes the lookup; the poll then finds its answer), else gets the 409.
+            (Verdict { action: Action::Reconcile { .. }, .. }, Ok(Claim::Unknown { first_seen_ms, payload, .. }))
+                if self.engine.policy(route).is_some_and(|p| p.key.on_in_flight == OnInFlight::Wait) =>
+            {
+                let in_flight =
+                    Claim::InFlight { first_seen_ms: *first_seen_ms, lease_ends_ms: now, payload: *payload };
+                self.engine.after_claim(&q.prepared, Ok(in_flight), now, None)
+            }
+            (v, _) => v,
+        };
         self.record(host, route, &v);
         match v.action {
             Action::Wait { prepared, deadline_ms } => {

@@ -2,13 +2,17 @@
 //! the key's lookup (one request per key asks; the others wait as for a request in flight), sends
 //! `GET <lookup>` to the service, and carries out what the answer decides.
 
-use super::stream::{text, Phase, Stream};
+use super::stream::{text, Pending, Phase, Stream};
 use super::worker::status_of;
 use super::Flow;
-use crate::engine::{Action, LookupAnswer, Outcome, Prepared, StoreTicket, Verdict};
+use crate::engine::{
+    failed_cause, reconciled_absent, reconciled_ran, Action, LookupAnswer, Outcome, Prepared, StoreTicket, Verdict,
+};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
-use crate::response::LocalReply;
+use crate::policy::Found;
+use crate::response::{LocalReply, StoredResponse};
+use crate::store::{redis, Claim, Payload, StoreError};
 use std::rc::Rc;
 
 /// A lookup out: what its answer settles.
@@ -43,6 +47,9 @@ impl Stream {
                 key,
             };
             return self.apply(host, route, v, paused);
+        }
+        if let StoreTicket::Redis(held) = &held {
+            return self.take_redis_lookup(host, prepared, held, unknown, paused);
         }
         let ticket = match w.engine.take_lookup(host, &prepared, &held) {
             Ok(Some(ticket)) => ticket,
@@ -121,6 +128,9 @@ impl Stream {
                 .collect(),
             body: body.to_vec(),
         };
+        if let StoreTicket::Redis(lookup) = ticket {
+            return self.after_redis_lookup(host, prepared, lookup, answer, unknown);
+        }
         let v = w.engine.after_lookup(host, &prepared, &ticket, answer, unknown);
         self.apply(host, prepared.route, v, true);
     }
@@ -130,8 +140,175 @@ impl Stream {
     pub(super) fn abandon_lookup(&mut self, host: &dyn Host) {
         if let Phase::Looking(looking) = &self.phase {
             self.worker.stream_call_done(looking.token);
-            self.worker.engine.drop_lookup(host, &looking.ticket);
+            match &looking.ticket {
+                StoreTicket::Redis(t) => {
+                    let p = &looking.prepared;
+                    self.worker.queue_lookup_write(host, p.route, Some(p.key.clone()), t, None);
+                }
+                shared => self.worker.engine.drop_lookup(host, shared),
+            }
             self.phase = Phase::Idle;
         }
+    }
+
+    // ---- on Redis: each step a Webdis call (take the lookup, ask, write what it says)
+
+    /// Takes the lookup of the unknown outcome `held` (the record the claim found): one write,
+    /// fenced on that record, so of the repeats that meet it one asks.
+    fn take_redis_lookup(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        held: &redis::Ticket,
+        unknown: LocalReply,
+        paused: bool,
+    ) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let now = host.now_ms();
+        let timeout = w.engine.policy(route).and_then(|p| p.reconcile.as_ref()).map_or(0, |r| r.timeout.millis);
+        let Some(store) = w.engine.redis() else {
+            let v = w.engine.lookup_settled_nothing(&prepared, unknown, "no_redis".into());
+            return self.apply(host, route, v, paused);
+        };
+        // The lease outlives the call by a second, so a lookup that times out settles itself.
+        let owner = host.random_u64().unwrap_or(now);
+        let (cmd, lookup) = store.take_lookup(held, owner, now.saturating_add(timeout).saturating_add(1000));
+        match w.dispatch(host, &cmd) {
+            Ok(token) => {
+                w.stream_call_out(token, self.context);
+                self.phase = Phase::AwaitingStore(Pending::TakeLookup { prepared, lookup, unknown }, now, token);
+                Flow::Pause
+            }
+            Err(e) => {
+                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("lookup_not_taken: {e}"));
+                self.apply(host, route, v, paused)
+            }
+        }
+    }
+
+    /// The lookup is taken (or not): ask the service, or go by what the key holds now.
+    pub(super) fn lookup_taken(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        lookup: redis::Ticket,
+        unknown: LocalReply,
+        taken: Result<bool, StoreError>,
+    ) {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let key = Some(prepared.key.clone());
+        match taken {
+            Ok(true) => match self.send_lookup(host, &prepared) {
+                Ok(token) => {
+                    w.stream_call_out(token, self.context);
+                    let ticket = StoreTicket::Redis(lookup);
+                    self.phase = Phase::Looking(Box::new(Looking { prepared, ticket, unknown, token }));
+                }
+                Err(why) => {
+                    w.log_once(
+                        host,
+                        &w.lookup_logged,
+                        Level::Warn,
+                        &format!("idem: a lookup could not be sent: {why}"),
+                    );
+                    w.queue_lookup_write(host, route, key, &lookup, None);
+                    let v = w.engine.lookup_settled_nothing(&prepared, unknown, failed_cause(0));
+                    self.apply(host, route, v, true);
+                }
+            },
+            // Another repeat took it first (or the key changed): as for a request in flight.
+            Ok(false) => {
+                let now = host.now_ms();
+                let in_flight =
+                    Claim::InFlight { first_seen_ms: lookup.first_seen_ms, lease_ends_ms: now, payload: Payload::Same };
+                let v = w.engine.after_claim(&prepared, Ok(in_flight), now, None);
+                self.apply(host, route, v, true);
+            }
+            Err(e) => {
+                // The write may have landed: give it back (fenced).
+                w.queue_lookup_write(host, route, key, &lookup, None);
+                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("lookup_not_taken: {e}"));
+                self.apply(host, route, v, true);
+            }
+        }
+    }
+
+    /// What a lookup's answer does on Redis: `ran` → its answer is the repeat's now and is
+    /// written as the key's (in the background, fenced by the lookup); `absent` → the key becomes
+    /// this request's claim (awaited: the request runs only once it owns the key); else the
+    /// unknown outcome is given back and the repeat gets the 409.
+    fn after_redis_lookup(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        lookup: redis::Ticket,
+        answer: LookupAnswer,
+        unknown: LocalReply,
+    ) {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let key = Some(prepared.key.clone());
+        match w.engine.lookup_found(&prepared, answer.status) {
+            Found::Ran => {
+                let stored = StoredResponse::new(answer.status, answer.headers, answer.body);
+                w.queue_lookup_write(host, route, key, &lookup, Some(&stored));
+                self.apply(host, route, reconciled_ran(&prepared, &stored), true);
+            }
+            Found::Absent => {
+                let now = host.now_ms();
+                let (Some(store), Some(policy)) = (w.engine.redis(), w.engine.policy(route)) else {
+                    return;
+                };
+                let owner = host.random_u64().unwrap_or(now);
+                let (cmd, claim) = store.lookup_absent(&lookup, owner, now, policy.key.lock_ttl.millis);
+                match w.dispatch(host, &cmd) {
+                    Ok(token) => {
+                        w.stream_call_out(token, self.context);
+                        let pending = Pending::LookupAbsent { prepared, lookup, claim, unknown, status: answer.status };
+                        self.phase = Phase::AwaitingStore(pending, now, token);
+                    }
+                    Err(e) => {
+                        w.queue_lookup_write(host, route, key, &lookup, None);
+                        let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"));
+                        self.apply(host, route, v, true);
+                    }
+                }
+            }
+            Found::Failed => {
+                w.queue_lookup_write(host, route, key, &lookup, None);
+                let v = w.engine.lookup_settled_nothing(&prepared, unknown, failed_cause(answer.status));
+                self.apply(host, route, v, true);
+            }
+        }
+    }
+
+    /// The key became this request's claim (it runs as the first request), or did not.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn absent_written(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        lookup: redis::Ticket,
+        claim: redis::Ticket,
+        unknown: LocalReply,
+        status: u16,
+        written: Result<bool, StoreError>,
+    ) {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let key = Some(prepared.key.clone());
+        let v = match written {
+            Ok(true) => reconciled_absent(&prepared, StoreTicket::Redis(claim), status),
+            Ok(false) => w.engine.lookup_settled_nothing(&prepared, unknown, "lookup_lost".into()),
+            Err(e) => {
+                // Either write may have landed: the claim is released, the lookup given back.
+                w.release_orphan(host, route, key.clone(), &claim);
+                w.queue_lookup_write(host, route, key, &lookup, None);
+                w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"))
+            }
+        };
+        self.apply(host, route, v, true);
     }
 }

@@ -20,7 +20,7 @@ use crate::key::RequestView;
 use crate::pairs::Headers;
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
 use crate::response::{json_reply, Header, LocalReply};
-use crate::store::redis;
+use crate::store::{redis, Claim};
 use std::rc::Rc;
 
 /// Where a request is. Each phase holds only what that phase needs.
@@ -67,14 +67,43 @@ pub(super) enum Pending {
         route: usize,
         token: String,
     },
+    /// Taking the lookup of an unknown outcome on Redis (`[route.reconcile]`): `lookup` is its
+    /// ticket once the write lands.
+    TakeLookup {
+        prepared: Prepared,
+        lookup: redis::Ticket,
+        unknown: LocalReply,
+    },
+    /// The lookup said the first attempt did not run: the key becoming this request's `claim`.
+    LookupAbsent {
+        prepared: Prepared,
+        lookup: redis::Ticket,
+        claim: redis::Ticket,
+        unknown: LocalReply,
+        status: u16,
+    },
 }
 
 impl Pending {
     fn route(&self) -> usize {
         match self {
-            Pending::Claim { prepared, .. } | Pending::UseToken { prepared, .. } => prepared.route,
+            Pending::Claim { prepared, .. }
+            | Pending::UseToken { prepared, .. }
+            | Pending::TakeLookup { prepared, .. }
+            | Pending::LookupAbsent { prepared, .. } => prepared.route,
             Pending::Issue { route, .. } => *route,
         }
+    }
+}
+
+/// A Redis claim's answer with its tickets: the claim's own when it is ours, the record found
+/// when it is an unknown outcome whose lookup is free (what a lookup is fenced by).
+pub(super) fn redis_claim(c: Claim<()>, mine: redis::Ticket, held: Option<redis::Ticket>) -> Claim<StoreTicket> {
+    match c {
+        Claim::Unknown { first_seen_ms, held_until_ms, payload, .. } => {
+            Claim::Unknown { first_seen_ms, held_until_ms, payload, held: held.map(StoreTicket::Redis) }
+        }
+        other => other.map(|()| StoreTicket::Redis(mine)),
     }
 }
 
@@ -402,14 +431,17 @@ impl Stream {
                 // A record written before fingerprints were xxh3: the request's SHA-256 decides.
                 let view = WithHost { req: &self.request, host };
                 let legacy = || w.engine.legacy_fingerprint(prepared.route, &view);
-                let found = store.parse_claim(fingerprint, status, body).map(|c| c.resolve_legacy(legacy));
+                let found = store.claim_reply(status, body).and_then(|v| {
+                    let held = redis::held_ticket(&ticket, &v, now);
+                    redis::read_claim_at(fingerprint, v, now).map(|c| (c.resolve_legacy(legacy), held))
+                });
                 if found.is_err() {
                     // A timeout (Envoy answers it 504), a reset, an unreadable reply: the SET
                     // may still reach Redis, with nobody to finish it. Free it if it does.
                     w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
                 }
                 let redis_id = ticket.id();
-                let claim = found.map(|c| c.map(|()| StoreTicket::Redis(ticket)));
+                let claim = found.map(|(c, held)| redis_claim(c, ticket, held));
                 w.remember_found(host, prepared.route, &redis_id, fingerprint, &claim);
                 let v = w.engine.after_claim(&prepared, claim, now, None);
                 self.apply(host, prepared.route, v, true);
@@ -422,6 +454,14 @@ impl Stream {
             Pending::Issue { route, token: issued } => {
                 let v = w.engine.issued(route, &issued, now, store.parse_ok(status, body));
                 self.apply(host, route, v, true);
+            }
+            Pending::TakeLookup { prepared, lookup, unknown } => {
+                let taken = store.parse_update(status, body);
+                self.lookup_taken(host, prepared, lookup, unknown, taken);
+            }
+            Pending::LookupAbsent { prepared, lookup, claim, unknown, status: answered } => {
+                let written = store.parse_update(status, body);
+                self.absent_written(host, prepared, lookup, claim, unknown, answered, written);
             }
         }
     }
@@ -442,6 +482,14 @@ impl Stream {
                 // finish it. Its call ends with the stream: the next batch need not wait for it.
                 w.claim_returned(host);
                 w.release_orphan(host, prepared.route, Some(prepared.key), &ticket);
+            }
+            // A lookup taken, or a claim after a lookup, with nobody to carry it on: given back
+            // (each write is fenced, so one that did not land changes nothing).
+            Phase::AwaitingStore(Pending::TakeLookup { prepared, lookup, .. }, _, _) => {
+                w.queue_lookup_write(host, prepared.route, Some(prepared.key), &lookup, None);
+            }
+            Phase::AwaitingStore(Pending::LookupAbsent { prepared, claim, .. }, _, _) => {
+                w.release_orphan(host, prepared.route, Some(prepared.key), &claim);
             }
             Phase::Capturing { route, ticket, key, capture } => {
                 // Headers came back but the body was not seen to the end (the upstream reset it,

@@ -206,7 +206,11 @@ impl Worker {
         let fingerprint = &poll.fingerprint;
         // Held duplicates keep no body to take a SHA-256 fingerprint of: a record written before
         // fingerprints were xxh3 (only one in flight across the upgrade) counts as different.
-        let found = store.parse_claim(fingerprint, status, body).map(|c| c.resolve_legacy(|| None));
+        // Polls never take a lookup (see `after_claim`): only the lease's meaning matters here.
+        let found = store
+            .claim_reply(status, body)
+            .and_then(|v| redis::read_claim_at(fingerprint, v, now))
+            .map(|c| c.resolve_legacy(|| None));
         if found.is_err() {
             // As for a stream's claim: the poll's SET may still land (see `Stream::on_call_response`).
             self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);

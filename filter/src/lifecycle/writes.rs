@@ -83,6 +83,9 @@ enum FinishKind {
     },
     Restore,
     HoldUnknown,
+    /// A lookup's answer written as the key's (or, without one, the unknown outcome given back):
+    /// counted with the lookup (`reconciled_ran`, `reconcile_failed`), not again here.
+    Lookup,
 }
 
 /// Redis writes waiting to be sent (or sent again) by the root context, oldest first: this
@@ -220,6 +223,51 @@ impl Worker {
         self.queue(host, job);
     }
 
+    /// Queues what a Redis lookup's answer writes, fenced by the lookup's ticket: `answer` as the
+    /// key's (it ran; kept here too once written), or — `None` — the unknown outcome given back
+    /// without the lookup's lease (nothing settled, or the request left).
+    pub(super) fn queue_lookup_write(
+        &self,
+        host: &dyn Host,
+        route: usize,
+        key: Option<String>,
+        t: &redis::Ticket,
+        answer: Option<&StoredResponse>,
+    ) {
+        let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+            return;
+        };
+        let now = host.now_ms();
+        let lease = policy.key.lock_ttl.millis;
+        let (cmd, kind, stored, cause) = match answer {
+            Some(response) => {
+                let max = policy.max_response_bytes as usize;
+                let (cmd, tombstone) = store.complete(t, response, max, policy.key.ttl.millis, lease);
+                let stored = (response.status, (!tombstone).then(|| response.clone()));
+                (cmd, FinishKind::Lookup, Some(stored), "lookup_ran")
+            }
+            None => (store.lookup_failed(t), FinishKind::Lookup, None, "lookup_given_back"),
+        };
+        let job = Job {
+            route,
+            key,
+            after: After::Nothing,
+            cmd,
+            kind,
+            cause: cause.into(),
+            attempts: 0,
+            next_at_ms: now,
+            deadline_ms: now.saturating_add(lease),
+            redis_id: t.id(),
+            fingerprint: t.fingerprint16(),
+            first_seen_ms: t.first_seen_ms,
+            mark: None,
+            sent_ms: now,
+            answer: stored,
+        };
+        self.queue(host, job);
+    }
+
     /// Queues a write for the root context, within the per-worker bounds.
     fn queue(&self, host: &dyn Host, job: Job) {
         let mut outbox = self.outbox.jobs.borrow_mut();
@@ -349,6 +397,7 @@ impl Worker {
         let (outcome, cause) = match job.kind {
             FinishKind::Release | FinishKind::ReleaseOrphan => (None, job.cause),
             FinishKind::Restore => engine::restored(ok, job.cause),
+            FinishKind::Lookup => (None, format!("{}; {}", job.cause, if applied { "written" } else { "key changed" })),
             FinishKind::HoldUnknown => engine::held(ok, job.cause),
             FinishKind::Complete { tombstone } => {
                 let done = match (applied, tombstone) {
@@ -364,7 +413,9 @@ impl Worker {
         if let Some(mark) = &job.mark {
             self.engine.unmark_unwritten(host, mark);
         }
-        if let (Some((status, response)), Some(Outcome::Stored | Outcome::Tombstoned)) = (&job.answer, outcome) {
+        let stored = matches!(outcome, Some(Outcome::Stored | Outcome::Tombstoned))
+            || (job.kind == FinishKind::Lookup && applied);
+        if let (Some((status, response)), true) = (&job.answer, stored) {
             let answer = Answer {
                 fingerprint: job.fingerprint,
                 first_seen_ms: job.first_seen_ms,

@@ -427,13 +427,6 @@ impl RawBundle {
                         r.name
                     )));
                 }
-                if r.store == StoreKind::Redis {
-                    return Err(error(format!(
-                        "route {:?}: [route.reconcile] runs on store = \"shared\" in this version; on Redis, resolve \
-                         unknown outcomes as docs/unknown-outcomes.md shows",
-                        r.name
-                    )));
-                }
                 reconcile
                     .check(key.sources.len())
                     .map_err(|e| error(format!("route {:?}: [route.reconcile] {e}", r.name)))?;

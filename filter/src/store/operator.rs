@@ -28,6 +28,9 @@ pub struct Held {
     pub owner: String,
     pub first_seen_ms: u64,
     pub held_until_ms: u64,
+    /// When a lookup (`[route.reconcile]`) that asks the service about it gives up, if one was
+    /// taken; while it runs, an operator leaves the key alone.
+    pub lookup_lease_ms: Option<u64>,
 }
 
 /// What an operator's release or resolve did.
@@ -99,17 +102,25 @@ impl RecordKind {
     }
 }
 
-/// A claim key's unknown-outcome record (`U|owner|fingerprint|first seen|held until`); `None` for
-/// any other record (a token's `U|owner|used at` has three fields and is not a claim either).
+/// A claim key's unknown-outcome record (`U|owner|fingerprint|first seen|held until`, and the
+/// end of a lookup's lease when one was taken); `None` for any other record (a token's
+/// `U|owner|used at` has three fields and is not a claim either).
 pub fn held(record: &str) -> Option<Held> {
     let f: Vec<&str> = record.split('|').collect();
-    let [kind, owner, _fp, first, until] = f.as_slice() else {
-        return None;
+    let (kind, owner, first, until, lease) = match f.as_slice() {
+        [kind, owner, _fp, first, until] => (kind, owner, first, until, None),
+        [kind, owner, _fp, first, until, lease] => (kind, owner, first, until, Some(lease.parse().ok()?)),
+        _ => return None,
     };
     if *kind != "U" || owner.len() != 16 || !owner.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    Some(Held { owner: owner.to_string(), first_seen_ms: first.parse().ok()?, held_until_ms: until.parse().ok()? })
+    Some(Held {
+        owner: owner.to_string(),
+        first_seen_ms: first.parse().ok()?,
+        held_until_ms: until.parse().ok()?,
+        lookup_lease_ms: lease,
+    })
 }
 
 /// The completed record that resolves the unknown record `record` with `answer`: same owner,
@@ -152,9 +163,12 @@ mod tests {
             Held {
                 owner: "00000000000000ab".into(),
                 first_seen_ms: 1_700_000_000_000,
-                held_until_ms: 1_700_086_400_000
+                held_until_ms: 1_700_086_400_000,
+                lookup_lease_ms: None
             }
         );
+        let looking = super::held(&format!("{}|1700000002000", unknown(&fp))).unwrap();
+        assert_eq!(looking.lookup_lease_ms, Some(1_700_000_002_000));
         for other in
             ["I|00000000000000ab|x00|1|2", "U|00000000000000ab|1700000000000", "U|zz|x|1|2", "C|a|b|1|200|AA==", ""]
         {

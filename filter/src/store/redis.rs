@@ -208,6 +208,12 @@ impl<'a> RedisStore<'a> {
         read_claim(fp, reply("SET", status, body)?)
     }
 
+    /// The claim reply's value (the record found, or null), read with [`read_claim_at`] and
+    /// [`held_ticket`].
+    pub fn claim_reply(&self, status: u16, body: &[u8]) -> Result<serde_json::Value, StoreError> {
+        reply("SET", status, body)
+    }
+
     /// Claims (tickets of [`RedisStore::claim`], with their lock ttl) as one call; its reply is
     /// read with [`RedisStore::parse_batch`], each claim's with [`read_claim`].
     pub fn claim_batch(&self, claims: &[(&Ticket, u64)]) -> Command {
@@ -223,14 +229,50 @@ impl<'a> RedisStore<'a> {
     }
 }
 
-/// One claim's reply value: nothing there before (`null`, or `""` in a batch) is ours.
+/// One claim's reply value: nothing there before (`null`, or `""` in a batch) is ours. A lookup
+/// lease on an unknown outcome counts as running (see [`read_claim_at`]).
 pub fn read_claim(fp: &[u8; 32], v: serde_json::Value) -> Result<Claim<()>, StoreError> {
+    read_claim_at(fp, v, 0)
+}
+
+/// [`read_claim`] at `now`: an unknown outcome whose lookup lease (`[route.reconcile]`) runs
+/// past `now` reads as a request in flight (repeats wait for the lookup, or get 409 in
+/// progress), one whose lease has lapsed as the unknown outcome again.
+pub fn read_claim_at(fp: &[u8; 32], v: serde_json::Value, now: u64) -> Result<Claim<()>, StoreError> {
     match v {
         serde_json::Value::Null => Ok(Claim::Claimed(())),
         serde_json::Value::String(record) if record.is_empty() => Ok(Claim::Claimed(())),
-        serde_json::Value::String(record) => parse_record(&record, fp),
+        serde_json::Value::String(record) => match parse_record(&record, fp)? {
+            Claim::Unknown { first_seen_ms, payload, .. } if lookup_lease(&record).is_some_and(|l| l > now) => {
+                Ok(Claim::InFlight { first_seen_ms, lease_ends_ms: lookup_lease(&record).unwrap_or(now), payload })
+            }
+            found => Ok(found),
+        },
         other => Err(StoreError::Host(format!("unexpected SET reply {other}"))),
     }
+}
+
+/// The lookup lease of an unknown outcome's record (`U|owner|fp|first|until|lease end`): a sixth
+/// field, which readers of earlier versions ignore (they read the record as the unknown outcome).
+fn lookup_lease(record: &str) -> Option<u64> {
+    let f: Vec<&str> = record.split('|').collect();
+    match f.as_slice() {
+        ["U", _, _, _, _, lease] => lease.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The ticket a lookup of the unknown outcome a claim found is fenced by: the record found (the
+/// claim reply's value), when it is an unknown outcome whose lookup is free at `now`.
+pub fn held_ticket(mine: &Ticket, v: &serde_json::Value, now: u64) -> Option<Ticket> {
+    let record = v.as_str()?;
+    let f: Vec<&str> = record.split('|').collect();
+    let first = match f.as_slice() {
+        ["U", owner, _, first, _] if owner.len() == 16 => first,
+        ["U", owner, _, first, _, lease] if owner.len() == 16 && lease.parse::<u64>().is_ok_and(|l| l <= now) => first,
+        _ => return None,
+    };
+    Some(Ticket { key: mine.key.clone(), record: record.to_string(), first_seen_ms: first.parse().unwrap_or(0) })
 }
 
 impl RedisStore<'_> {
@@ -264,6 +306,37 @@ impl RedisStore<'_> {
         let record = format!("U|{owner}|{fp}|{first}|{}", now.saturating_add(hold_ms));
         let args = vec![t.record.clone(), record, hold_ms.max(1).to_string(), lease_ms.max(1).to_string()];
         Command::fenced("C", COMPLETE, &t.key, args)
+    }
+
+    /// Takes the lookup of an unknown outcome (`held`, as [`held_ticket`] read it): its record
+    /// again, under the lookup's owner, with the lease's end as a sixth field; fenced on the
+    /// record found, so of the repeats that meet it one takes it. The returned ticket fences
+    /// what the lookup's answer writes.
+    pub fn take_lookup(&self, held: &Ticket, owner: u64, lease_ends_ms: u64) -> (Command, Ticket) {
+        let f: Vec<&str> = held.record.split('|').collect();
+        let (fp, first, until) = (field(&f, 2), field(&f, 3), field(&f, 4));
+        let record = format!("U|{owner:016x}|{fp}|{first}|{until}|{lease_ends_ms}");
+        let body = command(&["EVAL", RESTORE_TOKEN, "1", &held.key, &held.record, &record]);
+        (Command::plain("EVAL", body), Ticket { record, ..held.clone() })
+    }
+
+    /// The lookup says the first attempt did not run: the key becomes the repeat's own claim
+    /// (in flight, `lock_ttl_ms`), fenced on the lookup's record — or on nothing there, when the
+    /// hold ran out meanwhile. The returned ticket is the claim's.
+    pub fn lookup_absent(&self, t: &Ticket, owner: u64, now: u64, lock_ttl_ms: u64) -> (Command, Ticket) {
+        let fp = claim_parts(&t.record).1;
+        let record = format!("I|{owner:016x}|{fp}|{now}|{}", now.saturating_add(lock_ttl_ms));
+        let ttl = lock_ttl_ms.max(1).to_string();
+        let cmd = Command::fenced("C", COMPLETE, &t.key, vec![t.record.clone(), record.clone(), ttl.clone(), ttl]);
+        (cmd, Ticket { key: t.key.clone(), record, first_seen_ms: now })
+    }
+
+    /// The lookup settled nothing (or its request left): the unknown outcome again, without the
+    /// lease, so the next repeat may ask. Fenced on the lookup's record.
+    pub fn lookup_failed(&self, t: &Ticket) -> Command {
+        let f: Vec<&str> = t.record.split('|').collect();
+        let record = f.get(..5).map(|f| f.join("|")).unwrap_or_default();
+        Command::fenced("T", RESTORE_TOKEN, &t.key, vec![t.record.clone(), record])
     }
 
     /// Extends the lease of a claim whose request still waits for the upstream.
