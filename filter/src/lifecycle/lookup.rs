@@ -4,6 +4,7 @@
 
 use super::stream::{text, Pending, Phase, Stream};
 use super::worker::status_of;
+use super::writes::After;
 use super::Flow;
 use crate::engine::{
     failed_cause, reconciled_absent, reconciled_ran, Action, LookupAnswer, Outcome, Prepared, StoreTicket, Verdict,
@@ -143,7 +144,7 @@ impl Stream {
             match &looking.ticket {
                 StoreTicket::Redis(t) => {
                     let p = &looking.prepared;
-                    self.worker.queue_lookup_write(host, p.route, Some(p.key.clone()), t, None);
+                    self.worker.queue_lookup_write(host, p.route, Some(p.key.clone()), t, None, After::Nothing);
                 }
                 shared => self.worker.engine.drop_lookup(host, shared),
             }
@@ -198,7 +199,6 @@ impl Stream {
     ) {
         let w = Rc::clone(&self.worker);
         let route = prepared.route;
-        let key = Some(prepared.key.clone());
         match taken {
             Ok(true) => match self.send_lookup(host, &prepared) {
                 Ok(token) => {
@@ -213,9 +213,8 @@ impl Stream {
                         Level::Warn,
                         &format!("idem: a lookup could not be sent: {why}"),
                     );
-                    w.queue_lookup_write(host, route, key, &lookup, None);
                     let v = w.engine.lookup_settled_nothing(&prepared, unknown, failed_cause(0));
-                    self.apply(host, route, v, true);
+                    self.settle_redis(host, &prepared, &lookup, None, v);
                 }
             },
             // Another repeat took it first (or the key changed): as for a request in flight.
@@ -228,9 +227,8 @@ impl Stream {
             }
             Err(e) => {
                 // The write may have landed: give it back (fenced).
-                w.queue_lookup_write(host, route, key, &lookup, None);
                 let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("lookup_not_taken: {e}"));
-                self.apply(host, route, v, true);
+                self.settle_redis(host, &prepared, &lookup, None, v);
             }
         }
     }
@@ -249,12 +247,11 @@ impl Stream {
     ) {
         let w = Rc::clone(&self.worker);
         let route = prepared.route;
-        let key = Some(prepared.key.clone());
         match w.engine.lookup_found(&prepared, answer.status) {
             Found::Ran => {
                 let stored = StoredResponse::new(answer.status, answer.headers, answer.body);
-                w.queue_lookup_write(host, route, key, &lookup, Some(&stored));
-                self.apply(host, route, reconciled_ran(&prepared, &stored), true);
+                let v = reconciled_ran(&prepared, &stored);
+                self.settle_redis(host, &prepared, &lookup, Some(&stored), v);
             }
             Found::Absent => {
                 let now = host.now_ms();
@@ -270,16 +267,14 @@ impl Stream {
                         self.phase = Phase::AwaitingStore(pending, now, token);
                     }
                     Err(e) => {
-                        w.queue_lookup_write(host, route, key, &lookup, None);
                         let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"));
-                        self.apply(host, route, v, true);
+                        self.settle_redis(host, &prepared, &lookup, None, v);
                     }
                 }
             }
             Found::Failed => {
-                w.queue_lookup_write(host, route, key, &lookup, None);
                 let v = w.engine.lookup_settled_nothing(&prepared, unknown, failed_cause(answer.status));
-                self.apply(host, route, v, true);
+                self.settle_redis(host, &prepared, &lookup, None, v);
             }
         }
     }
@@ -304,11 +299,40 @@ impl Stream {
             Ok(false) => w.engine.lookup_settled_nothing(&prepared, unknown, "lookup_lost".into()),
             Err(e) => {
                 // Either write may have landed: the claim is released, the lookup given back.
-                w.release_orphan(host, route, key.clone(), &claim);
-                w.queue_lookup_write(host, route, key, &lookup, None);
-                w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"))
+                w.release_orphan(host, route, key, &claim);
+                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"));
+                return self.settle_redis(host, &prepared, &lookup, None, v);
             }
         };
         self.apply(host, route, v, true);
+    }
+
+    /// Writes what the lookup settled (`answer`: it ran; `None`: the unknown outcome given back)
+    /// and answers the request once the write's first attempt is answered — as a completion
+    /// does — so the client's next repeat finds the key written, not the lookup's lease.
+    fn settle_redis(
+        &mut self,
+        host: &dyn Host,
+        prepared: &Prepared,
+        lookup: &redis::Ticket,
+        answer: Option<&StoredResponse>,
+        v: Verdict,
+    ) {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let key = Some(prepared.key.clone());
+        if !matches!(v.action, Action::Reply(_)) {
+            // Shadow mode forwards: nothing waits for the write.
+            w.queue_lookup_write(host, route, key, lookup, answer, After::Nothing);
+            self.apply(host, route, v, true);
+            return;
+        }
+        w.record(host, route, &v);
+        w.annotate(host, route, &v);
+        if let Action::Reply(reply) = v.action {
+            self.phase = Phase::Idle;
+            let after = After::Deliver { ctx: self.context, route, reply, grpc: self.request.grpc };
+            w.queue_lookup_write(host, route, key, lookup, answer, after);
+        }
     }
 }

@@ -486,7 +486,7 @@ impl Stream {
             // A lookup taken, or a claim after a lookup, with nobody to carry it on: given back
             // (each write is fenced, so one that did not land changes nothing).
             Phase::AwaitingStore(Pending::TakeLookup { prepared, lookup, .. }, _, _) => {
-                w.queue_lookup_write(host, prepared.route, Some(prepared.key), &lookup, None);
+                w.queue_lookup_write(host, prepared.route, Some(prepared.key), &lookup, None, After::Nothing);
             }
             Phase::AwaitingStore(Pending::LookupAbsent { prepared, claim, .. }, _, _) => {
                 w.release_orphan(host, prepared.route, Some(prepared.key), &claim);

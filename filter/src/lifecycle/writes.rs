@@ -225,7 +225,8 @@ impl Worker {
 
     /// Queues what a Redis lookup's answer writes, fenced by the lookup's ticket: `answer` as the
     /// key's (it ran; kept here too once written), or — `None` — the unknown outcome given back
-    /// without the lookup's lease (nothing settled, or the request left).
+    /// without the lookup's lease (nothing settled, or the request left). `after` is carried out
+    /// once the first attempt is answered, so the client's next repeat finds the write.
     pub(super) fn queue_lookup_write(
         &self,
         host: &dyn Host,
@@ -233,6 +234,7 @@ impl Worker {
         key: Option<String>,
         t: &redis::Ticket,
         answer: Option<&StoredResponse>,
+        after: After,
     ) {
         let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
             return;
@@ -251,7 +253,7 @@ impl Worker {
         let job = Job {
             route,
             key,
-            after: After::Nothing,
+            after,
             cmd,
             kind,
             cause: cause.into(),
