@@ -167,6 +167,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(200, {"reset": True})
         return self._business(url, query, body)
 
+    def _drop_connection(self):
+        """Closes the connection without an answer (the gateway sees a reset)."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(2)
+        except OSError:
+            pass
+
     def _lookup(self, url, query):
         raw = url.path.split("/", 3)[3]
         if "/" in raw or raw in ("", ".", ".."):
@@ -196,12 +204,7 @@ class Handler(BaseHTTPRequestHandler):
                     key = query[name][0]
                     break
         if self.headers.get("x-demo-reset-before"):
-            self.close_connection = True
-            try:
-                self.connection.shutdown(2)
-            except OSError:
-                pass
-            return
+            return self._drop_connection()
         txn = None
         payload = None
         if body:
@@ -223,12 +226,7 @@ class Handler(BaseHTTPRequestHandler):
                 with COUNTS.lock:  # the work is done: the system of record has the order
                     COUNTS.answers.setdefault(key, {"order_id": "ord-%d" % total, "key": key, "n": n,
                                                     "path": url.path})
-            self.close_connection = True
-            try:
-                self.connection.shutdown(2)
-            except OSError:
-                pass
-            return
+            return self._drop_connection()
 
         status = _int_header(self.headers, "x-demo-status", 200)
         if self.headers.get("x-demo-fail-first") and n == 1:
@@ -283,11 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass
-        self.close_connection = True
-        try:
-            self.connection.shutdown(2)
-        except OSError:
-            pass
+        self._drop_connection()
 
     def _send_chunked_with_trailer(self, status, obj, extra_headers):
         body = json.dumps(obj, separators=(",", ":")).encode()

@@ -113,6 +113,22 @@ impl PathTemplate {
     }
 }
 
+/// Appends `value` percent-encoded: every byte but the unreserved `A-Z a-z 0-9 - _ ~` (so `/`,
+/// `.`, `%`, `?` and `#` too), upper-case hex. What a lookup's placeholder and a Webdis argument
+/// both need: the value stays one path segment, whatever it holds.
+pub fn percent_encode_into(out: &mut String, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+        }
+    }
+}
+
 /// Every `%XX` decoded (a path parameter is the value the framework hands its handler).
 pub fn percent_decode(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());

@@ -13,7 +13,7 @@ mod reconcile;
 mod source;
 
 pub use fields::parse_duration;
-pub use matcher::{normalize_path, percent_decode, Matcher, PathTemplate};
+pub use matcher::{normalize_path, percent_decode, percent_encode_into, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
 pub use parse::{line_col, parse_bundle, PolicyError};

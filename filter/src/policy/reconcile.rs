@@ -1,7 +1,7 @@
 //! `[route.reconcile]`: when a repeat meets an unknown outcome (the first attempt was forwarded and
 //! no answer came back), the gateway asks the service whether it ran, by a `GET` of `lookup`.
 
-use super::{Duration, StatusSet};
+use super::{percent_encode_into, Duration, StatusSet};
 use crate::key::PART_SEPARATOR;
 use serde::{Deserialize, Deserializer};
 
@@ -167,24 +167,11 @@ impl LookupPath {
         for piece in &self.0 {
             match piece {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Key => encode_into(&mut out, key),
-                Piece::Part(n) => encode_into(&mut out, parts.get(n - 1).copied().unwrap_or("")),
+                Piece::Key => percent_encode_into(&mut out, key),
+                Piece::Part(n) => percent_encode_into(&mut out, parts.get(n - 1).copied().unwrap_or("")),
             }
         }
         out
-    }
-}
-
-fn encode_into(out: &mut String, value: &str) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 15)]));
-        }
     }
 }
 

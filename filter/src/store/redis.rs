@@ -25,7 +25,7 @@
 //! errors (`[false, "ERR …"]`): those are store errors too.
 
 use super::{Claim, Payload, StoreError, TokenUse};
-use crate::policy::RedisConfig;
+use crate::policy::{percent_encode_into, RedisConfig};
 use crate::response::StoredResponse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -555,21 +555,12 @@ fn hex(bytes: &[u8]) -> String {
 /// `CMD/arg/…` with every byte outside `[A-Za-z0-9_~-]` percent-encoded (Webdis splits on `/`
 /// and treats `.` as a format extension).
 pub fn command(args: &[&str]) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(args.iter().map(|a| a.len() * 3 + 1).sum());
     for (i, a) in args.iter().enumerate() {
         if i > 0 {
             out.push('/');
         }
-        for b in a.bytes() {
-            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-                out.push(char::from(b));
-            } else {
-                out.push('%');
-                out.push(char::from(HEX[usize::from(b >> 4)]));
-                out.push(char::from(HEX[usize::from(b & 15)]));
-            }
-        }
+        percent_encode_into(&mut out, a);
     }
     out
 }
