@@ -188,13 +188,14 @@ def start_fast_upstream(workdir, concurrency=1):
 
 
 def start_fleet(workdir, upstream_port, webdis_port, policy_toml, routes=None, n=2, concurrency=2, pre_filters=(),
-                post_filters=(), upstream_http2=False):
+                post_filters=(), upstream_http2=False, extra_clusters=()):
     """n Envoys with the same policy, each with a `webdis` cluster pointing at one Webdis."""
     envs = []
     try:
         for i in range(n):
             envs.append(start_idem_envoy(workdir, upstream_port, policy_toml, routes=routes, concurrency=concurrency,
-                                         extra_clusters=[webdis_cluster(webdis_port)], name="envoy-fleet%d" % (i + 1),
+                                         extra_clusters=[webdis_cluster(webdis_port)] + list(extra_clusters),
+                                         name="envoy-fleet%d" % (i + 1),
                                          pre_filters=pre_filters, post_filters=post_filters,
                                          upstream_http2=upstream_http2))
     except Exception:

@@ -4,7 +4,8 @@ grpcio's own retryPolicy included; DEADLINE_EXCEEDED holds the key as an unknown
 completed call is replayed whole (message, status, trailing metadata) through the echo listener;
 the gateway's own answers are gRPC answers with fitting codes, never UNKNOWN or INTERNAL; a
 gzip-compressed repeat is the same request; a detached call succeeds; a client-streaming call
-passes through unprotected and counted, never half-protected.
+passes through unprotected and counted, never half-protected; an unknown outcome is reconciled by
+the service's HTTP lookup (`[route.reconcile]`), its message becoming the gRPC reply.
 
 The service (`shop.Orders/Create`) works on raw bytes (generic handlers, no generated stubs):
 the request is `key=<business id>;...`, the answer `order:<business id>:<run number>`.
@@ -15,6 +16,8 @@ import threading
 import time
 import uuid
 from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 import grpc
 import pytest
@@ -27,6 +30,7 @@ from idemtest import counters, delta, wait_for
 METHOD = "/shop.Orders/Create"
 ROUTES = [
     {"name": "grpc", "match": {"prefix": "/shop.Orders/Create"}, "idem": True, "timeout": "30s"},
+    {"name": "grpc-reconciled", "match": {"prefix": "/shop.Orders/CreateReconciled"}, "idem": True, "timeout": "30s"},
     {"name": "grpc-detached", "match": {"prefix": "/shop.Orders/CreateDetached"}, "idem": True, "timeout": "30s"},
 ]
 
@@ -52,6 +56,19 @@ name = "create-detached"
 match = {{ method = "POST", path = "/shop.Orders/CreateDetached" }}
 store = "{store}"
 forward = "detached"
+
+[[route]]
+name = "create-reconciled"
+match = {{ method = "POST", path = "/shop.Orders/CreateReconciled" }}
+store = "{store}"
+
+[route.key]
+scope = ["header:authorization"]
+
+[route.reconcile]
+lookup = "/orders/by-key/{{key}}"
+cluster = "grpc_lookup"
+timeout = "3s"
 """.format(store=store)
 
 
@@ -66,11 +83,38 @@ class Service:
         self.lock = threading.Lock()
         handlers = {"Create": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateDetached": grpc.unary_unary_rpc_method_handler(self.create),
+                    "CreateReconciled": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateBatch": grpc.stream_unary_rpc_method_handler(self.create_batch)}
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("shop.Orders", handlers),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
+        # The service's HTTP lookup (`[route.reconcile]`), beside it: GET /orders/by-key/<business
+        # id> answers the reply message of its first run (application/x-protobuf), 404 before one.
+        self.replies = {}
+        self.says_absent = set()
+        self.lookups = []
+        service = self
+
+        class Lookup(BaseHTTPRequestHandler):
+            def do_GET(self):
+                bid = unquote(self.path.rsplit("/", 1)[-1])
+                with service.lock:
+                    service.lookups.append((bid, self.headers.get("accept")))
+                    reply = None if bid in service.says_absent else service.replies.get(bid)
+                status, body = (200, reply) if reply is not None else (404, b"")
+                self.send_response(status)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.lookup_server = ThreadingHTTPServer(("127.0.0.1", 0), Lookup)
+        self.lookup_port = self.lookup_server.server_address[1]
+        threading.Thread(target=self.lookup_server.serve_forever, daemon=True).start()
 
     def create(self, request, context):
         fields = dict(p.split("=", 1) for p in request.decode().split(";") if "=" in p)
@@ -82,7 +126,10 @@ class Service:
         if n == 1 and bid in self.fail_first:
             context.abort(grpc.StatusCode.UNAVAILABLE, "backend warming up")
         context.set_trailing_metadata((("x-order-run", str(n)),))
-        return ("order:%s:%d" % (bid, n)).encode()
+        reply = ("order:%s:%d" % (bid, n)).encode()
+        with self.lock:
+            self.replies.setdefault(bid, reply)
+        return reply
 
     def create_batch(self, requests, context):
         """Client streaming: one run per call, over every message."""
@@ -99,6 +146,7 @@ class Service:
 
     def stop(self):
         self.server.stop(0)
+        self.lookup_server.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +160,7 @@ def service():
 def gateway(request, make_gateway, service):
     prefix = "idem-grpc-%s:" % uuid.uuid4().hex[:6]
     return make_gateway(request.param, policy(request.param, prefix), ROUTES, upstream_port=service.port,
-                        upstream_http2=True)
+                        upstream_http2=True, extra_clusters=[stack.cluster("grpc_lookup", service.lookup_port)])
 
 
 def channel(env, retry=None, own_connection=False):
@@ -253,6 +301,47 @@ def test_an_upstream_deadline_exceeded_holds_the_key_as_unknown(gateway, service
     lines = [json.loads(l.split("idem: unknown_outcome ", 1)[1]) for l in gateway.log_text().splitlines()
              if "idem: unknown_outcome " in l]
     assert [l["route"] for l in lines if l["key_prefix"] == key[:8] + "…"] == ["create-order"], lines
+
+
+def held(gateway, key):
+    """Waits until the key is held as an unknown outcome (on Redis its write lands after the log
+    line that reports it)."""
+    line = "idem: held route=create-reconciled key=%s…" % key[:8]
+    wait_for(lambda: line in gateway.log_text(), 10, what=line)
+
+
+def test_an_unknown_outcome_is_reconciled_by_the_services_http_lookup(gateway, service):
+    """`[route.reconcile]` on a gRPC route: the lookup is an HTTP route beside the service that
+    answers the reply message; the repeat gets it as a gRPC reply (status OK), the service ran
+    once, a third call is a plain replay. A service that says the call never ran lets it run."""
+    bid = "rc-" + uuid.uuid4().hex[:8]
+    service.slow[bid] = 2.0
+    method = "/shop.Orders/CreateReconciled"
+    e = call(gateway, bid, "key=%s" % bid, method=method, timeout=1.0)
+    assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    wait_for(lambda: service.calls(bid) == 1 and bid in service.replies, 5, what="the first run to finish")
+    held(gateway, bid)
+    got = call(gateway, bid, "key=%s" % bid, method=method)
+    assert not isinstance(got, grpc.RpcError), "%s %s" % (got.code(), got.details())
+    msg, _, initial = got
+    assert msg == ("order:%s:1" % bid).encode()
+    assert initial.get("idempotent-replayed") == "true" and initial.get("idempotency-reconciled") == "true", initial
+    third = call(gateway, bid, "key=%s" % bid, method=method)
+    assert not isinstance(third, grpc.RpcError) and third[0] == msg and "idempotency-reconciled" not in third[2]
+    assert service.calls(bid) == 1
+    assert [a for b, a in service.lookups if b == bid] == ["application/x-protobuf, application/grpc"]
+
+    absent = "rc-" + uuid.uuid4().hex[:8]
+    service.slow[absent] = 2.0
+    service.says_absent.add(absent)
+    e = call(gateway, absent, "key=%s" % absent, method=method, timeout=1.0)
+    assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    wait_for(lambda: service.calls(absent) == 1, 5, what="the first run")
+    held(gateway, absent)
+    service.slow[absent] = 0
+    ran = call(gateway, absent, "key=%s" % absent, method=method)
+    assert not isinstance(ran, grpc.RpcError) and ran[0] == ("order:%s:2" % absent).encode(), ran
+    assert "idempotent-replayed" not in ran[2]
 
 
 def test_a_gzip_compressed_repeat_is_the_same_request(gateway, service):

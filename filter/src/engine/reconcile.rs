@@ -19,6 +19,45 @@ pub struct LookupAnswer {
     pub status: u16,
     pub headers: Vec<Header>,
     pub body: Vec<u8>,
+    /// A gRPC answer's trailers (its `grpc-status`), when the answer is one.
+    pub trailers: Vec<Header>,
+}
+
+impl LookupAnswer {
+    /// The answer a gRPC client takes: a lookup beside a gRPC service answers the reply message,
+    /// as `application/x-protobuf` (or `application/protobuf`, `application/octet-stream`: the
+    /// message bytes, framed here) or `application/grpc` (already framed); the client gets it
+    /// with `grpc-status: 0`. Anything else (JSON, say) cannot be a gRPC reply: `Err` with why.
+    pub fn into_grpc(self) -> Result<LookupAnswer, String> {
+        let content_type = self
+            .headers
+            .iter()
+            .find(|(n, _)| n == "content-type")
+            .map(|(_, v)| String::from_utf8_lossy(v).to_ascii_lowercase())
+            .unwrap_or_default();
+        let media = content_type.split(';').next().unwrap_or("").trim().to_string();
+        let body = match media.as_str() {
+            m if m.starts_with("application/grpc") => self.body,
+            "application/x-protobuf" | "application/protobuf" | "application/octet-stream" => {
+                let len = u32::try_from(self.body.len()).map_err(|_| "a lookup message over 4 GiB".to_string())?;
+                let mut framed = Vec::with_capacity(5 + self.body.len());
+                framed.push(0);
+                framed.extend_from_slice(&len.to_be_bytes());
+                framed.extend_from_slice(&self.body);
+                framed
+            }
+            other => return Err(format!("lookup_not_grpc: a gRPC call's lookup answered {other:?}, not a message")),
+        };
+        let metadata = self.headers.into_iter().filter(|(n, _)| n.starts_with("x-") || n.starts_with("grpc-"));
+        let mut headers = vec![("content-type".to_string(), b"application/grpc".to_vec())];
+        headers.extend(metadata.filter(|(n, _)| !n.starts_with("grpc-")));
+        Ok(LookupAnswer {
+            status: self.status,
+            headers,
+            body,
+            trailers: vec![("grpc-status".to_string(), b"0".to_vec())],
+        })
+    }
 }
 
 impl Engine {
@@ -67,7 +106,8 @@ impl Engine {
         };
         match reconcile.found(answer.status) {
             Found::Ran => {
-                let stored = StoredResponse::new(answer.status, answer.headers, answer.body);
+                let stored =
+                    StoredResponse::new(answer.status, answer.headers, answer.body).with_trailers(answer.trailers);
                 let written = self.shared.lookup_ran(
                     host,
                     ticket,
@@ -160,5 +200,39 @@ pub fn failed_cause(status: u16) -> String {
         "lookup_no_answer".into()
     } else {
         format!("lookup_status:{status}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::LookupAnswer;
+
+    fn answer(content_type: &str, body: &[u8]) -> LookupAnswer {
+        LookupAnswer {
+            status: 200,
+            headers: vec![
+                ("content-type".into(), content_type.as_bytes().to_vec()),
+                ("x-order".into(), b"7".to_vec()),
+                ("set-cookie".into(), b"s=1".to_vec()),
+            ],
+            body: body.to_vec(),
+            trailers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_lookup_message_becomes_a_grpc_reply() {
+        let g = answer("application/x-protobuf", b"order-1").into_grpc().unwrap();
+        assert_eq!(g.body, [&[0, 0, 0, 0, 7][..], b"order-1"].concat(), "framed: no compression, length 7");
+        assert_eq!(g.trailers, vec![("grpc-status".to_string(), b"0".to_vec())]);
+        assert_eq!(
+            g.headers,
+            vec![("content-type".to_string(), b"application/grpc".to_vec()), ("x-order".to_string(), b"7".to_vec())]
+        );
+        let framed = [&[0, 0, 0, 0, 2][..], b"ok"].concat();
+        assert_eq!(answer("application/grpc+proto", &framed).into_grpc().unwrap().body, framed, "already framed");
+        let e = answer("application/json; charset=utf-8", b"{}").into_grpc().err().unwrap();
+        assert!(e.starts_with("lookup_not_grpc") && e.contains("application/json"), "{e}");
     }
 }

@@ -39,16 +39,6 @@ impl Stream {
         let w = Rc::clone(&self.worker);
         let route = prepared.route;
         let key = Some(prepared.key.clone());
-        if self.request.grpc {
-            // A lookup's answer is an HTTP answer, which a gRPC client cannot take as its reply.
-            let v = Verdict {
-                outcome: Outcome::OutcomeUnknown,
-                action: Action::Reply(unknown),
-                cause: "outcome_unknown_grpc".into(),
-                key,
-            };
-            return self.apply(host, route, v, paused);
-        }
         if let StoreTicket::Redis(held) = &held {
             return self.take_redis_lookup(host, prepared, held, unknown, paused);
         }
@@ -81,7 +71,7 @@ impl Stream {
             }
             Err(why) => {
                 w.log_once(host, &w.lookup_logged, Level::Warn, &format!("idem: a lookup could not be sent: {why}"));
-                let answer = LookupAnswer { status: 0, headers: Vec::new(), body: Vec::new() };
+                let answer = LookupAnswer { status: 0, headers: Vec::new(), body: Vec::new(), trailers: Vec::new() };
                 let v = w.engine.after_lookup(host, &prepared, &ticket, answer, unknown);
                 self.apply(host, route, v, paused)
             }
@@ -102,11 +92,13 @@ impl Stream {
             Some(a) => a.clone(),
             None => self.request.authority(),
         };
+        // A gRPC call's lookup answers the reply message (see `LookupAnswer::into_grpc`).
+        let accept = if self.request.grpc { "application/x-protobuf, application/grpc" } else { "application/json" };
         let headers = vec![
             (":method".to_string(), "GET".to_string()),
             (":path".to_string(), path),
             (":authority".to_string(), authority),
-            ("accept".to_string(), "application/json".to_string()),
+            ("accept".to_string(), accept.to_string()),
             ("idempotency-lookup".to_string(), "true".to_string()),
         ];
         host.dispatch(&cluster, &headers, &[], reconcile.timeout.millis)
@@ -128,12 +120,41 @@ impl Stream {
                 .map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.clone()))
                 .collect(),
             body: body.to_vec(),
+            trailers: Vec::new(),
+        };
+        // A gRPC call takes the lookup's answer only as a gRPC reply (see `into_grpc`).
+        let answer = match (self.request.grpc, w.engine.lookup_found(&prepared, answer.status)) {
+            (true, Found::Ran) => match answer.into_grpc() {
+                Ok(a) => a,
+                Err(cause) => return self.lookup_settled_nothing(host, prepared, ticket, unknown, cause),
+            },
+            _ => answer,
         };
         if let StoreTicket::Redis(lookup) = ticket {
             return self.after_redis_lookup(host, prepared, lookup, answer, unknown);
         }
         let v = w.engine.after_lookup(host, &prepared, &ticket, answer, unknown);
         self.apply(host, prepared.route, v, true);
+    }
+
+    /// A lookup whose answer settles nothing for this request: given back, and the 409.
+    fn lookup_settled_nothing(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        ticket: StoreTicket,
+        unknown: LocalReply,
+        cause: String,
+    ) {
+        let w = Rc::clone(&self.worker);
+        let v = w.engine.lookup_settled_nothing(&prepared, unknown, cause);
+        match ticket {
+            StoreTicket::Redis(lookup) => self.settle_redis(host, &prepared, &lookup, None, v),
+            shared => {
+                w.engine.drop_lookup(host, &shared);
+                self.apply(host, prepared.route, v, true);
+            }
+        }
     }
 
     /// The request left while its lookup was out: the lookup is given up, so the next repeat
@@ -249,7 +270,8 @@ impl Stream {
         let route = prepared.route;
         match w.engine.lookup_found(&prepared, answer.status) {
             Found::Ran => {
-                let stored = StoredResponse::new(answer.status, answer.headers, answer.body);
+                let stored =
+                    StoredResponse::new(answer.status, answer.headers, answer.body).with_trailers(answer.trailers);
                 let v = reconciled_ran(&prepared, &stored);
                 self.settle_redis(host, &prepared, &lookup, Some(&stored), v);
             }
