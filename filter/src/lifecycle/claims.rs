@@ -10,7 +10,7 @@ use super::slots::{batches, several_slots};
 use super::stream::{redis_claim, Request, WithHost};
 use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
-use crate::engine::{Action, Prepared, Verdict};
+use crate::engine::{Action, Prepared};
 use crate::host::Host;
 use crate::policy::OnInFlight;
 use crate::store::{redis, Claim, StoreError};
@@ -170,19 +170,19 @@ impl Worker {
         let redis_id = q.ticket.id();
         let claim = found.map(|(c, held)| redis_claim(c, q.ticket, held));
         self.remember_found(host, route, &redis_id, &q.fingerprint, &claim);
-        let v = match (self.engine.after_claim(&q.prepared, claim.clone(), now, None), &claim) {
-            // The root cannot ask the service for a stream: a batched repeat that meets a free
-            // unknown outcome waits as for a request in flight where the route waits (a repeat
-            // sent alone takes the lookup; the poll then finds its answer), else gets the 409.
-            (Verdict { action: Action::Reconcile { .. }, .. }, Ok(Claim::Unknown { first_seen_ms, payload, .. }))
-                if self.engine.policy(route).is_some_and(|p| p.key.on_in_flight == OnInFlight::Wait) =>
-            {
-                let in_flight =
-                    Claim::InFlight { first_seen_ms: *first_seen_ms, lease_ends_ms: now, payload: *payload };
-                self.engine.after_claim(&q.prepared, Ok(in_flight), now, None)
+        // The root cannot ask the service for a stream: a batched repeat that meets a free
+        // unknown outcome waits on it as on a request in flight where the route waits and looks
+        // up (a repeat sent alone takes the lookup; the poll then finds its answer), else it
+        // gets the 409 (`after_claim`'s lookup, answered from the root).
+        let waits =
+            self.engine.policy(route).is_some_and(|p| p.reconcile.is_some() && p.key.on_in_flight == OnInFlight::Wait);
+        let claim = match claim {
+            Ok(Claim::Unknown { first_seen_ms, payload, held: Some(_), .. }) if waits => {
+                Ok(Claim::InFlight { first_seen_ms, lease_ends_ms: now, payload })
             }
-            (v, _) => v,
+            other => other,
         };
+        let v = self.engine.after_claim(&q.prepared, claim, now, None);
         self.record(host, route, &v);
         match v.action {
             Action::Wait { prepared, deadline_ms } => {

@@ -265,7 +265,8 @@ fn lookup_lease(record: &str) -> Option<u64> {
 /// The ticket a lookup of the unknown outcome a claim found is fenced by: the record found (the
 /// claim reply's value), when it is an unknown outcome whose lookup is free at `now`.
 pub fn held_ticket(mine: &Ticket, v: &serde_json::Value, now: u64) -> Option<Ticket> {
-    let record = v.as_str()?;
+    // Every claim reply passes here: a completed record (its answer in base64) is not split.
+    let record = v.as_str().filter(|r| r.starts_with("U|"))?;
     let f: Vec<&str> = record.split('|').collect();
     let first = match f.as_slice() {
         ["U", owner, _, first, _] if owner.len() == 16 => first,
