@@ -266,8 +266,11 @@ def test_stripes_sdk_raises_on_the_gateways_409_and_422_in_its_envelope(gateway,
     assert merchant.calls(key) == 1
     # While the first charge of a key is still at the service: a 409 the SDK raises, marked
     # retryable; with retries on, Stripe's SDK comes back and gets the first charge.
+    # The first charge is held at the service until the test lets it go: a fixed duration raced
+    # the SDK's own start (a Node process, 3 s on a loaded machine), so the "busy" call could
+    # arrive after the first charge had finished.
     slow_key = new_key("stripe-slow")
-    merchant.slow[slow_key] = 2.0
+    release = merchant.holds[slow_key] = threading.Event()
     box = {}
     t = threading.Thread(target=lambda: box.update(first=stripe_charge(gateway, slow_key, 300)))
     t.start()
@@ -276,8 +279,12 @@ def test_stripes_sdk_raises_on_the_gateways_409_and_422_in_its_envelope(gateway,
         busy = stripe_charge(gateway, slow_key, 300)
         assert (busy["ok"], busy["status"], busy["code"]) == (False, 409, "REQUEST_IN_PROGRESS"), busy
         assert busy["shouldRetry"] == "true", busy
+        # The first charge finishes a second into the retrying call: its retries meet the 409
+        # (Retry-After: 1) until the answer is stored, then get it.
+        threading.Timer(1.0, release.set).start()
         retried = stripe_charge(gateway, slow_key, 300, max_retries=5)
     finally:
+        release.set()
         t.join(30)
     assert box["first"]["ok"], box
     assert retried["ok"] and retried["charge"]["id"] == box["first"]["charge"]["id"], retried

@@ -15,7 +15,8 @@ Started in-process by the sender tests (a thread serving 127.0.0.1 on a free por
     POST /events                  a CloudEvent, binary or structured mode (read with the
                                   `cloudevents` SDK)     -> {"accepted":id,"source":…,"n":n}
 
-`slow[business_id] = seconds` makes the business take that long; `fail_first.add(business_id)`
+`slow[business_id] = seconds` makes the business take that long, `holds[business_id] = Event()`
+until the test sets it (at most 30 s); `fail_first.add(business_id)`
 makes its first run answer a failure the provider retries (Alipay: `fail`, WeChat v2: FAIL in
 a 200, others: 500).
 """
@@ -40,6 +41,7 @@ class Merchant:
         self.runs = {}
         self.rejected = 0
         self.slow = {}
+        self.holds = {}
         self.fail_first = set()
         merchant = self
 
@@ -86,6 +88,9 @@ class Merchant:
             n = self.runs.get(business_id, 0) + 1
             self.runs[business_id] = n
         time.sleep(self.slow.get(business_id, 0))
+        hold = self.holds.get(business_id)
+        if hold is not None:
+            hold.wait(30)
         return n, n == 1 and business_id in self.fail_first
 
     def _forged(self, status, ctype, out):
