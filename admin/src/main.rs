@@ -47,8 +47,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The unknown outcomes held now, oldest first (the store key, the owner that fences it,
-    /// when the first attempt was seen, when the hold ends).
+    /// The unknown outcomes held now, oldest first (route, key prefix, when the first attempt
+    /// was seen, when the hold ends, the store key, the owner that fences it).
     List,
     /// It did not run: release the key, so the client's next repeat runs as a first request.
     Release {
@@ -99,6 +99,10 @@ pub struct Row {
     pub held_until: String,
     /// A lookup is asking the service about it right now (shared store).
     pub looking_up: bool,
+    /// The route and the first characters of the client's key, noted when it was held (`None`
+    /// for records written before notes were kept).
+    pub route: Option<String>,
+    pub key_prefix: Option<String>,
 }
 
 /// What a release or resolve did: `result` for scripts, `message` for people.
@@ -127,6 +131,8 @@ impl Store {
                         first_seen_at: rfc3339(e.held.first_seen_ms),
                         held_until: rfc3339(e.held.held_until_ms),
                         looking_up: e.held.lookup_lease_ms.is_some_and(|l| l > now_ms()),
+                        route: e.held.note.as_ref().map(|n| n.route.clone()),
+                        key_prefix: e.held.note.and_then(|n| n.key_prefix),
                     })
                     .collect())
             }
@@ -251,6 +257,8 @@ fn print_list(rows: &[Row], as_json: bool) {
             .map(|r| {
                 json!({
                     "store_key": r.store_key,
+                    "route": r.route,
+                    "key_prefix": r.key_prefix,
                     "owner": r.owner,
                     "first_seen_at": r.first_seen_at,
                     "held_until": r.held_until,
@@ -265,11 +273,27 @@ fn print_list(rows: &[Row], as_json: bool) {
         println!("no unknown outcomes held");
         return;
     }
-    let width = rows.iter().map(|r| r.store_key.len()).max().unwrap_or(9).max(9);
-    println!("{:<width$}  {:<16}  {:<24}  {:<24}", "STORE KEY", "OWNER", "FIRST SEEN", "HELD UNTIL");
+    let width = |header: &str, cell: &dyn Fn(&Row) -> usize| rows.iter().map(cell).max().unwrap_or(0).max(header.len());
+    let route = |r: &Row| r.route.as_deref().unwrap_or("?").to_string();
+    // A key prefix comes from a client: shown escaped, so no control character reaches a terminal.
+    let prefix = |r: &Row| r.key_prefix.as_deref().map_or_else(|| "-".to_string(), |p| p.escape_debug().to_string());
+    let (rw, pw) = (width("ROUTE", &|r| route(r).chars().count()), width("KEY", &|r| prefix(r).chars().count()));
+    let kw = width("STORE KEY", &|r| r.store_key.len());
+    println!(
+        "{:<rw$}  {:<pw$}  {:<24}  {:<24}  {:<kw$}  OWNER",
+        "ROUTE", "KEY", "FIRST SEEN", "HELD UNTIL", "STORE KEY"
+    );
     for r in rows {
         let note = if r.looking_up { "  (a lookup is asking the service)" } else { "" };
-        println!("{:<width$}  {:<16}  {:<24}  {:<24}{note}", r.store_key, r.owner, r.first_seen_at, r.held_until);
+        println!(
+            "{:<rw$}  {:<pw$}  {:<24}  {:<24}  {:<kw$}  {}{note}",
+            route(r),
+            prefix(r),
+            r.first_seen_at,
+            r.held_until,
+            r.store_key,
+            r.owner
+        );
     }
     println!("{} unknown outcome{} held", rows.len(), if rows.len() == 1 { "" } else { "s" });
 }

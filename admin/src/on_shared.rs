@@ -27,6 +27,8 @@ impl Listener {
                 first_seen_at: text(r, "first_seen_at"),
                 held_until: text(r, "held_until"),
                 looking_up: r.get("looking_up").and_then(Value::as_bool).unwrap_or(false),
+                route: r.get("route").and_then(Value::as_str).map(str::to_string),
+                key_prefix: r.get("key_prefix").and_then(Value::as_str).map(str::to_string),
             })
             .collect())
     }

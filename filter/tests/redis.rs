@@ -6,6 +6,7 @@ mod common;
 use common::percent_decode;
 use idem_filter::policy::parse_bundle;
 use idem_filter::response::StoredResponse;
+use idem_filter::store::operator::HeldNote;
 use idem_filter::store::redis::*;
 use idem_filter::store::{Claim, Payload, StoreError, TokenUse};
 
@@ -164,8 +165,9 @@ fn unknown_outcome_records_and_renewals_carry_the_claims_record() {
     let c = cfg();
     let s = RedisStore::new(&c);
     let (_, t) = s.claim(&[4; 32], &[1; 32], 9, 1000, 30_000);
-    let hold = percent_decode(&s.hold_unknown(&t, 3_600_000, 5000, 30_000).body);
-    let unknown = format!("U|0000000000000009|x{}|1000|3605000", "01".repeat(16));
+    let note = HeldNote::new("create-order", Some("a|b"));
+    let hold = percent_decode(&s.hold_unknown(&t, 3_600_000, 5000, 30_000, &note).body);
+    let unknown = format!("U|0000000000000009|x{}|1000|3605000||create-order|a%7Cb", "01".repeat(16));
     assert!(hold.contains(&unknown), "{hold}");
     assert!(hold.contains(&t.record), "fenced by our in-flight record: {hold}");
     let reply = serde_json::json!({ "SET": unknown }).to_string();
@@ -173,6 +175,7 @@ fn unknown_outcome_records_and_renewals_carry_the_claims_record() {
         s.parse_claim(&[1; 32], 200, reply.as_bytes()).unwrap(),
         Claim::Unknown { first_seen_ms: 1000, held_until_ms: 3_605_000, payload: Payload::Same, held: None }
     );
+    assert_eq!(idem_filter::store::operator::held(&unknown).and_then(|h| h.note), Some(note));
     // What the scripts do with another owner's record is tested on a real Redis
     // (tests/redis_owner_checks.rs); here, only what they are given.
     let renew = percent_decode(&s.renew(&t, 30_000).body);

@@ -224,10 +224,10 @@ fn an_unknown_outcome_never_overwrites_another_owners_record() {
     let cfg = store_config();
     let store = RedisStore::new(&cfg);
     let (a, b) = taken_over(&live, &store);
-    let (status, body) = live.send(&store.hold_unknown(&a, 3_600_000, 50_000, 30_000));
+    let (status, body) = live.send(&store.hold_unknown(&a, 3_600_000, 50_000, 30_000, &note()));
     assert_eq!(store.parse_update(status, &body), Ok(false));
     assert_eq!(live.get(&b.key).as_deref(), Some(b.record.as_str()));
-    let (status, body) = live.send(&store.hold_unknown(&b, 3_600_000, 50_000, 30_000));
+    let (status, body) = live.send(&store.hold_unknown(&b, 3_600_000, 50_000, 30_000, &note()));
     assert_eq!(store.parse_update(status, &body), Ok(true));
     assert!(live.get(&b.key).unwrap().starts_with("U|000000000000000b|"));
     assert!(live.pttl(&b.key) > 3_500_000, "held for the hold, not the lease");
@@ -358,7 +358,7 @@ fn a_lookup_is_taken_once_and_only_its_owner_settles_the_key() {
     let cfg = store_config();
     let store = RedisStore::new(&cfg);
     let first = claim(&live, &store, 0xa, 1000);
-    let (status, body) = live.send(&store.hold_unknown(&first, 86_400_000, 2000, 30_000));
+    let (status, body) = live.send(&store.hold_unknown(&first, 86_400_000, 2000, 30_000, &note()));
     assert_eq!(store.parse_update(status, &body), Ok(true));
     let unknown = serde_json::Value::String(live.get(&first.key).unwrap());
     let held = held_ticket(&first, &unknown, 3000).expect("a free unknown outcome");
@@ -385,11 +385,12 @@ fn a_lookup_is_taken_once_and_only_its_owner_settles_the_key() {
     let (status, body) = live.send(&store.lookup_failed(&b));
     assert_eq!(store.parse_update(status, &body), Ok(false));
     assert_eq!(live.get(&first.key).as_deref(), Some(d.record.as_str()));
-    // D's lookup found nothing: the unknown outcome comes back without a lease.
     let (status, body) = live.send(&store.lookup_failed(&d));
     assert_eq!(store.parse_update(status, &body), Ok(true));
+    // D's lookup found nothing: the unknown outcome comes back without a lease, its note kept.
     let back = live.get(&first.key).unwrap();
-    assert!(back.starts_with("U|") && back.split('|').count() == 5, "{back}");
+    let given_back = idem_filter::store::operator::held(&back).unwrap();
+    assert_eq!((given_back.lookup_lease_ms, given_back.note), (None, Some(note())), "{back}");
     // E asks next; the service says it did not run: the key becomes E's claim.
     let e_held = held_ticket(&first, &serde_json::Value::String(back), 9500).unwrap();
     let (take_e, e) = store.take_lookup(&e_held, 0xe, 12_000);
@@ -400,4 +401,9 @@ fn a_lookup_is_taken_once_and_only_its_owner_settles_the_key() {
     assert_eq!(store.parse_update(status, &body), Ok(true));
     assert_eq!(live.get(&first.key).as_deref(), Some(claim.record.as_str()));
     assert!(claim.record.starts_with("I|000000000000000f|"), "{}", claim.record);
+}
+
+/// The note an operator lists a held key by; a key prefix holding the record's separator.
+fn note() -> idem_filter::store::operator::HeldNote {
+    idem_filter::store::operator::HeldNote::new("create-order", Some("o|1"))
 }

@@ -588,3 +588,33 @@ fn an_admin_instance_before_any_gateway_finds_no_store() {
         SharedStore::new(&SharedConfig { buckets: 4, entries_per_bucket: 4, max_response_bytes: 64, namespace: None });
     assert!(s.attach(&host).unwrap().is_none());
 }
+
+/// The operator's list says which route and key each unknown outcome is: the note written when
+/// it was held, read only while the entry it names is still at its position (a later hold at the
+/// same position does not inherit it), and read back exactly whatever the key holds.
+#[test]
+fn a_held_unknown_outcome_is_listed_with_its_route_and_key_prefix() {
+    use idem_filter::store::operator::HeldNote;
+    // One bucket of one entry: every claim takes the same position.
+    let (host, gateway) = store(1, 1);
+    let first = claimed(gateway.claim(&host, &id("first"), &FP, 1_000).unwrap());
+    assert!(gateway.hold_unknown(&host, &first, 60_000).unwrap());
+    let note = HeldNote::new("create-order", Some("|%7C\r\n\"zz\" and more"));
+    gateway.note_held(&host, &first, &note).unwrap();
+    let held = gateway.held(&host).unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        held[0].note.as_ref().map(|n| (n.route.as_str(), n.key_prefix.as_deref())),
+        Some(("create-order", Some("|%7C\r\n\"z…")))
+    );
+
+    // Released; a new unknown outcome takes the position without a note of its own.
+    let (b, i) = idem_filter::store::shared::held::parse_store_key(&first.store_key()).unwrap();
+    assert_eq!(gateway.operator_release(&host, b, &i, None).unwrap(), idem_filter::store::operator::Change::Done);
+    let second = claimed(gateway.claim(&host, &id("second"), &FP, 1_000).unwrap());
+    assert!(gateway.hold_unknown(&host, &second, 60_000).unwrap());
+    let held = gateway.held(&host).unwrap();
+    assert_eq!((held.len(), held[0].store_key(), held[0].note.clone()), (1, second.store_key(), None));
+    gateway.note_held(&host, &second, &HeldNote::new("pay-callback", None)).unwrap();
+    assert_eq!(gateway.held(&host).unwrap()[0].note, Some(HeldNote { route: "pay-callback".into(), key_prefix: None }));
+}

@@ -114,7 +114,8 @@ def record(redis_stack, store_key):
 
 def test_a_released_key_lets_the_next_repeat_run(fleet, upstream, redis_stack):
     a, b = fleet
-    key = new_key("adm-rel")
+    # A key whose prefix holds the record's separator and a percent-escape: listed as it was sent.
+    key = new_key("a|%7C")
     # The upstream drops the connection before doing anything: the outcome is unknown to idem.
     first = order(a, key, headers={"x-demo-reset-before": "1"})
     assert first.status >= 500, describe(first)
@@ -122,8 +123,11 @@ def test_a_released_key_lets_the_next_repeat_run(fleet, upstream, redis_stack):
     assert_outcome_unknown(order(b, key))
     entry = listed(redis_stack)[store_key]
     assert entry["first_seen_at"] < entry["held_until"], entry
+    assert (entry["route"], entry["key_prefix"]) == ("a-order", key[:8] + "…"), entry
     table = admin(redis_stack, "list")
     assert table.returncode == 0 and store_key in table.stdout and entry["owner"] in table.stdout, table
+    row = next(line for line in table.stdout.splitlines() if store_key in line)
+    assert row.split()[:2] == ["a-order", key[:8] + "…"], table.stdout
 
     done = admin(redis_stack, "release", store_key, "--owner", entry["owner"])
     assert (done.returncode, done.stdout.strip()) == (0, "released %s" % store_key), done
@@ -220,7 +224,7 @@ def test_a_wrong_password_is_a_clear_error_that_hides_the_password(fleet, redis_
 # ---------------------------------------------------------------------------- the shared store
 
 def test_shared_a_released_key_lets_the_next_repeat_run(gw, upstream):
-    key = new_key("sadm-rel")
+    key = new_key("s|%7C")
     first = order(gw, key, headers={"x-demo-reset-before": "1"})
     assert first.status >= 500, describe(first)
     store_key = store_key_of(gw, key, store="shared")
@@ -228,8 +232,11 @@ def test_shared_a_released_key_lets_the_next_repeat_run(gw, upstream):
     assert_outcome_unknown(order(gw, key))
     entry = listed(gw, run=shared_admin)[store_key]
     assert entry["first_seen_at"] < entry["held_until"] and entry["looking_up"] is False, entry
+    assert (entry["route"], entry["key_prefix"]) == ("a-order", key[:8] + "…"), entry
     table = shared_admin(gw, "list")
     assert table.returncode == 0 and store_key in table.stdout and entry["owner"] in table.stdout, table
+    row = next(line for line in table.stdout.splitlines() if store_key in line)
+    assert row.split()[:2] == ["a-order", key[:8] + "…"], table.stdout
 
     done = shared_admin(gw, "release", store_key, "--owner", entry["owner"])
     assert (done.returncode, done.stdout.strip()) == (0, "released %s" % store_key), done

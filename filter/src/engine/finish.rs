@@ -6,6 +6,7 @@ use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
 use crate::policy::KeyPolicy;
 use crate::response::{self, StoredResponse};
+use crate::store::operator::HeldNote;
 use crate::store::{shared, Answer, Claim, Completion, StoreError};
 
 impl Engine {
@@ -139,6 +140,12 @@ impl Engine {
             }
             Finish::HoldUnknown { hold_ms, cause } => held(self.shared.hold_unknown(host, t, hold_ms), cause),
         }
+    }
+
+    /// Notes the route and key of an unknown outcome just held on the shared store, for the
+    /// operator's list.
+    pub fn note_held(&self, host: &dyn Host, t: &shared::Ticket, note: &HeldNote) -> Result<(), StoreError> {
+        self.shared.note_held(host, t, note)
     }
 
     /// Extends the lease of a claim on the shared store whose request still waits for the

@@ -4,7 +4,7 @@
 //!
 //! | call | answer |
 //! |---|---|
-//! | `GET /unknown` | 200, a JSON array: `store_key`, `owner`, `first_seen_at`, `held_until`, `looking_up` |
+//! | `GET /unknown` | 200, a JSON array: `store_key`, `route`, `key_prefix`, `owner`, `first_seen_at`, `held_until`, `looking_up` |
 //! | `POST /unknown/<store_key>/release[?owner=<hex>]` | 200 `released`; 404 `absent`; 409 `unchanged` |
 //! | `POST /unknown/<store_key>/resolve[?owner=<hex>]` with `{"status":201,"headers":[["n","v"]],"body":"…"}` | 200 `resolved`; 404; 409 |
 //!
@@ -72,6 +72,8 @@ fn decide(host: &dyn Host, cfg: &AdminConfig, shared: &SharedConfig, head: &Head
                             "first_seen_at": rfc3339(e.first_seen_ms),
                             "held_until": rfc3339(e.held_until_ms),
                             "looking_up": e.looking_up,
+                            "route": e.note.as_ref().map(|n| n.route.as_str()),
+                            "key_prefix": e.note.as_ref().and_then(|n| n.key_prefix.as_deref()),
                         })
                     })
                     .collect();

@@ -7,6 +7,7 @@ use super::worker::{RootCall, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
 use crate::response::{LocalReply, StoredResponse};
+use crate::store::operator::HeldNote;
 use crate::store::redis::{self, Released};
 use crate::store::{shared, Answer, Completion, StoreError};
 use std::cell::RefCell;
@@ -111,12 +112,22 @@ impl Worker {
         after: After,
     ) -> Option<After> {
         let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
+        let mut note = None;
         if let (Ticket::Claim(_), Some(cause)) = (ticket, self.engine.unknown_cause(route, &ending)) {
             self.report_unknown(host, route, st, key.as_deref(), &cause);
+            note = Some(HeldNote::new(self.route_name(route), key.as_deref()));
         }
         let rt = match st {
-            StoreTicket::Shared(_) => {
+            StoreTicket::Shared(t) => {
                 let (outcome, cause) = self.engine.finish_shared(host, route, ticket, ending);
+                if let (Some(Outcome::Held), Some(note)) = (outcome, &note) {
+                    if let Err(e) = self.engine.note_held(host, t, note) {
+                        host.log(
+                            crate::host::Level::Warn,
+                            &format!("idem: the unknown outcome's note for the operator: {e}"),
+                        );
+                    }
+                }
                 self.record_finish(host, route, outcome, key.as_deref(), &cause);
                 return Some(after);
             }
@@ -145,7 +156,8 @@ impl Worker {
                 (cmd, FinishKind::Complete { tombstone }, cause, ttl_ms)
             }
             Finish::HoldUnknown { hold_ms, cause } => {
-                (store.hold_unknown(rt, hold_ms, now, lease), FinishKind::HoldUnknown, cause, hold_ms)
+                let note = note.unwrap_or_else(|| HeldNote::new(self.route_name(route), key.as_deref()));
+                (store.hold_unknown(rt, hold_ms, now, lease, &note), FinishKind::HoldUnknown, cause, hold_ms)
             }
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));

@@ -9,6 +9,7 @@
 //! another request has claimed since (its hold ran out, a new request took it) is never touched.
 
 use super::redis::{RELEASE, RESTORE_TOKEN};
+use crate::policy::{percent_decode, percent_encode_into};
 use crate::response::StoredResponse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -31,6 +32,43 @@ pub struct Held {
     /// When a lookup (`[route.reconcile]`) that asks the service about it gives up, if one was
     /// taken; while it runs, an operator leaves the key alone.
     pub lookup_lease_ms: Option<u64>,
+    /// Which route's request it was and the start of its key, when the record says (records
+    /// written before notes were kept do not).
+    pub note: Option<HeldNote>,
+}
+
+/// What a held unknown outcome carries for the operator: the route and the first characters of
+/// the client's key ([`crate::key::truncated`], as in the `unknown_outcome` log line), so the
+/// list says which business call to check. Both stored percent-encoded, so neither can forge a
+/// field of the record around them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldNote {
+    pub route: String,
+    pub key_prefix: Option<String>,
+}
+
+impl HeldNote {
+    pub fn new(route: &str, key: Option<&str>) -> HeldNote {
+        HeldNote { route: route.to_string(), key_prefix: key.map(crate::key::truncated) }
+    }
+
+    /// `<route>|<key prefix>` (the prefix empty when the key has none), each percent-encoded.
+    pub fn encode_into(&self, out: &mut String) {
+        percent_encode_into(out, &self.route);
+        out.push('|');
+        if let Some(prefix) = &self.key_prefix {
+            percent_encode_into(out, prefix);
+        }
+    }
+
+    /// Reads the two fields [`HeldNote::encode_into`] wrote; `None` unless there are exactly two.
+    pub fn decode(fields: &[&str]) -> Option<HeldNote> {
+        let [route, prefix] = fields else {
+            return None;
+        };
+        let text = |f: &str| String::from_utf8(percent_decode(f.as_bytes())).ok();
+        Some(HeldNote { route: text(route)?, key_prefix: if prefix.is_empty() { None } else { Some(text(prefix)?) } })
+    }
 }
 
 /// What an operator's release or resolve did.
@@ -102,14 +140,17 @@ impl RecordKind {
     }
 }
 
-/// A claim key's unknown-outcome record (`U|owner|fingerprint|first seen|held until`, and the
-/// end of a lookup's lease when one was taken); `None` for any other record (a token's
-/// `U|owner|used at` has three fields and is not a claim either).
+/// A claim key's unknown-outcome record (`U|owner|fingerprint|first seen|held until`, then
+/// the end of a lookup's lease — empty when none was taken — and the [`HeldNote`]); `None` for
+/// any other record (a token's `U|owner|used at` has three fields and is not a claim either).
 pub fn held(record: &str) -> Option<Held> {
     let f: Vec<&str> = record.split('|').collect();
-    let (kind, owner, first, until, lease) = match f.as_slice() {
-        [kind, owner, _fp, first, until] => (kind, owner, first, until, None),
-        [kind, owner, _fp, first, until, lease] => (kind, owner, first, until, Some(lease.parse().ok()?)),
+    let (kind, owner, first, until, lease, note) = match f.as_slice() {
+        [kind, owner, _fp, first, until] => (kind, owner, first, until, None, None),
+        [kind, owner, _fp, first, until, lease, note @ ..] => {
+            let lease = if lease.is_empty() { None } else { Some(lease.parse().ok()?) };
+            (kind, owner, first, until, lease, HeldNote::decode(note))
+        }
         _ => return None,
     };
     if *kind != "U" || owner.len() != 16 || !owner.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -120,6 +161,7 @@ pub fn held(record: &str) -> Option<Held> {
         first_seen_ms: first.parse().ok()?,
         held_until_ms: until.parse().ok()?,
         lookup_lease_ms: lease,
+        note,
     })
 }
 
@@ -164,11 +206,18 @@ mod tests {
                 owner: "00000000000000ab".into(),
                 first_seen_ms: 1_700_000_000_000,
                 held_until_ms: 1_700_086_400_000,
-                lookup_lease_ms: None
+                lookup_lease_ms: None,
+                note: None,
             }
         );
         let looking = super::held(&format!("{}|1700000002000", unknown(&fp))).unwrap();
         assert_eq!(looking.lookup_lease_ms, Some(1_700_000_002_000));
+        let note = HeldNote::new("create-order", Some("a|b%7C|c…d"));
+        let mut noted = format!("{}||", unknown(&fp));
+        note.encode_into(&mut noted);
+        assert_eq!(noted.matches('|').count(), 7, "{noted}");
+        let read = super::held(&noted).unwrap();
+        assert_eq!((read.lookup_lease_ms, read.note), (None, Some(note)));
         for other in
             ["I|00000000000000ab|x00|1|2", "U|00000000000000ab|1700000000000", "U|zz|x|1|2", "C|a|b|1|200|AA==", ""]
         {

@@ -24,6 +24,7 @@
 //! because Webdis' JSON replies are not binary-safe. Webdis answers HTTP 200 even for Redis
 //! errors (`[false, "ERR …"]`): those are store errors too.
 
+use super::operator::HeldNote;
 use super::{Claim, Payload, StoreError, TokenUse};
 use crate::policy::{percent_encode_into, RedisConfig};
 use crate::response::StoredResponse;
@@ -252,14 +253,32 @@ pub fn read_claim_at(fp: &[u8; 32], v: serde_json::Value, now: u64) -> Result<Cl
     }
 }
 
-/// The lookup lease of an unknown outcome's record (`U|owner|fp|first|until|lease end`): a sixth
-/// field, which readers of earlier versions ignore (they read the record as the unknown outcome).
+/// The lookup lease of an unknown outcome's record (`U|owner|fp|first|until|lease end|note`):
+/// a sixth field, empty when no lookup is out. Readers of earlier versions read the record as
+/// the unknown outcome (they take field 4 as its end) and never take a lookup of one with a note.
 fn lookup_lease(record: &str) -> Option<u64> {
     let f: Vec<&str> = record.split('|').collect();
     match f.as_slice() {
-        ["U", _, _, _, _, lease] => lease.parse().ok(),
+        ["U", _, _, _, _, lease, ..] => lease.parse().ok(),
         _ => None,
     }
+}
+
+/// An unknown outcome's record with its lookup lease set to `lease` (`None`: no lookup out),
+/// under `owner`; the note after the lease is kept.
+fn with_lease(record: &str, owner: &str, lease: Option<u64>) -> String {
+    let f: Vec<&str> = record.split('|').collect();
+    let mut out = format!("U|{owner}|{}|{}|{}|", field(&f, 2), field(&f, 3), field(&f, 4));
+    if let Some(lease) = lease {
+        out.push_str(&lease.to_string());
+    }
+    if let Some(note) = f.get(6..).filter(|n| !n.is_empty()) {
+        out.push('|');
+        out.push_str(&note.join("|"));
+    } else if lease.is_none() {
+        out.pop();
+    }
+    out
 }
 
 /// The ticket a lookup of the unknown outcome a claim found is fenced by: the record found (the
@@ -268,9 +287,10 @@ pub fn held_ticket(mine: &Ticket, v: &serde_json::Value, now: u64) -> Option<Tic
     // Every claim reply passes here: a completed record (its answer in base64) is not split.
     let record = v.as_str().filter(|r| r.starts_with("U|"))?;
     let f: Vec<&str> = record.split('|').collect();
+    let free = |lease: &str| lease.is_empty() || lease.parse::<u64>().is_ok_and(|l| l <= now);
     let first = match f.as_slice() {
         ["U", owner, _, first, _] if owner.len() == 16 => first,
-        ["U", owner, _, first, _, lease] if owner.len() == 16 && lease.parse::<u64>().is_ok_and(|l| l <= now) => first,
+        ["U", owner, _, first, _, lease, ..] if owner.len() == 16 && free(lease) => first,
         _ => return None,
     };
     Some(Ticket { key: mine.key.clone(), record: record.to_string(), first_seen_ms: first.parse().unwrap_or(0) })
@@ -301,10 +321,12 @@ impl RedisStore<'_> {
         (Command::fenced("C", COMPLETE, &t.key, args), tombstone)
     }
 
-    /// Marks a claim whose outcome is unknown, held for `hold_ms` (same fencing as completion).
-    pub fn hold_unknown(&self, t: &Ticket, hold_ms: u64, now: u64, lease_ms: u64) -> Command {
+    /// Marks a claim whose outcome is unknown, held for `hold_ms` (same fencing as completion),
+    /// with the `note` an operator lists it by; no lookup out yet (the lease field empty).
+    pub fn hold_unknown(&self, t: &Ticket, hold_ms: u64, now: u64, lease_ms: u64, note: &HeldNote) -> Command {
         let (owner, fp, first) = claim_parts(&t.record);
-        let record = format!("U|{owner}|{fp}|{first}|{}", now.saturating_add(hold_ms));
+        let mut record = format!("U|{owner}|{fp}|{first}|{}||", now.saturating_add(hold_ms));
+        note.encode_into(&mut record);
         let args = vec![t.record.clone(), record, hold_ms.max(1).to_string(), lease_ms.max(1).to_string()];
         Command::fenced("C", COMPLETE, &t.key, args)
     }
@@ -314,9 +336,7 @@ impl RedisStore<'_> {
     /// record found, so of the repeats that meet it one takes it. The returned ticket fences
     /// what the lookup's answer writes.
     pub fn take_lookup(&self, held: &Ticket, owner: u64, lease_ends_ms: u64) -> (Command, Ticket) {
-        let f: Vec<&str> = held.record.split('|').collect();
-        let (fp, first, until) = (field(&f, 2), field(&f, 3), field(&f, 4));
-        let record = format!("U|{owner:016x}|{fp}|{first}|{until}|{lease_ends_ms}");
+        let record = with_lease(&held.record, &format!("{owner:016x}"), Some(lease_ends_ms));
         let body = command(&["EVAL", RESTORE_TOKEN, "1", &held.key, &held.record, &record]);
         (Command::plain("EVAL", body), Ticket { record, ..held.clone() })
     }
@@ -335,8 +355,7 @@ impl RedisStore<'_> {
     /// The lookup settled nothing (or its request left): the unknown outcome again, without the
     /// lease, so the next repeat may ask. Fenced on the lookup's record.
     pub fn lookup_failed(&self, t: &Ticket) -> Command {
-        let f: Vec<&str> = t.record.split('|').collect();
-        let record = f.get(..5).map(|f| f.join("|")).unwrap_or_default();
+        let record = with_lease(&t.record, field(&t.record.split('|').collect::<Vec<_>>(), 1), None);
         Command::fenced("T", RESTORE_TOKEN, &t.key, vec![t.record.clone(), record])
     }
 

@@ -7,7 +7,7 @@
 use super::{lookup_out, Edit, Entry, SharedStore, State, ENTRY_LEN};
 use crate::host::Host;
 use crate::response::StoredResponse;
-use crate::store::operator::{Change, RecordKind};
+use crate::store::operator::{Change, HeldNote, RecordKind};
 use crate::store::StoreError;
 
 /// One unknown outcome, as `GET /unknown` lists it.
@@ -20,6 +20,8 @@ pub struct HeldEntry {
     pub held_until_ms: u64,
     /// A lookup (`[route.reconcile]`) is asking the service about it right now.
     pub looking_up: bool,
+    /// The route and key prefix noted when it was held ([`SharedStore::note_held`]).
+    pub note: Option<HeldNote>,
 }
 
 impl HeldEntry {
@@ -76,20 +78,55 @@ impl SharedStore {
         Ok(Some(SharedStore { buckets, entries, prefix: self.prefix.clone(), secret: [0; 16] }))
     }
 
+    /// Notes which route and key the unknown outcome `t` held is (the operator's list shows
+    /// them). One key per entry position, so notes never outgrow the store (shared-data keys
+    /// cannot be deleted); a note names the entry's id and is read only while that entry is
+    /// there. Written without CAS: the last hold at a position is the one its entry holds.
+    pub fn note_held(&self, host: &dyn Host, t: &super::Ticket, note: &HeldNote) -> Result<(), StoreError> {
+        let mut value = store_key(t.bucket, &t.id);
+        value.push('|');
+        note.encode_into(&mut value);
+        host.shared_set(&self.note_key(t.bucket, t.index), value.as_bytes(), None)?;
+        Ok(())
+    }
+
+    fn note_key(&self, b: u32, i: u32) -> String {
+        format!("{}:n:{b}:{i}", self.prefix)
+    }
+
+    /// The note of entry `id` at position `i` of bucket `b`, if the one there is its own.
+    fn read_note(&self, host: &dyn Host, b: u32, i: u32, id: &[u8; 16]) -> Result<Option<HeldNote>, StoreError> {
+        let Some((value, _)) = host.shared_get(&self.note_key(b, i))? else {
+            return Ok(None);
+        };
+        let value = String::from_utf8_lossy(&value);
+        let fields: Vec<&str> = value.split('|').collect();
+        match fields.split_first() {
+            Some((key, note)) if *key == store_key(b, id) => Ok(HeldNote::decode(note)),
+            _ => Ok(None),
+        }
+    }
+
     /// Every unknown outcome held now, oldest first.
     pub fn held(&self, host: &dyn Host) -> Result<Vec<HeldEntry>, StoreError> {
         let now = host.now_ms();
         let mut out = Vec::new();
         for b in 0..self.buckets {
             let (entries, _) = self.read(host, b)?;
-            out.extend(entries.iter().filter(|e| e.state == State::Unknown && e.live(now)).map(|e| HeldEntry {
-                bucket: b,
-                id: e.id,
-                owner: e.owner,
-                first_seen_ms: e.first_seen_ms,
-                held_until_ms: e.until_ms,
-                looking_up: lookup_out(e.status, now),
-            }));
+            for (i, e) in entries.iter().enumerate() {
+                if e.state != State::Unknown || !e.live(now) {
+                    continue;
+                }
+                out.push(HeldEntry {
+                    bucket: b,
+                    id: e.id,
+                    owner: e.owner,
+                    first_seen_ms: e.first_seen_ms,
+                    held_until_ms: e.until_ms,
+                    looking_up: lookup_out(e.status, now),
+                    note: self.read_note(host, b, i as u32, &e.id)?,
+                });
+            }
         }
         out.sort_by_key(|e| (e.first_seen_ms, e.bucket, e.id));
         Ok(out)
