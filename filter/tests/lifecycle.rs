@@ -158,7 +158,7 @@ fn redis_claim_forward_and_the_response_held_until_written() {
     let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
     assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the answer goes out only now");
     assert_eq!(count(&host, "r", "stored"), 1);
-    // Both Webdis calls (claim, completion) are timed in idem_store_call_ms{route}.
+    // Both Webdis calls (claim, completion) are timed in idem_store_call_time{route}.
     assert_eq!(host.histogram(&store_call_histogram_name("r")).len(), 2);
     s.on_log(&host);
 }
@@ -608,7 +608,7 @@ fn a_held_duplicate_is_answered_from_the_root_once_the_first_completes() {
     let r = replies(&acts, 11);
     assert_eq!(r.len(), 1, "{acts:?}");
     assert_eq!((r[0].0, r[0].1["order"].as_i64()), (201, Some(1)), "the first answer, replayed");
-    assert_eq!(host.histogram(&wait_histogram_name("s")).len(), 1, "the wait is timed in idem_wait_ms");
+    assert_eq!(host.histogram(&wait_histogram_name("s")).len(), 1, "the wait is timed in idem_wait_time");
     assert_eq!(host.current(), ROOT, "the root switches back to itself after acting on a stream");
     second.on_log(&host);
     first.on_log(&host);

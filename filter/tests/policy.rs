@@ -473,3 +473,27 @@ fn an_admin_bundle_needs_a_long_secret_and_nothing_else() {
     let e = err(&format!("role = \"admin\"\n\n[admin]\nsecret = \"{secret}\"\ntoken = 1\n"));
     assert!(e.message.contains("unknown field `token`"), "{e}");
 }
+
+/// A bundle with several mistakes gets them all at once, in the order of the source: the
+/// top-level `[tokens]` secret after the routes comes last; a good route between two bad ones
+/// is not reported; each bad route once.
+#[test]
+fn every_error_of_a_bundle_is_reported_in_source_order() {
+    let src = "[[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/a\" }\nupstream_timeout = \"0s\"\n\n\
+               [[route]]\nname = \"fine\"\nmatch = { method = \"POST\", path = \"/fine\" }\n\n\
+               [[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/other\" }\n\n\
+               [tokens]\nsecret = \"short\"\n";
+    let errors = parse_bundle_all(src, "p.toml").unwrap_err();
+    let said: Vec<(Option<usize>, &str)> = errors.iter().map(|e| (e.line, e.message.as_str())).collect();
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert_eq!(said[0].0, Some(1));
+    assert!(said[0].1.contains("upstream_timeout must be positive"), "{said:?}");
+    // The duplicate name is checked against the first "a", which failed its own check: still a
+    // duplicate (names are compared with every route before it, reported or not).
+    assert_eq!(said[1].0, Some(10));
+    assert!(said[1].1.contains("duplicate route name"), "{said:?}");
+    assert_eq!(said[2].0, Some(15));
+    assert!(said[2].1.contains("[tokens] `secret` has 5 characters"), "{said:?}");
+    // parse_bundle gives the first.
+    assert_eq!(parse_bundle(src, "p.toml").unwrap_err(), errors[0]);
+}

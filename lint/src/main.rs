@@ -15,7 +15,7 @@ use idem_lint::loader::Workspace;
 use idem_lint::policy::{envoy_filter, PolicySet};
 use idem_lint::report::{render, Format, Run};
 use idem_lint::rules::{find, RULES};
-use idem_lint::source::FatalError;
+use idem_lint::source::{FatalError, FatalErrors};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum FailOnArg {
@@ -211,8 +211,10 @@ fn main() -> ExitCode {
     };
     match run(cli) {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("idem-lint: error: {e}");
+        Err(FatalErrors(errors)) => {
+            for e in errors {
+                eprintln!("idem-lint: error: {e}");
+            }
             ExitCode::from(2)
         }
     }
@@ -225,7 +227,7 @@ fn print(s: &str) {
     let _ = out.flush();
 }
 
-fn run(cli: Cli) -> Result<u8, FatalError> {
+fn run(cli: Cli) -> Result<u8, FatalErrors> {
     if let Some(Command::Policies(p)) = &cli.command {
         let config = match &p.config {
             Some(path) => load_config(path)?,
@@ -244,7 +246,8 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
             return Err(FatalError::whole_file(
                 "--webdis",
                 "a route keeps its keys in Redis: give Webdis as --webdis HOST:PORT",
-            ));
+            )
+            .into());
         }
         let b = idem_lint::policy::Bootstrap {
             bundle: &bundle,
@@ -298,7 +301,7 @@ fn run(cli: Cli) -> Result<u8, FatalError> {
     };
     if let Some(code) = explain {
         let Some(rule) = find(code) else {
-            return Err(FatalError::whole_file(code, "unknown rule code (see `idem-lint rules`)"));
+            return Err(FatalError::whole_file(code, "unknown rule code (see `idem-lint rules`)").into());
         };
         print(&rule.doc());
         return Ok(0);
@@ -387,7 +390,7 @@ fn fix_specs(specs: &[String], config: &Config, diff: bool) -> Result<bool, Fata
     Ok(changed)
 }
 
-fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalError> {
+fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalErrors> {
     let specs = idem_lint::loader::expand_specs(&p.specs)?;
     let workspaces = specs.iter().map(|s| Workspace::load(s)).collect::<Result<Vec<_>, _>>()?;
     let (generated, skipped) = generate(&workspaces, config);

@@ -168,6 +168,29 @@ impl FatalError {
     }
 }
 
+/// Every fatal error a step found (a policy set reports every file's errors in one run), each
+/// printed on its own line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FatalErrors(pub Vec<FatalError>);
+
+impl From<FatalError> for FatalErrors {
+    fn from(e: FatalError) -> FatalErrors {
+        FatalErrors(vec![e])
+    }
+}
+
+impl fmt::Display for FatalErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
 fn one_line(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for (i, l) in s.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {

@@ -129,11 +129,15 @@ fn policy_rules_are_listed_and_explained() {
 
 #[test]
 fn the_example_spec_and_the_project_policies_agree() {
-    let o = run_in(&repo(), &["--color", "never", "examples/openapi.yaml", "--policies", "policies/"]);
+    let mut args = vec!["--color".to_string(), "never".into(), "examples/openapi.yaml".into(), "--policies".into()];
+    args.extend(policy_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = run_in(&repo(), &args);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(stdout(&o).trim(), "idem-lint: no findings in 1 spec");
     // One policy per row of the scenario table in lint/POLICIES.md, each on an operation of the spec.
-    let set = idem_lint::policy::PolicySet::load(&[repo().join("policies").to_string_lossy().into_owned()]).unwrap();
+    let files: Vec<String> = policy_files().iter().map(|f| f.to_string_lossy().into_owned()).collect();
+    let set = idem_lint::policy::PolicySet::load(&files).unwrap();
     let names: Vec<&str> = set.routes().map(|r| r.route.name.as_str()).collect();
     for n in [
         "submit-form",
@@ -154,11 +158,8 @@ fn a_drifted_policy_is_caught_with_both_places() {
     let dir = std::env::temp_dir().join(format!("idem-drift-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(repo().join("policies")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "toml") {
-            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-        }
+    for p in policy_files() {
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
     let cb = dir.join("pay-callback.toml");
     let text = std::fs::read_to_string(&cb).unwrap();
@@ -303,14 +304,41 @@ fn expected_bundle(files: &[PathBuf]) -> Bundle {
     out
 }
 
+/// The policy files the project ships: those git tracks (a user's own policy saved in policies/
+/// while trying idem is not one of them); every policies/*.toml without git.
 fn policy_files() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(repo().join("policies"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
+    let tracked = Command::new("git")
+        .args(["ls-files", "policies/*.toml"])
+        .current_dir(repo())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(|l| repo().join(l)).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let mut v: Vec<PathBuf> = if tracked.is_empty() {
+        std::fs::read_dir(repo().join("policies"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect()
+    } else {
+        tracked
+    };
     v.sort();
     v
+}
+
+/// [`policy_files`] as arguments, relative to the repository.
+fn policy_args() -> Vec<String> {
+    repo_relative(&policy_files())
+}
+
+/// `idem-lint bundle <the shipped policies> <extra>` in the repository.
+fn bundle_shipped(extra: &[&str]) -> Output {
+    let mut args = vec!["bundle".to_string()];
+    args.extend(policy_args());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    run_in(&repo(), &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 #[test]
@@ -318,9 +346,9 @@ fn bundle_toml_and_json_parse_back_to_the_same_bundle() {
     let files = policy_files();
     assert!(files.len() >= 7, "{files:?}");
     let want = expected_bundle(&files);
-    let toml_out = run_in(&repo(), &["bundle", "policies/"]);
+    let toml_out = bundle_shipped(&[]);
     assert_eq!(toml_out.status.code(), Some(0), "{}", stderr(&toml_out));
-    let json_out = run_in(&repo(), &["bundle", "policies/", "--format", "json"]);
+    let json_out = bundle_shipped(&["--format", "json"]);
     assert_eq!(json_out.status.code(), Some(0), "{}", stderr(&json_out));
     let t = stdout(&toml_out);
     let j = stdout(&json_out);
@@ -369,7 +397,7 @@ fn bundle_toml_and_json_parse_back_to_the_same_bundle() {
 
 #[test]
 fn envoy_filter_entry_is_the_documented_shape_and_carries_the_bundle() {
-    let o = run_in(&repo(), &["bundle", "policies/", "--envoy-filter", "--wasm", "/opt/idem/idem_filter.wasm"]);
+    let o = bundle_shipped(&["--envoy-filter", "--wasm", "/opt/idem/idem_filter.wasm"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let y = stdout(&o);
     // Parsed with the linter's own YAML reader (a YAML 1.2 parser with positions).
@@ -403,7 +431,7 @@ fn envoy_filter_entry_is_the_documented_shape_and_carries_the_bundle() {
         "{header}"
     );
     assert!(!header.contains("create-order"), "{header}");
-    let o = run_in(&repo(), &["bundle", "policies/", "--envoy-filter", "--format", "json"]);
+    let o = bundle_shipped(&["--envoy-filter", "--format", "json"]);
     let root = idem_lint::loader::parse_text("filter.yaml", &stdout(&o)).unwrap();
     let v = root.as_seq().unwrap()[0].get("typed_config").unwrap().get("config").unwrap();
     let value = v.get("configuration").unwrap().get("value").unwrap().as_str().unwrap();
@@ -539,4 +567,34 @@ fn bundle_wide_tables_are_stated_once_for_every_file() {
     let o = run_in(&repo(), &["bundle", dir.join("lonely.toml").to_str().unwrap()]);
     assert!(stderr(&o).contains("needs a top-level [redis] table"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every policy error of a run is reported, each on its own line with its file and line: two
+/// routes wrong in one file, and a typo in another file, in one run (the parser used to stop at
+/// the first).
+#[test]
+fn every_policy_error_of_a_run_is_reported() {
+    let dir = std::env::temp_dir().join(format!("idem-all-errors-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let two_wrong =
+        "[[route]]\nname = \"a\"\nmatch = { method = \"POST\", path = \"/a\" }\nupstream_timeout = \"0s\"\n\n\
+                     [[route]]\nname = \"fine\"\nmatch = { method = \"POST\", path = \"/fine\" }\n\n\
+                     [[route]]\nname = \"b\"\nmatch = { method = \"POST\", path = \"/b\" }\nmode = \"token\"\n\n\
+                     [route.key]\nttl = \"1h\"\n";
+    std::fs::write(dir.join("a-two-wrong.toml"), two_wrong).unwrap();
+    let typo = std::fs::read_to_string(repo().join("policies/order-pay.toml")).unwrap().replace("lock_ttl", "lock_tll");
+    std::fs::write(dir.join("b-typo.toml"), &typo).unwrap();
+    let o = run_in(&repo(), &["bundle", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    let a = dir.join("a-two-wrong.toml");
+    assert!(lines[0].starts_with(&format!("idem-lint: error: {}:1:", a.display())), "{err}");
+    assert!(lines[0].contains("route \"a\": upstream_timeout must be positive"), "{err}");
+    assert!(lines[1].starts_with(&format!("idem-lint: error: {}:10:", a.display())), "{err}");
+    assert!(lines[1].contains("route \"b\": mode = \"token\" takes [route.token]"), "{err}");
+    assert!(lines[2].contains("b-typo.toml") && lines[2].contains("unknown field `lock_tll`"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

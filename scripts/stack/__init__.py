@@ -20,7 +20,7 @@ scripts/ on sys.path) and `stack.X` are all a caller needs:
     examples      examples/*.yaml with their ports rewritten
 """
 
-from .common import BUILD_HINT, ENVOY, REPO, SETUP_HINT, WASM, StackError
+from .common import BUILD_HINT, ENVOY, REPO, SETUP_HINT, WASM, StackError, shipped_policies
 from .envoy import Envoy, require_envoy, require_wasm, start_fast_upstream, start_fleet, start_idem_envoy
 from .envoy_config import (DEFAULT_ROUTES, ECHO, ECHO_PATH, ENABLE_IDEM, INTERNAL_LISTENER_EXTENSION, REENTRY,
                            cluster, direct_response_config, echo_cluster, echo_listener, echo_route, idem_config,

@@ -14,5 +14,19 @@ SETUP_HINT = "run `make setup` (or `scripts/setup.sh`) to install it"
 BUILD_HINT = ("build it with `make build` (or `cargo build --release --target wasm32-wasip1 -p idem-filter`)")
 
 
+def shipped_policies():
+    """The policy files the project ships (tracked by git), relative to the repository: a user's own
+    policy saved in policies/ while trying idem is not one of them, and no test about the shipped
+    ones reads it. Without git (an unpacked archive), every policies/*.toml."""
+    import subprocess
+    try:
+        out = subprocess.run(["git", "ls-files", "policies/*.toml"], cwd=str(REPO), capture_output=True, text=True,
+                             timeout=30)
+        tracked = sorted(l for l in out.stdout.splitlines() if l.strip()) if out.returncode == 0 else []
+    except OSError:
+        tracked = []
+    return tracked or sorted("policies/" + p.name for p in (REPO / "policies").glob("*.toml"))
+
+
 class StackError(RuntimeError):
     """A component is missing or did not start; the message says which and why."""

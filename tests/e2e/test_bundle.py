@@ -37,7 +37,7 @@ def bundle_entry():
     if not IDEM_LINT.is_file():
         pytest.fail("%s is missing: build it with `cargo build -p idem-lint` (or set IDEM_LINT to a built idem-lint)"
                     % IDEM_LINT, pytrace=False)
-    r = subprocess.run([str(IDEM_LINT), "bundle", "policies/", "--envoy-filter", "--wasm", str(stack.WASM)],
+    r = subprocess.run([str(IDEM_LINT), "bundle", *stack.shipped_policies(), "--envoy-filter", "--wasm", str(stack.WASM)],
                        cwd=str(stack.REPO), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, "idem-lint bundle failed (%d): %s" % (r.returncode, r.stderr)
     assert r.stdout.lstrip("#").strip(), r.stdout
@@ -208,7 +208,7 @@ def test_idem_lint_envoy_runs_a_new_users_policy_the_shipped_ones_and_a_redis_bu
         post(env, "/refunds/extra", new_key())
         wait_for(lambda: "no policy matches POST /refunds/extra" in env.log_text(), 5, what="the unmatched warning")
     # The shipped policies.
-    with generated_envoy(workdir, ["policies/"], upstream.port) as env:
+    with generated_envoy(workdir, stack.shipped_policies(), upstream.port) as env:
         key = new_key()
         assert_runs(env, upstream, "/api/order/create", key)
         assert upstream.calls(key) == 1

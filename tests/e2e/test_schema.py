@@ -32,7 +32,7 @@ def envoy_bundle(path):
 
 def shipped_bundles():
     out = {str(p.relative_to(stack.REPO)): tomllib.loads(p.read_text())
-           for p in sorted((stack.REPO / "policies").glob("*.toml"))}
+           for p in (stack.REPO / f for f in stack.shipped_policies())}
     for name in ("envoy.yaml", "envoy-redis.yaml", "grpc/envoy.yaml"):
         out["examples/" + name] = envoy_bundle(cp.EXAMPLES / name)
     out["examples/istio/wasmplugin.yaml"] = cp.load_yaml(cp.EXAMPLES / "istio" / "wasmplugin.yaml")["spec"]["pluginConfig"]

@@ -146,15 +146,15 @@ pub fn counter_name(route: &str, outcome: Outcome) -> String {
     format!("route=.={route};.;outcome=.={};.;idem_requests_total", outcome.name())
 }
 
-/// How long held duplicates waited (`on_in_flight = "wait"`), in ms: `idem_wait_ms{route}`.
+/// How long held duplicates waited (`on_in_flight = "wait"`), in ms: `idem_wait_time{route}`.
 pub fn wait_histogram_name(route: &str) -> String {
-    format!("route=.={route};.;idem_wait_ms")
+    format!("route=.={route};.;idem_wait_time")
 }
 
 /// How long Redis calls took through Webdis (claims, token uses, writes), in ms:
-/// `idem_store_call_ms{route}`.
+/// `idem_store_call_time{route}`.
 pub fn store_call_histogram_name(route: &str) -> String {
-    format!("route=.={route};.;idem_store_call_ms")
+    format!("route=.={route};.;idem_store_call_time")
 }
 
 /// The counter of requests on a filter route that no policy matched: `idem_unmatched_total{outcome}`

@@ -48,7 +48,7 @@ pub(super) enum Resumed {
 pub(super) struct Waiter {
     pub(super) prepared: Prepared,
     pub(super) deadline_ms: u64,
-    /// When it was held (for `idem_wait_ms`).
+    /// When it was held (for `idem_wait_time`).
     pub(super) since_ms: u64,
     /// A Webdis poll for it (its group) is on its way (Redis routes).
     pub(super) polling: bool,

@@ -15,7 +15,7 @@ use super::{Map, Set};
 use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::{push_truncated, truncated};
-use crate::policy::{parse_bundle, Role, StoreKind};
+use crate::policy::{parse_bundle_all, Role, StoreKind};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
 use crate::store::{redis, Answer, Claim, Payload, StoreError};
@@ -91,8 +91,11 @@ impl Worker {
     pub fn configure(setup: &dyn Setup, host: &dyn Host, root_id: u32, config: &[u8]) -> Result<Worker, String> {
         let text = std::str::from_utf8(config)
             .map_err(|e| format!("idem: invalid policy: plugin configuration is not UTF-8: {e}"))?;
-        let mut bundle =
-            parse_bundle(text, "plugin configuration").map_err(|e| format!("idem: invalid policy: {e}"))?;
+        let mut bundle = parse_bundle_all(text, "plugin configuration").map_err(|errors| {
+            // Every error in one log line: Envoy logs the refusal once.
+            let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            format!("idem: invalid policy: {}", all.join("; "))
+        })?;
         if bundle.shared.namespace.is_none() {
             bundle.shared.namespace = Some(default_namespace(host.property(&["plugin_name"])));
         }

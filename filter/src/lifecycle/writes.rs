@@ -52,7 +52,7 @@ pub(super) struct Job {
     fingerprint: [u8; 16],
     first_seen_ms: u64,
     mark: Option<shared::Ticket>,
-    /// When the current attempt was sent (for `idem_store_call_ms`).
+    /// When the current attempt was sent (for `idem_store_call_time`).
     sent_ms: u64,
     /// The answer a completion writes, kept in this process once Redis has it: status and
     /// response (`None` for a tombstone).

@@ -16,7 +16,7 @@ pub use fields::parse_duration;
 pub use matcher::{normalize_path, percent_decode, percent_encode_into, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
-pub use parse::{line_col, parse_bundle, PolicyError};
+pub use parse::{line_col, parse_bundle, parse_bundle_all, PolicyError};
 pub use reconcile::{Found, LookupPath, Reconcile, MAX_LOOKUP_TIMEOUT_MS};
 pub use source::{generated_header, is_param_name, xml_path, Source};
 

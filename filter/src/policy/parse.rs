@@ -32,18 +32,30 @@ impl fmt::Display for PolicyError {
 impl std::error::Error for PolicyError {}
 
 /// Parses a bundle from TOML, or from JSON when the document starts with `{`.
-/// `origin` names the source in errors (a file path, or "plugin configuration").
+/// `origin` names the source in errors (a file path, or "plugin configuration"). The first
+/// error; [`parse_bundle_all`] gives every one.
 pub fn parse_bundle(source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+    parse_bundle_all(source, origin).map_err(|errors| {
+        let fallback =
+            || PolicyError { origin: origin.to_string(), line: None, column: None, message: "invalid".into() };
+        errors.into_iter().next().unwrap_or_else(fallback)
+    })
+}
+
+/// [`parse_bundle`] with every error a bundle has, in the order of the source: a document that
+/// does not parse is one error; one that does gets every top-level and every route's check (a
+/// route reports its first error, so one typo does not come back as ten).
+pub fn parse_bundle_all(source: &str, origin: &str) -> Result<Bundle, Vec<PolicyError>> {
     let raw: RawBundle = if source.trim_start().starts_with('{') {
         serde_json::from_str(source).map_err(|e| {
             let message = e.to_string().split(" at line ").next().unwrap_or("").to_string();
             let offset = offset_of(source, e.line(), e.column());
-            PolicyError {
+            vec![PolicyError {
                 origin: origin.to_string(),
                 line: Some(e.line()),
                 column: Some(e.column()),
                 message: name_field(message, json_field_before(source, offset)),
-            }
+            }]
         })?
     } else {
         toml::from_str(source).map_err(|e| {
@@ -55,7 +67,7 @@ pub fn parse_bundle(source: &str, origin: &str) -> Result<Bundle, PolicyError> {
                 None => (None, None, None),
             };
             let message = name_field(e.message().trim().to_string(), field);
-            PolicyError { origin: origin.to_string(), line, column, message }
+            vec![PolicyError { origin: origin.to_string(), line, column, message }]
         })?
     };
     raw.validate(source, origin)
@@ -277,179 +289,60 @@ fn is_method(m: &str) -> bool {
 }
 
 impl RawBundle {
-    fn validate(self, source: &str, origin: &str) -> Result<Bundle, PolicyError> {
+    /// Every check, every error: the top-level ones, then each route's first (a route is checked
+    /// against the routes before it that passed).
+    fn validate(mut self, source: &str, origin: &str) -> Result<Bundle, Vec<PolicyError>> {
+        let at = |needle: &str, message: String| {
+            let at = source.find(needle).map(|offset| line_col(source, offset));
+            PolicyError { origin: origin.to_string(), line: at.map(|(l, _)| l), column: at.map(|(_, c)| c), message }
+        };
+        let mut errors = Vec::new();
         if self.higress_rules.is_some() {
-            let at = source.find("_rules_").map(|offset| line_col(source, offset));
-            return Err(PolicyError {
-                origin: origin.to_string(),
-                line: at.map(|(l, _)| l),
-                column: at.map(|(_, c)| c),
-                message: HIGRESS_RULES.into(),
-            });
+            errors.push(at("_rules_", HIGRESS_RULES.into()));
         }
         if self.role == Role::Echo && !self.route.is_empty() {
-            let at = source.find("role").map(|offset| line_col(source, offset));
-            return Err(PolicyError {
-                origin: origin.to_string(),
-                line: at.map(|(l, _)| l),
-                column: at.map(|(_, c)| c),
-                message:
-                    "role = \"echo\" answers gRPC replays only: it takes no [[route]] (the gateway's bundle has them)"
-                        .into(),
-            });
+            errors.push(at(
+                "role",
+                "role = \"echo\" answers gRPC replays only: it takes no [[route]] (the gateway's bundle has them)"
+                    .into(),
+            ));
         }
-        self.check_admin(source, origin)?;
+        if let Err((needle, message)) = self.check_admin() {
+            errors.push(at(needle, message));
+        }
         if let Some(secret) = &self.tokens.secret {
             if secret.chars().count() < MIN_TOKEN_SECRET {
-                let at = source.find("secret").map(|offset| line_col(source, offset));
-                return Err(PolicyError {
-                    origin: origin.to_string(),
-                    line: at.map(|(l, _)| l),
-                    column: at.map(|(_, c)| c),
-                    message: format!(
+                errors.push(at(
+                    "secret",
+                    format!(
                         "[tokens] `secret` has {} characters; at least {MIN_TOKEN_SECRET} (random, e.g. `openssl rand -base64 32`)",
                         secret.chars().count()
                     ),
-                });
+                ));
             }
         }
-        let mut routes: Vec<RoutePolicy> = Vec::with_capacity(self.route.len());
-        for (i, r) in self.route.into_iter().enumerate() {
-            let error = |message: String| {
-                let (line, column) = locate_route(source, i);
-                PolicyError { origin: origin.to_string(), line, column, message }
-            };
-            if let Some(first) = routes.iter().position(|p| p.name == r.name) {
-                return Err(error(format!(
-                    "route {:?}: duplicate route name (route #{} already uses it)",
-                    r.name,
-                    first + 1
-                )));
-            }
-            let matcher = match r.matcher {
-                Some(RawMatch(m)) => m,
-                None => Matcher::RouteName(r.name.clone()),
-            };
-            if let Some(other) = routes.iter().find(|p| p.matcher.conflicts_with(&matcher)) {
-                return Err(error(format!(
-                    "route {:?}: conflicting matchers: it matches the same requests as route {:?}",
-                    r.name, other.name
-                )));
-            }
-            let max_response_bytes = r.max_response_bytes.unwrap_or(self.shared.max_response_bytes);
-            if max_response_bytes > self.shared.max_response_bytes {
-                return Err(error(format!(
-                    "route {:?}: max_response_bytes = {} exceeds [shared] max_response_bytes = {}",
-                    r.name, max_response_bytes, self.shared.max_response_bytes
-                )));
-            }
-            let is_token = r.mode == Mode::Token;
-            if is_token && r.key.is_some() {
-                return Err(error(format!(
-                    "route {:?}: mode = \"token\" takes [route.token], not [route.key]",
-                    r.name
-                )));
-            }
-            if !is_token && r.token.is_some() {
-                return Err(error(format!("route {:?}: [route.token] needs mode = \"token\"", r.name)));
-            }
-            if r.store == StoreKind::Redis && self.redis.is_none() {
-                return Err(error(format!(
-                    "route {:?}: store = \"redis\" needs a top-level [redis] table naming the Webdis cluster",
-                    r.name
-                )));
-            }
-            let mut key = r.key.unwrap_or_default();
-            key.sources = key_sources(&key).map_err(|m| error(format!("route {:?}: {m}", r.name)))?;
-            let token = r.token.unwrap_or_default();
-            let template = match &matcher {
-                Matcher::Request { path, .. } => Some(path),
-                Matcher::RouteName(_) => None,
-            };
-            let fingerprint_values = key.fingerprint.iter().filter_map(|f| match f {
-                FingerprintPart::Value(v) => Some(v),
-                _ => None,
-            });
-            let mut read = key.sources.iter().chain(&key.scope).chain(fingerprint_values).chain(&token.scope);
-            if let Some(Source::Path(p)) =
-                read.find(|s| matches!(s, Source::Path(p) if !template.is_some_and(|t| t.has_param(p))))
-            {
-                return Err(error(format!(
-                    "route {:?}: path:{p} names a parameter of the route's path template, and {}",
-                    r.name,
-                    match template {
-                        Some(t) => format!("match.path {:?} has no {{{p}}}", t.source),
-                        None => "this route has no match.path (it is matched by Envoy route name)".to_string(),
-                    }
-                )));
-            }
-            if is_token && r.store == StoreKind::Redis && self.tokens.secret.is_none() {
-                return Err(error(format!(
-                    "route {:?}: a token route on the Redis store needs a top-level [tokens] `secret`, the same \
-                     on every Envoy, so that each Envoy accepts the tokens the others issued",
-                    r.name
-                )));
-            }
-            if is_token {
-                if !token.issue_path.starts_with('/') || token.issue_path.contains('?') {
-                    return Err(error(format!(
-                        "route {:?}: token.issue_path {:?} must be a path starting with '/'",
-                        r.name, token.issue_path
-                    )));
+        let raw_routes = std::mem::take(&mut self.route);
+        let mut routes: Vec<RoutePolicy> = Vec::with_capacity(raw_routes.len());
+        let names: Vec<String> = raw_routes.iter().map(|r| r.name.clone()).collect();
+        for (i, r) in raw_routes.into_iter().enumerate() {
+            // Names are compared with every route before it, whether or not that one passed.
+            let checked = match names.iter().take(i).position(|n| *n == r.name) {
+                Some(first) => {
+                    Err(format!("route {:?}: duplicate route name (route #{} already uses it)", r.name, first + 1))
                 }
-                if token.ttl.millis == 0 {
-                    return Err(error(format!("route {:?}: token.ttl must be positive", r.name)));
+                None => self.route_policy(r, &routes),
+            };
+            match checked {
+                Ok(route) => routes.push(route),
+                Err(message) => {
+                    let (line, column) = locate_route(source, i);
+                    errors.push(PolicyError { origin: origin.to_string(), line, column, message });
                 }
             }
-            if r.forward == Forward::Detached && is_token {
-                return Err(error(format!(
-                    "route {:?}: forward = \"detached\" applies to key routes, not mode = \"token\"",
-                    r.name
-                )));
-            }
-            if r.upstream_timeout.millis == 0 {
-                return Err(error(format!("route {:?}: upstream_timeout must be positive", r.name)));
-            }
-            if key.lock_ttl.millis == 0
-                || key.ttl.millis == 0
-                || key.wait_timeout.millis == 0
-                || key.unknown_outcome_hold.is_some_and(|d| d.millis == 0)
-            {
-                return Err(error(format!(
-                    "route {:?}: key.lock_ttl, key.ttl, key.wait_timeout and key.unknown_outcome_hold must be positive",
-                    r.name
-                )));
-            }
-            if let Some(reconcile) = &r.reconcile {
-                if r.mode == Mode::Token {
-                    return Err(error(format!(
-                        "route {:?}: [route.reconcile] applies to key routes, not mode = \"token\"",
-                        r.name
-                    )));
-                }
-                reconcile
-                    .check(key.sources.len())
-                    .map_err(|e| error(format!("route {:?}: [route.reconcile] {e}", r.name)))?;
-            }
-            if let Some(body) = &r.duplicate.body {
-                crate::answers::check_body(body, &r.duplicate.content_type)
-                    .map_err(|e| error(format!("route {:?}: [route.duplicate] `body` {e}", r.name)))?;
-            }
-            routes.push(RoutePolicy {
-                name: r.name,
-                matcher,
-                mode: r.mode,
-                store: r.store,
-                max_body_bytes: r.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
-                max_response_bytes,
-                key,
-                token,
-                duplicate: r.duplicate,
-                answers: r.answers.or_else(|| self.answers.clone()).unwrap_or_default(),
-                forward: r.forward,
-                upstream_timeout: r.upstream_timeout,
-                reconcile: r.reconcile,
-            });
+        }
+        if !errors.is_empty() {
+            errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+            return Err(errors);
         }
         Ok(Bundle {
             shared: self.shared,
@@ -466,13 +359,125 @@ impl RawBundle {
         })
     }
 
+    /// One route, checked against the bundle's tables and the routes before it; the error names
+    /// the route.
+    fn route_policy(&self, r: RawRoute, before: &[RoutePolicy]) -> Result<RoutePolicy, String> {
+        let name = &r.name;
+        let matcher = match r.matcher {
+            Some(RawMatch(m)) => m,
+            None => Matcher::RouteName(r.name.clone()),
+        };
+        if let Some(other) = before.iter().find(|p| p.matcher.conflicts_with(&matcher)) {
+            return Err(format!(
+                "route {name:?}: conflicting matchers: it matches the same requests as route {:?}",
+                other.name
+            ));
+        }
+        let max_response_bytes = r.max_response_bytes.unwrap_or(self.shared.max_response_bytes);
+        if max_response_bytes > self.shared.max_response_bytes {
+            return Err(format!(
+                "route {name:?}: max_response_bytes = {} exceeds [shared] max_response_bytes = {}",
+                max_response_bytes, self.shared.max_response_bytes
+            ));
+        }
+        let is_token = r.mode == Mode::Token;
+        if is_token && r.key.is_some() {
+            return Err(format!("route {name:?}: mode = \"token\" takes [route.token], not [route.key]"));
+        }
+        if !is_token && r.token.is_some() {
+            return Err(format!("route {name:?}: [route.token] needs mode = \"token\""));
+        }
+        if r.store == StoreKind::Redis && self.redis.is_none() {
+            return Err(format!(
+                "route {name:?}: store = \"redis\" needs a top-level [redis] table naming the Webdis cluster"
+            ));
+        }
+        let mut key = r.key.unwrap_or_default();
+        key.sources = key_sources(&key).map_err(|m| format!("route {name:?}: {m}"))?;
+        let token = r.token.unwrap_or_default();
+        let template = match &matcher {
+            Matcher::Request { path, .. } => Some(path),
+            Matcher::RouteName(_) => None,
+        };
+        let fingerprint_values = key.fingerprint.iter().filter_map(|f| match f {
+            FingerprintPart::Value(v) => Some(v),
+            _ => None,
+        });
+        let mut read = key.sources.iter().chain(&key.scope).chain(fingerprint_values).chain(&token.scope);
+        if let Some(Source::Path(p)) =
+            read.find(|s| matches!(s, Source::Path(p) if !template.is_some_and(|t| t.has_param(p))))
+        {
+            return Err(format!(
+                "route {name:?}: path:{p} names a parameter of the route's path template, and {}",
+                match template {
+                    Some(t) => format!("match.path {:?} has no {{{p}}}", t.source),
+                    None => "this route has no match.path (it is matched by Envoy route name)".to_string(),
+                }
+            ));
+        }
+        if is_token && r.store == StoreKind::Redis && self.tokens.secret.is_none() {
+            return Err(format!(
+                "route {name:?}: a token route on the Redis store needs a top-level [tokens] `secret`, the same \
+                 on every Envoy, so that each Envoy accepts the tokens the others issued"
+            ));
+        }
+        if is_token {
+            if !token.issue_path.starts_with('/') || token.issue_path.contains('?') {
+                return Err(format!(
+                    "route {name:?}: token.issue_path {:?} must be a path starting with '/'",
+                    token.issue_path
+                ));
+            }
+            if token.ttl.millis == 0 {
+                return Err(format!("route {name:?}: token.ttl must be positive"));
+            }
+        }
+        if r.forward == Forward::Detached && is_token {
+            return Err(format!("route {name:?}: forward = \"detached\" applies to key routes, not mode = \"token\""));
+        }
+        if r.upstream_timeout.millis == 0 {
+            return Err(format!("route {name:?}: upstream_timeout must be positive"));
+        }
+        if key.lock_ttl.millis == 0
+            || key.ttl.millis == 0
+            || key.wait_timeout.millis == 0
+            || key.unknown_outcome_hold.is_some_and(|d| d.millis == 0)
+        {
+            return Err(format!(
+                "route {name:?}: key.lock_ttl, key.ttl, key.wait_timeout and key.unknown_outcome_hold must be positive"
+            ));
+        }
+        if let Some(reconcile) = &r.reconcile {
+            if is_token {
+                return Err(format!("route {name:?}: [route.reconcile] applies to key routes, not mode = \"token\""));
+            }
+            reconcile.check(key.sources.len()).map_err(|e| format!("route {name:?}: [route.reconcile] {e}"))?;
+        }
+        if let Some(body) = &r.duplicate.body {
+            crate::answers::check_body(body, &r.duplicate.content_type)
+                .map_err(|e| format!("route {name:?}: [route.duplicate] `body` {e}"))?;
+        }
+        Ok(RoutePolicy {
+            name: r.name,
+            matcher,
+            mode: r.mode,
+            store: r.store,
+            max_body_bytes: r.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            max_response_bytes,
+            key,
+            token,
+            duplicate: r.duplicate,
+            answers: r.answers.or_else(|| self.answers.clone()).unwrap_or_default(),
+            forward: r.forward,
+            upstream_timeout: r.upstream_timeout,
+            reconcile: r.reconcile,
+        })
+    }
+
     /// `role = "admin"`: no routes, and an `[admin]` secret long enough that it cannot be guessed;
     /// `[admin]` in any other bundle is a mistake.
-    fn check_admin(&self, source: &str, origin: &str) -> Result<(), PolicyError> {
-        let error = |needle: &str, message: String| {
-            let at = source.find(needle).map(|offset| line_col(source, offset));
-            PolicyError { origin: origin.to_string(), line: at.map(|(l, _)| l), column: at.map(|(_, c)| c), message }
-        };
+    fn check_admin(&self) -> Result<(), (&'static str, String)> {
+        let error = |needle: &'static str, message: String| (needle, message);
         match (self.role, &self.admin) {
             (Role::Admin, _) if !self.route.is_empty() => Err(error(
                 "role",

@@ -95,7 +95,10 @@ pub fn generate(workspaces: &[Workspace], cfg: &Config) -> (Vec<Generated>, Vec<
                         Err(e) => skipped.push(Skipped {
                             operation: op.label(),
                             place,
-                            reason: format!("the filter refuses the policy written for it: {}", e.reason),
+                            reason: format!(
+                                "the filter refuses the policy written for it: {}",
+                                e.0.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>().join("; ")
+                            ),
                         }),
                     }
                 }

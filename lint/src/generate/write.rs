@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::Generated;
 use crate::policy::{PolicyFile, PolicySet};
-use crate::source::FatalError;
+use crate::source::{FatalError, FatalErrors};
 
 /// The last line of a generated file's header.
 const MARKER: &str = "# idem-lint-generated sha256:";
@@ -95,7 +95,7 @@ fn replaceable(existing: &str) -> Result<(), String> {
 /// with the directory's other policy files, and write — or, when a file is refused, write
 /// nothing. Returns the plan (with the refusals, if any) and the generated files of the
 /// directory no operation produced any more (left in place).
-pub fn write_all(dir: &Path, generated: &[Generated], force: bool) -> Result<(Vec<Planned>, Vec<String>), FatalError> {
+pub fn write_all(dir: &Path, generated: &[Generated], force: bool) -> Result<(Vec<Planned>, Vec<String>), FatalErrors> {
     let dir_name = dir.to_string_lossy().into_owned();
     let mut plan = Vec::new();
     for g in generated {
@@ -109,7 +109,7 @@ pub fn write_all(dir: &Path, generated: &[Generated], force: bool) -> Result<(Ve
                 Err(why) => Action::Refuse(why),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Action::Create,
-            Err(e) => return Err(FatalError::whole_file(&path.to_string_lossy(), format!("cannot read: {e}"))),
+            Err(e) => return Err(FatalError::whole_file(&path.to_string_lossy(), format!("cannot read: {e}")).into()),
         };
         plan.push(Planned { path, generated: g.clone(), text, action });
     }

@@ -3,11 +3,11 @@
 
 use std::ops::Range;
 
-use idem_filter::policy::{parse_bundle, Bundle, PolicyError};
+use idem_filter::policy::{parse_bundle_all, Bundle, PolicyError};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::source::{position_of, FatalError, Position, SourceFile};
+use crate::source::{position_of, FatalError, FatalErrors, Position, SourceFile};
 
 /// One policy file: its text, the filter's validated model and where its fields are.
 #[derive(Debug)]
@@ -137,14 +137,14 @@ pub fn fatal(e: &PolicyError, text: &str) -> FatalError {
 impl PolicyFile {
     /// Parses one policy file (TOML, or JSON when it starts with `{`; JSON files carry no
     /// field spans and findings then point at their first line).
-    pub fn parse(name: &str, text: &str) -> Result<PolicyFile, FatalError> {
+    pub fn parse(name: &str, text: &str) -> Result<PolicyFile, FatalErrors> {
         PolicyFile::parse_with(name, text, &toml::Table::new())
     }
 
     /// Parses a file with the bundle-wide tables another file states (`[redis]` in a file of
     /// its own, say), appended after its own text when it lacks them: errors in the file itself
     /// keep their positions.
-    pub fn parse_with(name: &str, text: &str, bundle_tables: &toml::Table) -> Result<PolicyFile, FatalError> {
+    pub fn parse_with(name: &str, text: &str, bundle_tables: &toml::Table) -> Result<PolicyFile, FatalErrors> {
         let own: Option<toml::Table> = toml::from_str(text).ok();
         let missing: toml::Table = match &own {
             Some(own) => bundle_tables
@@ -159,7 +159,8 @@ impl PolicyFile {
         } else {
             format!("{text}\n{}", toml::to_string(&missing).unwrap_or_default())
         };
-        let bundle = parse_bundle(&full, name).map_err(|e| fatal(&e, &full))?;
+        let bundle = parse_bundle_all(&full, name)
+            .map_err(|errors| FatalErrors(errors.iter().map(|e| fatal(e, &full)).collect()))?;
         let mirror: MirrorDoc = if text.trim_start().starts_with('{') {
             MirrorDoc::default()
         } else {

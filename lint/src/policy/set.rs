@@ -6,7 +6,7 @@ use std::path::Path;
 use idem_filter::policy::{parse_bundle, RoutePolicy};
 
 use super::file::{fatal, fatal_at, PolicyFile, RouteSpans};
-use crate::source::FatalError;
+use crate::source::{FatalError, FatalErrors};
 
 /// The files behind the arguments: a directory's `*.toml` files sorted by name, a file as is.
 pub fn expand(args: &[String]) -> Result<Vec<String>, FatalError> {
@@ -62,7 +62,8 @@ impl PolicySet {
     /// Reads and checks every file (each with the filter's parser), then the set as one bundle.
     /// The bundle-wide tables (`[redis]`, `[tokens]`, `[answers]`, `[shared]`, …) may be stated in
     /// any one file, or a file of their own: every file is checked with them.
-    pub fn load(args: &[String]) -> Result<PolicySet, FatalError> {
+    /// Every file's errors are reported, not only the first file's.
+    pub fn load(args: &[String]) -> Result<PolicySet, FatalErrors> {
         let mut texts = Vec::new();
         for name in expand(args)? {
             let text = std::fs::read_to_string(&name)
@@ -71,8 +72,15 @@ impl PolicySet {
         }
         let shared = bundle_tables(&texts)?;
         let mut files = Vec::new();
+        let mut errors = Vec::new();
         for (name, text) in &texts {
-            files.push(PolicyFile::parse_with(name, text, &shared)?);
+            match PolicyFile::parse_with(name, text, &shared) {
+                Ok(file) => files.push(file),
+                Err(FatalErrors(found)) => errors.extend(found),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(FatalErrors(errors));
         }
         let set = PolicySet { files };
         set.check_across_files()?;
