@@ -3,10 +3,13 @@ in a real shell, with real curl, against the stack `make run` starts — and eac
 `# →` comment says. The README's copy is the demo's, with the default addresses."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+import tomllib
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +126,64 @@ def test_make_run_serves_a_new_users_own_policy(workdir):
         assert 'idem_requests_total{route="create-refund",outcome="replayed"} 1' in text, text[:2000]
     finally:
         d.stop()
+
+
+def first_route_section():
+    text = (stack.REPO / "README.md").read_text()
+    at = text.index("## Protect your first route")
+    return text[at:text.index("\n## ", at + 3)]
+
+
+def fenced(section, lang):
+    """The fenced `lang` blocks of a README section, without their list indentation."""
+    blocks = re.findall(r"^( *)```%s\n(.*?)^ *```" % lang, section, re.S | re.M)
+    return ["".join(l[len(indent):] + "\n" for l in body.splitlines()) for indent, body in blocks]
+
+
+def test_protect_your_first_route_runs_as_printed(workdir, upstream):
+    """The README's "Protect your first route", as printed: step 1's policy, step 2's `idem-lint
+    bundle` and step 3's `idem-lint envoy … && envoy -c` in a shell (idem-lint from the build on
+    PATH, the addresses moved to free ports); the Envoy it starts forwards the first order and
+    replays the repeat."""
+    lint = Path(os.environ.get("IDEM_LINT") or stack.REPO / "target" / "debug" / "idem-lint")
+    assert lint.is_file(), "%s is missing: build it with `cargo build -p idem-lint`" % lint
+    section = first_route_section()
+    (policy,) = fenced(section, "toml")
+    assert "policies/create-order.toml" in section
+    shipped = tomllib.loads((stack.REPO / "policies" / "create-order.toml").read_text())["route"][0]
+    shown = tomllib.loads(policy)["route"][0]
+    for field in ("name", "match"):
+        assert shown[field] == shipped[field], field
+    for field, value in shown["key"].items():
+        assert shipped["key"][field] == value, "README's [route.key] %s is not policies/create-order.toml's" % field
+    (workdir / "policies").mkdir()
+    (workdir / "policies" / "create-order.toml").write_text(policy)
+    for shared in (".venv", "target"):
+        (workdir / shared).symlink_to(stack.REPO / shared)
+    bundle = re.search(r"`(idem-lint bundle [^`]*)`", section).group(1)
+    (run,) = [b for b in fenced(section, "sh") if "idem-lint envoy" in b]
+    listen, admin = stack.free_port(), stack.free_port()
+    run = run.strip().replace("127.0.0.1:8080", "127.0.0.1:%d --listen %d --admin %d" % (upstream.port, listen, admin))
+    env = dict(os.environ, PATH="%s:%s" % (lint.parent, os.environ["PATH"]))
+    done = subprocess.run(["bash", "-c", bundle], cwd=str(workdir), env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "create-order" in (workdir / "idem-filter.yaml").read_text(), done.stderr
+    gateway = subprocess.Popen(["bash", "-c", "exec > envoy.log 2>&1; " + run], cwd=str(workdir), env=env,
+                               start_new_session=True)
+    try:
+        stack.wait_until(lambda: not stack.port_is_free(listen) or gateway.poll() is not None, 60)
+        assert gateway.poll() is None, (workdir / "envoy.log").read_text()[-3000:]
+        key = "readme-" + uuid.uuid4().hex[:8]
+        send = lambda: stack.request(listen, "POST", "/api/order/create", body={"sku": "BOOK-42", "qty": 1},
+                                     headers={"authorization": "Bearer alice", "idempotency-key": key})
+        first = send()
+        assert first.status == 200 and first.header("idempotent-replayed") is None, first
+        again = send()
+        assert again.status == 200 and again.header("idempotent-replayed") == "true", again
+        assert upstream.calls(key) == 1
+    finally:
+        os.killpg(gateway.pid, 9)
+        gateway.wait(10)
 
 
 DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md", "policies/README.md",
