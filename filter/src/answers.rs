@@ -14,6 +14,7 @@
 //! when the policy loads: unknown names are refused, and a JSON template must be JSON once filled
 //! in.
 
+use crate::codes::ErrorCode;
 use crate::response::LocalReply;
 use serde::{de, Deserialize, Deserializer};
 use std::collections::BTreeMap;
@@ -48,26 +49,6 @@ const VARS: [(&str, Var); 9] = [
 /// stream's (`x-request-id`, read when the answer goes out), not known where answers are made.
 /// Made of characters no escaping changes.
 pub const REQUEST_ID_MARK: &str = "@@idem-request-id@@";
-
-/// The gateway's own answers: each code and its title (problem+json's `title`, `{{title}}`).
-/// The codes are what `[answers.codes]` may map.
-pub const CODES: [(&str, &str); 15] = [
-    ("REQUEST_IN_PROGRESS", "A request with this idempotency key is in progress"),
-    ("IDEMPOTENCY_OUTCOME_UNKNOWN", "The outcome of the first request is unknown"),
-    ("IDEMPOTENCY_KEY_REUSED", "Idempotency key reused with another request"),
-    ("IDEMPOTENCY_KEY_MISSING", "Idempotency key missing"),
-    ("IDEMPOTENCY_KEY_INVALID", "Idempotency key invalid"),
-    ("IDEMPOTENCY_SCOPE_MISSING", "Caller identity missing"),
-    ("IDEMPOTENCY_TOKEN_MISSING", "Idempotency token missing"),
-    ("IDEMPOTENCY_TOKEN_INVALID", "Idempotency token invalid"),
-    ("IDEMPOTENCY_BODY_TOO_LARGE", "Request body too large"),
-    ("IDEMPOTENCY_STORE_UNAVAILABLE", "Idempotency store unavailable"),
-    ("IDEMPOTENCY_MISCONFIGURED", "Gateway misconfigured"),
-    ("IDEMPOTENCY_NO_POLICY", "No idempotency policy"),
-    ("IDEMPOTENCY_UPSTREAM_UNAVAILABLE", "Upstream unavailable"),
-    ("IDEMPOTENCY_HEADER_INVALID", "Header invalid"),
-    ("IDEMPOTENCY_MEDIA_TYPE_UNSUPPORTED", "Media type not supported on this route"),
-];
 
 /// The API's own code (and status) for one of the gateway's answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -389,7 +370,7 @@ fn problem_type(base: Option<&str>, code: &str) -> String {
 /// A short title for each of the gateway's codes; the HTTP reason phrase otherwise (a route's
 /// own duplicate code).
 pub fn title(code: &str, status: u16) -> &'static str {
-    CODES.iter().find(|(c, _)| *c == code).map_or_else(|| reason_phrase(status), |(_, title)| title)
+    ErrorCode::parse(code).filter(|c| c.shaped()).map_or_else(|| reason_phrase(status), ErrorCode::title)
 }
 
 fn reason_phrase(status: u16) -> &'static str {
@@ -455,8 +436,9 @@ impl<'de> Deserialize<'de> for Answers {
         let mut answers = build(raw.format.as_deref(), raw.template, raw.content_type, raw.type_base, raw.headers)
             .map_err(de::Error::custom)?;
         for (ours, theirs) in raw.codes {
-            if !CODES.iter().any(|(c, _)| *c == ours) {
-                let known: Vec<&str> = CODES.iter().map(|(c, _)| *c).collect();
+            if !ErrorCode::parse(&ours).is_some_and(ErrorCode::shaped) {
+                let known: Vec<&str> =
+                    ErrorCode::ALL.into_iter().filter(|c| c.shaped()).map(ErrorCode::as_str).collect();
                 return Err(de::Error::custom(format!(
                     "`codes`: {ours:?} is not one of the gateway's answers; they are {}",
                     known.join(", ")

@@ -62,20 +62,14 @@ pub fn outcome(policy: &KeyPolicy, status: u32) -> Outcome {
 /// The gRPC code of one of the gateway's own answers (its stable code and HTTP status): never
 /// `UNKNOWN`, and `INTERNAL` only for the gateway's own misconfiguration.
 pub fn status_for(code: &str, http_status: u16) -> u32 {
-    match code {
-        // Retryable: the first call's answer comes shortly (grpc-retry-pushback-ms says when).
-        "REQUEST_IN_PROGRESS" | "IDEMPOTENCY_STORE_UNAVAILABLE" | "IDEMPOTENCY_UPSTREAM_UNAVAILABLE" => {
-            code::UNAVAILABLE
-        }
-        // Not retried by common retry policies: the caller must check what happened.
-        "IDEMPOTENCY_OUTCOME_UNKNOWN" | "IDEMPOTENCY_KEY_REUSED" | "IDEMPOTENCY_NO_POLICY" => code::FAILED_PRECONDITION,
-        "IDEMPOTENCY_SCOPE_MISSING" => code::UNAUTHENTICATED,
-        "IDEMPOTENCY_BODY_TOO_LARGE" => code::RESOURCE_EXHAUSTED,
-        "IDEMPOTENCY_MISCONFIGURED" => code::INTERNAL,
-        c if c.starts_with("IDEMPOTENCY_") => code::INVALID_ARGUMENT,
+    match crate::codes::ErrorCode::parse(code) {
+        // Retryable ones are UNAVAILABLE (grpc-retry-pushback-ms says when); ones a caller must
+        // check first FAILED_PRECONDITION, not retried by common retry policies.
+        Some(ours) => ours.grpc(),
+        None if code.starts_with("IDEMPOTENCY_") => code::INVALID_ARGUMENT,
         // The route's duplicate response (its own code).
-        _ if http_status < 300 => code::OK,
-        _ => code::ALREADY_EXISTS,
+        None if http_status < 300 => code::OK,
+        None => code::ALREADY_EXISTS,
     }
 }
 

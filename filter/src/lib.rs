@@ -10,6 +10,7 @@
 
 pub mod answers;
 pub mod cloudevents;
+pub mod codes;
 pub mod engine;
 pub mod fingerprint;
 pub mod form;

@@ -2,6 +2,7 @@
 //! replayed) and the JSON local replies with their stable codes.
 
 use crate::answers::{Answer, Answers};
+use crate::codes::ErrorCode;
 use crate::policy::DuplicateResponse;
 
 /// A header: a lower-case name and its value as bytes (an upstream may send Latin-1).
@@ -237,13 +238,14 @@ const IN_PROGRESS_RETRY_AFTER_S: u64 = 1;
 /// `409 REQUEST_IN_PROGRESS` with a short `Retry-After`: the first request is still waiting for
 /// the upstream, and its answer will be replayed to a later retry.
 pub fn in_progress(answers: &Answers, first_seen_ms: u64) -> LocalReply {
+    let code = ErrorCode::RequestInProgress;
     let mut reply = answers.render(&Answer {
-        status: 409,
-        code: "REQUEST_IN_PROGRESS",
+        status: code.status(),
+        code: code.as_str(),
         message: "a request with this idempotency key is still being processed; retry shortly",
         first_seen_ms: Some(first_seen_ms),
         held_until_ms: None,
-        retryable: true,
+        retryable: code.retryable(),
     });
     reply.headers.push(("retry-after".into(), IN_PROGRESS_RETRY_AFTER_S.to_string().into_bytes()));
     reply
@@ -254,23 +256,34 @@ pub fn in_progress(answers: &Answers, first_seen_ms: u64) -> LocalReply {
 /// cannot help — only reconciliation can say — so there is no `Retry-After`, and
 /// `x-should-retry: false` stops SDKs (Stainless-generated ones honour it) from trying again.
 pub fn outcome_unknown(answers: &Answers, first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
+    let code = ErrorCode::OutcomeUnknown;
     let mut reply = answers.render(&Answer {
-        status: 409,
-        code: "IDEMPOTENCY_OUTCOME_UNKNOWN",
+        status: code.status(),
+        code: code.as_str(),
         message: "an earlier request with this idempotency key was forwarded and its outcome is unknown; \
                   it may have been carried out. Check its effect before sending new work with another key",
         first_seen_ms: Some(first_seen_ms),
         held_until_ms: Some(held_until_ms),
-        retryable: false,
+        retryable: code.retryable(),
     });
     reply.headers.push(("x-should-retry".into(), b"false".to_vec()));
     reply
 }
 
-/// One of the gateway's errors (`IDEMPOTENCY_*`), in the route's shape.
-pub fn error(answers: &Answers, status: u16, code: &str, message: &str) -> LocalReply {
-    let retryable = matches!(code, "IDEMPOTENCY_STORE_UNAVAILABLE" | "IDEMPOTENCY_UPSTREAM_UNAVAILABLE");
-    answers.render(&Answer { status, code, message, retryable, ..Default::default() })
+/// One of the gateway's errors, in the route's shape: its status and retryability from the table.
+pub fn error(answers: &Answers, code: ErrorCode, message: &str) -> LocalReply {
+    answers.render(&Answer {
+        status: code.status(),
+        code: code.as_str(),
+        message,
+        retryable: code.retryable(),
+        ..Default::default()
+    })
+}
+
+/// One of the token and replay endpoints' plain JSON answers (`{"code","message"}`).
+pub fn plain_error(code: ErrorCode, message: &str) -> LocalReply {
+    json_reply(code.status(), code.as_str(), message, &[])
 }
 
 /// RFC 3339 UTC timestamp, second precision.

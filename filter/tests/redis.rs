@@ -106,11 +106,23 @@ fn every_failure_is_a_store_error() {
     ];
     for (status, body, want) in cases {
         match s.parse_claim(&[1; 32], status, body) {
-            Err(StoreError::Host(m)) => assert!(m.contains(want), "{m} vs {want}"),
+            Err(e) => assert!(e.to_string().contains(want), "{e} vs {want}"),
             other => panic!("{status}: {other:?}"),
         }
     }
-    assert!(s.parse_claim(&[1; 32], 200, br#"{"SET":"garbage"}"#).is_err());
+    assert!(matches!(s.parse_claim(&[1; 32], 0, b""), Err(StoreError::NoAnswer)));
+    assert!(matches!(
+        s.parse_claim(&[1; 32], 200, br#"{"SET":"garbage"}"#),
+        Err(StoreError::Unreadable(m)) if m.contains("garbage")
+    ));
+    // Redis Cluster's refusal of a call across hash slots is its own kind (the batching reacts
+    // to it), in a single reply and in a batch's.
+    let crossslot = br#"{"EVAL":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#;
+    assert!(matches!(s.parse_batch(2, 200, crossslot), Err(StoreError::CrossSlot(_))));
+    assert!(matches!(
+        s.parse_batch(1, 200, br#"{"EVAL":[false,"ERR unknown command"]}"#),
+        Err(StoreError::Redis(m)) if m == "ERR unknown command"
+    ));
 }
 
 #[test]

@@ -22,6 +22,7 @@ pub use outcome::Outcome;
 pub use reconcile::{failed_cause, reconciled_absent, reconciled_ran, LookupAnswer, RECONCILED_HEADER};
 pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 
+use crate::codes::ErrorCode;
 use crate::fingerprint::fingerprint;
 use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
@@ -82,8 +83,7 @@ impl Engine {
         }
         Some(response::error(
             &self.bundle.answers,
-            400,
-            "IDEMPOTENCY_NO_POLICY",
+            ErrorCode::NoPolicy,
             "no idempotency policy matches this method and path on a route that requires one",
         ))
     }
@@ -113,8 +113,7 @@ impl Engine {
         let policy = self.policy(route)?;
         let reply = response::error(
             &policy.answers,
-            413,
-            "IDEMPOTENCY_BODY_TOO_LARGE",
+            ErrorCode::BodyTooLarge,
             &format!("the request body exceeds {} bytes", policy.max_body_bytes),
         );
         Some(shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None))
@@ -126,8 +125,7 @@ impl Engine {
         let policy = self.policy(route)?;
         let reply = response::error(
             &policy.answers,
-            500,
-            "IDEMPOTENCY_MISCONFIGURED",
+            ErrorCode::Misconfigured,
             "the gateway does not pass the request body to the idempotency filter before forwarding, and this \
              route needs it; the gateway's operators must enable allow_on_headers_stop_iteration",
         );
@@ -143,8 +141,7 @@ impl Engine {
                 Ok(Some(_)) | Err(_) => {
                     let reply = response::error(
                         &policy.answers,
-                        400,
-                        "IDEMPOTENCY_TOKEN_INVALID",
+                        ErrorCode::TokenInvalid,
                         &format!("header {} is not a valid token", policy.token.header),
                     );
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "invalid_token", None)));
@@ -152,8 +149,7 @@ impl Engine {
                 Ok(None) => {
                     let reply = response::error(
                         &policy.answers,
-                        400,
-                        "IDEMPOTENCY_TOKEN_MISSING",
+                        ErrorCode::TokenMissing,
                         &format!(
                             "header {} is missing; get a token from POST {}",
                             policy.token.header, policy.token.issue_path
@@ -165,8 +161,7 @@ impl Engine {
             if !self.issued_here(&policy.name, &token) {
                 let reply = response::error(
                     &policy.answers,
-                    400,
-                    "IDEMPOTENCY_TOKEN_INVALID",
+                    ErrorCode::TokenInvalid,
                     &format!(
                         "header {} holds no token this route issued (mistyped, cut short, or another route's); \
                          get one from POST {}",
@@ -278,8 +273,7 @@ impl Engine {
             {
                 let reply = response::error(
                     &policy.answers,
-                    422,
-                    "IDEMPOTENCY_KEY_REUSED",
+                    ErrorCode::KeyReused,
                     "this idempotency key was already used with a different request",
                 );
                 shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
@@ -375,7 +369,7 @@ pub(super) fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Opt
 }
 
 pub(super) fn store_unavailable(answers: &crate::answers::Answers) -> LocalReply {
-    response::error(answers, 503, "IDEMPOTENCY_STORE_UNAVAILABLE", "the idempotency store is unavailable; retry later")
+    response::error(answers, ErrorCode::StoreUnavailable, "the idempotency store is unavailable; retry later")
 }
 
 pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
@@ -387,19 +381,19 @@ pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
             key: None,
         },
         KeyError::Missing(why) => {
-            let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_KEY_MISSING", &why);
+            let reply = response::error(&policy.answers, ErrorCode::KeyMissing, &why);
             shadowed(policy, Outcome::MissingKey, reply, "missing_key".into(), None)
         }
         KeyError::Invalid(why) => {
-            let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_KEY_INVALID", &why);
+            let reply = response::error(&policy.answers, ErrorCode::KeyInvalid, &why);
             shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
         }
         KeyError::ScopeMissing(why) => {
-            let reply = response::error(&policy.answers, 400, "IDEMPOTENCY_SCOPE_MISSING", &why);
+            let reply = response::error(&policy.answers, ErrorCode::ScopeMissing, &why);
             shadowed(policy, Outcome::MissingScope, reply, "missing_scope".into(), None)
         }
         KeyError::Unsupported(why) => {
-            let reply = response::error(&policy.answers, 415, "IDEMPOTENCY_MEDIA_TYPE_UNSUPPORTED", &why);
+            let reply = response::error(&policy.answers, ErrorCode::MediaTypeUnsupported, &why);
             shadowed(policy, Outcome::Unsupported, reply, "unsupported".into(), None)
         }
     }

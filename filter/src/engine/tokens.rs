@@ -1,6 +1,7 @@
 //! The token mechanism's issue endpoint and the stored identity of a token.
 
 use super::{key_error, store_unavailable, verdict, Action, Engine, Issue, Outcome, Verdict};
+use crate::codes::ErrorCode;
 use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
 use crate::policy::{Mode, RoutePolicy};
@@ -31,7 +32,7 @@ impl Engine {
             .collect();
         let first = *routes.first()?;
         if !method.eq_ignore_ascii_case("POST") {
-            let mut reply = response::json_reply(405, "METHOD_NOT_ALLOWED", "tokens are issued with POST", &[]);
+            let mut reply = response::plain_error(ErrorCode::TokenMethodNotAllowed, "tokens are issued with POST");
             reply.headers.push(("allow".into(), "POST".into()));
             return Some(Issue::Reply { route: Some(first), reply, cause: "method_not_allowed".into() });
         }
@@ -43,11 +44,9 @@ impl Engine {
                 Some(&i) => i,
                 None => {
                     let names: Vec<&str> = routes.iter().map(|&i| self.bundle.routes[i].name.as_str()).collect();
-                    let reply = response::json_reply(
-                        400,
-                        "IDEMPOTENCY_TOKEN_ROUTE_REQUIRED",
+                    let reply = response::plain_error(
+                        ErrorCode::TokenRouteRequired,
                         &format!("several routes issue tokens here; add ?route= one of: {}", names.join(", ")),
-                        &[],
                     );
                     return Some(Issue::Reply { route: None, reply, cause: "route_required".into() });
                 }

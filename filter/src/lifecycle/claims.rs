@@ -127,9 +127,7 @@ impl Worker {
                     self.claim_resolved(host, q, found, batch.sent_ms);
                 }
             }
-            Err(StoreError::Host(e))
-                if e.contains("CROSSSLOT") && several_slots(batch.members.iter().map(|q| q.ticket.key.as_str())) =>
-            {
+            Err(StoreError::CrossSlot(_)) if several_slots(batch.members.iter().map(|q| q.ticket.key.as_str())) => {
                 // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's
                 // keys (batches sent before this answer came back are sent again too).
                 self.batching_per_slot(host);

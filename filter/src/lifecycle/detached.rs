@@ -5,6 +5,7 @@
 use super::leases::LeaseOwner;
 use super::worker::{RootCall, Worker};
 use super::writes::After;
+use crate::codes::ErrorCode;
 use crate::engine::{Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
@@ -68,8 +69,7 @@ impl Worker {
                     let answers = self.engine.policy(call.route).map_or(&default, |p| &p.answers);
                     let reply = crate::response::error(
                         answers,
-                        503,
-                        "IDEMPOTENCY_UPSTREAM_UNAVAILABLE",
+                        ErrorCode::UpstreamUnavailable,
                         "the request could not be sent upstream; retry later",
                     );
                     let ending = Ending::NoResponse { forwarded: false };

@@ -8,6 +8,7 @@
 //! the slot's status, headers and body. When that answer ends, this stream adds the trailers.
 
 use super::worker::{send, Worker};
+use crate::codes::ErrorCode;
 use crate::engine::Outcome;
 use crate::host::{Host, Level};
 use crate::policy::GrpcReplay;
@@ -54,7 +55,7 @@ impl Worker {
                     self.count(host, route, Outcome::StoreError);
                     let busy = self.engine.policy(route).map(|p| {
                         let message = "every gRPC replay slot of this gateway is in use; retry";
-                        response::error(&p.answers, 503, "IDEMPOTENCY_STORE_UNAVAILABLE", message)
+                        response::error(&p.answers, ErrorCode::StoreUnavailable, message)
                     });
                     host.log(Level::Warn, "idem: gRPC replay slots full; the replay was answered UNAVAILABLE");
                     self.send_when_read(host, ctx, busy.unwrap_or_default().for_grpc());
@@ -100,10 +101,7 @@ impl Worker {
             Some(a) => {
                 send(host, &LocalReply { status: a.status, headers: a.headers, body: a.body, ..Default::default() })
             }
-            None => send(
-                host,
-                &response::json_reply(404, "IDEMPOTENCY_REPLAY_GONE", "no replay waits under this token", &[]),
-            ),
+            None => send(host, &response::plain_error(ErrorCode::ReplayGone, "no replay waits under this token")),
         }
     }
 }

@@ -14,6 +14,7 @@ use super::waiters::{Resumed, Waiter};
 use super::worker::{send, status_of, Worker};
 use super::writes::After;
 use super::Flow;
+use crate::codes::ErrorCode;
 use crate::engine::{Action, Begin, Ending, Issue, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::{Host, Level};
 use crate::key::RequestView;
@@ -705,8 +706,7 @@ impl Stream {
             let answers = self.worker.engine.policy(route).map_or(&default, |p| &p.answers);
             crate::response::error(
                 answers,
-                400,
-                "IDEMPOTENCY_HEADER_INVALID",
+                ErrorCode::HeaderInvalid,
                 &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),
             )
         })?;

@@ -377,9 +377,8 @@ impl Worker {
                     self.finished(host, job, reply);
                 }
             }
-            Err(StoreError::Host(e))
-                if e.contains("CROSSSLOT")
-                    && several_slots(batch.iter().filter_map(|j| j.cmd.step.as_ref()).map(|s| s.key.as_str())) =>
+            Err(StoreError::CrossSlot(_))
+                if several_slots(batch.iter().filter_map(|j| j.cmd.step.as_ref()).map(|s| s.key.as_str())) =>
             {
                 // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's keys.
                 self.batching_per_slot(host);

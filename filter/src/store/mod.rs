@@ -127,6 +127,14 @@ pub enum StoreError {
     Missing(String),
     /// The host or the remote store failed.
     Host(String),
+    /// The store call got no answer: Webdis reset, refused or timed out.
+    NoAnswer,
+    /// Redis refused the command (its error text).
+    Redis(String),
+    /// Redis Cluster refused a call whose keys are in several hash slots (nothing of it ran).
+    CrossSlot(String),
+    /// A record or reply the store holds cannot be read (what, and its first characters).
+    Unreadable(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -135,7 +143,9 @@ impl std::fmt::Display for StoreError {
             StoreError::Full => write!(f, "store full: every entry of the bucket is in flight"),
             StoreError::Contended => write!(f, "store contended beyond the retry limit"),
             StoreError::Missing(k) => write!(f, "bucket {k} does not exist"),
-            StoreError::Host(e) => write!(f, "{e}"),
+            StoreError::Host(e) | StoreError::Unreadable(e) => write!(f, "{e}"),
+            StoreError::NoAnswer => write!(f, "webdis callout failed (no response: reset, refused or timed out)"),
+            StoreError::Redis(e) | StoreError::CrossSlot(e) => write!(f, "redis error: {e}"),
         }
     }
 }

@@ -440,7 +440,7 @@ impl RedisStore<'_> {
         Ok(items
             .into_iter()
             .map(|v| match v.as_str().and_then(|e| e.strip_prefix("ERR ")) {
-                Some(e) => Err(StoreError::Host(format!("redis error: {e}"))),
+                Some(e) => Err(redis_error(e)),
                 None => Ok(v),
             })
             .collect())
@@ -585,11 +585,21 @@ pub fn command(args: &[&str]) -> String {
     out
 }
 
+/// A Redis error reply as a store error: `CROSSSLOT` (Redis Cluster, keys of several hash slots
+/// in one call; nothing of it ran) is a kind of its own, which the batching reacts to.
+fn redis_error(message: &str) -> StoreError {
+    if message.starts_with("CROSSSLOT") {
+        StoreError::CrossSlot(message.to_string())
+    } else {
+        StoreError::Redis(message.to_string())
+    }
+}
+
 /// Webdis' JSON reply `{"CMD": value}`; HTTP errors, callout failures (status 0) and Redis errors
 /// (`[false, "ERR …"]` inside a 200) are store errors.
 pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, StoreError> {
     if status == 0 {
-        return Err(StoreError::Host("webdis callout failed (no response: reset, refused or timed out)".into()));
+        return Err(StoreError::NoAnswer);
     }
     if status != 200 {
         let text = String::from_utf8_lossy(body.get(..200).unwrap_or(body)).into_owned();
@@ -601,7 +611,7 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
     if let serde_json::Value::Array(a) = &inner {
         if a.first() == Some(&serde_json::Value::Bool(false)) {
             let msg = a.get(1).and_then(|m| m.as_str()).unwrap_or("error");
-            return Err(StoreError::Host(format!("redis error: {msg}")));
+            return Err(redis_error(msg));
         }
     }
     Ok(inner)
@@ -629,7 +639,7 @@ fn parse_record(record: &str, fp: &[u8; 32]) -> Result<Claim<()>, StoreError> {
     };
     let bad = || {
         let head: String = record.chars().take(40).collect();
-        StoreError::Host(format!("unreadable claim record {head:?}"))
+        StoreError::Unreadable(format!("unreadable claim record {head:?}"))
     };
     match field(&f, 0) {
         "I" => Ok(Claim::InFlight { first_seen_ms: num(3), lease_ends_ms: num(4), payload }),
