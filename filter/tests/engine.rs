@@ -5,7 +5,7 @@ mod common;
 use common::Req;
 use idem_filter::engine::*;
 use idem_filter::host::Host;
-use idem_filter::policy::parse_bundle;
+use idem_filter::policy::{parse_bundle, RouteId};
 use idem_filter::response::LocalReply;
 use idem_filter::testing::FakeHost;
 
@@ -67,7 +67,12 @@ fn setup() -> (FakeHost, Engine) {
     engine_with(POLICY)
 }
 
-fn route(e: &Engine, req: &Req) -> usize {
+/// The bundle's `i`th route.
+fn nth(e: &Engine, i: usize) -> RouteId {
+    e.bundle.route_ids().nth(i).unwrap()
+}
+
+fn route(e: &Engine, req: &Req) -> RouteId {
     e.bundle.find(|| req.method.clone(), &req.path, || None).unwrap()
 }
 
@@ -144,7 +149,7 @@ fn repeat_in_flight_gets_409_with_retry_after() {
 fn same_key_other_payload_is_422() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("k", "{\"a\":1}"));
-    e.finish_shared(&host, 0, &ticket(&v), ok(200, "{}"));
+    e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(200, "{}"));
     let v = decide(&host, &e, &order("k", "{\"a\":2}"));
     assert_eq!(v.outcome, Outcome::KeyReused);
     let (r, body) = reply(&v);
@@ -171,7 +176,7 @@ fn missing_and_invalid_keys_are_400() {
     );
     // Answered from headers alone, before any body is buffered.
     let headers_only = Req::post("/api/order/create");
-    assert!(e.precheck(0, &headers_only).is_some());
+    assert!(e.precheck(nth(&e, 0), &headers_only).is_some());
 }
 
 #[test]
@@ -184,7 +189,7 @@ fn key_not_required_passes_unprotected() {
 #[test]
 fn body_too_large_is_413() {
     let (_, e) = setup();
-    let v = e.body_too_large(0).unwrap();
+    let v = e.body_too_large(nth(&e, 0));
     let (r, body) = reply(&v);
     assert_eq!((r.status, body["code"].as_str()), (413, Some("IDEMPOTENCY_BODY_TOO_LARGE")));
 }
@@ -207,7 +212,7 @@ fn on_completed_reject_answers_the_duplicate_response() {
 fn upstream_5xx_releases_so_the_retry_runs() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("k", "{}"));
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(503, "down")).0, Some(Outcome::Released));
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(503, "down")).0, Some(Outcome::Released));
     assert_eq!(decide(&host, &e, &order("k", "{}")).outcome, Outcome::Forwarded);
 }
 
@@ -217,10 +222,14 @@ fn forgotten_statuses_release_too() {
     for status in [408, 409, 425, 429] {
         let key = format!("k{status}");
         let v = decide(&host, &e, &order(&key, "{}"));
-        assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(status, "{}")).0, Some(Outcome::Released), "{status}");
+        assert_eq!(
+            e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(status, "{}")).0,
+            Some(Outcome::Released),
+            "{status}"
+        );
     }
     let v = decide(&host, &e, &order("k404", "{}"));
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(404, "{}")).0, Some(Outcome::Stored));
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(404, "{}")).0, Some(Outcome::Stored));
 }
 
 #[test]
@@ -250,7 +259,7 @@ fn unknown_outcome_holds_the_claim_past_its_lease() {
     {
         let key = format!("unknown-{i}");
         let v = decide(&host, &e, &order(&key, "{}"));
-        assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ending).0, Some(Outcome::Held));
+        assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), ending).0, Some(Outcome::Held));
         let retry = decide(&host, &e, &order(&key, "{}"));
         assert_eq!(retry.outcome, Outcome::OutcomeUnknown, "retry must not run twice");
         let (r, body) = reply(&retry);
@@ -279,10 +288,10 @@ fn never_reaching_the_upstream_releases() {
         details: "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}"
             .into(),
     };
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), refused).0, Some(Outcome::Released));
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), refused).0, Some(Outcome::Released));
     let v = decide(&host, &e, &order("k2", "{}"));
     assert_eq!(
-        e.finish_shared(&host, 0, &ticket(&v), Ending::NoResponse { forwarded: false }).0,
+        e.finish_shared(&host, nth(&e, 0), &ticket(&v), Ending::NoResponse { forwarded: false }).0,
         Some(Outcome::Released)
     );
 }
@@ -291,7 +300,7 @@ fn never_reaching_the_upstream_releases() {
 fn oversized_or_unfinished_response_is_a_tombstone() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("big", "{}"));
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(200, &"x".repeat(300))).0, Some(Outcome::Tombstoned));
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(200, &"x".repeat(300))).0, Some(Outcome::Tombstoned));
     let again = decide(&host, &e, &order("big", "{}"));
     assert_eq!(again.outcome, Outcome::RejectedDuplicate);
     let (r, body) = reply(&again);
@@ -307,7 +316,7 @@ fn oversized_or_unfinished_response_is_a_tombstone() {
         details: String::new(),
         grpc: false,
     };
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), cut).0, Some(Outcome::Held));
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), cut).0, Some(Outcome::Held));
     let again = decide(&host, &e, &order("cut", "{}"));
     assert_eq!(again.outcome, Outcome::OutcomeUnknown);
     assert_eq!(reply(&again).1["code"], "IDEMPOTENCY_OUTCOME_UNKNOWN");
@@ -317,7 +326,7 @@ fn oversized_or_unfinished_response_is_a_tombstone() {
 fn another_caller_never_gets_someone_elses_response() {
     let (host, e) = setup();
     let v = decide(&host, &e, &order("shared-key", "{}"));
-    e.finish_shared(&host, 0, &ticket(&v), ok(200, "{\"owner\":\"alice\"}"));
+    e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(200, "{\"owner\":\"alice\"}"));
     let bob = Req::post("/api/order/create").key("shared-key").header("authorization", "Bearer bob").body("{}");
     assert_eq!(decide(&host, &e, &bob).outcome, Outcome::Forwarded);
 }
@@ -352,7 +361,7 @@ fn shadow_mode_never_blocks_but_says_what_it_would_do() {
     assert!(v.cause.starts_with("would_replayed"), "{}", v.cause);
     let v = decide(&host, &e, &Req::post("/api/shadow"));
     assert_eq!((v.outcome, v.action), (Outcome::ShadowWouldBlock, Action::Forward(None)));
-    assert_eq!(e.body_too_large(r).unwrap().action, Action::Forward(None));
+    assert_eq!(e.body_too_large(r).action, Action::Forward(None));
 }
 
 #[test]
@@ -403,7 +412,7 @@ fn wait_mode_holds_then_replays_the_first_response() {
     assert_eq!(deadline, host.now_ms() + 2000);
     host.advance(100);
     held(&e.run_shared(&host, &prepared, Some(deadline), None));
-    e.finish_shared(&host, 0, &ticket(&first), ok(201, "{\"first\":true}"));
+    e.finish_shared(&host, nth(&e, 0), &ticket(&first), ok(201, "{\"first\":true}"));
     let v = e.run_shared(&host, &prepared, Some(deadline), None);
     assert_eq!((v.outcome, v.cause.as_str()), (Outcome::Replayed, "completed_while_waiting"));
     assert_eq!(reply(&v).1["first"], true);
@@ -415,7 +424,7 @@ fn wait_mode_takes_over_when_the_first_fails() {
     let req = Req::post("/api/wait").key("k").body("{}");
     let first = decide(&host, &e, &req);
     let (prepared, deadline) = held(&decide(&host, &e, &req));
-    e.finish_shared(&host, 0, &ticket(&first), ok(500, "boom"));
+    e.finish_shared(&host, nth(&e, 0), &ticket(&first), ok(500, "boom"));
     let v = e.run_shared(&host, &prepared, Some(deadline), None);
     assert_eq!(v.outcome, Outcome::Waited);
     ticket(&v);
@@ -555,15 +564,15 @@ fn failed_submission_restores_the_token_unless_the_outcome_is_unknown() {
     let (host, e) = token_setup();
     let t = issue(&host, &e, "/api/idempotent/token?route=submit", "A", 3).unwrap();
     let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), ok(503, "down")).0, Some(Outcome::TokenRestored));
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), ok(503, "down")).0, Some(Outcome::TokenRestored));
     let v = decide(&host, &e, &submit("/api/form/submit", "A", Some(&t)));
     assert_eq!(v.outcome, Outcome::TokenConsumed);
-    assert_eq!(e.finish_shared(&host, 0, &ticket(&v), Ending::NoResponse { forwarded: true }).0, None);
+    assert_eq!(e.finish_shared(&host, nth(&e, 0), &ticket(&v), Ending::NoResponse { forwarded: true }).0, None);
     assert_eq!(decide(&host, &e, &submit("/api/form/submit", "A", Some(&t))).outcome, Outcome::TokenRejected);
     // restore_on_failure = false keeps a failed token used.
     let t2 = issue(&host, &e, "/api/idempotent/token?route=publish", "A", 4).unwrap();
     let v = decide(&host, &e, &submit("/api/publish", "A", Some(&t2)));
-    assert_eq!(e.finish_shared(&host, 1, &ticket(&v), ok(500, "x")).0, None);
+    assert_eq!(e.finish_shared(&host, nth(&e, 1), &ticket(&v), ok(500, "x")).0, None);
     assert_eq!(decide(&host, &e, &submit("/api/publish", "A", Some(&t2))).outcome, Outcome::TokenRejected);
 }
 

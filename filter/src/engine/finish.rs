@@ -5,6 +5,7 @@ use super::verdict::{Body, Ending, Finish, StoreTicket, Ticket};
 use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
 use crate::policy::KeyPolicy;
+use crate::policy::RouteId;
 use crate::response::{self, StoredResponse};
 use crate::store::operator::HeldNote;
 use crate::store::{shared, Answer, Claim, Completion, StoreError};
@@ -34,7 +35,7 @@ impl Engine {
             StoreOp::UseToken { .. } => &crate::fingerprint::NONE,
         };
         let claim = self.shared.lookup(host, id, fingerprint).ok()??;
-        let policy = self.policy(p.route)?;
+        let policy = self.policy(p.route);
         match claim {
             Claim::InFlight { first_seen_ms, .. } => {
                 let reply = response::in_progress(&policy.answers, first_seen_ms);
@@ -52,10 +53,11 @@ impl Engine {
     /// Keeps a completed Redis answer in this process for repeats of its key, for at most
     /// `[redis] answer_cache` and never past the record's own expiry in Redis (first seen plus
     /// the route's `ttl`: the record was written later, so it lives longer).
-    pub fn remember_answer(&self, host: &dyn Host, route: usize, id: &[u8; 32], answer: &Answer) {
-        let (Some(policy), Some(cfg)) = (self.policy(route), self.bundle.redis.as_ref()) else {
+    pub fn remember_answer(&self, host: &dyn Host, route: RouteId, id: &[u8; 32], answer: &Answer) {
+        let Some(cfg) = self.bundle.redis.as_ref() else {
             return;
         };
+        let policy = self.policy(route);
         let now = host.now_ms();
         let expires = answer.first_seen_ms.saturating_add(policy.key.ttl.millis);
         let until = now.saturating_add(cfg.answer_cache.millis).min(expires);
@@ -79,10 +81,8 @@ impl Engine {
     }
 
     /// What finishing a ticket must do, whatever the store.
-    pub fn plan_finish(&self, route: usize, ticket: &Ticket, ending: Ending) -> Finish {
-        let Some(policy) = self.policy(route) else {
-            return Finish::Nothing { outcome: None, cause: "unknown route".into() };
-        };
+    pub fn plan_finish(&self, route: RouteId, ticket: &Ticket, ending: Ending) -> Finish {
+        let policy = self.policy(route);
         let result = classify(&policy.key, &ending);
         if let Ticket::Token(_) = ticket {
             return match result {
@@ -124,7 +124,7 @@ impl Engine {
     pub fn finish_shared(
         &self,
         host: &dyn Host,
-        route: usize,
+        route: RouteId,
         ticket: &Ticket,
         ending: Ending,
     ) -> (Option<Outcome>, String) {
@@ -151,7 +151,7 @@ impl Engine {
     /// Extends the lease of a claim on the shared store whose request still waits for the
     /// upstream: while the gateway lives, a slow request is never taken over. `Ok(false)` when
     /// the claim is no longer this ticket's.
-    pub fn renew_shared(&self, host: &dyn Host, route: usize, ticket: &shared::Ticket) -> Result<bool, StoreError> {
+    pub fn renew_shared(&self, host: &dyn Host, route: RouteId, ticket: &shared::Ticket) -> Result<bool, StoreError> {
         let lease = self.lock_ttl_ms(route);
         self.shared.renew(host, ticket, lease)
     }
@@ -212,8 +212,8 @@ enum Ended {
 impl Engine {
     /// Why an ending leaves the outcome unknown (the request was forwarded and no answer came
     /// back, or a gRPC call ended DEADLINE_EXCEEDED/CANCELLED), or `None` when it is known.
-    pub fn unknown_cause(&self, route: usize, ending: &Ending) -> Option<String> {
-        let policy = self.policy(route)?;
+    pub fn unknown_cause(&self, route: RouteId, ending: &Ending) -> Option<String> {
+        let policy = self.policy(route);
         match classify(&policy.key, ending) {
             Ended::Unknown(cause) => Some(cause),
             _ => None,

@@ -26,6 +26,7 @@ use crate::codes::ErrorCode;
 use crate::fingerprint::fingerprint;
 use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
+use crate::policy::RouteId;
 use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
 use crate::response::{self, LocalReply};
 use crate::store::shared::SharedStore;
@@ -48,21 +49,14 @@ impl Engine {
         self.shared.initialise(host)
     }
 
-    pub fn policy(&self, route: usize) -> Option<&RoutePolicy> {
-        self.bundle.routes.get(route)
-    }
-
-    /// The policy of a route index the engine handed out (`Bundle::find`, a `Prepared`), or, for
-    /// one it never did (a bug), the 503 answer instead of a panic.
-    fn checked(&self, route: usize) -> Result<&RoutePolicy, Box<Verdict>> {
-        self.policy(route).ok_or_else(|| {
-            Box::new(verdict(Outcome::StoreError, store_unavailable(&self.bundle.answers), "unknown route", None))
-        })
+    /// The policy of a route of this engine's bundle.
+    pub fn policy(&self, route: RouteId) -> &RoutePolicy {
+        self.bundle.route(route)
     }
 
     /// A route's lease (`lock_ttl`), in milliseconds.
-    pub fn lock_ttl_ms(&self, route: usize) -> u64 {
-        self.policy(route).map(|p| p.key.lock_ttl.millis).unwrap_or(1)
+    pub fn lock_ttl_ms(&self, route: RouteId) -> u64 {
+        self.policy(route).key.lock_ttl.millis
     }
 
     pub fn redis(&self) -> Option<redis::RedisStore<'_>> {
@@ -100,8 +94,8 @@ impl Engine {
 
     /// Before buffering a body: answers a header or query key that is missing or malformed, so
     /// such a request is refused without waiting for its body. Cheap: reads the key, hashes nothing.
-    pub fn precheck(&self, route: usize, req: &dyn RequestView) -> Option<Verdict> {
-        let policy = self.policy(route)?;
+    pub fn precheck(&self, route: RouteId, req: &dyn RequestView) -> Option<Verdict> {
+        let policy = self.policy(route);
         if policy.mode == Mode::Token || policy.key.key_reads_body() {
             return None;
         }
@@ -109,32 +103,32 @@ impl Engine {
     }
 
     /// The request body is larger than the route allows.
-    pub fn body_too_large(&self, route: usize) -> Option<Verdict> {
-        let policy = self.policy(route)?;
+    pub fn body_too_large(&self, route: RouteId) -> Verdict {
+        let policy = self.policy(route);
         let reply = response::error(
             &policy.answers,
             ErrorCode::BodyTooLarge,
             &format!("the request body exceeds {} bytes", policy.max_body_bytes),
         );
-        Some(shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None))
+        shadowed(policy, Outcome::BodyTooLarge, reply, "body_too_large".into(), None)
     }
 
     /// The route needs the request body and Envoy withholds it while the headers are paused
     /// (`allow_on_headers_stop_iteration` is off): refuse promptly rather than hang.
-    pub fn body_withheld(&self, route: usize) -> Option<Verdict> {
-        let policy = self.policy(route)?;
+    pub fn body_withheld(&self, route: RouteId) -> Verdict {
+        let policy = self.policy(route);
         let reply = response::error(
             &policy.answers,
             ErrorCode::Misconfigured,
             "the gateway does not pass the request body to the idempotency filter before forwarding, and this \
              route needs it; the gateway's operators must enable allow_on_headers_stop_iteration",
         );
-        Some(shadowed(policy, Outcome::Misconfigured, reply, "body_withheld".into(), None))
+        shadowed(policy, Outcome::Misconfigured, reply, "body_withheld".into(), None)
     }
 
     /// Reads the key (or token) and prepares the store operation.
-    pub fn begin(&self, route: usize, req: &dyn RequestView) -> Option<Begin> {
-        let policy = self.policy(route)?;
+    pub fn begin(&self, route: RouteId, req: &dyn RequestView) -> Option<Begin> {
+        let policy = self.policy(route);
         if policy.mode == Mode::Token {
             let token = match key::single_header(req, &policy.token.header) {
                 Ok(Some(t)) if key::validate(&t).is_ok() => t,
@@ -195,7 +189,7 @@ impl Engine {
     }
 
     /// The whole decision on the shared store (synchronous).
-    pub fn decide_shared(&self, host: &dyn Host, route: usize, req: &dyn RequestView) -> Option<Verdict> {
+    pub fn decide_shared(&self, host: &dyn Host, route: RouteId, req: &dyn RequestView) -> Option<Verdict> {
         match self.begin(route, req)? {
             Begin::Done(v) => Some(v),
             Begin::Store(p) => Some(self.run_shared(host, &p, None, Some(req))),
@@ -204,8 +198,8 @@ impl Engine {
 
     /// The request's fingerprint as records of earlier versions hold it (SHA-256, first 16
     /// bytes), for [`Claim::resolve_legacy`].
-    pub fn legacy_fingerprint(&self, route: usize, req: &dyn RequestView) -> Option<[u8; 16]> {
-        let policy = self.policy(route)?;
+    pub fn legacy_fingerprint(&self, route: RouteId, req: &dyn RequestView) -> Option<[u8; 16]> {
+        let policy = self.policy(route);
         let path = policy.matcher.canonical_path(req.path());
         let fp = crate::fingerprint::legacy_fingerprint(
             &policy.key,
@@ -251,10 +245,7 @@ impl Engine {
         now: u64,
         waiting_until: Option<u64>,
     ) -> Verdict {
-        let policy = match self.checked(p.route) {
-            Ok(policy) => policy,
-            Err(v) => return *v,
-        };
+        let policy = self.policy(p.route);
         let k = Some(p.key.clone());
         let claim = match claim {
             Ok(c) => c,
@@ -321,10 +312,7 @@ impl Engine {
 
     /// The verdict for what presenting a token found.
     pub fn after_token(&self, p: &Prepared, used: Result<TokenUse<StoreTicket>, StoreError>) -> Verdict {
-        let policy = match self.checked(p.route) {
-            Ok(policy) => policy,
-            Err(v) => return *v,
-        };
+        let policy = self.policy(p.route);
         let k = Some(p.key.clone());
         match used {
             Err(e) => self.store_error(policy, e, k),

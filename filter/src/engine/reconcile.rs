@@ -70,7 +70,7 @@ impl Engine {
         p: &Prepared,
         held: &StoreTicket,
     ) -> Result<Option<StoreTicket>, StoreError> {
-        let Some(reconcile) = self.policy(p.route).and_then(|r| r.reconcile.as_ref()) else {
+        let Some(reconcile) = self.policy(p.route).reconcile.as_ref() else {
             return Ok(None);
         };
         // The lease outlives the call by a second, so a lookup that times out settles itself.
@@ -83,7 +83,7 @@ impl Engine {
 
     /// The lookup's path for the request's key.
     pub fn lookup_path(&self, p: &Prepared) -> Option<String> {
-        let reconcile = self.policy(p.route)?.reconcile.as_ref()?;
+        let reconcile = self.policy(p.route).reconcile.as_ref()?;
         Some(reconcile.lookup.render(&p.key))
     }
 
@@ -97,10 +97,7 @@ impl Engine {
         answer: LookupAnswer,
         unknown: LocalReply,
     ) -> Verdict {
-        let policy = match self.checked(p.route) {
-            Ok(policy) => policy,
-            Err(v) => return *v,
-        };
+        let policy = self.policy(p.route);
         let (Some(reconcile), StoreTicket::Shared(ticket)) = (policy.reconcile.as_ref(), t) else {
             return self.lookup_failed(host, p, t, unknown, "no_lookup".into());
         };
@@ -132,17 +129,14 @@ impl Engine {
 
     /// What a lookup's answer says, for a store whose writes the caller makes (Redis).
     pub fn lookup_found(&self, p: &Prepared, status: u16) -> Found {
-        self.policy(p.route).and_then(|r| r.reconcile.as_ref()).map_or(Found::Failed, |r| r.found(status))
+        self.policy(p.route).reconcile.as_ref().map_or(Found::Failed, |r| r.found(status))
     }
 
     /// The verdict of a lookup that settled nothing (on a store whose writes the caller makes):
     /// the 409, or the request forwarded in shadow mode.
     pub fn lookup_settled_nothing(&self, p: &Prepared, unknown: LocalReply, cause: String) -> Verdict {
         let key = Some(p.key.clone());
-        match self.policy(p.route) {
-            Some(policy) => shadowed(policy, Outcome::ReconcileFailed, unknown, cause, key),
-            None => Verdict { outcome: Outcome::ReconcileFailed, action: Action::Reply(unknown), cause, key },
-        }
+        shadowed(self.policy(p.route), Outcome::ReconcileFailed, unknown, cause, key)
     }
 
     /// Gives the lookup up (it failed, or its request left): the next repeat may ask again.

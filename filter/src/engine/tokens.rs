@@ -4,6 +4,7 @@ use super::{key_error, store_unavailable, verdict, Action, Engine, Issue, Outcom
 use crate::codes::ErrorCode;
 use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
+use crate::policy::RouteId;
 use crate::policy::{Mode, RoutePolicy};
 use crate::response;
 use crate::store::StoreError;
@@ -27,8 +28,10 @@ impl Engine {
     /// `random` supplies 16 random bytes.
     pub fn issue(&self, method: &str, path: &str, req: &dyn RequestView, random: [u8; 16]) -> Option<Issue> {
         let bare = path.split(['?', '#']).next().unwrap_or(path);
-        let routes: Vec<usize> = (0..self.bundle.routes.len())
-            .filter(|&i| self.bundle.routes[i].mode == Mode::Token && self.bundle.routes[i].token.issue_path == bare)
+        let routes: Vec<RouteId> = self
+            .bundle
+            .route_ids()
+            .filter(|&r| self.bundle.route(r).mode == Mode::Token && self.bundle.route(r).token.issue_path == bare)
             .collect();
         let first = *routes.first()?;
         if !method.eq_ignore_ascii_case("POST") {
@@ -40,10 +43,10 @@ impl Engine {
             first
         } else {
             let wanted = key::query_param(path, "route").ok().flatten();
-            match routes.iter().find(|&&i| Some(&self.bundle.routes[i].name) == wanted.as_ref()) {
-                Some(&i) => i,
+            match routes.iter().find(|&&r| Some(&self.bundle.route(r).name) == wanted.as_ref()) {
+                Some(&r) => r,
                 None => {
-                    let names: Vec<&str> = routes.iter().map(|&i| self.bundle.routes[i].name.as_str()).collect();
+                    let names: Vec<&str> = routes.iter().map(|&r| self.bundle.route(r).name.as_str()).collect();
                     let reply = response::plain_error(
                         ErrorCode::TokenRouteRequired,
                         &format!("several routes issue tokens here; add ?route= one of: {}", names.join(", ")),
@@ -52,7 +55,7 @@ impl Engine {
                 }
             }
         };
-        let policy = self.policy(route)?;
+        let policy = self.policy(route);
         let token = self.signed_token(&policy.name, random);
         match token_id(policy, &token, req) {
             Ok(id) => Some(Issue::Token { route, token, id }),
@@ -104,17 +107,14 @@ impl Engine {
     }
 
     /// Records an issued token on the shared store.
-    pub fn issue_shared(&self, host: &dyn Host, route: usize, id: &[u8; 32]) -> Result<(), StoreError> {
-        let ttl = self.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+    pub fn issue_shared(&self, host: &dyn Host, route: RouteId, id: &[u8; 32]) -> Result<(), StoreError> {
+        let ttl = self.policy(route).token.ttl.millis;
         self.shared.issue_token(host, id, ttl)
     }
 
     /// The answer to a successful issue (or the store's failure).
-    pub fn issued(&self, route: usize, token: &str, now: u64, stored: Result<(), StoreError>) -> Verdict {
-        let policy = match self.checked(route) {
-            Ok(policy) => policy,
-            Err(v) => return *v,
-        };
+    pub fn issued(&self, route: RouteId, token: &str, now: u64, stored: Result<(), StoreError>) -> Verdict {
+        let policy = self.policy(route);
         if let Err(e) = stored {
             return verdict(Outcome::StoreError, store_unavailable(&policy.answers), &e.to_string(), None);
         }

@@ -2,6 +2,7 @@
 //! how it ended.
 
 use super::Outcome;
+use crate::policy::RouteId;
 use crate::response::{Header, LocalReply, StoredResponse};
 use crate::store::{redis, shared};
 
@@ -66,7 +67,7 @@ pub struct Verdict {
 /// A request ready for its store operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
-    pub route: usize,
+    pub route: RouteId,
     pub op: StoreOp,
     /// The client's key or token (for logs only; never stored).
     pub key: String,
@@ -128,6 +129,6 @@ pub enum Finish {
 /// A token issue request: which route the token is for, or the answer when it cannot be issued.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issue {
-    Token { route: usize, token: String, id: [u8; 32] },
-    Reply { route: Option<usize>, reply: LocalReply, cause: String },
+    Token { route: RouteId, token: String, id: [u8; 32] },
+    Reply { route: Option<RouteId>, reply: LocalReply, cause: String },
 }

@@ -20,6 +20,7 @@ use super::worker::Worker;
 use super::{Map, Set};
 use crate::engine::Action;
 use crate::host::{Host, Level};
+use crate::policy::RouteId;
 use std::cell::{Cell, RefCell};
 
 /// What this worker has seen of body delivery during paused headers.
@@ -47,7 +48,7 @@ pub(super) struct BodyGate {
 /// A stream paused at its headers for the body: its route and `request.total_size` then.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AwaitingBody {
-    route: usize,
+    route: RouteId,
     size_at_headers: u64,
 }
 
@@ -68,7 +69,7 @@ impl Worker {
     }
 
     /// A stream pauses at its headers to read the body.
-    pub(super) fn await_body(&self, host: &dyn Host, context: u32, route: usize) {
+    pub(super) fn await_body(&self, host: &dyn Host, context: u32, route: RouteId) {
         if self.body_gate.delivery.get() == BodyDelivery::Unknown {
             let size_at_headers = total_size(host).unwrap_or(0);
             self.body_gate.awaiting.borrow_mut().insert(context, AwaitingBody { route, size_at_headers });
@@ -117,10 +118,8 @@ impl Worker {
     }
 
     /// Answers a stream whose body Envoy withholds (from the root context).
-    fn answer_withheld(&self, host: &dyn Host, ctx: u32, route: usize) {
-        let Some(v) = self.engine.body_withheld(route) else {
-            return;
-        };
+    fn answer_withheld(&self, host: &dyn Host, ctx: u32, route: RouteId) {
+        let v = self.engine.body_withheld(route);
         self.record(host, route, &v);
         self.on_stream(host, ctx, || {
             self.annotate(host, route, &v);

@@ -11,6 +11,7 @@ use super::Flow;
 use crate::engine::{Body, Ending, StoreTicket, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
+use crate::policy::RouteId;
 use crate::response::Header;
 use std::rc::Rc;
 
@@ -89,7 +90,7 @@ impl Stream {
         let Phase::Capturing { route, capture, .. } = &mut self.phase else {
             return Flow::Continue;
         };
-        let limit = self.worker.engine.policy(*route).map(|p| p.max_response_bytes as usize).unwrap_or(0);
+        let limit = self.worker.engine.policy(*route).max_response_bytes as usize;
         // A gRPC answer ends with its trailers: its body streams (captured chunk by chunk), and it
         // is held at the trailers instead, which end the call for the client.
         if capture.holding && !capture.grpc {
@@ -159,7 +160,7 @@ impl Stream {
     pub(super) fn finish(
         &mut self,
         host: &dyn Host,
-        route: usize,
+        route: RouteId,
         ticket: Ticket,
         key: Option<String>,
         ending: Ending,

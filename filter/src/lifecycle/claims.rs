@@ -172,8 +172,10 @@ impl Worker {
         // unknown outcome waits on it as on a request in flight where the route waits and looks
         // up (a repeat sent alone takes the lookup; the poll then finds its answer), else it
         // gets the 409 (`after_claim`'s lookup, answered from the root).
-        let waits =
-            self.engine.policy(route).is_some_and(|p| p.reconcile.is_some() && p.key.on_in_flight == OnInFlight::Wait);
+        let waits = {
+            let p = self.engine.policy(route);
+            p.reconcile.is_some() && p.key.on_in_flight == OnInFlight::Wait
+        };
         let claim = match claim {
             Ok(Claim::Unknown { first_seen_ms, payload, held: Some(_), .. }) if waits => {
                 Ok(Claim::InFlight { first_seen_ms, lease_ends_ms: now, payload })

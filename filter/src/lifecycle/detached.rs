@@ -10,6 +10,7 @@ use crate::engine::{Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::DetachedVia;
+use crate::policy::RouteId;
 use std::cell::RefCell;
 
 /// The request as the root context sends it upstream: the route's cluster, the headers it
@@ -31,7 +32,7 @@ pub(super) struct DetachedCalls {
 /// A claimed request the root context sends upstream (`forward = "detached"`).
 pub(super) struct Detached {
     pub(super) ctx: u32,
-    pub(super) route: usize,
+    pub(super) route: RouteId,
     pub(super) ticket: Ticket,
     pub(super) key: Option<String>,
     pub(super) request: Outbound,
@@ -49,7 +50,7 @@ impl Worker {
     pub(super) fn send_detached(&self, host: &dyn Host) {
         let calls: Vec<Detached> = self.detached.queued.borrow_mut().drain(..).collect();
         for call in calls {
-            let timeout = self.engine.policy(call.route).map(|p| p.upstream_timeout.millis).unwrap_or(15_000);
+            let timeout = self.engine.policy(call.route).upstream_timeout.millis;
             let Outbound { cluster, headers, body, .. } = &call.request;
             match host.dispatch(cluster, headers, body, timeout) {
                 Ok(token) => {
@@ -60,13 +61,12 @@ impl Worker {
                     let hint = match self.engine.bundle.detached.via {
                         DetachedVia::Reentry => format!(
                             "; is there a cluster {cluster} reaching the internal listener detached requests re-enter \
-                             Envoy through? (docs/clients.md: Detached forwarding; or [detached] via = \"cluster\")"
+                             Envoy through? (docs/clients.md#detached-forwarding; or [detached] via = \"cluster\")"
                         ),
                         DetachedVia::Cluster => String::new(),
                     };
                     host.log(Level::Error, &format!("idem: detached call to cluster {cluster} not sent: {e:?}{hint}"));
-                    let default = crate::answers::Answers::default();
-                    let answers = self.engine.policy(call.route).map_or(&default, |p| &p.answers);
+                    let answers = &self.engine.policy(call.route).answers;
                     let reply = crate::response::error(
                         answers,
                         ErrorCode::UpstreamUnavailable,
@@ -92,9 +92,7 @@ impl Worker {
         body: Vec<u8>,
     ) {
         self.drop_lease(LeaseOwner::Detached(call.ctx));
-        let Some(policy) = self.engine.policy(call.route) else {
-            return;
-        };
+        let policy = self.engine.policy(call.route);
         let hold_until = host.now_ms().saturating_add(policy.key.unknown_hold_ms());
         let grpc = call.request.grpc;
         let trailers = if grpc { host.call_trailers() } else { Vec::new() };

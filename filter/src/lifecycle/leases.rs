@@ -7,6 +7,7 @@ use super::worker::{RootCall, Worker};
 use super::Map;
 use crate::engine::{StoreTicket, Ticket};
 use crate::host::Host;
+use crate::policy::RouteId;
 use std::cell::RefCell;
 
 /// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.
@@ -23,14 +24,14 @@ pub(super) struct Leases {
 }
 
 pub(super) struct Lease {
-    route: usize,
+    route: RouteId,
     ticket: StoreTicket,
     renew_at_ms: u64,
 }
 
 impl Worker {
     /// Starts renewing a forwarded claim's lease (key claims only; tokens have no lease).
-    pub(super) fn hold_lease(&self, host: &dyn Host, owner: LeaseOwner, route: usize, ticket: &Ticket) {
+    pub(super) fn hold_lease(&self, host: &dyn Host, owner: LeaseOwner, route: RouteId, ticket: &Ticket) {
         let Ticket::Claim(st) = ticket else {
             return;
         };
@@ -42,14 +43,14 @@ impl Worker {
         self.leases.held.borrow_mut().remove(&owner);
     }
 
-    fn renew_every(&self, route: usize) -> u64 {
-        self.engine.policy(route).map(|p| p.key.lock_ttl.millis / 3).unwrap_or(1000).max(1)
+    fn renew_every(&self, route: RouteId) -> u64 {
+        (self.engine.policy(route).key.lock_ttl.millis / 3).max(1)
     }
 
     /// Renews the leases that are due (root context, on its tick).
     pub(super) fn renew_leases(&self, host: &dyn Host) {
         let now = host.now_ms();
-        let due: Vec<(LeaseOwner, usize, StoreTicket)> = self
+        let due: Vec<(LeaseOwner, RouteId, StoreTicket)> = self
             .leases
             .held
             .borrow()
@@ -69,9 +70,10 @@ impl Worker {
                     }
                 }
                 StoreTicket::Redis(t) => {
-                    let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+                    let Some(store) = self.engine.redis() else {
                         continue;
                     };
+                    let policy = self.engine.policy(route);
                     if let Ok(token) = self.dispatch(host, &store.renew(t, policy.key.lock_ttl.millis)) {
                         self.call_out(token, RootCall::Renewal(owner));
                     }

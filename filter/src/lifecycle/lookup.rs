@@ -81,8 +81,7 @@ impl Stream {
     /// `GET <lookup>` through the route's cluster (or the one `[route.reconcile]` names).
     fn send_lookup(&self, host: &dyn Host, prepared: &Prepared) -> Result<u32, String> {
         let w = &self.worker;
-        let reconcile =
-            w.engine.policy(prepared.route).and_then(|p| p.reconcile.as_ref()).ok_or("no [route.reconcile]")?;
+        let reconcile = w.engine.policy(prepared.route).reconcile.as_ref().ok_or("no [route.reconcile]")?;
         let path = w.engine.lookup_path(prepared).ok_or("no lookup path")?;
         let cluster = match &reconcile.cluster {
             Some(c) => c.clone(),
@@ -188,7 +187,7 @@ impl Stream {
         let w = Rc::clone(&self.worker);
         let route = prepared.route;
         let now = host.now_ms();
-        let timeout = w.engine.policy(route).and_then(|p| p.reconcile.as_ref()).map_or(0, |r| r.timeout.millis);
+        let timeout = w.engine.policy(route).reconcile.as_ref().map_or(0, |r| r.timeout.millis);
         let Some(store) = w.engine.redis() else {
             let v = w.engine.lookup_settled_nothing(&prepared, unknown, "no_redis".into());
             return self.apply(host, route, v, paused);
@@ -277,7 +276,7 @@ impl Stream {
             }
             Found::Absent => {
                 let now = host.now_ms();
-                let (Some(store), Some(policy)) = (w.engine.redis(), w.engine.policy(route)) else {
+                let (Some(store), policy) = (w.engine.redis(), w.engine.policy(route)) else {
                     return;
                 };
                 let owner = host.random_u64().unwrap_or(now);

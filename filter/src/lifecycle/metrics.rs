@@ -5,6 +5,7 @@
 use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
 use crate::engine::Outcome;
 use crate::host::{Host, Setup};
+use crate::policy::RouteId;
 use crate::policy::{Bundle, Mode, OnInFlight, StoreKind, ZeroSeries};
 use std::cell::RefCell;
 
@@ -58,9 +59,9 @@ impl Metrics {
     }
 
     /// Counts `outcome` on route `route` (named `name`), defining its counter the first time.
-    pub(super) fn count(&self, host: &dyn Host, route: usize, name: &str, outcome: Outcome) {
+    pub(super) fn count(&self, host: &dyn Host, route: RouteId, name: &str, outcome: Outcome) {
         let mut counters = self.counters.borrow_mut();
-        let Some(slot) = counters.get_mut(route).and_then(|c| c.get_mut(outcome.index())) else {
+        let Some(slot) = counters.get_mut(route.index()).and_then(|c| c.get_mut(outcome.index())) else {
             return;
         };
         if slot.is_none() {
@@ -72,15 +73,15 @@ impl Metrics {
     }
 
     /// A Redis call of this route, sent at `since_ms`, was answered.
-    pub(super) fn store_call_took(&self, host: &dyn Host, route: usize, since_ms: u64) {
-        if let Some(Some(id)) = self.store_call_histograms.get(route) {
+    pub(super) fn store_call_took(&self, host: &dyn Host, route: RouteId, since_ms: u64) {
+        if let Some(Some(id)) = self.store_call_histograms.get(route.index()) {
             host.record(*id, host.now_ms().saturating_sub(since_ms));
         }
     }
 
     /// A held duplicate of this route was resolved after waiting since `since_ms`.
-    pub(super) fn record_wait(&self, host: &dyn Host, route: usize, since_ms: u64) {
-        if let Some(Some(id)) = self.wait_histograms.get(route) {
+    pub(super) fn record_wait(&self, host: &dyn Host, route: RouteId, since_ms: u64) {
+        if let Some(Some(id)) = self.wait_histograms.get(route.index()) {
             host.record(*id, host.now_ms().saturating_sub(since_ms));
         }
     }

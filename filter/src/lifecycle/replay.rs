@@ -12,6 +12,7 @@ use crate::codes::ErrorCode;
 use crate::engine::Outcome;
 use crate::host::{Host, Level};
 use crate::policy::GrpcReplay;
+use crate::policy::RouteId;
 use crate::response::{self, Header, LocalReply, StoredResponse};
 use crate::store::StoreError;
 
@@ -37,7 +38,7 @@ pub(super) struct Replays {
 
 impl Worker {
     /// Answers the current stream (its own callback, or the root acting on it) with `reply`.
-    pub(super) fn answer(&self, host: &dyn Host, ctx: u32, route: usize, reply: LocalReply, grpc: bool) -> Answered {
+    pub(super) fn answer(&self, host: &dyn Host, ctx: u32, route: RouteId, reply: LocalReply, grpc: bool) -> Answered {
         if !grpc {
             self.send_when_read(host, ctx, reply);
             return Answered::Replied;
@@ -53,19 +54,19 @@ impl Worker {
                 Err(StoreError::Full) => {
                     // More replays in flight than slots: a retryable answer, never a wrong one.
                     self.count(host, route, Outcome::StoreError);
-                    let busy = self.engine.policy(route).map(|p| {
-                        let message = "every gRPC replay slot of this gateway is in use; retry";
-                        response::error(&p.answers, ErrorCode::StoreUnavailable, message)
-                    });
+                    let message = "every gRPC replay slot of this gateway is in use; retry";
+                    let busy =
+                        response::error(&self.engine.policy(route).answers, ErrorCode::StoreUnavailable, message);
                     host.log(Level::Warn, "idem: gRPC replay slots full; the replay was answered UNAVAILABLE");
-                    self.send_when_read(host, ctx, busy.unwrap_or_default().for_grpc());
+                    self.send_when_read(host, ctx, busy.for_grpc());
                     return Answered::Replied;
                 }
                 Err(e) => host.log(Level::Error, &format!("idem: gRPC replay through the echo not sent: {e}")),
             }
         }
-        let duplicate = self.engine.policy(route).map(|p| response::duplicate(&p.answers, &p.duplicate, None));
-        self.send_when_read(host, ctx, duplicate.unwrap_or_default().for_grpc());
+        let p = self.engine.policy(route);
+        let duplicate = response::duplicate(&p.answers, &p.duplicate, None);
+        self.send_when_read(host, ctx, duplicate.for_grpc());
         Answered::Replied
     }
 

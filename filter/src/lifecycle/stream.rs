@@ -19,6 +19,7 @@ use crate::engine::{Action, Begin, Ending, Issue, Outcome, Prepared, StoreOp, St
 use crate::host::{Host, Level};
 use crate::key::RequestView;
 use crate::pairs::Headers;
+use crate::policy::RouteId;
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
 use crate::response::{json_reply, Header, LocalReply};
 use crate::store::{redis, Claim};
@@ -29,20 +30,20 @@ pub(super) enum Phase {
     /// Nothing to do: no request headers yet, no policy, answered locally, or finished.
     Idle,
     /// A policy matched; the body is being buffered for the decision.
-    ReadingBody { route: usize },
+    ReadingBody { route: RouteId },
     /// A Webdis call decides (claim, token use, token issue), sent at `.1` with callout token
     /// `.2`; the request is paused.
     AwaitingStore(Pending, u64, u32),
     /// Held as a duplicate (`on_in_flight = "wait"`), or its claim queued for the next batch:
     /// the root decides for it and resumes or answers it (a [`Resumed`] picked up in the
     /// stream's next callback).
-    Held { route: usize },
+    Held { route: RouteId },
     /// Sent upstream by the root context (`forward = "detached"`); the root answers it.
     Detached,
     /// Forwarded with a ticket: its response is awaited.
-    Forwarded { route: usize, ticket: Ticket, key: Option<String> },
+    Forwarded { route: RouteId, ticket: Ticket, key: Option<String> },
     /// Response headers seen: the answer is being captured.
-    Capturing { route: usize, ticket: Ticket, key: Option<String>, capture: Capture },
+    Capturing { route: RouteId, ticket: Ticket, key: Option<String>, capture: Capture },
     /// A gRPC answer replayed through the echo listener: these trailers end it.
     Replaying { trailers: Vec<Header> },
     /// A lookup asks the service whether the first attempt of an unknown outcome ran; the
@@ -65,7 +66,7 @@ pub(super) enum Pending {
         ticket: redis::Ticket,
     },
     Issue {
-        route: usize,
+        route: RouteId,
         token: String,
     },
     /// Taking the lookup of an unknown outcome on Redis (`[route.reconcile]`): `lookup` is its
@@ -86,7 +87,7 @@ pub(super) enum Pending {
 }
 
 impl Pending {
-    fn route(&self) -> usize {
+    fn route(&self) -> RouteId {
         match self {
             Pending::Claim { prepared, .. }
             | Pending::UseToken { prepared, .. }
@@ -249,7 +250,7 @@ impl Stream {
             .headers
             .iter()
             .any(|(n, v)| n.eq_ignore_ascii_case(b"content-type") && crate::grpc::is_grpc_content_type(v));
-        let needs_body = w.engine.policy(route).is_some_and(|p| p.needs_body());
+        let needs_body = w.engine.policy(route).needs_body();
         if needs_body && !end_of_stream {
             // Refuse a missing or malformed key now, not after the body arrived.
             if let Some(v) = w.engine.precheck(route, &WithHost { req: &self.request, host }) {
@@ -258,9 +259,8 @@ impl Stream {
             // With allow_on_headers_stop_iteration, the body still reaches on_request_body;
             // without it, it never does while we pause (see `body_gate`).
             if w.body_delivery() == BodyDelivery::Withheld {
-                if let Some(v) = w.engine.body_withheld(route) {
-                    return self.apply(host, route, v, false);
-                }
+                let v = w.engine.body_withheld(route);
+                return self.apply(host, route, v, false);
             }
             w.await_body(host, self.context, route);
             self.phase = Phase::ReadingBody { route };
@@ -321,12 +321,10 @@ impl Stream {
             Phase::AwaitingStore(..) | Phase::Held { .. } => return Flow::Hold,
             _ => return Flow::Continue,
         };
-        let limit = self.worker.engine.policy(route).map(|p| p.max_body_bytes as usize).unwrap_or(0);
+        let limit = self.worker.engine.policy(route).max_body_bytes as usize;
         if size > limit {
-            return match self.worker.engine.body_too_large(route) {
-                Some(v) => self.apply(host, route, v, false),
-                None => Flow::Continue,
-            };
+            let v = self.worker.engine.body_too_large(route);
+            return self.apply(host, route, v, false);
         }
         if self.request.grpc {
             let body = host.request_body(size);
@@ -350,7 +348,7 @@ impl Stream {
     /// A gRPC call sending more than one message (client or bidi streaming) goes on unprotected
     /// and counted (`outcome="unprotected"`): holding an open-ended stream until its half-close
     /// would stall a bidi call, and a part-protected stream would promise what it cannot keep.
-    fn pass_streaming_call(&mut self, host: &dyn Host, route: usize) -> Flow {
+    fn pass_streaming_call(&mut self, host: &dyn Host, route: RouteId) -> Flow {
         let w = Rc::clone(&self.worker);
         w.count(host, route, Outcome::Unprotected);
         w.forget_body_wait(self.context);
@@ -508,7 +506,7 @@ impl Stream {
 
     /// Counts, logs and carries out a verdict. `paused` says the request is already paused (a
     /// callout answered), so forwarding means resuming it.
-    pub(super) fn apply(&mut self, host: &dyn Host, route: usize, v: Verdict, paused: bool) -> Flow {
+    pub(super) fn apply(&mut self, host: &dyn Host, route: RouteId, v: Verdict, paused: bool) -> Flow {
         if let Action::Reconcile { prepared, held, unknown } = v.action {
             return self.reconcile(host, *prepared, held, unknown, paused);
         }
@@ -519,7 +517,7 @@ impl Stream {
         }
         let key = v.key.clone();
         match v.action {
-            Action::Forward(Some(ticket)) if w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached) => {
+            Action::Forward(Some(ticket)) if w.engine.policy(route).forward == Forward::Detached => {
                 self.hand_to_root(host, route, ticket, key)
             }
             Action::Forward(ticket) => {
@@ -551,7 +549,7 @@ impl Stream {
             Action::Wait { prepared, deadline_ms } => {
                 // On a detached route, a held duplicate that takes the key over is sent by the
                 // root too: it keeps its request for that.
-                let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);
+                let detached = w.engine.policy(route).forward == Forward::Detached;
                 let outbound = match detached.then(|| self.outbound(host, route)).transpose() {
                     Ok(o) => o,
                     Err(reply) => {
@@ -570,7 +568,7 @@ impl Stream {
 
     /// Decides with the key (and body) at hand: synchronously on the shared store, or by
     /// sending one Webdis call and pausing.
-    fn decide(&mut self, host: &dyn Host, route: usize) -> Flow {
+    fn decide(&mut self, host: &dyn Host, route: RouteId) -> Flow {
         let w = Rc::clone(&self.worker);
         self.phase = Phase::Idle;
         let view = WithHost { req: &self.request, host };
@@ -598,7 +596,7 @@ impl Stream {
         };
         // A detached route's claim goes out alone: its stream hands the request to the root once
         // claimed, which a batch resolved from the root would have to carry for every member.
-        let detached = w.engine.policy(route).is_some_and(|p| p.forward == Forward::Detached);
+        let detached = w.engine.policy(route).forward == Forward::Detached;
         if let (Some(fingerprint), false, true) = (claimed_fingerprint, detached, w.claim_call_out()) {
             // Group commit: it goes with the next batch, when a claim call out returns.
             let request = std::mem::take(&mut self.request);
@@ -659,7 +657,7 @@ impl Stream {
                     let v = w.engine.issued(route, &token, host.now_ms(), stored);
                     return Some(self.apply(host, route, v, false));
                 }
-                let ttl = w.engine.policy(route).map(|p| p.token.ttl.millis).unwrap_or(1);
+                let ttl = w.engine.policy(route).token.ttl.millis;
                 let cmd = w.engine.redis().map(|s| s.issue_token(&id, host.now_ms(), ttl))?;
                 match w.dispatch(host, &cmd) {
                     Ok(call) => {
@@ -699,11 +697,10 @@ impl Stream {
 
     /// The request as the root context sends it upstream, or the 400 for a header it cannot
     /// carry (the callout API takes text).
-    fn outbound(&mut self, host: &dyn Host, route: usize) -> Result<Outbound, LocalReply> {
+    fn outbound(&mut self, host: &dyn Host, route: RouteId) -> Result<Outbound, LocalReply> {
         let detached = &self.worker.engine.bundle.detached;
         let headers = crate::forward::upstream_headers(self.request.headers.iter(), detached.via).map_err(|name| {
-            let default = crate::answers::Answers::default();
-            let answers = self.worker.engine.policy(route).map_or(&default, |p| &p.answers);
+            let answers = &self.worker.engine.policy(route).answers;
             crate::response::error(
                 answers,
                 ErrorCode::HeaderInvalid,
@@ -720,7 +717,7 @@ impl Stream {
 
     /// Hands a claimed request to the root context, which sends it upstream itself; this
     /// request stays paused until the root answers it (or its client leaves).
-    fn hand_to_root(&mut self, host: &dyn Host, route: usize, ticket: Ticket, key: Option<String>) -> Flow {
+    fn hand_to_root(&mut self, host: &dyn Host, route: RouteId, ticket: Ticket, key: Option<String>) -> Flow {
         let w = Rc::clone(&self.worker);
         let first_seen_ms = ticket.first_seen_ms();
         let request = match self.outbound(host, route) {

@@ -16,6 +16,7 @@ use super::Map;
 use super::POLL_MS;
 use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::Host;
+use crate::policy::RouteId;
 use crate::store::{redis, Claim, Payload};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -72,7 +73,7 @@ impl Waiter {
 /// A Webdis poll for a group of held duplicates (same route, key and payload).
 pub(super) struct Poll {
     members: Vec<u32>,
-    route: usize,
+    route: RouteId,
     ticket: redis::Ticket,
     /// The group's fingerprint, which the record found is compared with.
     fingerprint: [u8; 32],
@@ -105,7 +106,7 @@ impl Worker {
     pub(super) fn recheck_waiters(&self, host: &dyn Host) {
         // Redis groups by route, key id and fingerprint (a held request is always a key's claim:
         // a token is used once, never held).
-        let mut groups: HashMap<(usize, [u8; 32], [u8; 32]), Vec<u32>> = HashMap::new();
+        let mut groups: HashMap<(RouteId, [u8; 32], [u8; 32]), Vec<u32>> = HashMap::new();
         let mut shared = Vec::new();
         for (ctx, w) in self.waiters.held.borrow().iter().filter(|(_, w)| !w.polling) {
             match (self.redis_route(w.prepared.route), &w.prepared.op) {
@@ -263,7 +264,7 @@ impl Worker {
         &self,
         host: &dyn Host,
         ctx: u32,
-        route: usize,
+        route: RouteId,
         v: Verdict,
         outbound: Option<Outbound>,
         grpc: bool,

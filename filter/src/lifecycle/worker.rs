@@ -15,6 +15,7 @@ use super::{Map, Set};
 use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::{push_truncated, truncated};
+use crate::policy::RouteId;
 use crate::policy::{parse_bundle_all, Role, StoreKind};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
@@ -229,12 +230,12 @@ impl Worker {
 
     // ---- counting and logging
 
-    pub(super) fn count(&self, host: &dyn Host, route: usize, outcome: Outcome) {
+    pub(super) fn count(&self, host: &dyn Host, route: RouteId, outcome: Outcome) {
         self.metrics.count(host, route, self.route_name(route), outcome);
     }
 
-    pub(super) fn route_name(&self, route: usize) -> &str {
-        self.engine.policy(route).map(|p| p.name.as_str()).unwrap_or("?")
+    pub(super) fn route_name(&self, route: RouteId) -> &str {
+        &self.engine.policy(route).name
     }
 
     pub(super) fn enabled(&self, level: Level) -> bool {
@@ -242,7 +243,7 @@ impl Worker {
     }
 
     /// Counts and logs a verdict (one log line per interception).
-    pub(super) fn record(&self, host: &dyn Host, route: usize, v: &Verdict) {
+    pub(super) fn record(&self, host: &dyn Host, route: RouteId, v: &Verdict) {
         self.count(host, route, v.outcome);
         let quiet = matches!(v.outcome, Outcome::Forwarded | Outcome::TokenConsumed | Outcome::TokenIssued)
             || matches!(v.action, Action::Wait { .. });
@@ -259,7 +260,7 @@ impl Worker {
     /// property per field took four), read as `%FILTER_STATE(wasm.idem:PLAIN)%`:
     /// `idem_route=… idem_outcome=… idem_cause=… [idem_key=<the key's first 8 characters>]`.
     /// Stream context only (or the root acting on a stream).
-    pub(super) fn annotate(&self, host: &dyn Host, route: usize, v: &Verdict) {
+    pub(super) fn annotate(&self, host: &dyn Host, route: RouteId, v: &Verdict) {
         let (name, outcome) = (self.route_name(route), v.outcome.name());
         let mut line = String::with_capacity(64 + name.len() + v.cause.len());
         for (label, value) in [("idem_route=", name), (" idem_outcome=", outcome), (" idem_cause=", &v.cause)] {
@@ -276,7 +277,7 @@ impl Worker {
     pub(super) fn record_finish(
         &self,
         host: &dyn Host,
-        route: usize,
+        route: RouteId,
         outcome: Option<Outcome>,
         key: Option<&str>,
         cause: &str,
@@ -298,8 +299,8 @@ impl Worker {
     // ---- the store
 
     /// Whether a route keeps its claims and tokens in Redis.
-    pub(super) fn redis_route(&self, route: usize) -> bool {
-        self.engine.policy(route).is_some_and(|p| p.store == StoreKind::Redis)
+    pub(super) fn redis_route(&self, route: RouteId) -> bool {
+        self.engine.policy(route).store == StoreKind::Redis
     }
 
     /// The Webdis call for a prepared claim or token use, with a fresh owner, and its ticket.
@@ -320,7 +321,7 @@ impl Worker {
     pub(super) fn remember_found<T>(
         &self,
         host: &dyn Host,
-        route: usize,
+        route: RouteId,
         redis_id: &[u8; 32],
         fingerprint: &[u8; 32],
         claim: &Result<Claim<T>, StoreError>,

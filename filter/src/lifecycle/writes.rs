@@ -6,6 +6,7 @@ use super::slots::{batches, several_slots};
 use super::worker::{RootCall, Worker};
 use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
+use crate::policy::RouteId;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::operator::HeldNote;
 use crate::store::redis::{self, Released};
@@ -35,7 +36,7 @@ const WRITE_CALLS_OUT: usize = 4;
 /// request's stream (and any callout the stream owns) is gone by then. A write the store refuses
 /// is retried with backoff until it lands, is fenced out, or `deadline_ms` passes.
 pub(super) struct Job {
-    route: usize,
+    route: RouteId,
     key: Option<String>,
     /// What to do for the client once the first attempt is answered (landed or not).
     after: After,
@@ -67,7 +68,7 @@ pub(super) enum After {
     /// Answer this (paused) stream with a local reply: a detached call's answer.
     Deliver {
         ctx: u32,
-        route: usize,
+        route: RouteId,
         reply: LocalReply,
         grpc: bool,
     },
@@ -105,7 +106,7 @@ impl Worker {
     pub(super) fn finish_ticket(
         &self,
         host: &dyn Host,
-        route: usize,
+        route: RouteId,
         ticket: &Ticket,
         key: Option<String>,
         ending: Ending,
@@ -133,7 +134,7 @@ impl Worker {
             }
             StoreTicket::Redis(rt) => rt,
         };
-        let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+        let (Some(store), policy) = (self.engine.redis(), self.engine.policy(route)) else {
             return Some(after);
         };
         let now = host.now_ms();
@@ -187,9 +188,9 @@ impl Worker {
     /// the requests a reconciliation job must check. JSON after the `idem: unknown_outcome ` tag,
     /// with the store key an operator releases or resolves (`idem-admin`) once the business
     /// effect is checked.
-    fn report_unknown(&self, host: &dyn Host, route: usize, ticket: &StoreTicket, key: Option<&str>, cause: &str) {
+    fn report_unknown(&self, host: &dyn Host, route: RouteId, ticket: &StoreTicket, key: Option<&str>, cause: &str) {
         let now = host.now_ms();
-        let hold = self.engine.policy(route).map(|p| p.key.unknown_hold_ms()).unwrap_or(0);
+        let hold = self.engine.policy(route).key.unknown_hold_ms();
         let (first_seen_ms, store, store_key) = match ticket {
             StoreTicket::Shared(t) => (t.first_seen_ms, "shared", t.store_key()),
             StoreTicket::Redis(t) => (t.first_seen_ms, "redis", t.key.clone()),
@@ -208,7 +209,7 @@ impl Worker {
 
     /// An owner-checked release of a claim that may have been applied although its request no
     /// longer waits for it (a timed-out callout, a client gone while the claim was out).
-    pub(super) fn release_orphan(&self, host: &dyn Host, route: usize, key: Option<String>, ticket: &redis::Ticket) {
+    pub(super) fn release_orphan(&self, host: &dyn Host, route: RouteId, key: Option<String>, ticket: &redis::Ticket) {
         let Some(store) = self.engine.redis() else {
             return;
         };
@@ -242,13 +243,13 @@ impl Worker {
     pub(super) fn queue_lookup_write(
         &self,
         host: &dyn Host,
-        route: usize,
+        route: RouteId,
         key: Option<String>,
         t: &redis::Ticket,
         answer: Option<&StoredResponse>,
         after: After,
     ) {
-        let (Some(store), Some(policy)) = (self.engine.redis(), self.engine.policy(route)) else {
+        let (Some(store), policy) = (self.engine.redis(), self.engine.policy(route)) else {
             return;
         };
         let now = host.now_ms();

@@ -1,7 +1,7 @@
 //! How a request finds its policy: Envoy route names, path templates, and the path as
 //! frameworks route it (normalised, aliases folded).
 
-use super::Bundle;
+use super::{Bundle, RouteId};
 use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,14 +217,14 @@ impl Bundle {
         method: impl FnOnce() -> String,
         path: &str,
         route_name: impl FnOnce() -> Option<String>,
-    ) -> Option<usize> {
+    ) -> Option<RouteId> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
         let segments = normalize_path(path);
         if self.routes.iter().any(|r| matches!(r.matcher, Matcher::RouteName(_))) {
             if let Some(name) = route_name() {
                 let hit = self.routes.iter().position(|r| matches!(&r.matcher, Matcher::RouteName(n) if *n == name));
-                if hit.is_some() {
-                    return hit;
+                if let Some(i) = hit {
+                    return self.route_at(i);
                 }
             }
         }
@@ -239,7 +239,7 @@ impl Bundle {
                     continue;
                 }
                 let Some(wanted) = wanted else {
-                    return Some(i);
+                    return self.route_at(i);
                 };
                 if actual.is_none() {
                     actual = method.take().map(|f| f());
@@ -247,7 +247,7 @@ impl Bundle {
                 // Methods are case-sensitive in HTTP, but frameworks upper-case them (an HTTP/2
                 // `:method: post` runs the POST handler), so the policy must match it too.
                 if actual.as_deref().is_some_and(|a| a.eq_ignore_ascii_case(wanted)) {
-                    return Some(i);
+                    return self.route_at(i);
                 }
             }
         }

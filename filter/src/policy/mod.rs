@@ -10,6 +10,7 @@ mod fields;
 mod matcher;
 mod parse;
 mod reconcile;
+mod route_id;
 mod source;
 
 pub use fields::parse_duration;
@@ -18,6 +19,7 @@ pub use matcher::{normalize_path, percent_decode, percent_encode_into, Matcher, 
 pub use parse::bundle_schema;
 pub use parse::{line_col, parse_bundle, parse_bundle_all, PolicyError};
 pub use reconcile::{Found, LookupPath, Reconcile, MAX_LOOKUP_TIMEOUT_MS};
+pub use route_id::RouteId;
 pub use source::{generated_header, is_param_name, xml_path, Source};
 
 use serde::Deserialize;
