@@ -171,8 +171,14 @@ def test_protect_your_first_route_runs_as_printed(workdir, upstream):
     gateway = subprocess.Popen(["bash", "-c", "exec > envoy.log 2>&1; " + run], cwd=str(workdir), env=env,
                                start_new_session=True)
     try:
-        stack.wait_until(lambda: not stack.port_is_free(listen) or gateway.poll() is not None, 60)
-        assert gateway.poll() is None, (workdir / "envoy.log").read_text()[-3000:]
+        def live():
+            try:
+                return stack.request(admin, "GET", "/ready", timeout=2).status == 200
+            except OSError:
+                return False
+        # Envoy binds its listeners before its workers accept: ready is what its admin says.
+        stack.wait_until(lambda: gateway.poll() is not None or live(), 60, interval=0.2)
+        assert gateway.poll() is None and live(), (workdir / "envoy.log").read_text()[-3000:]
         key = "readme-" + uuid.uuid4().hex[:8]
         send = lambda: stack.request(listen, "POST", "/api/order/create", body={"sku": "BOOK-42", "qty": 1},
                                      headers={"authorization": "Bearer alice", "idempotency-key": key})
