@@ -9,7 +9,7 @@
 //! answer for e3, and `[e3, e1]` would run e1 twice.
 
 use crate::json::{self, Leaf, PointerError};
-use crate::key::{KeyError, RequestView};
+use crate::request::{KeyError, RequestView};
 
 /// How a request carries its event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub fn attribute(req: &dyn RequestView, name: &str) -> Result<Option<String>, Ke
     match mode(req) {
         Mode::Binary => {
             let header = format!("ce-{name}");
-            crate::key::single_header(req, &header)
+            crate::request::single_header(req, &header)
         }
         Mode::Structured => match json::at_pointer(req.body().unwrap_or_default(), &format!("/{name}")) {
             Ok(Some(Leaf::String(s) | Leaf::Number(s))) => Ok(Some(s)),

@@ -5,7 +5,7 @@
 //! the token and replay endpoints' plain JSON — takes its code and status from here, so a code
 //! cannot be misspelt at a call site and fall through to a default.
 
-use crate::grpc::code as grpc;
+use self::grpc_code as grpc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
@@ -273,6 +273,24 @@ impl ErrorCode {
     pub fn parse(code: &str) -> Option<ErrorCode> {
         ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
     }
+}
+
+/// gRPC status codes (the `grpc-status` values).
+pub mod grpc_code {
+    pub const OK: u32 = 0;
+    pub const CANCELLED: u32 = 1;
+    pub const INVALID_ARGUMENT: u32 = 3;
+    pub const DEADLINE_EXCEEDED: u32 = 4;
+    pub const NOT_FOUND: u32 = 5;
+    pub const ALREADY_EXISTS: u32 = 6;
+    pub const PERMISSION_DENIED: u32 = 7;
+    pub const RESOURCE_EXHAUSTED: u32 = 8;
+    pub const FAILED_PRECONDITION: u32 = 9;
+    pub const OUT_OF_RANGE: u32 = 11;
+    pub const UNIMPLEMENTED: u32 = 12;
+    pub const INTERNAL: u32 = 13;
+    pub const UNAVAILABLE: u32 = 14;
+    pub const UNAUTHENTICATED: u32 = 16;
 }
 
 #[cfg(test)]

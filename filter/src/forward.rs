@@ -113,7 +113,7 @@ pub fn answer(
     held_until_ms: u64,
 ) -> LocalReply {
     if status == 0 {
-        return response::outcome_unknown(answers, first_seen_ms, held_until_ms);
+        return crate::replies::outcome_unknown(answers, first_seen_ms, held_until_ms);
     }
     // The first caller's own answer keeps its cookies (only replays drop them); what Envoy
     // recomputes for a local reply (length, date, hop-by-hop) is left out.

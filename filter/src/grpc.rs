@@ -3,27 +3,11 @@
 //! too; the gateway's own answers are trailers-only gRPC answers with a fitting code; the
 //! fingerprint covers the decoded messages, not their framing or compression.
 
-use crate::key::RequestView;
 use crate::policy::KeyPolicy;
+use crate::request::RequestView;
 use std::io::Read;
 
-/// gRPC status codes (the `grpc-status` values).
-pub mod code {
-    pub const OK: u32 = 0;
-    pub const CANCELLED: u32 = 1;
-    pub const INVALID_ARGUMENT: u32 = 3;
-    pub const DEADLINE_EXCEEDED: u32 = 4;
-    pub const NOT_FOUND: u32 = 5;
-    pub const ALREADY_EXISTS: u32 = 6;
-    pub const PERMISSION_DENIED: u32 = 7;
-    pub const RESOURCE_EXHAUSTED: u32 = 8;
-    pub const FAILED_PRECONDITION: u32 = 9;
-    pub const OUT_OF_RANGE: u32 = 11;
-    pub const UNIMPLEMENTED: u32 = 12;
-    pub const INTERNAL: u32 = 13;
-    pub const UNAVAILABLE: u32 = 14;
-    pub const UNAUTHENTICATED: u32 = 16;
-}
+pub use crate::codes::grpc_code as code;
 
 /// Whether a request is gRPC: `content-type: application/grpc` (`+proto`, `+json`, …).
 pub fn is_grpc(req: &dyn RequestView) -> bool {

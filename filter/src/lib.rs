@@ -1,11 +1,15 @@
 //! idem-filter: makes HTTP APIs idempotent at the gateway.
 //!
-//! The core is host-independent and tested natively: [`policy`] (the policy files), [`key`]
-//! (where keys come from — headers, query, JSON/form/XML bodies ([`json`], [`form`], [`xml`]),
-//! path parameters — and caller scoping), [`fingerprint`], [`store`] (atomic claims on Envoy's
-//! shared data and Redis), [`response`] (stored responses and local replies), [`engine`] (the
-//! decisions) and [`lifecycle`] (what a request does across its callbacks, and what the worker's
-//! root context does for all of them), all talking to Envoy through the [`host::Host`] trait.
+//! The core is host-independent and tested natively. Bottom up (no module uses one above it;
+//! `tests/layers.rs` holds that): [`codes`] (the gateway's answers, one table), [`policy`] (the
+//! policy files, with the answers' configured shape), [`request`] (the request as keys read it),
+//! [`key`] (where keys come from — headers, query, JSON/form/XML bodies ([`json`], [`form`],
+//! [`xml`]), path parameters — and caller scoping), [`fingerprint`], [`response`] (local replies
+//! and the stored-response codec), [`store`] (atomic claims on Envoy's shared data and Redis),
+//! [`answers`] and [`replies`] (the gateway's own answers rendered in the API's shape),
+//! [`engine`] (the decisions) and [`lifecycle`] (what a request does across its callbacks, and
+//! what the worker's root context does for all of them), all talking to Envoy through the
+//! [`host::Host`] trait.
 //! The proxy-wasm glue in `glue` is compiled only for `wasm32` and only translates callbacks.
 
 pub mod answers;
@@ -22,6 +26,8 @@ pub mod key;
 pub mod lifecycle;
 pub mod pairs;
 pub mod policy;
+pub mod replies;
+pub mod request;
 pub mod response;
 pub mod store;
 #[cfg(any(test, feature = "fake-host"))]

@@ -1,10 +1,6 @@
 //! Answers the filter gives itself: stored responses (what is kept, how it is encoded, how it is
 //! replayed) and the JSON local replies with their stable codes.
 
-use crate::answers::{Answer, Answers};
-use crate::codes::ErrorCode;
-use crate::policy::DuplicateResponse;
-
 /// A header: a lower-case name and its value as bytes (an upstream may send Latin-1).
 pub type Header = (String, Vec<u8>);
 
@@ -42,30 +38,6 @@ impl LocalReply {
             body,
             ..Default::default()
         }
-    }
-
-    /// This answer to a gRPC call: the gateway's own answers become trailers-only gRPC answers —
-    /// a fitting code ([`crate::grpc::status_for`]), the stable code and message in
-    /// `grpc-message`, a `google.rpc.Status` with an `ErrorInfo` in `grpc-status-details-bin`,
-    /// `grpc-retry-pushback-ms` when a retry shortly may succeed — never Envoy's mapping of an
-    /// HTTP status to `UNKNOWN`. A replay stays as it is.
-    pub fn for_grpc(self) -> LocalReply {
-        let Some(own) = &self.own else {
-            return self;
-        };
-        let status = crate::grpc::status_for(&own.code, self.status);
-        let message = format!("{}: {}", own.code, own.message);
-        let mut meta = Vec::new();
-        if let Some(ms) = own.first_seen_ms {
-            meta.push(("first_seen_at", rfc3339(ms)));
-        }
-        let details = crate::grpc::status_details(status, &message, &own.code, &meta);
-        let mut headers = vec![("grpc-status-details-bin".to_string(), details.into_bytes())];
-        if status == crate::grpc::code::UNAVAILABLE {
-            let pushback = IN_PROGRESS_RETRY_AFTER_S * 1000;
-            headers.push(("grpc-retry-pushback-ms".to_string(), pushback.to_string().into_bytes()));
-        }
-        LocalReply { status: 200, headers, body: message.into_bytes(), grpc_status: Some(status), ..self }
     }
 }
 
@@ -210,7 +182,7 @@ impl<'a> Reader<'a> {
 }
 
 /// A JSON local reply with a stable `code` (the token endpoint's answers; the gateway's own
-/// errors take the route's shape through [`Answers`]).
+/// errors take the route's shape, `crate::replies`).
 pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_json::Value)]) -> LocalReply {
     let mut body = serde_json::Map::new();
     body.insert("code".into(), code.into());
@@ -219,71 +191,6 @@ pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_
         body.insert((*k).into(), v.clone());
     }
     LocalReply::new(status, "application/json", serde_json::to_vec(&body).unwrap_or_default())
-}
-
-/// The route's duplicate response, with when the first request was seen (when known): its own
-/// `body` when it has one (a provider's exact success answer), else in the route's shape.
-pub fn duplicate(answers: &Answers, dup: &DuplicateResponse, first_seen_ms: Option<u64>) -> LocalReply {
-    let a = Answer { status: dup.status, code: &dup.code, message: &dup.message, first_seen_ms, ..Default::default() };
-    let own = dup.body.as_ref().map(|b| (b, dup.content_type.as_str()));
-    answers.render_with(&a, own)
-}
-
-/// How long a client should wait before asking again about a request still in progress.
-///
-/// Never the lease end: SDKs that honour `Retry-After` come back exactly then, and a retry that
-/// lands as the lease ends would take the claim over and run the business a second time.
-const IN_PROGRESS_RETRY_AFTER_S: u64 = 1;
-
-/// `409 REQUEST_IN_PROGRESS` with a short `Retry-After`: the first request is still waiting for
-/// the upstream, and its answer will be replayed to a later retry.
-pub fn in_progress(answers: &Answers, first_seen_ms: u64) -> LocalReply {
-    let code = ErrorCode::RequestInProgress;
-    let mut reply = answers.render(&Answer {
-        status: code.status(),
-        code: code.as_str(),
-        message: "a request with this idempotency key is still being processed; retry shortly",
-        first_seen_ms: Some(first_seen_ms),
-        held_until_ms: None,
-        retryable: code.retryable(),
-    });
-    reply.headers.push(("retry-after".into(), IN_PROGRESS_RETRY_AFTER_S.to_string().into_bytes()));
-    reply
-}
-
-/// `409 IDEMPOTENCY_OUTCOME_UNKNOWN`: the first attempt was forwarded and no answer came back
-/// (client gone, upstream reset or timeout), so the service may have done the work. Retrying
-/// cannot help — only reconciliation can say — so there is no `Retry-After`, and
-/// `x-should-retry: false` stops SDKs (Stainless-generated ones honour it) from trying again.
-pub fn outcome_unknown(answers: &Answers, first_seen_ms: u64, held_until_ms: u64) -> LocalReply {
-    let code = ErrorCode::OutcomeUnknown;
-    let mut reply = answers.render(&Answer {
-        status: code.status(),
-        code: code.as_str(),
-        message: "an earlier request with this idempotency key was forwarded and its outcome is unknown; \
-                  it may have been carried out. Check its effect before sending new work with another key",
-        first_seen_ms: Some(first_seen_ms),
-        held_until_ms: Some(held_until_ms),
-        retryable: code.retryable(),
-    });
-    reply.headers.push(("x-should-retry".into(), b"false".to_vec()));
-    reply
-}
-
-/// One of the gateway's errors, in the route's shape: its status and retryability from the table.
-pub fn error(answers: &Answers, code: ErrorCode, message: &str) -> LocalReply {
-    answers.render(&Answer {
-        status: code.status(),
-        code: code.as_str(),
-        message,
-        retryable: code.retryable(),
-        ..Default::default()
-    })
-}
-
-/// One of the token and replay endpoints' plain JSON answers (`{"code","message"}`).
-pub fn plain_error(code: ErrorCode, message: &str) -> LocalReply {
-    json_reply(code.status(), code.as_str(), message, &[])
 }
 
 /// RFC 3339 UTC timestamp, second precision.

@@ -5,7 +5,7 @@
 
 use idem_filter::answers::Answers;
 use idem_filter::codes::ErrorCode;
-use idem_filter::response;
+
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
@@ -65,17 +65,17 @@ fn the_docs_guarantee_table_says_what_the_error_table_says() {
 fn every_answer_carries_the_tables_status_title_and_grpc_code() {
     let problem: Answers = toml::from_str("format = \"problem\"").unwrap();
     for code in ErrorCode::ALL.into_iter().filter(|c| c.shaped()) {
-        let reply = response::error(&Answers::default(), code, "m");
+        let reply = idem_filter::replies::error(&Answers::default(), code, "m");
         assert_eq!(reply.status, code.status(), "{code:?}");
         let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
         assert_eq!(body["code"], code.as_str());
-        let reply = response::error(&problem, code, "m");
+        let reply = idem_filter::replies::error(&problem, code, "m");
         let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
         assert_eq!(
             (body["title"].as_str(), body["status"].as_u64()),
             (Some(code.title()), Some(u64::from(code.status())))
         );
-        let grpc = response::error(&Answers::default(), code, "m").for_grpc();
+        let grpc = idem_filter::replies::error(&Answers::default(), code, "m").for_grpc();
         assert_eq!(grpc.grpc_status, Some(code.grpc()), "{code:?}");
         assert_eq!(
             grpc.headers.iter().any(|(n, _)| n == "grpc-retry-pushback-ms"),
@@ -84,7 +84,7 @@ fn every_answer_carries_the_tables_status_title_and_grpc_code() {
         );
     }
     for code in ErrorCode::ALL.into_iter().filter(|c| !c.shaped()) {
-        let reply = response::plain_error(code, "m");
+        let reply = idem_filter::replies::plain_error(code, "m");
         assert_eq!(reply.status, code.status());
         let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
         assert_eq!(body["code"], code.as_str());

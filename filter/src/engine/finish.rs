@@ -6,7 +6,7 @@ use super::{shadowed, Engine, Outcome, Prepared, StoreOp, Verdict};
 use crate::host::Host;
 use crate::policy::KeyPolicy;
 use crate::policy::RouteId;
-use crate::response::{self, StoredResponse};
+use crate::response::StoredResponse;
 use crate::store::operator::HeldNote;
 use crate::store::{shared, Answer, Claim, Completion, StoreError};
 
@@ -38,7 +38,7 @@ impl Engine {
         let policy = self.policy(p.route);
         match claim {
             Claim::InFlight { first_seen_ms, .. } => {
-                let reply = response::in_progress(&policy.answers, first_seen_ms);
+                let reply = crate::replies::in_progress(&policy.answers, first_seen_ms);
                 Some(shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), Some(p.key.clone())))
             }
             // Copies are written by this version (never a legacy digest), so this is settled.

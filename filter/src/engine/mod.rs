@@ -28,7 +28,7 @@ use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
 use crate::policy::RouteId;
 use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
-use crate::response::{self, LocalReply};
+use crate::response::LocalReply;
 use crate::store::shared::SharedStore;
 use crate::store::{redis, Claim, StoreError, TokenUse};
 use tokens::token_id;
@@ -75,7 +75,7 @@ impl Engine {
         if self.bundle.unmatched == Unmatched::Pass || safe {
             return None;
         }
-        Some(response::error(
+        Some(crate::replies::error(
             &self.bundle.answers,
             ErrorCode::NoPolicy,
             "no idempotency policy matches this method and path on a route that requires one",
@@ -105,7 +105,7 @@ impl Engine {
     /// The request body is larger than the route allows.
     pub fn body_too_large(&self, route: RouteId) -> Verdict {
         let policy = self.policy(route);
-        let reply = response::error(
+        let reply = crate::replies::error(
             &policy.answers,
             ErrorCode::BodyTooLarge,
             &format!("the request body exceeds {} bytes", policy.max_body_bytes),
@@ -117,7 +117,7 @@ impl Engine {
     /// (`allow_on_headers_stop_iteration` is off): refuse promptly rather than hang.
     pub fn body_withheld(&self, route: RouteId) -> Verdict {
         let policy = self.policy(route);
-        let reply = response::error(
+        let reply = crate::replies::error(
             &policy.answers,
             ErrorCode::Misconfigured,
             "the gateway does not pass the request body to the idempotency filter before forwarding, and this \
@@ -133,7 +133,7 @@ impl Engine {
             let token = match key::single_header(req, &policy.token.header) {
                 Ok(Some(t)) if key::validate(&t).is_ok() => t,
                 Ok(Some(_)) | Err(_) => {
-                    let reply = response::error(
+                    let reply = crate::replies::error(
                         &policy.answers,
                         ErrorCode::TokenInvalid,
                         &format!("header {} is not a valid token", policy.token.header),
@@ -141,7 +141,7 @@ impl Engine {
                     return Some(Begin::Done(verdict(Outcome::TokenRejected, reply, "invalid_token", None)));
                 }
                 Ok(None) => {
-                    let reply = response::error(
+                    let reply = crate::replies::error(
                         &policy.answers,
                         ErrorCode::TokenMissing,
                         &format!(
@@ -153,7 +153,7 @@ impl Engine {
                 }
             };
             if !self.issued_here(&policy.name, &token) {
-                let reply = response::error(
+                let reply = crate::replies::error(
                     &policy.answers,
                     ErrorCode::TokenInvalid,
                     &format!(
@@ -262,7 +262,7 @@ impl Engine {
             Claim::InFlight { payload, .. } | Claim::Completed { payload, .. } | Claim::Unknown { payload, .. }
                 if !payload.is_same() =>
             {
-                let reply = response::error(
+                let reply = crate::replies::error(
                     &policy.answers,
                     ErrorCode::KeyReused,
                     "this idempotency key was already used with a different request",
@@ -270,7 +270,7 @@ impl Engine {
                 shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
             }
             Claim::Unknown { first_seen_ms, held_until_ms, held, .. } => {
-                let reply = response::outcome_unknown(&policy.answers, first_seen_ms, held_until_ms);
+                let reply = crate::replies::outcome_unknown(&policy.answers, first_seen_ms, held_until_ms);
                 // A held duplicate polling from the root never starts a lookup: a request
                 // does, when it meets the unknown outcome itself.
                 match held {
@@ -295,7 +295,7 @@ impl Engine {
                     };
                 }
                 let cause = if waited { "in_flight_wait_timeout" } else { "in_flight" };
-                let reply = response::in_progress(&policy.answers, first_seen_ms);
+                let reply = crate::replies::in_progress(&policy.answers, first_seen_ms);
                 shadowed(policy, Outcome::InFlight, reply, cause.into(), k)
             }
             Claim::Completed { response: Some(stored), .. } if policy.key.on_completed == OnCompleted::Replay => {
@@ -304,7 +304,7 @@ impl Engine {
             }
             Claim::Completed { first_seen_ms, response, .. } => {
                 let cause = if response.is_none() { "tombstone" } else { "completed" };
-                let reply = response::duplicate(&policy.answers, &policy.duplicate, Some(first_seen_ms));
+                let reply = crate::replies::duplicate(&policy.answers, &policy.duplicate, Some(first_seen_ms));
                 shadowed(policy, Outcome::RejectedDuplicate, reply, cause.into(), k)
             }
         }
@@ -324,13 +324,13 @@ impl Engine {
             },
             Ok(TokenUse::Used { used_at_ms }) => Verdict {
                 outcome: Outcome::TokenRejected,
-                action: Action::Reply(response::duplicate(&policy.answers, &policy.duplicate, Some(used_at_ms))),
+                action: Action::Reply(crate::replies::duplicate(&policy.answers, &policy.duplicate, Some(used_at_ms))),
                 cause: "token_used".into(),
                 key: k,
             },
             Ok(TokenUse::Unknown) => Verdict {
                 outcome: Outcome::TokenRejected,
-                action: Action::Reply(response::duplicate(&policy.answers, &policy.duplicate, None)),
+                action: Action::Reply(crate::replies::duplicate(&policy.answers, &policy.duplicate, None)),
                 cause: "token_unknown_or_expired".into(),
                 key: k,
             },
@@ -357,7 +357,7 @@ pub(super) fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Opt
 }
 
 pub(super) fn store_unavailable(answers: &crate::answers::Answers) -> LocalReply {
-    response::error(answers, ErrorCode::StoreUnavailable, "the idempotency store is unavailable; retry later")
+    crate::replies::error(answers, ErrorCode::StoreUnavailable, "the idempotency store is unavailable; retry later")
 }
 
 pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
@@ -369,19 +369,19 @@ pub(super) fn key_error(policy: &RoutePolicy, e: KeyError) -> Verdict {
             key: None,
         },
         KeyError::Missing(why) => {
-            let reply = response::error(&policy.answers, ErrorCode::KeyMissing, &why);
+            let reply = crate::replies::error(&policy.answers, ErrorCode::KeyMissing, &why);
             shadowed(policy, Outcome::MissingKey, reply, "missing_key".into(), None)
         }
         KeyError::Invalid(why) => {
-            let reply = response::error(&policy.answers, ErrorCode::KeyInvalid, &why);
+            let reply = crate::replies::error(&policy.answers, ErrorCode::KeyInvalid, &why);
             shadowed(policy, Outcome::InvalidKey, reply, "invalid_key".into(), None)
         }
         KeyError::ScopeMissing(why) => {
-            let reply = response::error(&policy.answers, ErrorCode::ScopeMissing, &why);
+            let reply = crate::replies::error(&policy.answers, ErrorCode::ScopeMissing, &why);
             shadowed(policy, Outcome::MissingScope, reply, "missing_scope".into(), None)
         }
         KeyError::Unsupported(why) => {
-            let reply = response::error(&policy.answers, ErrorCode::MediaTypeUnsupported, &why);
+            let reply = crate::replies::error(&policy.answers, ErrorCode::MediaTypeUnsupported, &why);
             shadowed(policy, Outcome::Unsupported, reply, "unsupported".into(), None)
         }
     }

@@ -35,7 +35,8 @@ impl Engine {
             .collect();
         let first = *routes.first()?;
         if !method.eq_ignore_ascii_case("POST") {
-            let mut reply = response::plain_error(ErrorCode::TokenMethodNotAllowed, "tokens are issued with POST");
+            let mut reply =
+                crate::replies::plain_error(ErrorCode::TokenMethodNotAllowed, "tokens are issued with POST");
             reply.headers.push(("allow".into(), "POST".into()));
             return Some(Issue::Reply { route: Some(first), reply, cause: "method_not_allowed".into() });
         }
@@ -47,7 +48,7 @@ impl Engine {
                 Some(&r) => r,
                 None => {
                     let names: Vec<&str> = routes.iter().map(|&r| self.bundle.route(r).name.as_str()).collect();
-                    let reply = response::plain_error(
+                    let reply = crate::replies::plain_error(
                         ErrorCode::TokenRouteRequired,
                         &format!("several routes issue tokens here; add ?route= one of: {}", names.join(", ")),
                     );

@@ -67,7 +67,7 @@ impl Worker {
                     };
                     host.log(Level::Error, &format!("idem: detached call to cluster {cluster} not sent: {e:?}{hint}"));
                     let answers = &self.engine.policy(call.route).answers;
-                    let reply = crate::response::error(
+                    let reply = crate::replies::error(
                         answers,
                         ErrorCode::UpstreamUnavailable,
                         "the request could not be sent upstream; retry later",

@@ -13,7 +13,7 @@ use crate::engine::Outcome;
 use crate::host::{Host, Level};
 use crate::policy::GrpcReplay;
 use crate::policy::RouteId;
-use crate::response::{self, Header, LocalReply, StoredResponse};
+use crate::response::{Header, LocalReply, StoredResponse};
 use crate::store::StoreError;
 
 /// The header that carries a replay slot's token to the echo.
@@ -56,7 +56,7 @@ impl Worker {
                     self.count(host, route, Outcome::StoreError);
                     let message = "every gRPC replay slot of this gateway is in use; retry";
                     let busy =
-                        response::error(&self.engine.policy(route).answers, ErrorCode::StoreUnavailable, message);
+                        crate::replies::error(&self.engine.policy(route).answers, ErrorCode::StoreUnavailable, message);
                     host.log(Level::Warn, "idem: gRPC replay slots full; the replay was answered UNAVAILABLE");
                     self.send_when_read(host, ctx, busy.for_grpc());
                     return Answered::Replied;
@@ -65,7 +65,7 @@ impl Worker {
             }
         }
         let p = self.engine.policy(route);
-        let duplicate = response::duplicate(&p.answers, &p.duplicate, None);
+        let duplicate = crate::replies::duplicate(&p.answers, &p.duplicate, None);
         self.send_when_read(host, ctx, duplicate.for_grpc());
         Answered::Replied
     }
@@ -102,7 +102,7 @@ impl Worker {
             Some(a) => {
                 send(host, &LocalReply { status: a.status, headers: a.headers, body: a.body, ..Default::default() })
             }
-            None => send(host, &response::plain_error(ErrorCode::ReplayGone, "no replay waits under this token")),
+            None => send(host, &crate::replies::plain_error(ErrorCode::ReplayGone, "no replay waits under this token")),
         }
     }
 }

@@ -701,7 +701,7 @@ impl Stream {
         let detached = &self.worker.engine.bundle.detached;
         let headers = crate::forward::upstream_headers(self.request.headers.iter(), detached.via).map_err(|name| {
             let answers = &self.worker.engine.policy(route).answers;
-            crate::response::error(
+            crate::replies::error(
                 answers,
                 ErrorCode::HeaderInvalid,
                 &format!("header {name} is not valid UTF-8, which detached forwarding cannot send"),

@@ -6,6 +6,7 @@
 //! so that the parser attaches the position; checks across routes (duplicate names, conflicting
 //! matchers) locate the offending route in the source text afterwards.
 
+pub mod answers;
 mod fields;
 mod matcher;
 mod parse;
@@ -24,12 +25,16 @@ pub use source::{generated_header, is_param_name, xml_path, Source};
 
 use serde::Deserialize;
 
+/// Between the parts of a composite key. Every part is free of control characters
+/// (`key::validate`), so the joined key reads back into its parts one way only.
+pub const PART_SEPARATOR: char = '\u{1f}';
+
 /// A validated bundle: the filter's whole plugin configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bundle {
     pub shared: SharedConfig,
     /// The shape of the gateway's own answers (`[answers]`), for routes without their own.
-    pub answers: crate::answers::Answers,
+    pub answers: super::answers::Answers,
     /// How detached requests reach the service (`[detached]`).
     pub detached: DetachedConfig,
     /// How completed gRPC calls are replayed (`[grpc]`).
@@ -151,7 +156,7 @@ pub struct RoutePolicy {
     pub token: TokenPolicy,
     pub duplicate: DuplicateResponse,
     /// The shape of the gateway's own answers on this route (`[route.answers]`, else `[answers]`).
-    pub answers: crate::answers::Answers,
+    pub answers: super::answers::Answers,
     pub forward: Forward,
     /// Timeout of the upstream call when `forward = "detached"`.
     pub upstream_timeout: Duration,
@@ -516,7 +521,7 @@ pub struct DuplicateResponse {
     pub message: String,
     /// The duplicate answer's own body (a template), instead of the route's answer shape: a
     /// provider's exact success answer (Alipay's `success`, WeChat Pay's `{"code":"SUCCESS"}`).
-    pub body: Option<crate::answers::Template>,
+    pub body: Option<super::answers::Template>,
     /// The content type of `body`.
     pub content_type: String,
 }

@@ -1,12 +1,12 @@
 //! Parsing a bundle (TOML, or JSON when it starts with `{`) and the checks across routes, with
 //! errors that name the line, column and field.
 
+use super::answers::Answers;
 use super::{
     AdminConfig, Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy,
     KeySource, Matcher, MetricsConfig, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source,
     StoreKind, TokenPolicy, TokensConfig, Unmatched, MIN_TOKEN_SECRET,
 };
-use crate::answers::Answers;
 use serde::{de, Deserialize, Deserializer};
 use std::fmt;
 
@@ -454,7 +454,7 @@ impl RawBundle {
             reconcile.check(key.sources.len()).map_err(|e| format!("route {name:?}: [route.reconcile] {e}"))?;
         }
         if let Some(body) = &r.duplicate.body {
-            crate::answers::check_body(body, &r.duplicate.content_type)
+            super::answers::check_body(body, &r.duplicate.content_type)
                 .map_err(|e| format!("route {name:?}: [route.duplicate] `body` {e}"))?;
         }
         Ok(RoutePolicy {

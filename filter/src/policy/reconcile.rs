@@ -1,8 +1,8 @@
 //! `[route.reconcile]`: when a repeat meets an unknown outcome (the first attempt was forwarded and
 //! no answer came back), the gateway asks the service whether it ran, by a `GET` of `lookup`.
 
+use super::PART_SEPARATOR;
 use super::{percent_encode_into, Duration, StatusSet};
-use crate::key::PART_SEPARATOR;
 use serde::{Deserialize, Deserializer};
 
 /// The longest a lookup may take: the repeat waits for it.
