@@ -1,11 +1,13 @@
 //! The decision engine: for a request on a policy route, forward it (with a claim) or answer it;
 //! for a forwarded request, decide what its outcome does to the claim.
 //!
-//! Host-independent, and the same decisions on either store: a decision is split around the one
-//! store operation it needs ([`Engine::begin`] → store → [`Engine::after_claim`] / [`Engine::after_token`]), so the
-//! shared store runs it synchronously ([`Engine::run_shared`], called by the stream; tests use
-//! [`Engine::decide_shared`], which is `begin` and `run_shared` in one) and the Redis store across a
-//! Webdis callout, with the same answers.
+//! Host-independent. The decisions are the same on either store, but the stores are not driven
+//! alike: a decision is split around the one store operation it needs ([`Engine::begin`] → store
+//! → [`Engine::after_claim`] / [`Engine::after_token`]); the engine owns the shared store and
+//! runs that operation itself, synchronously ([`Engine::run_shared`], called by the stream; tests
+//! use [`Engine::decide_shared`], `begin` and `run_shared` in one), while a Redis operation is a
+//! Webdis callout the lifecycle sends and answers (`lifecycle/claims.rs`, `writes.rs`). The
+//! shared store also keeps Redis answers locally for repeats (`finish.rs`, `remember_answer`).
 //!
 //! - [`outcome`]: what is counted; [`verdict`]: the vocabulary of decisions (verdicts, tickets,
 //!   endings); `finish`: what a forwarded request's ending does to its claim; `tokens`: the

@@ -124,8 +124,10 @@ impl Stream {
     }
 
     /// Response trailers arrived. A gRPC answer's trailers (its status) are kept and replayed
-    /// with it. An HTTP answer with trailers is not stored whole: a tombstone (status only) is,
-    /// so a repeat gets the duplicate answer — never a replay without its trailers.
+    /// with it. An HTTP answer with trailers is never stored whole (a replay without its trailers
+    /// would be another answer): its body counts as too large, so a status the route remembers
+    /// is kept as a tombstone (a repeat gets the duplicate answer), and a route that needs
+    /// `success_body_contains` releases the key, since the marker cannot be checked.
     pub fn on_response_trailers(&mut self, host: &dyn Host) -> Flow {
         if let Phase::Capturing { capture, .. } = &mut self.phase {
             if capture.grpc {

@@ -78,8 +78,9 @@ impl Worker {
         self.claims.queue.borrow_mut().retain(|q| q.ctx != ctx);
     }
 
-    /// Sends the queued claims (root context) once no claim call is out — or when the oldest
-    /// has waited a whole callout timeout, so a call lost to the count never stalls the queue.
+    /// Sends the queued claims (root context) once fewer than [`CLAIM_CALLS_OUT`] claim calls are
+    /// out — or when the oldest has waited a whole callout timeout, so a call lost to the count
+    /// never stalls the queue.
     pub(super) fn send_claims(&self, host: &dyn Host) {
         let now = host.now_ms();
         let timeout = self.engine.bundle.redis.as_ref().map_or(0, |r| r.timeout.millis);
