@@ -12,6 +12,7 @@ import json
 import os
 import random
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -25,9 +26,9 @@ from idemtest import assert_local, assert_replay_of, assert_upstream_answer, cou
 PREFIX = "idem-hard-%s:" % uuid.uuid4().hex[:6]
 
 
-def policy(store="shared", lock_ttl="30s"):
+def policy(store="shared", lock_ttl="30s", timeout="500ms"):
     # Top-level keys come before the [redis] table (TOML would put them inside it).
-    head = 'unmatched = "reject"\n' + (stack.redis_table(timeout="500ms", prefix=PREFIX) if store == "redis" else "")
+    head = 'unmatched = "reject"\n' + (stack.redis_table(timeout=timeout, prefix=PREFIX) if store == "redis" else "")
     return head + """
 [[route]]
 name = "h-key"
@@ -414,6 +415,57 @@ def redis_calls(rs, command):
         if line.startswith("cmdstat_%s:" % command):
             return int(line.split("calls=", 1)[1].split(",", 1)[0])
     return 0
+
+
+@pytest.fixture
+def redis_gateway_one_worker(own_redis_stack, make_fleet):
+    """One worker (so every claim is this worker's group commit), a 30 s lease and a 2 s callout
+    timeout: claim calls stay out long enough for a claim to queue behind them."""
+    env = make_fleet(policy("redis", lock_ttl="30s", timeout="2s"), ROUTES, own_redis_stack.webdis.port, n=1,
+                     concurrency=1)[0]
+    return own_redis_stack, env
+
+
+def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_behind(redis_gateway_one_worker,
+                                                                                       upstream):
+    """Group commit: with four claim calls out (Webdis stopped), a fifth request's claim waits for
+    the next batch; its client leaves meanwhile. The waiting claim is dropped, never sent: when
+    Webdis resumes Redis sees exactly the four claims that were out, and the client's retry runs
+    at once — not 409 for the 30 s lease of a claim nobody holds."""
+    rs, env = redis_gateway_one_worker
+    busy = [new_key("busy-%d" % i) for i in range(4)]
+    key = new_key("left")
+    sets_before = redis_calls(rs, "set")
+    os.kill(rs.webdis.proc.pid, signal.SIGSTOP)
+    threads = []
+    try:
+        for k in busy:
+            # Held at the upstream 3 s once claimed, so their completions come after the count below.
+            threads.append(in_thread(lambda k=k: post(env, "/h/key", k, headers={"x-demo-delay-ms": "3000"},
+                                                      timeout=15)))
+        time.sleep(0.3)  # the four claim calls are out (Webdis reads nothing while stopped)
+        body = b'{"sku":"L1"}'
+        with socket.create_connection(("127.0.0.1", env.listen_port), timeout=5) as c:
+            c.sendall(b"POST /h/key HTTP/1.1\r\nhost: gw\r\nidempotency-key: " + key.encode()
+                      + b"\r\nauthorization: " + stack.DEFAULT_AUTH.encode()
+                      + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.3)  # its claim is queued behind the four; then the client leaves
+        time.sleep(0.3)
+    finally:
+        os.kill(rs.webdis.proc.pid, signal.SIGCONT)
+    # Webdis, resumed, runs what it had read: the four claims, and nothing for the fifth (its
+    # claim would go as the four come back, long before their completions).
+    wait_for(lambda: redis_calls(rs, "set") >= sets_before + 4, 5, what="the four claims to reach Redis")
+    time.sleep(0.7)
+    assert redis_calls(rs, "set") == sets_before + 4, "the claim of the client that left was sent"
+    for t, box in threads:
+        t.join(15)
+        assert box["r"].status == 200, describe(box["r"])
+    resumed = time.monotonic()
+    final, seen = retry_until_answered(env, key, deadline_s=5)
+    assert time.monotonic() - resumed < 4, seen
+    assert final.status == 200 and final.header("idempotent-replayed") is None, describe(final)
+    assert upstream.calls(key=key) == 1, seen
 
 
 def test_a_claim_that_lands_after_its_callout_timed_out_is_released(redis_gateway_30s_lease, upstream):

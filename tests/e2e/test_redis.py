@@ -360,6 +360,48 @@ def test_a_frozen_gateway_loses_its_lease_and_its_late_answer_is_fenced(fleet, u
     assert "lease_lost" in a.log_text()
 
 
+def test_a_frozen_gateways_late_failure_never_releases_the_key_another_request_took(fleet, upstream):
+    """The release's owner check, end to end: A's request is frozen past its lease (SIGSTOP), B
+    takes the key over and is still at the upstream when A wakes and gets a 503 for its own
+    attempt. A releases what it claimed — fenced on its own record, so B's claim stays: a third
+    request meanwhile gets 409 in progress, not a third run, and then B's answer replayed.
+    Without the owner check A's release deletes B's claim and the third request runs."""
+    a, b = fleet
+    key = new_key("late-release")
+    body = {"sku": "R1", "qty": 1}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first_f = pool.submit(post, a, "/r/lease", key, body, {"x-demo-delay-ms": "1500", "x-demo-status": "503"},
+                              None, 30)
+        wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            taken = []
+
+            def take_over():
+                # Held at the upstream for 6 s: still in flight when A wakes up and releases.
+                f = pool.submit(post, b, "/r/lease", key, body, {"x-demo-delay-ms": "6000"}, None, 30)
+                wait_for(lambda: f.done() or upstream.calls(key) == 2, 5, interval=0.05)
+                if upstream.calls(key) == 2:
+                    taken.append(f)
+                    return True
+                f.result()  # a 409 while A's lease still runs: ask again
+                return False
+            wait_for(take_over, 10, interval=0.2, what="B to take the lease of the frozen gateway over")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        first = first_f.result()
+        assert first.status == 503, describe(first)
+        # A's 503 is in and its release has run (or been fenced off): B is still at the upstream.
+        time.sleep(0.5)
+        third = post(a, "/r/lease", key, body)
+        assert (third.status, third.code) == (409, "REQUEST_IN_PROGRESS"), (
+            "A's late release took B's claim away: %s" % describe(third))
+        second = taken[0].result()
+    assert_upstream_answer(second, key=key, n=2)
+    assert_replay_of(post(a, "/r/lease", key, body), second)
+    assert upstream.calls(key) == 2
+
+
 # ------------------------------------------------------------------------------------ Webdis ACL
 
 @pytest.mark.parametrize("command", ["/GET/foo", "/FLUSHALL", "/KEYS/*", "/DEL/foo", "/CONFIG/GET/*",
