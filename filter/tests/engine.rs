@@ -748,3 +748,20 @@ fn a_record_written_before_xxh3_fingerprints_is_replayed_across_the_upgrade() {
     assert_eq!(decide(&host, &e, &first).outcome, Outcome::Replayed, "same request: replayed, not 422");
     assert_eq!(decide(&host, &e, &order("k1", r#"{"sku":"B2"}"#)).outcome, Outcome::KeyReused);
 }
+
+/// An alias of the route's path (`/Create/`, `%63reate`, `//`, `..`, a trailing `/`) is the same
+/// request to the service's framework, so the fingerprint reads the path as the matcher does: a
+/// repeat through an alias is a replay, never a 422 for "another request".
+#[test]
+fn a_repeat_through_a_path_alias_is_a_replay() {
+    let (host, e) = setup();
+    let v = decide(&host, &e, &order("alias-1", "{}"));
+    let r = route(&e, &order("alias-1", "{}"));
+    assert_eq!(e.finish_shared(&host, r, &ticket(&v), ok(201, "{\"order\":1}")).0, Some(Outcome::Stored));
+    for alias in
+        ["/api/order/create/", "/api/order/Create", "/api//order/create", "/api/order/%63reate", "/api/x/../order/./create"]
+    {
+        let req = Req::post(alias).key("alias-1").header("authorization", "Bearer alice").body("{}");
+        assert_eq!(decide(&host, &e, &req).outcome, Outcome::Replayed, "{alias}");
+    }
+}

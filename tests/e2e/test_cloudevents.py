@@ -5,6 +5,7 @@ reply; the same id from two sources is two events; a consumer failure lets the r
 consumer slower than the broker ends in a 2xx; a batch is refused (415), never deduplicated whole.
 The consumer (sdk/merchant.py `/events`) reads every event with the SDK's `from_http`."""
 
+import dataclasses
 import json
 import sys
 import uuid
@@ -86,6 +87,17 @@ def test_the_same_id_from_two_sources_is_two_events_in_either_mode(gateway, cons
     # The same id with other data is refused, not replayed.
     other = push(gateway, to_structured(event(eid, "/shop/eu", data={"order": 8}), FMT))
     assert_local(other, 422, "IDEMPOTENCY_KEY_REUSED")
+    # Data compared by exact value, never through floating point: two 20-digit amounts that one
+    # f64 cannot tell apart are two events' data (a 422), the same amount in the other mode and
+    # spelt 1.2345678901234567890e19 is the same data (a replay).
+    big = str(uuid.uuid4())
+    paid = push(gateway, to_structured(event(big, "/shop/eu", data={"amount": 12345678901234567890}), FMT))
+    assert paid.status == 200, describe(paid)
+    off_by_one = push(gateway, to_binary(event(big, "/shop/eu", data={"amount": 12345678901234567891}), FMT))
+    assert_local(off_by_one, 422, "IDEMPOTENCY_KEY_REUSED")
+    spelt = to_binary(event(big, "/shop/eu", data={"amount": 1}), FMT)
+    spelt = dataclasses.replace(spelt, body=b'{"amount": 1.2345678901234567890e19}')
+    assert_replay_of(push(gateway, spelt), paid)
 
 
 def test_a_consumer_failure_lets_the_redelivery_run(gateway, consumer):
