@@ -56,6 +56,20 @@ name = "order_id"
 scope = ["header:authorization"]
 fingerprint = ["method", "path"]
 
+# Stripe's envelope on a route keyed from the JSON body: an answer whose message quotes what it
+# read ("order_id") must still be JSON to the SDK (values escaped where they land).
+[[route]]
+name = "charges-by-body"
+match = { method = "POST", path = "/v1/body-charges" }
+
+[route.key]
+from = "body"
+name = "/metadata/order_id"
+scope = []
+
+[route.answers]
+template = '{"error":{"type":"idempotency_error","code":"{{code}}","message":"{{message}}"}}'
+
 # out_trade_no is unique per merchant: merchant id (path) + out_trade_no (body).
 [[route]]
 name = "merchant-orders"
@@ -289,6 +303,18 @@ def test_stripes_sdk_raises_on_the_gateways_409_and_422_in_its_envelope(gateway,
     assert box["first"]["ok"], box
     assert retried["ok"] and retried["charge"]["id"] == box["first"]["charge"]["id"], retried
     assert merchant.calls(slow_key) == 1
+
+
+def test_stripes_envelope_stays_json_when_the_message_quotes_the_request(gateway):
+    """A message with quotes in it (the member named twice, as the key reader quotes it) lands in
+    the envelope escaped: the SDK's JSON parser reads the code and the message whole. Without the
+    template's escaping the envelope is not JSON."""
+    body = b'{"metadata":{"order_id":"o-1","order_id":"o-2"},"amount":100}'
+    r = gateway.request("POST", "/v1/body-charges", headers={"content-type": "application/json"}, body=body)
+    assert r.status == 400, describe(r)
+    envelope = json.loads(r.body)["error"]
+    assert envelope["code"] == "IDEMPOTENCY_KEY_INVALID", envelope
+    assert '"order_id"' in envelope["message"] and "twice" in envelope["message"], envelope
 
 
 def test_without_the_envelope_stripes_sdk_takes_a_422_for_a_charge(make_envoy, merchant):
