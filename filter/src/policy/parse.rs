@@ -389,7 +389,9 @@ impl RawBundle {
         }
         if r.store == StoreKind::Redis && self.redis.is_none() {
             return Err(format!(
-                "route {name:?}: store = \"redis\" needs a top-level [redis] table naming the Webdis cluster"
+                "route {name:?}: store = \"redis\" needs a top-level [redis] table naming the Webdis cluster, \
+                 stated once for the bundle in any of its files (check a route file alone together with the file \
+                 that states it: `idem-lint bundle ROUTE.toml REDIS.toml`)"
             ));
         }
         let mut key = r.key.unwrap_or_default();
