@@ -3,6 +3,8 @@
 //! docs' guarantee table says what it says, every answer rendered (HTTP, problem+json, gRPC)
 //! carries its status, title and gRPC code, and no code is spelt anywhere else in the filter.
 
+mod common;
+
 use idem_filter::answers::Answers;
 use idem_filter::codes::ErrorCode;
 
@@ -95,24 +97,14 @@ fn every_answer_carries_the_tables_status_title_and_grpc_code() {
 #[test]
 fn no_code_is_spelt_outside_the_table() {
     let mut offenders = Vec::new();
-    let mut stack = vec![repo().join("filter/src")];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("codes.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code_part = text.split("#[cfg(test)]").next().unwrap_or("");
-            for (n, line) in code_part.lines().enumerate() {
-                let spelt = ErrorCode::ALL.iter().any(|c| line.contains(&format!("\"{}\"", c.as_str())));
-                if spelt && !line.trim_start().starts_with("//") {
-                    offenders.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
-                }
+    for (rel, code) in common::filter_sources() {
+        if rel == "codes.rs" {
+            continue;
+        }
+        for (n, line) in code.lines().enumerate() {
+            let spelt = ErrorCode::ALL.iter().any(|c| line.contains(&format!("\"{}\"", c.as_str())));
+            if spelt && !line.trim_start().starts_with("//") {
+                offenders.push(format!("filter/src/{rel}:{}: {}", n + 1, line.trim()));
             }
         }
     }

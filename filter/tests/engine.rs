@@ -758,9 +758,13 @@ fn a_repeat_through_a_path_alias_is_a_replay() {
     let v = decide(&host, &e, &order("alias-1", "{}"));
     let r = route(&e, &order("alias-1", "{}"));
     assert_eq!(e.finish_shared(&host, r, &ticket(&v), ok(201, "{\"order\":1}")).0, Some(Outcome::Stored));
-    for alias in
-        ["/api/order/create/", "/api/order/Create", "/api//order/create", "/api/order/%63reate", "/api/x/../order/./create"]
-    {
+    for alias in [
+        "/api/order/create/",
+        "/api/order/Create",
+        "/api//order/create",
+        "/api/order/%63reate",
+        "/api/x/../order/./create",
+    ] {
         let req = Req::post(alias).key("alias-1").header("authorization", "Bearer alice").body("{}");
         assert_eq!(decide(&host, &e, &req).outcome, Outcome::Replayed, "{alias}");
     }

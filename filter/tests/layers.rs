@@ -5,43 +5,25 @@
 //! rather than in a reader's head. `lifecycle`'s concern files may use each other: they are one
 //! module, its state split by concern.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+mod common;
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Top-level module -> the top-level modules its code names.
 fn uses() -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut dirs = vec![src()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let rel = path.strip_prefix(src()).unwrap().to_string_lossy().replace('\\', "/");
-            let module = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
-            // The glue and the fake host sit outside the layers (they see everything).
-            if matches!(module.as_str(), "lib" | "glue" | "testing") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            let used = out.entry(module.clone()).or_default();
-            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-                for (at, _) in line.match_indices("crate::") {
-                    let name: String =
-                        line[at + 7..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
-                    if !name.is_empty() && name != module {
-                        used.insert(name);
-                    }
+    for (rel, code) in common::filter_sources() {
+        let module = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+        // The glue and the fake host sit outside the layers (they see everything).
+        if matches!(module.as_str(), "lib" | "glue" | "testing") {
+            continue;
+        }
+        let used = out.entry(module.clone()).or_default();
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (at, _) in line.match_indices("crate::") {
+                let name: String = line[at + 7..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+                if !name.is_empty() && name != module {
+                    used.insert(name);
                 }
             }
         }

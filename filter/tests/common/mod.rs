@@ -63,3 +63,26 @@ pub fn percent_decode(s: &str) -> String {
     }
     String::from_utf8(out).unwrap()
 }
+
+/// Every `.rs` file under `filter/src`: its path relative to `src` (`/`-separated) and the code
+/// before its `#[cfg(test)]` part (what the module itself compiles).
+pub fn filter_sources() -> Vec<(String, String)> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(&src).map(|p| p.to_string_lossy().replace('\\', "/")).unwrap_or_default();
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default().to_string();
+                out.push((rel, code));
+            }
+        }
+    }
+    out.sort();
+    out
+}
