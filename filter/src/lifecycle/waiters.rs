@@ -200,7 +200,7 @@ impl Worker {
             );
             if !someone_elses {
                 self.release_orphan(host, poll.route, None, &poll.ticket);
-                self.send_outbox(host);
+                self.send_queued(host);
             }
             return;
         };

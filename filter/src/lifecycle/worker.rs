@@ -367,6 +367,12 @@ impl Worker {
     /// The root's queue was signalled: send what streams queued.
     pub fn on_queue_ready(&self, host: &dyn Host) {
         self.send_claims(host);
+        self.send_queued(host);
+    }
+
+    /// What streams handed to the root to send: detached calls, then the writes in the outbox.
+    pub(super) fn send_queued(&self, host: &dyn Host) {
+        self.send_detached(host);
         self.send_outbox(host);
     }
 
@@ -377,7 +383,7 @@ impl Worker {
         self.probe_eviction(host);
         self.check_body_delivery(host);
         self.send_claims(host);
-        self.send_outbox(host);
+        self.send_queued(host);
         self.renew_leases(host);
         self.recheck_waiters(host);
     }
@@ -402,12 +408,12 @@ impl Worker {
             RootCall::Claims(batch) => self.claims_answered(host, batch, status, &body),
             RootCall::Writes(batch) => {
                 self.batch_finished(host, batch, status, &body);
-                self.send_outbox(host);
+                self.send_queued(host);
             }
             RootCall::Renewal(owner) => self.renewed(owner, status, &body),
             RootCall::Detached(call) => {
                 self.detached_answered(host, call, status, headers, body);
-                self.send_outbox(host);
+                self.send_queued(host);
             }
             RootCall::Poll(poll) => self.polled(host, poll, status, &body),
             RootCall::EvictionProbe => self.eviction_answered(host, status, &body),

@@ -317,7 +317,6 @@ impl Worker {
     /// Below that a write goes at once, alone; under load, batches grow with the load. On Redis Cluster
     /// (found when a batch is refused `CROSSSLOT`) a batch holds the keys of one slot.
     pub(super) fn send_outbox(&self, host: &dyn Host) {
-        self.send_detached(host);
         if self.writes_out().0 >= WRITE_CALLS_OUT {
             return;
         }
