@@ -90,8 +90,9 @@ dist: setup
 
 bench: setup build
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
+	CARGO_TARGET_DIR=target/native-floor $(CARGO) build --release --manifest-path bench/floor-native/Cargo.toml
 	$(PY) scripts/bench.py
-	$(PY) scripts/breakdown.py --envoy
+	$(PY) scripts/breakdown.py --envoy --envoy-cases a,b,c0,c0-native,c,d,c0-16k,c16k
 	bash scripts/bench-lint.sh
 
 # The filter as OCI images for Istio / Envoy Gateway, in the OCI layout target/oci/idem: tag `oci`

@@ -14,6 +14,9 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (c0) the floor: a no-op Wasm filter doing what (c) makes Envoy do (bench/floor: pause at the
        headers, buffer and read the whole body, read the response as it streams, one filter
        state) without the idempotency work                       the floor for (c)
+  (c0-native) the same no-op as a native Envoy dynamic module (bench/floor-native, a .so loaded by
+       `envoy.filters.http.dynamic_modules`: no VM crossing); (c0) minus (c0-native) is what the
+       Wasm VM costs a filter doing that much                    context only
   (c)  key mode, a fresh Idempotency-Key every request (claim + store) target >= 0.80 x (a), or
        within 10 % of the floor's cost per request
   (d)  key mode, the same key every request (replays)             target >= 0.90 x (a)
@@ -100,6 +103,8 @@ CASES = [
     ("b'", "filter disabled on the route", "idem", "/api/other", "plain_post.lua", None, None, {}),
     ("c0", "floor: body-buffering no-op Wasm filter", "floor", "/api/order/create", "unique_keys.lua", "unique",
      None, {}),
+    ("c0-native", "floor as a native dynamic module (no Wasm VM)", "floor-native", "/api/order/create",
+     "unique_keys.lua", "unique", None, {}),
     ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.80, {}),
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90, {}),
     ("g", "key mode, forward = detached, unique keys", "idem", "/api/order/detached", "unique_keys.lua", "unique",
@@ -132,7 +137,14 @@ CASES = [
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-FLOOR_WASM = stack.REPO / "target" / "wasm32-wasip1" / "release" / "idem_floor.wasm"
+# IDEM_FLOOR_WASM: another build of it (as IDEM_WASM names another idem_filter.wasm)
+FLOOR_WASM = Path(os.environ.get("IDEM_FLOOR_WASM",
+                                  stack.REPO / "target" / "wasm32-wasip1" / "release" / "idem_floor.wasm"))
+# (c0-native): bench/floor-native is its own Cargo workspace (not the root's), built to this directory.
+NATIVE_FLOOR_MODULE = "idem_floor_native"
+NATIVE_FLOOR = stack.REPO / "target" / "native-floor" / "release" / ("lib%s.so" % NATIVE_FLOOR_MODULE)
+NATIVE_FLOOR_BUILD = ("CARGO_TARGET_DIR=target/native-floor cargo build --release "
+                      "--manifest-path bench/floor-native/Cargo.toml")
 
 
 def cpu_seconds(pid):
@@ -153,6 +165,73 @@ def report_floor(by_case):
           "%.1f us/req; (c) cost per request is %.0f %% over the floor's (target: (c) >= 0.80 or within 10 %%)" % (
               c0["ratio"], extra_floor, c["ratio"], extra_idem, c["cpu_us_per_req"] - c0["cpu_us_per_req"],
               100.0 * (c["cpu_us_per_req"] / c0["cpu_us_per_req"] - 1) if c0["cpu_us_per_req"] else 0.0))
+
+
+def native_floor_config(listen_port, admin_port, upstream_port, routes=ROUTES):
+    """The Envoy config of (c0-native): the routes and listeners of (c0), with the dynamic module in place
+    of the Wasm filter (named `idem`, declared disabled, enabled on the same routes). Envoy finds
+    lib<name>.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH (else its working directory) when the
+    config loads. Also used by scripts/breakdown.py --envoy."""
+    native = {
+        "name": "idem",
+        "disabled": True,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"name": NATIVE_FLOOR_MODULE},
+            "filter_name": "floor",
+        },
+    }
+    cfg = stack.idem_config(listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port,
+                            policy_toml="", routes=routes, with_filter=False, pre_filters=[native])
+    enabled = {r["name"] for r in routes if r["idem"]}
+    ingress = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    for route in ingress["route_config"]["virtual_hosts"][0]["routes"]:
+        if route["name"] in enabled:
+            route["typed_per_filter_config"] = stack.ENABLE_IDEM
+    return cfg
+
+
+def start_native_floor(workdir, upstream_port, concurrency):
+    """The Envoy of (c0-native), started and checked: (Envoy, bytes the probe request read, Envoy's
+    ABI version log lines)."""
+    listen_port, admin_port = stack.free_port(), stack.free_port()
+    cfg = native_floor_config(listen_port, admin_port, upstream_port)
+    saved = os.environ.get("ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+    os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] = str(NATIVE_FLOOR.parent)
+    try:
+        # dynamic_modules at info: the log keeps Envoy's "Dynamic module ABI version ..." line.
+        env = stack.Envoy(cfg, workdir, concurrency=concurrency, name="envoy-floor-native",
+                          wasm_log_level="info,dynamic_modules:info")
+    finally:
+        if saved is None:
+            del os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"]
+        else:
+            os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] = saved
+    try:
+        env.wait_ready(60)
+        # Proof it runs: a probe request gets the bytes the module read back in a response header.
+        body = b'{"sku":"A1","qty":1}'
+        r = stack.request(env.listen_port, "POST", "/api/order/create",
+                          {"content-type": "application/json", "x-floor-native-probe": "1"}, body)
+        seen = r.header("x-floor-native-seen")
+        if r.status != 200 or seen is None or int(seen) <= len(body):
+            raise stack.StackError("(c0-native): the module did not run on the probe request: %r" % r)
+    except Exception:
+        env.stop()
+        raise
+    abi = [line for line in env.log_text().splitlines() if "ABI version" in line]
+    return env, seen, abi
+
+
+def report_native_floor(by_case):
+    """The Wasm floor (c0) against the same work done natively (c0-native): the VM crossing's cost."""
+    if not all(k in by_case for k in ("a", "c0", "c0-native")):
+        return
+    a, c0, nat = by_case["a"], by_case["c0"], by_case["c0-native"]
+    print("native floor: (c0-native) ratio %.2f, %+.1f us Envoy CPU/req over (a); (c0) ratio %.2f, %+.1f us; "
+          "the Wasm VM costs (c0) %.1f us/req over the same work done natively" % (
+              nat["ratio"], nat["cpu_us_per_req"] - a["cpu_us_per_req"], c0["ratio"],
+              c0["cpu_us_per_req"] - a["cpu_us_per_req"], c0["cpu_us_per_req"] - nat["cpu_us_per_req"]))
 
 
 def report_body_sizes(by_case):
@@ -263,6 +342,13 @@ def main():
     stack.require_wasm()
     stack.require_wrk()
     stack.require_redis()
+    if any(c[0] == "c0-native" for c in cases) and not NATIVE_FLOOR.is_file():
+        if args.cases:
+            print("error: %s is missing; build it with `%s`" % (NATIVE_FLOOR, NATIVE_FLOOR_BUILD), file=sys.stderr)
+            return 2
+        print("warning: %s is missing, (c0-native) is skipped; build it with `%s`" % (NATIVE_FLOOR, NATIVE_FLOOR_BUILD),
+              file=sys.stderr)
+        cases = [c for c in cases if c[0] != "c0-native"]
     if not FLOOR_WASM.is_file():
         print("error: %s is missing; build it with `cargo build --release --target wasm32-wasip1 -p idem-floor` "
               "(make bench does)" % FLOOR_WASM, file=sys.stderr)
@@ -310,6 +396,12 @@ def main():
                                              name="envoy-floor-redis")
         procs.append(floor_redis)
         envoys = {"plain": plain, "idem": idem, "floor": floor, "floor-redis": floor_redis, "redis": redis_env, "cluster": cluster_env}
+        if any(c[0] == "c0-native" for c in cases):
+            floor_native, probe_seen, abi_lines = start_native_floor(workdir, fast.listen_port, args.workers)
+            procs.append(floor_native)
+            envoys["floor-native"] = floor_native
+            print("(c0-native): %s loaded; a probe request read %s bytes through it; Envoy: %s" % (
+                NATIVE_FLOOR.name, probe_seen, " / ".join(abi_lines) or "(no ABI version line)"))
         # (port, pid) of what wrk talks to; CPU/req is that process's CPU time.
         targets = {name: (env.listen_port, env.proc.pid) for name, env in envoys.items()}
         targets["webdis"] = (webdis.port, webdis.proc.pid)
@@ -438,6 +530,7 @@ def main():
                                                         for k, v in sorted(redis_counters.items()) if v))
         by_case = {r["case"]: r for r in table}
         report_floor(by_case)
+        report_native_floor(by_case)
         report_body_sizes(by_case)
         report_redis_floor(by_case)
         report_fleet(by_case)

@@ -29,6 +29,7 @@ import argparse
 import glob
 import http.client
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -143,6 +144,7 @@ def envoy_case(case, n, tmp):
     body = order_of(16384) if case.endswith("16k") else order_of(0)
     case = {"c0-16k": "c0", "c16k": "c"}.get(case, case)
     import stack
+    from bench import FLOOR_WASM, NATIVE_FLOOR, native_floor_config
     from stack.envoy_config import idem_config
     from stack.http import free_port
 
@@ -151,20 +153,28 @@ def envoy_case(case, n, tmp):
         {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
         {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
     ]
-    module = {"a": None, "b": stack.require_wasm(), "c0": REPO / "target" / "wasm32-wasip1" / "release" / "idem_floor.wasm",
+    module = {"a": None, "b": stack.require_wasm(), "c0": FLOOR_WASM, "c0-native": NATIVE_FLOOR,
               "c": stack.require_wasm(), "d": stack.require_wasm()}[case]
+    if module is not None and not Path(module).is_file():
+        raise SystemExit("error: (%s) needs %s; see scripts/bench.py" % (case, module))
     fast = stack.start_fast_upstream(tmp)
     listen, admin = free_port(), free_port()
-    cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
-                      policy_toml="" if case == "c0" else policy, routes=routes,
-                      wasm_path=str(module) if module else None, with_filter=module is not None)
+    env = None
+    if case == "c0-native":
+        # (c0)'s no-op as a native dynamic module (bench/floor-native): no VM, its code is the .so's.
+        cfg = native_floor_config(listen, admin, fast.listen_port, routes)
+        env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(NATIVE_FLOOR.parent))
+    else:
+        cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
+                          policy_toml="" if case == "c0" else policy, routes=routes,
+                          wasm_path=str(module) if module else None, with_filter=module is not None)
     cfg_path = Path(tmp) / ("envoy-%s.json" % case)
     cfg_path.write_text(json.dumps(cfg))
     out = Path(tmp) / ("envoy-%s.cg" % case)
     log = open(Path(tmp) / ("envoy-%s.log" % case), "w")
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--smc-check=all-non-file", "--callgrind-out-file=%s" % out,
                              envoy_binary(), "-c", str(cfg_path), "--disable-hot-restart", "--concurrency", "1",
-                             "-l", "warning"], stdout=log, stderr=subprocess.STDOUT)
+                             "-l", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env)
     path = "/api/no-policy" if case == "b" else "/api/order/create"
     try:
         conn = None
@@ -211,7 +221,7 @@ def envoy_case(case, n, tmp):
         raise SystemExit("error: callgrind wrote no dump for (%s)" % case)
     costs = self_costs(dumps[-1])
     total = sum(costs.values())
-    jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn))
+    jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn) or obj.endswith("/" + NATIVE_FLOOR.name))
     return total / n, jit / n
 
 
@@ -248,7 +258,8 @@ def main():
     ap.add_argument("--envoy", action="store_true", help="also count instructions per request in a real Envoy")
     ap.add_argument("--envoy-requests", type=int, default=300, help="requests per Envoy case (default 300)")
     ap.add_argument("--envoy-cases", default="a,b,c0,c,d,c0-16k,c16k",
-                    help="the Envoy cases to count (default a,b,c0,c,d,c0-16k,c16k)")
+                    help="the Envoy cases to count (default a,b,c0,c,d,c0-16k,c16k; also c0-native, the floor "
+                         "as a native dynamic module, once bench/floor-native is built)")
     args = ap.parse_args()
     build()
     subprocess.run([str(EXAMPLE), "20000"], cwd=REPO, check=True)
