@@ -419,11 +419,23 @@ def redis_calls(rs, command):
 
 @pytest.fixture
 def redis_gateway_one_worker(own_redis_stack, make_fleet):
-    """One worker (so every claim is this worker's group commit), a 30 s lease and a 2 s callout
-    timeout: claim calls stay out long enough for a claim to queue behind them."""
-    env = make_fleet(policy("redis", lock_ttl="30s", timeout="2s"), ROUTES, own_redis_stack.webdis.port, n=1,
+    """One worker (so every claim is this worker's group commit), a 30 s lease and a 10 s callout
+    timeout: claim calls stay out long enough for a claim to queue behind them, even on a loaded
+    machine."""
+    env = make_fleet(policy("redis", lock_ttl="30s", timeout="10s"), ROUTES, own_redis_stack.webdis.port, n=1,
                      concurrency=1)[0]
     return own_redis_stack, env
+
+
+def webdis_calls_out(env):
+    """Callouts to Webdis Envoy has open now (the Webdis cluster's active requests)."""
+    return env.stats("cluster.webdis.upstream_rq_active").get("cluster.webdis.upstream_rq_active", 0)
+
+
+def upstream_rq_total(env):
+    """Requests Envoy's listener has taken in (its HTTP connection manager's count)."""
+    return sum(v for k, v in env.stats("http.").items()
+               if k.endswith(".downstream_rq_total") and not k.startswith("http.admin."))
 
 
 def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_behind(redis_gateway_one_worker,
@@ -433,6 +445,11 @@ def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_b
     Webdis resumes Redis sees exactly the four claims that were out, and the client's retry runs
     at once — not 409 for the 30 s lease of a claim nobody holds."""
     rs, env = redis_gateway_one_worker
+    # Every root's eviction probe (each one's first Webdis call) is answered before Webdis stops:
+    # no call is out.
+    wait_for(lambda: "maxmemory-policy" in env.log_text() and webdis_calls_out(env) == 0, 10,
+             what="the eviction probes' answers")
+    before = upstream_rq_total(env)
     busy = [new_key("busy-%d" % i) for i in range(4)]
     key = new_key("left")
     sets_before = redis_calls(rs, "set")
@@ -442,15 +459,19 @@ def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_b
         for k in busy:
             # Held at the upstream 3 s once claimed, so their completions come after the count below.
             threads.append(in_thread(lambda k=k: post(env, "/h/key", k, headers={"x-demo-delay-ms": "3000"},
-                                                      timeout=15)))
-        time.sleep(0.3)  # the four claim calls are out (Webdis reads nothing while stopped)
+                                                      timeout=30)))
+        # The four claim calls are out (Webdis reads nothing while stopped): Envoy says so.
+        wait_for(lambda: webdis_calls_out(env) == 4, 8, what="the four claim calls to be out")
         body = b'{"sku":"L1"}'
         with socket.create_connection(("127.0.0.1", env.listen_port), timeout=5) as c:
             c.sendall(b"POST /h/key HTTP/1.1\r\nhost: gw\r\nidempotency-key: " + key.encode()
                       + b"\r\nauthorization: " + stack.DEFAULT_AUTH.encode()
                       + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-            time.sleep(0.3)  # its claim is queued behind the four; then the client leaves
-        time.sleep(0.3)
+            wait_for(lambda: upstream_rq_total(env) >= before + 5, 10, what="the fifth request to reach Envoy")
+            time.sleep(0.3)
+            # Its claim waits for the next batch: still four calls out, none for it.
+            assert webdis_calls_out(env) == 4, "a fifth claim call went out while four were"
+        time.sleep(0.3)  # the client has left
     finally:
         os.kill(rs.webdis.proc.pid, signal.SIGCONT)
     # Webdis, resumed, runs what it had read: the four claims, and nothing for the fifth (its
