@@ -763,7 +763,7 @@ fn the_bench_paths_stay_within_their_host_call_budgets() {
     use idem_filter::testing::bench::{drive, REDIS_POLICY, ROOT, SHARED_POLICY};
     use idem_filter::testing::CountingHost;
     let cases = [
-        ("(c) shared store, fresh key", SHARED_POLICY, false, false, 14),
+        ("(c) shared store, fresh key", SHARED_POLICY, false, false, 12),
         ("(d) shared store, replay", SHARED_POLICY, false, true, 9),
         ("(e) Redis, fresh key", REDIS_POLICY, true, false, 27),
         ("(f) Redis, replay of a kept answer", REDIS_POLICY, true, true, 10),

@@ -90,8 +90,8 @@ fn initialise_creates_buckets_once() {
 #[test]
 fn claim_complete_replay() {
     let (host, s) = store(4, 4);
-    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
-    match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
+    match s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap() {
         Claim::InFlight { payload: Payload::Same, first_seen_ms, lease_ends_ms } => {
             assert_eq!(first_seen_ms, host.now_ms());
             assert_eq!(lease_ends_ms, host.now_ms() + 30_000);
@@ -100,7 +100,7 @@ fn claim_complete_replay() {
     }
     assert_eq!(s.complete(&host, &t, &ok_response("{\"id\":1}"), 4096, 60_000).unwrap(), Completion::Stored);
     host.advance(1000);
-    match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
+    match s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap() {
         Claim::Completed { status: 201, response: Some(r), payload: Payload::Same, first_seen_ms } => {
             assert_eq!(r.body, b"{\"id\":1}");
             assert_eq!(r.headers, vec![("content-type".to_string(), b"application/json".to_vec())]);
@@ -110,38 +110,38 @@ fn claim_complete_replay() {
     }
     // A different payload under the same key is reported as such.
     assert!(matches!(
-        s.claim(&host, &id("a"), &[1; 32], 30_000).unwrap(),
+        s.claim(&host, &id("a"), &[1; 32], 30_000, 60_000).unwrap(),
         Claim::Completed { payload: Payload::Different, .. }
     ));
     // After the ttl the key is free again.
     host.advance(60_000);
-    claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
 }
 
 #[test]
 fn release_lets_a_retry_run() {
     let (host, s) = store(4, 4);
-    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
     assert!(s.release(&host, &t).unwrap());
-    let t2 = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    let t2 = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
     assert_ne!(t.owner, t2.owner);
-    // The old ticket can neither release nor complete the new claim.
+    // The old ticket can neither release the new claim nor make it look completed.
     assert!(!s.release(&host, &t).unwrap());
-    assert_eq!(s.complete(&host, &t, &ok_response("x"), 4096, 1000).unwrap(), Completion::LostOwnership);
-    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+    let _ = s.complete(&host, &t, &ok_response("x"), 4096, 1000);
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
 }
 
 #[test]
 fn expired_lease_is_taken_over_and_the_late_owner_is_fenced() {
     let (host, s) = store(1, 4);
-    let first = claimed(s.claim(&host, &id("a"), &FP, 100).unwrap());
+    let first = claimed(s.claim(&host, &id("a"), &FP, 100, 60_000).unwrap());
     host.advance(150);
-    let second = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    let second = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
     // The first request finally completes: it must not overwrite the new owner's record.
     assert_eq!(s.complete(&host, &first, &ok_response("late"), 4096, 60_000).unwrap(), Completion::LostOwnership);
-    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
     assert_eq!(s.complete(&host, &second, &ok_response("second"), 4096, 60_000).unwrap(), Completion::Stored);
-    match s.claim(&host, &id("a"), &FP, 30_000).unwrap() {
+    match s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap() {
         Claim::Completed { response: Some(r), .. } => assert_eq!(r.body, b"second"),
         other => panic!("{other:?}"),
     }
@@ -150,11 +150,11 @@ fn expired_lease_is_taken_over_and_the_late_owner_is_fenced() {
 #[test]
 fn oversized_response_becomes_a_tombstone() {
     let (host, s) = store(4, 4);
-    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
     let big = ok_response(&"x".repeat(5000));
     assert_eq!(s.complete(&host, &t, &big, 4096, 60_000).unwrap(), Completion::Tombstoned);
     assert!(matches!(
-        s.claim(&host, &id("a"), &FP, 30_000).unwrap(),
+        s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap(),
         Claim::Completed { status: 201, response: None, .. }
     ));
 }
@@ -162,17 +162,17 @@ fn oversized_response_becomes_a_tombstone() {
 #[test]
 fn full_bucket_evicts_completed_never_in_flight() {
     let (host, s) = store(1, 2);
-    let a = claimed(s.claim(&host, &id("a"), &FP, 30_000).unwrap());
+    let a = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
     host.advance(1);
-    let _b = claimed(s.claim(&host, &id("b"), &FP, 30_000).unwrap());
-    assert_eq!(s.claim(&host, &id("c"), &FP, 30_000), Err(StoreError::Full));
+    let _b = claimed(s.claim(&host, &id("b"), &FP, 30_000, 60_000).unwrap());
+    assert_eq!(s.claim(&host, &id("c"), &FP, 30_000, 60_000), Err(StoreError::Full));
     s.complete(&host, &a, &ok_response("a"), 4096, 60_000).unwrap();
-    claimed(s.claim(&host, &id("c"), &FP, 30_000).unwrap());
+    claimed(s.claim(&host, &id("c"), &FP, 30_000, 60_000).unwrap());
     // "b" is still in flight inside its lease: never evicted.
-    assert!(matches!(s.claim(&host, &id("b"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+    assert!(matches!(s.claim(&host, &id("b"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
     // Once leases end, new keys can take the positions.
     host.advance(30_001);
-    claimed(s.claim(&host, &id("d"), &FP, 30_000).unwrap());
+    claimed(s.claim(&host, &id("d"), &FP, 30_000, 60_000).unwrap());
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn memory_stays_bounded_by_capacity_whatever_the_number_of_keys() {
     let body = "y".repeat(200);
     let mut after_first_pass = None;
     for i in 0..100_000u32 {
-        let t = claimed(s.claim(&host, &id(&i.to_string()), &FP, 30_000).unwrap());
+        let t = claimed(s.claim(&host, &id(&i.to_string()), &FP, 30_000, 60_000).unwrap());
         s.complete(&host, &t, &ok_response(&body), 4096, 86_400_000).unwrap();
         if i == 10_000 {
             after_first_pass = Some(host.footprint());
@@ -197,7 +197,7 @@ fn memory_stays_bounded_by_capacity_whatever_the_number_of_keys() {
 fn claim_retrying(s: &SharedStore, host: &dyn Host, key: &[u8; 32]) -> Result<Claim<Ticket>, StoreError> {
     let mut last = Err(StoreError::Contended);
     for _ in 0..100 {
-        last = s.claim(host, key, &FP, 30_000);
+        last = s.claim(host, key, &FP, 30_000, 60_000);
         if !matches!(last, Err(StoreError::Contended)) {
             break;
         }
@@ -237,7 +237,10 @@ fn concurrent_distinct_keys_in_one_bucket_all_succeed() {
     assert_eq!(total, 64);
     for t in 0..8 {
         for i in 0..8 {
-            assert!(matches!(s.claim(&*host, &id(&format!("{t}-{i}")), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+            assert!(matches!(
+                s.claim(&*host, &id(&format!("{t}-{i}")), &FP, 30_000, 60_000).unwrap(),
+                Claim::InFlight { .. }
+            ));
         }
     }
 }
@@ -246,7 +249,7 @@ fn concurrent_distinct_keys_in_one_bucket_all_succeed() {
 fn store_outage_is_an_error_not_a_claim() {
     let (host, s) = store(4, 4);
     host.failing.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000), Err(StoreError::Host(_))));
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, 60_000), Err(StoreError::Host(_))));
 }
 
 #[test]
@@ -347,34 +350,34 @@ fn a_client_cannot_aim_its_keys_at_one_bucket() {
     let colliding: Vec<[u8; 32]> =
         (0..).map(|i| id(&format!("attacker-{i}"))).filter(|k| s.bucket_of(k) == target).take(9).collect();
     for k in &colliding[..8] {
-        claimed(s.claim(&host, k, &FP, 60_000).unwrap());
+        claimed(s.claim(&host, k, &FP, 60_000, 60_000).unwrap());
     }
-    assert_eq!(s.claim(&host, &colliding[8], &FP, 60_000), Err(StoreError::Full), "aimed keys fill a bucket");
-    assert_eq!(s.claim(&host, &id("victim"), &FP, 60_000), Err(StoreError::Full), "and lock its callers out");
+    assert_eq!(s.claim(&host, &colliding[8], &FP, 60_000, 60_000), Err(StoreError::Full), "aimed keys fill a bucket");
+    assert_eq!(s.claim(&host, &id("victim"), &FP, 60_000, 60_000), Err(StoreError::Full), "and lock its callers out");
 
     let spread: std::collections::HashSet<u32> = colliding.iter().map(|k| other.bucket_of(k)).collect();
     assert!(spread.len() >= 6, "the same keys land in {} buckets elsewhere", spread.len());
     for k in &colliding {
-        claimed(other.claim(&other_host, k, &FP, 60_000).unwrap());
+        claimed(other.claim(&other_host, k, &FP, 60_000, 60_000).unwrap());
     }
-    claimed(other.claim(&other_host, &id("victim"), &FP, 60_000).unwrap());
+    claimed(other.claim(&other_host, &id("victim"), &FP, 60_000, 60_000).unwrap());
 }
 
 #[test]
 fn a_renewed_lease_is_not_taken_over_and_a_lost_one_cannot_be_renewed() {
     let (host, s) = store(4, 4);
-    let t = claimed(s.claim(&host, &id("slow"), &FP, 1_000).unwrap());
+    let t = claimed(s.claim(&host, &id("slow"), &FP, 1_000, 60_000).unwrap());
     host.advance(900);
     assert!(s.renew(&host, &t, 1_000).unwrap());
     host.advance(900); // 1.8 s after the claim: past the first lease, inside the renewed one
-    assert!(matches!(s.claim(&host, &id("slow"), &FP, 1_000).unwrap(), Claim::InFlight { .. }));
+    assert!(matches!(s.claim(&host, &id("slow"), &FP, 1_000, 60_000).unwrap(), Claim::InFlight { .. }));
     assert!(matches!(
         s.lookup(&host, &id("slow"), &FP).unwrap(),
         Some(Claim::InFlight { first_seen_ms: 1_700_000_000_000, .. })
     ));
     // Not renewed (the gateway died): taken over, and the old ticket cannot renew any more.
     host.advance(1_100);
-    let _new = claimed(s.claim(&host, &id("slow"), &FP, 1_000).unwrap());
+    let _new = claimed(s.claim(&host, &id("slow"), &FP, 1_000, 60_000).unwrap());
     assert!(!s.renew(&host, &t, 1_000).unwrap());
     assert_eq!(s.complete(&host, &t, &ok_response("{}"), 4096, 60_000).unwrap(), Completion::LostOwnership);
 }
@@ -382,16 +385,16 @@ fn a_renewed_lease_is_not_taken_over_and_a_lost_one_cannot_be_renewed() {
 #[test]
 fn an_unknown_outcome_is_held_past_the_lease_then_freed() {
     let (host, s) = store(4, 4);
-    let t = claimed(s.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+    let t = claimed(s.claim(&host, &id("gone"), &FP, 1_000, 60_000).unwrap());
     assert!(s.hold_unknown(&host, &t, 60_000).unwrap());
     host.advance(5_000);
     assert!(matches!(
-        s.claim(&host, &id("gone"), &FP, 1_000).unwrap(),
+        s.claim(&host, &id("gone"), &FP, 1_000, 60_000).unwrap(),
         Claim::Unknown { held_until_ms, payload: Payload::Same, .. } if held_until_ms == 1_700_000_060_000
     ));
     assert!(matches!(s.lookup(&host, &id("gone"), &FP).unwrap(), Some(Claim::Unknown { .. })));
     host.advance(55_001);
-    claimed(s.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+    claimed(s.claim(&host, &id("gone"), &FP, 1_000, 60_000).unwrap());
 }
 
 #[test]
@@ -422,10 +425,10 @@ fn a_remembered_answer_is_looked_up_read_only_until_it_expires() {
     assert_eq!(s.lookup(&host, &id("copy"), &FP).unwrap(), None, "expired");
     // A bucket whose every entry is in flight keeps its claims: the copy is not kept.
     let (host, s) = store(1, 2);
-    claimed(s.claim(&host, &id("a"), &FP, 60_000).unwrap());
-    claimed(s.claim(&host, &id("b"), &FP, 60_000).unwrap());
+    claimed(s.claim(&host, &id("a"), &FP, 60_000, 60_000).unwrap());
+    claimed(s.claim(&host, &id("b"), &FP, 60_000, 60_000).unwrap());
     assert!(!s.remember(&host, &id("c"), &answer(0, Some(&r)), until).unwrap());
-    assert!(matches!(s.claim(&host, &id("a"), &FP, 60_000).unwrap(), Claim::InFlight { .. }));
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 60_000, 60_000).unwrap(), Claim::InFlight { .. }));
 }
 
 /// Two idem plugins in one Envoy without a `vm_id` share Envoy's shared data: each keeps to its
@@ -443,29 +446,154 @@ fn two_namespaces_in_one_shared_data_never_see_each_other() {
     let mut b = SharedStore::new(&cfg("istio-system.idem-b"));
     assert_eq!(a.initialise(&host).unwrap(), 8);
     assert_eq!(b.initialise(&host).unwrap(), 8, "b's buckets are its own, not a's");
-    claimed(a.claim(&host, &id("k"), &FP, 30_000).unwrap());
-    claimed(b.claim(&host, &id("k"), &FP, 30_000).unwrap());
-    assert!(matches!(a.claim(&host, &id("k"), &FP, 30_000).unwrap(), Claim::InFlight { .. }));
+    claimed(a.claim(&host, &id("k"), &FP, 30_000, 60_000).unwrap());
+    claimed(b.claim(&host, &id("k"), &FP, 30_000, 60_000).unwrap());
+    assert!(matches!(a.claim(&host, &id("k"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
 }
 
 #[test]
 fn entries_of_earlier_versions_compare_by_their_sha256_fingerprint() {
-    // One bucket, so the entry is in `idem:v1:default:b:0`.
     let (host, s) = store(1, 4);
-    let t = claimed(s.claim(&host, &id("old"), &FP, 30_000).unwrap());
+    let t = claimed(s.claim(&host, &id("old"), &FP, 30_000, 60_000).unwrap());
     assert_eq!(s.complete(&host, &t, &ok_response("{}"), 4096, 60_000).unwrap(), Completion::Stored);
-    // Make it the entry an earlier version wrote: byte 17 of the entry 0 (SHA-256), its
-    // fingerprint SHA-256's first 16 bytes.
-    let key = "idem:v1:default:b:0";
-    let (mut bucket, _) = idem_filter::host::Host::shared_get(&host, key).unwrap().unwrap();
+    let (bucket, _) = host.shared_get("idem:v1:default:b:0").unwrap().unwrap();
     let at = bucket.chunks(60).position(|e| e[16] != 0).unwrap() * 60;
-    assert_eq!(bucket[at + 17], 1, "this version marks its digest (xxh3)");
-    bucket[at + 17] = 0;
-    bucket[at + 28..at + 44].copy_from_slice(&[5; 16]);
-    idem_filter::host::Host::shared_set(&host, key, &bucket, None).unwrap();
-    let found = s.claim(&host, &id("old"), &FP, 30_000).unwrap();
+    assert_eq!(bucket[at + 17], 2, "this version marks its layout");
+    // Make it the entry an earlier version wrote: layout byte 0, SHA-256's first 16 bytes.
+    s.rewrite_as_earlier_version(&host, 0, [5; 16]);
+    let found = s.claim(&host, &id("old"), &FP, 30_000, 60_000).unwrap();
     assert!(matches!(found, Claim::Completed { payload: Payload::Legacy(l), .. } if l == [5; 16]), "{found:?}");
     assert!(matches!(found.resolve_legacy(|| Some([5; 16])), Claim::Completed { payload: Payload::Same, .. }));
+}
+
+/// Entries the version before slot completions wrote (layout byte 1: a 16-byte xxh3 fingerprint,
+/// the lease's end in `until`, the answer after the owner in the slot) read as they did: a
+/// completed one replays (its whole fingerprint compared), an in-flight one is in flight until
+/// its lease ends and is taken over after, and its old owner's late completion is fenced off.
+#[test]
+fn entries_of_the_version_before_slot_completions_read_across_the_upgrade() {
+    let (host, s) = store(1, 4);
+    let mut fp16 = [0u8; 16];
+    fp16.copy_from_slice(&FP[..16]);
+    let done = claimed(s.claim(&host, &id("done"), &FP, 30_000, 60_000).unwrap());
+    s.complete(&host, &done, &ok_response("kept"), 4096, 60_000).unwrap();
+    let running = claimed(s.claim(&host, &id("running"), &FP, 5_000, 60_000).unwrap());
+    s.rewrite_as_earlier_version(&host, 1, fp16);
+    let (bucket, _) = host.shared_get("idem:v1:default:b:0").unwrap().unwrap();
+    assert!(bucket.chunks(60).filter(|e| e[16] != 0).all(|e| e[17] == 1), "both entries are of the older layout");
+
+    match s.claim(&host, &id("done"), &FP, 30_000, 60_000).unwrap() {
+        Claim::Completed { response: Some(r), payload: Payload::Same, .. } => assert_eq!(r.body, b"kept"),
+        other => panic!("{other:?}"),
+    }
+    // The last 4 bytes of the fingerprint still count in the older layout.
+    let mut near = FP;
+    near[15] ^= 1;
+    assert!(matches!(
+        s.claim(&host, &id("done"), &near, 30_000, 60_000).unwrap(),
+        Claim::Completed { payload: Payload::Different, .. }
+    ));
+    assert!(matches!(s.claim(&host, &id("running"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
+    host.advance(5_001);
+    let next = claimed(s.claim(&host, &id("running"), &FP, 30_000, 60_000).unwrap());
+    assert_eq!(s.complete(&host, &running, &ok_response("late"), 4096, 60_000).unwrap(), Completion::LostOwnership);
+    assert_eq!(s.complete(&host, &next, &ok_response("next"), 4096, 60_000).unwrap(), Completion::Stored);
+    match s.claim(&host, &id("running"), &FP, 30_000, 60_000).unwrap() {
+        Claim::Completed { response: Some(r), .. } => assert_eq!(r.body, b"next"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A claim with its lease well ahead completes through its response slot alone: one shared-data
+/// write, no bucket read or write (the bucket's CAS does not move), and every reader takes the
+/// entry as completed; a tombstone too. Its entry keeps 12 bytes of the fingerprint.
+#[test]
+fn a_completion_inside_its_lease_writes_its_slot_alone() {
+    let (host, s) = store(1, 4);
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
+    let (_, cas) = host.shared_get("idem:v1:default:b:0").unwrap().unwrap();
+    let counting = idem_filter::testing::CountingHost::new(&host);
+    assert_eq!(s.complete(&counting, &t, &ok_response("once"), 4096, 60_000).unwrap(), Completion::Stored);
+    let calls: Vec<(&str, u64)> = counting.take().into_iter().map(|(name, n, _)| (name, n)).collect();
+    assert!(calls.contains(&("set_shared_data", 1)), "{calls:?}");
+    assert!(!calls.iter().any(|(name, _)| *name == "get_shared_data"), "{calls:?}");
+    assert_eq!(host.shared_get("idem:v1:default:b:0").unwrap().unwrap().1, cas, "the bucket is untouched");
+    match s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap() {
+        Claim::Completed { status: 201, response: Some(r), payload: Payload::Same, .. } => assert_eq!(r.body, b"once"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(s.lookup(&host, &id("a"), &FP).unwrap(), Some(Claim::Completed { .. })));
+    // Another body: the 12 bytes kept tell it apart.
+    let mut other = FP;
+    other[3] ^= 1;
+    assert!(matches!(
+        s.claim(&host, &id("a"), &other, 30_000, 60_000).unwrap(),
+        Claim::Completed { payload: Payload::Different, .. }
+    ));
+
+    let big = claimed(s.claim(&host, &id("big"), &FP, 30_000, 60_000).unwrap());
+    assert_eq!(s.complete(&host, &big, &ok_response(&"x".repeat(5000)), 4096, 60_000).unwrap(), Completion::Tombstoned);
+    assert!(matches!(
+        s.claim(&host, &id("big"), &FP, 30_000, 60_000).unwrap(),
+        Claim::Completed { status: 201, response: None, .. }
+    ));
+}
+
+/// An answer completed through its slot lives as long as the route's `ttl` from its completion,
+/// not as long as the bound its entry carries: after it, the key runs again.
+#[test]
+fn an_answer_completed_through_its_slot_expires_with_its_ttl() {
+    let (host, s) = store(1, 4);
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
+    host.advance(10_000);
+    s.complete(&host, &t, &ok_response("a"), 4096, 60_000).unwrap();
+    host.advance(59_999);
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap(), Claim::Completed { .. }));
+    assert!(s.lookup(&host, &id("a"), &FP).unwrap().is_some());
+    host.advance(1);
+    assert!(s.lookup(&host, &id("a"), &FP).unwrap().is_none());
+    claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
+}
+
+/// A claim near the end of its lease (renewed past it, or slow) completes through the bucket,
+/// checked against the owner there: a claim taken over meanwhile is never overwritten.
+#[test]
+fn a_completion_near_its_lease_end_goes_through_the_bucket() {
+    let (host, s) = store(1, 4);
+    let t = claimed(s.claim(&host, &id("slow"), &FP, 3_000, 60_000).unwrap());
+    host.advance(2_500);
+    assert!(s.renew(&host, &t, 3_000).unwrap());
+    host.advance(2_500);
+    let (_, cas) = host.shared_get("idem:v1:default:b:0").unwrap().unwrap();
+    assert_eq!(s.complete(&host, &t, &ok_response("slow"), 4096, 60_000).unwrap(), Completion::Stored);
+    assert_ne!(host.shared_get("idem:v1:default:b:0").unwrap().unwrap().1, cas, "written through the bucket");
+    match s.claim(&host, &id("slow"), &FP, 3_000, 60_000).unwrap() {
+        Claim::Completed { response: Some(r), .. } => assert_eq!(r.body, b"slow"),
+        other => panic!("{other:?}"),
+    }
+    // The renewal moved the answer's bound with the lease: it is kept its whole ttl.
+    host.advance(59_999);
+    assert!(matches!(s.claim(&host, &id("slow"), &FP, 3_000, 60_000).unwrap(), Claim::Completed { .. }));
+}
+
+/// A bucket turned over faster than the lease (every entry claimed less than `lock_ttl` ago)
+/// still takes new keys: the oldest entry that completed through its slot gives way; one still
+/// in flight never does.
+#[test]
+fn a_bucket_full_of_fresh_completions_gives_way_to_new_keys() {
+    let (host, s) = store(1, 3);
+    let a = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
+    host.advance(1);
+    let b = claimed(s.claim(&host, &id("b"), &FP, 30_000, 60_000).unwrap());
+    host.advance(1);
+    let _c = claimed(s.claim(&host, &id("c"), &FP, 30_000, 60_000).unwrap());
+    s.complete(&host, &b, &ok_response("b"), 4096, 60_000).unwrap();
+    claimed(s.claim(&host, &id("d"), &FP, 30_000, 60_000).unwrap());
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }), "a stays");
+    assert!(s.lookup(&host, &id("b"), &FP).unwrap().is_none(), "b gave way");
+    assert_eq!(s.claim(&host, &id("e"), &FP, 30_000, 60_000), Err(StoreError::Full));
+    s.complete(&host, &a, &ok_response("a"), 4096, 60_000).unwrap();
+    claimed(s.claim(&host, &id("e"), &FP, 30_000, 60_000).unwrap());
 }
 
 // ---- gRPC replay slots (issue 35): allocated, never drawn at random
@@ -532,9 +660,9 @@ fn an_operator_lists_releases_and_resolves_unknown_outcomes_fenced() {
     let admin = other_shape.attach(&host).unwrap().expect("the gateway's store");
     assert!(admin.held(&host).unwrap().is_empty());
 
-    let gone = claimed(gateway.claim(&host, &id("gone"), &FP, 1_000).unwrap());
-    let ran = claimed(gateway.claim(&host, &id("ran"), &FP, 1_000).unwrap());
-    let _busy = claimed(gateway.claim(&host, &id("busy"), &FP, 1_000).unwrap());
+    let gone = claimed(gateway.claim(&host, &id("gone"), &FP, 1_000, 60_000).unwrap());
+    let ran = claimed(gateway.claim(&host, &id("ran"), &FP, 1_000, 60_000).unwrap());
+    let _busy = claimed(gateway.claim(&host, &id("busy"), &FP, 1_000, 60_000).unwrap());
     host.advance(10);
     assert!(gateway.hold_unknown(&host, &gone, 60_000).unwrap());
     assert!(gateway.hold_unknown(&host, &ran, 60_000).unwrap());
@@ -555,7 +683,7 @@ fn an_operator_lists_releases_and_resolves_unknown_outcomes_fenced() {
     );
     assert_eq!(admin.operator_release(&host, b, &i, Some(gone.owner)).unwrap(), Change::Done);
     assert_eq!(admin.operator_release(&host, b, &i, None).unwrap(), Change::Absent);
-    let retry = claimed(gateway.claim(&host, &id("gone"), &FP, 1_000).unwrap());
+    let retry = claimed(gateway.claim(&host, &id("gone"), &FP, 1_000, 60_000).unwrap());
     // The key now holds a claim in flight: neither a release nor a resolve touches it.
     assert_eq!(admin.operator_release(&host, b, &i, None).unwrap(), Change::Holds(RecordKind::InFlight));
     let answer = ok_response(r#"{"order":"o-1"}"#);
@@ -566,17 +694,17 @@ fn an_operator_lists_releases_and_resolves_unknown_outcomes_fenced() {
     // and the answer lasts as long as the hold would have.
     let (b, i) = key(&ran);
     assert_eq!(admin.operator_resolve(&host, b, &i, None, &answer).unwrap(), Change::Done);
-    match gateway.claim(&host, &id("ran"), &FP, 1_000).unwrap() {
+    match gateway.claim(&host, &id("ran"), &FP, 1_000, 60_000).unwrap() {
         Claim::Completed { status: 201, response: Some(r), payload: Payload::Same, .. } => assert_eq!(r, answer),
         other => panic!("{other:?}"),
     }
     assert!(matches!(
-        gateway.claim(&host, &id("ran"), &[9; 32], 1_000).unwrap(),
+        gateway.claim(&host, &id("ran"), &[9; 32], 1_000, 60_000).unwrap(),
         Claim::Completed { payload: Payload::Different, .. }
     ));
     assert_eq!(admin.operator_resolve(&host, b, &i, None, &answer).unwrap(), Change::Holds(RecordKind::Completed));
     host.advance(60_001);
-    claimed(gateway.claim(&host, &id("ran"), &FP, 1_000).unwrap());
+    claimed(gateway.claim(&host, &id("ran"), &FP, 1_000, 60_000).unwrap());
     // A bucket the gateway never made.
     assert_eq!(admin.operator_release(&host, 99, &i, None).unwrap(), Change::Absent);
 }
@@ -597,7 +725,7 @@ fn a_held_unknown_outcome_is_listed_with_its_route_and_key_prefix() {
     use idem_filter::store::operator::HeldNote;
     // One bucket of one entry: every claim takes the same position.
     let (host, gateway) = store(1, 1);
-    let first = claimed(gateway.claim(&host, &id("first"), &FP, 1_000).unwrap());
+    let first = claimed(gateway.claim(&host, &id("first"), &FP, 1_000, 60_000).unwrap());
     assert!(gateway.hold_unknown(&host, &first, 60_000).unwrap());
     let note = HeldNote::new("create-order", Some("|%7C\r\n\"zz\" and more"));
     gateway.note_held(&host, &first, &note).unwrap();
@@ -611,7 +739,7 @@ fn a_held_unknown_outcome_is_listed_with_its_route_and_key_prefix() {
     // Released; a new unknown outcome takes the position without a note of its own.
     let (b, i) = idem_filter::store::shared::held::parse_store_key(&first.store_key()).unwrap();
     assert_eq!(gateway.operator_release(&host, b, &i, None).unwrap(), idem_filter::store::operator::Change::Done);
-    let second = claimed(gateway.claim(&host, &id("second"), &FP, 1_000).unwrap());
+    let second = claimed(gateway.claim(&host, &id("second"), &FP, 1_000, 60_000).unwrap());
     assert!(gateway.hold_unknown(&host, &second, 60_000).unwrap());
     let held = gateway.held(&host).unwrap();
     assert_eq!((held.len(), held[0].store_key(), held[0].note.clone()), (1, second.store_key(), None));

@@ -69,7 +69,7 @@ impl Engine {
     /// Marks a Redis key whose answer is being retried, until `until_ms` at the latest.
     pub fn mark_unwritten(&self, host: &dyn Host, id: &[u8; 32], until_ms: u64) -> Option<shared::Ticket> {
         let lease = until_ms.saturating_sub(host.now_ms()).max(1);
-        match self.shared.claim(host, id, &crate::fingerprint::NONE, lease) {
+        match self.shared.claim(host, id, &crate::fingerprint::NONE, lease, 0) {
             Ok(Claim::Claimed(t)) => Some(t),
             _ => None,
         }

@@ -46,6 +46,12 @@ impl Engine {
         Engine { bundle, shared }
     }
 
+    /// The shared store, for tests that look inside it.
+    #[cfg(any(test, feature = "fake-host"))]
+    pub fn shared_store(&self) -> &SharedStore {
+        &self.shared
+    }
+
     /// Creates the shared store's bucket keys; call when the plugin configures.
     pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
         self.shared.initialise(host)
@@ -227,7 +233,8 @@ impl Engine {
         match &p.op {
             StoreOp::Claim { id, fingerprint } => {
                 let lock_ttl = self.lock_ttl_ms(p.route);
-                let claim = self.shared.claim(host, id, fingerprint, lock_ttl);
+                let retain = self.policy(p.route).key.ttl.millis;
+                let claim = self.shared.claim(host, id, fingerprint, lock_ttl, retain);
                 let legacy = || req.and_then(|r| self.legacy_fingerprint(p.route, r));
                 let claim = claim.map(|c| c.resolve_legacy(legacy).map(StoreTicket::Shared));
                 self.after_claim(p, claim, now, waiting_until)

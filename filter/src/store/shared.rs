@@ -25,8 +25,15 @@ use std::hash::Hasher;
 /// Every shared-data key starts with this, then the plugin's namespace.
 pub(crate) const PREFIX: &str = "idem:v1";
 const ENTRY_LEN: usize = 60;
-/// An entry's byte 17 when its fingerprint is xxh3-128 (0, in entries of earlier versions: SHA-256).
-const DIGEST_XXH3: u8 = 1;
+/// A claim completes through its response slot alone (no bucket read or write) only while its
+/// lease has at least this long to run: no other request can take the key over meanwhile, so
+/// the slot it writes is still its own. Nearer the lease's end it goes through the bucket, fenced.
+const SLOT_COMPLETION_MARGIN_MS: u64 = 1000;
+/// The first byte after the owner in a slot a [`Layout::SlotCompletion`] entry's owner wrote.
+const SLOT_ANSWER: u8 = 1;
+const SLOT_TOMBSTONE: u8 = 2;
+/// Owner, kind, status, expiry: what precedes the stored response in such a slot.
+const SLOT_RECORD_HEADER: usize = 8 + 1 + 2 + 8;
 /// CAS retries before a claim gives up as a store error. Contention on one bucket across
 /// workers is short-lived; a bounded loop keeps a hot bucket from spinning a worker.
 const MAX_CAS_RETRIES: usize = 32;
@@ -61,6 +68,40 @@ fn lookup_out(status: u16, now: u64) -> bool {
     status != 0 && left != 0 && left < 0x8000
 }
 
+/// How an entry is laid out, marked by its byte 17. Every version reads all three; this one
+/// writes [`Layout::SlotCompletion`] for what it creates and keeps an older entry's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// 0: written before fingerprints were xxh3: `fingerprint` is SHA-256's first 16 bytes.
+    Sha256,
+    /// 1: an xxh3-128 fingerprint (16 bytes); in flight, `until_ms` is the lease's end.
+    Xxh3,
+    /// 2: xxh3-128's first 12 bytes, then the lease's end (u32, ms after `first_seen_ms`). In
+    /// flight, `until_ms` bounds how long the answer is kept, so the claim may complete through
+    /// its response slot alone: the slot then holds a record (kind, status, expiry, response)
+    /// under the claim's owner, and readers take the entry as completed.
+    SlotCompletion,
+}
+
+impl Layout {
+    fn mark(self) -> u8 {
+        match self {
+            Layout::Sha256 => 0,
+            Layout::Xxh3 => 1,
+            Layout::SlotCompletion => 2,
+        }
+    }
+
+    /// The part of a request's fingerprint an entry of this layout keeps.
+    fn comparable(self, fp: &[u8; 16]) -> [u8; 16] {
+        let mut out = *fp;
+        if self == Layout::SlotCompletion {
+            out[12..].fill(0);
+        }
+        out
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     id: [u8; 16],
@@ -68,11 +109,13 @@ struct Entry {
     status: u16,
     owner: u64,
     fingerprint: [u8; 16],
-    /// Whether `fingerprint` is SHA-256 (an entry written before fingerprints were xxh3-128).
-    legacy_digest: bool,
+    layout: Layout,
     first_seen_ms: u64,
-    /// Lease end while in flight; expiry once completed.
+    /// While in flight: the lease's end ([`Layout::Sha256`], [`Layout::Xxh3`]) or a bound on the
+    /// answer's expiry ([`Layout::SlotCompletion`]); once completed, the expiry.
     until_ms: u64,
+    /// While in flight, when the lease ends (the same as `until_ms` in the older layouts).
+    lease_end_ms: u64,
 }
 
 impl Entry {
@@ -82,23 +125,39 @@ impl Entry {
         status: 0,
         owner: 0,
         fingerprint: [0; 16],
-        legacy_digest: false,
+        layout: Layout::SlotCompletion,
         first_seen_ms: 0,
         until_ms: 0,
+        lease_end_ms: 0,
     };
 
     fn live(&self, now: u64) -> bool {
         self.state != State::Empty && self.until_ms > now
     }
 
+    /// In flight with its lease still running: never taken over nor evicted.
+    fn leased(&self, now: u64) -> bool {
+        self.state == State::InFlight && self.lease_end_ms > now
+    }
+
+    /// Whether the answer of this entry may be in its slot alone (see [`Layout::SlotCompletion`]).
+    fn completes_in_slot(&self) -> bool {
+        self.state == State::InFlight && self.layout == Layout::SlotCompletion
+    }
+
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.id);
         out.push(self.state as u8);
-        // Byte 17: the fingerprint's digest. Entries of earlier versions hold 0 here (SHA-256).
-        out.push(if self.legacy_digest { 0 } else { DIGEST_XXH3 });
+        out.push(self.layout.mark());
         out.extend_from_slice(&self.status.to_le_bytes());
         out.extend_from_slice(&self.owner.to_le_bytes());
-        out.extend_from_slice(&self.fingerprint);
+        if self.layout == Layout::SlotCompletion {
+            out.extend_from_slice(&self.fingerprint[..12]);
+            let lease = self.lease_end_ms.saturating_sub(self.first_seen_ms).min(u64::from(u32::MAX)) as u32;
+            out.extend_from_slice(&lease.to_le_bytes());
+        } else {
+            out.extend_from_slice(&self.fingerprint);
+        }
         out.extend_from_slice(&self.first_seen_ms.to_le_bytes());
         out.extend_from_slice(&self.until_ms.to_le_bytes());
     }
@@ -114,15 +173,30 @@ impl Entry {
             Some(6) => State::Unknown,
             _ => State::Empty,
         };
+        let layout = match b.get(17) {
+            Some(1) => Layout::Xxh3,
+            Some(2) => Layout::SlotCompletion,
+            _ => Layout::Sha256,
+        };
+        let mut fingerprint: [u8; 16] = b.get(28..44).and_then(|s| s.try_into().ok()).unwrap_or([0; 16]);
+        let (first_seen_ms, until_ms) = (u64_at(44), u64_at(52));
+        let lease_end_ms = if layout == Layout::SlotCompletion {
+            let lease = u32::from_le_bytes([fingerprint[12], fingerprint[13], fingerprint[14], fingerprint[15]]);
+            fingerprint[12..].fill(0);
+            first_seen_ms.saturating_add(u64::from(lease))
+        } else {
+            until_ms
+        };
         Entry {
             id: b.get(0..16).and_then(|s| s.try_into().ok()).unwrap_or([0; 16]),
             state,
             status: b.get(18..20).and_then(|s| s.try_into().ok()).map(u16::from_le_bytes).unwrap_or(0),
             owner: u64_at(20),
-            fingerprint: b.get(28..44).and_then(|s| s.try_into().ok()).unwrap_or([0; 16]),
-            legacy_digest: b.get(17) != Some(&DIGEST_XXH3),
-            first_seen_ms: u64_at(44),
-            until_ms: u64_at(52),
+            fingerprint,
+            layout,
+            first_seen_ms,
+            until_ms,
+            lease_end_ms,
         }
     }
 }
@@ -153,6 +227,9 @@ pub struct Ticket {
     id: [u8; 16],
     pub owner: u64,
     pub first_seen_ms: u64,
+    /// The claim's first lease end, when it may complete through its slot alone (a claim of
+    /// this version's layout); 0 when its completion goes through the bucket.
+    slot_lease_end_ms: u64,
 }
 
 impl Ticket {
@@ -312,49 +389,94 @@ impl SharedStore {
         Err(StoreError::Contended)
     }
 
-    /// Claims `id` for a request with `fingerprint`, or reports who holds it.
+    /// Claims `id` for a request with `fingerprint`, or reports who holds it. A claim is kept
+    /// for `lock_ttl_ms` while in flight and its answer for `retain_ms` once completed.
     pub fn claim(
         &self,
         host: &dyn Host,
         id: &[u8; 32],
         fingerprint: &[u8; 32],
         lock_ttl_ms: u64,
+        retain_ms: u64,
     ) -> Result<Claim<Ticket>, StoreError> {
         let (b, short) = self.locate(id);
         let mut fp = [0u8; 16];
         fp.copy_from_slice(&fingerprint[..16]);
         let owner = host.random_u64()?;
         self.modify(host, b, |entries, now| {
-            if let Some(i) = entries.iter().position(|e| e.id == short && e.live(now)) {
-                let e = entries[i];
-                // A slot being rewritten answers as in flight, never with wrong data.
-                let found = self.found(host, b, i, &e, &fp)?.unwrap_or(Claim::InFlight {
-                    first_seen_ms: e.first_seen_ms,
-                    lease_ends_ms: now + 1000,
-                    payload: Payload::of(&e.fingerprint, e.legacy_digest, &fp),
-                });
-                return Ok(Edit::Done(found));
+            let mut same_key = None;
+            for (i, e) in entries.iter().enumerate() {
+                if e.id != short || e.state == State::Empty {
+                    continue;
+                }
+                same_key = same_key.or(Some(i));
+                let (seen, response) = self.settled(host, b, i, e)?;
+                if seen.live(now) {
+                    // A slot being rewritten answers as in flight, never with wrong data.
+                    let found = self.found(host, b, i, &seen, &fp, response)?.unwrap_or(Claim::InFlight {
+                        first_seen_ms: seen.first_seen_ms,
+                        lease_ends_ms: now + 1000,
+                        payload: Payload::of(&seen.fingerprint, seen.layout == Layout::Sha256, &fp),
+                    });
+                    return Ok(Edit::Done(found));
+                }
             }
             // A takeover reuses the position of the expired claim for the same key, so the old
             // owner's late completion finds another owner there and is fenced off.
-            let same_key = entries.iter().position(|e| e.id == short && e.state != State::Empty);
-            let i = same_key.or_else(|| victim(entries, now)).ok_or(StoreError::Full)?;
+            let i = match same_key {
+                Some(i) => i,
+                None => self.victim(host, b, entries, now)?.ok_or(StoreError::Full)?,
+            };
+            let lease_end_ms = now.saturating_add(lock_ttl_ms);
             entries[i] = Entry {
                 id: short,
                 state: State::InFlight,
                 status: 0,
                 owner,
-                fingerprint: fp,
-                legacy_digest: false,
+                fingerprint: Layout::SlotCompletion.comparable(&fp),
+                layout: Layout::SlotCompletion,
                 first_seen_ms: now,
-                until_ms: now.saturating_add(lock_ttl_ms),
+                until_ms: lease_end_ms.saturating_add(retain_ms),
+                lease_end_ms,
             };
-            Ok(Edit::Write(Claim::Claimed(Ticket { bucket: b, index: i as u32, id: short, owner, first_seen_ms: now })))
+            Ok(Edit::Write(Claim::Claimed(Ticket {
+                bucket: b,
+                index: i as u32,
+                id: short,
+                owner,
+                first_seen_ms: now,
+                slot_lease_end_ms: lease_end_ms,
+            })))
         })
     }
 
+    /// Entry `e` (position `i` of bucket `b`) as readers take it: a claim that completed
+    /// through its slot alone reads as completed (expiring when its record says), with the
+    /// response read on the way; one still in flight lives until its lease ends.
+    fn settled(
+        &self,
+        host: &dyn Host,
+        b: u32,
+        i: usize,
+        e: &Entry,
+    ) -> Result<(Entry, Option<StoredResponse>), StoreError> {
+        if !e.completes_in_slot() {
+            return Ok((*e, None));
+        }
+        let Some((bytes, _)) = host.shared_get(&self.slot_key(b, i as u32))? else {
+            return Ok((Entry { until_ms: e.lease_end_ms, ..*e }, None));
+        };
+        match SlotRecord::read(&bytes, e.owner) {
+            Some(SlotRecord { kind, status, expires_ms, response }) => {
+                let state = if kind == SLOT_ANSWER { State::Completed } else { State::Tombstone };
+                Ok((Entry { state, status, until_ms: expires_ms, ..*e }, response))
+            }
+            None => Ok((Entry { until_ms: e.lease_end_ms, ..*e }, None)),
+        }
+    }
+
     /// What a live entry of position `i` in bucket `b` says to a request with fingerprint `fp`;
-    /// `None` when its response slot is being rewritten.
+    /// `None` when its response slot is being rewritten. `response`: the answer, when already read.
     fn found(
         &self,
         host: &dyn Host,
@@ -362,11 +484,12 @@ impl SharedStore {
         i: usize,
         e: &Entry,
         fp: &[u8; 16],
+        response: Option<StoredResponse>,
     ) -> Result<Option<Claim<Ticket>>, StoreError> {
-        let payload = Payload::of(&e.fingerprint, e.legacy_digest, fp);
+        let payload = Payload::of(&e.fingerprint, e.layout == Layout::Sha256, &e.layout.comparable(fp));
         let first_seen_ms = e.first_seen_ms;
         Ok(Some(match e.state {
-            State::InFlight => Claim::InFlight { first_seen_ms, lease_ends_ms: e.until_ms, payload },
+            State::InFlight => Claim::InFlight { first_seen_ms, lease_ends_ms: e.lease_end_ms, payload },
             State::Unknown if lookup_out(e.status, host.now_ms()) => {
                 Claim::InFlight { first_seen_ms, lease_ends_ms: host.now_ms().saturating_add(1000), payload }
             }
@@ -374,12 +497,19 @@ impl SharedStore {
                 first_seen_ms,
                 held_until_ms: e.until_ms,
                 payload,
-                held: Some(Ticket { bucket: b, index: i as u32, id: e.id, owner: e.owner, first_seen_ms }),
+                held: Some(Ticket {
+                    bucket: b,
+                    index: i as u32,
+                    id: e.id,
+                    owner: e.owner,
+                    first_seen_ms,
+                    slot_lease_end_ms: 0,
+                }),
             },
             State::Tombstone | State::Issued | State::Used => {
                 Claim::Completed { first_seen_ms, status: e.status, response: None, payload }
             }
-            _ => match self.load_response(host, b, i as u32, e.owner)? {
+            _ => match response.map_or_else(|| self.load_response(host, b, i as u32, e), |r| Ok(Some(r)))? {
                 Some(r) => Claim::Completed { first_seen_ms, status: e.status, response: Some(r), payload },
                 None => return Ok(None),
             },
@@ -400,10 +530,16 @@ impl SharedStore {
         fp.copy_from_slice(&fingerprint[..16]);
         let now = host.now_ms();
         let (entries, _) = self.read(host, b)?;
-        match entries.iter().position(|e| e.id == short && e.live(now)) {
-            Some(i) => Ok(self.found(host, b, i, &entries[i], &fp)?.map(|c| c.map(|_| ()))),
-            None => Ok(None),
+        for (i, e) in entries.iter().enumerate() {
+            if e.id != short || e.state == State::Empty {
+                continue;
+            }
+            let (seen, response) = self.settled(host, b, i, e)?;
+            if seen.live(now) {
+                return Ok(self.found(host, b, i, &seen, &fp, response)?.map(|c| c.map(|_| ())));
+            }
         }
+        Ok(None)
     }
 
     /// Records a completed answer for `id` until `until_ms`, whoever held the position before
@@ -416,17 +552,18 @@ impl SharedStore {
         let mut slot_written = None;
         self.modify(host, b, |entries, now| {
             let same_key = entries.iter().position(|e| e.id == short && e.state != State::Empty);
-            let Some(i) = same_key.or_else(|| victim(entries, now)) else {
+            let i = match same_key {
+                Some(i) => Some(i),
+                None => self.victim(host, b, entries, now)?,
+            };
+            let Some(i) = i else {
                 return Ok(Edit::Done(false));
             };
             if let Some(r) = response {
                 // The slot goes first, under our owner id: a reader of the old entry sees an
                 // owner mismatch and ignores it.
                 if slot_written != Some(i) {
-                    let mut v = Vec::with_capacity(8 + r.encoded_len());
-                    v.extend_from_slice(&owner.to_le_bytes());
-                    r.encode_into(&mut v);
-                    host.shared_set(&self.slot_key(b, i as u32), &v, None)?;
+                    self.write_slot(host, b, i as u32, Layout::SlotCompletion, owner, SLOT_ANSWER, until_ms, r)?;
                     slot_written = Some(i);
                 }
             }
@@ -435,10 +572,11 @@ impl SharedStore {
                 state: if response.is_some() { State::Completed } else { State::Tombstone },
                 status: answer.status,
                 owner,
-                fingerprint: answer.fingerprint,
-                legacy_digest: false,
+                fingerprint: Layout::SlotCompletion.comparable(&answer.fingerprint),
+                layout: Layout::SlotCompletion,
                 first_seen_ms: answer.first_seen_ms,
                 until_ms,
+                lease_end_ms: 0,
             };
             Ok(Edit::Write(true))
         })
@@ -448,16 +586,17 @@ impl SharedStore {
     pub fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64) -> Result<(), StoreError> {
         let (b, short) = self.locate(id);
         self.modify(host, b, |entries, now| {
-            let i = victim(entries, now).ok_or(StoreError::Full)?;
+            let i = self.victim(host, b, entries, now)?.ok_or(StoreError::Full)?;
             entries[i] = Entry {
                 id: short,
                 state: State::Issued,
                 status: 0,
                 owner: 0,
                 fingerprint: [0; 16],
-                legacy_digest: false,
+                layout: Layout::SlotCompletion,
                 first_seen_ms: now,
                 until_ms: now.saturating_add(ttl_ms),
+                lease_end_ms: 0,
             };
             Ok(Edit::Write(()))
         })
@@ -485,6 +624,7 @@ impl SharedStore {
                 id: short,
                 owner,
                 first_seen_ms: now,
+                slot_lease_end_ms: 0,
             })))
         })
     }
@@ -497,18 +637,56 @@ impl SharedStore {
         })
     }
 
-    fn load_response(&self, host: &dyn Host, b: u32, i: u32, owner: u64) -> Result<Option<StoredResponse>, StoreError> {
+    /// The answer in the response slot of entry `e` at position `i` of bucket `b`: `None` when
+    /// the slot holds another owner's (being rewritten) or nothing readable.
+    fn load_response(&self, host: &dyn Host, b: u32, i: u32, e: &Entry) -> Result<Option<StoredResponse>, StoreError> {
         let Some((bytes, _)) = host.shared_get(&self.slot_key(b, i))? else {
             return Ok(None);
         };
-        if bytes.len() < 8 || bytes[..8] != owner.to_le_bytes() {
+        if e.layout == Layout::SlotCompletion {
+            return Ok(SlotRecord::read(&bytes, e.owner).and_then(|r| r.response));
+        }
+        // Older layouts: the owner, then the response.
+        if bytes.len() < 8 || bytes[..8] != e.owner.to_le_bytes() {
             return Ok(None);
         }
         Ok(StoredResponse::decode(&bytes[8..]))
     }
 
+    /// Writes the response slot of position `i` in bucket `b` as an entry of `layout` owned by
+    /// `owner` reads it: in this version's layout `kind` (answer or tombstone), status, expiry,
+    /// then the response; in the older ones the response alone (never a tombstone).
+    #[allow(clippy::too_many_arguments)]
+    fn write_slot(
+        &self,
+        host: &dyn Host,
+        b: u32,
+        i: u32,
+        layout: Layout,
+        owner: u64,
+        kind: u8,
+        expires_ms: u64,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let body = if kind == SLOT_ANSWER { response.encoded_len() } else { 0 };
+        let mut v = Vec::with_capacity(SLOT_RECORD_HEADER + body);
+        v.extend_from_slice(&owner.to_le_bytes());
+        if layout == Layout::SlotCompletion {
+            v.push(kind);
+            v.extend_from_slice(&response.status.to_le_bytes());
+            v.extend_from_slice(&expires_ms.to_le_bytes());
+        }
+        if kind == SLOT_ANSWER {
+            response.encode_into(&mut v);
+        }
+        Ok(host.shared_set(&self.slot_key(b, i), &v, None)?)
+    }
+
     /// Records the outcome of a claim: the response (or a tombstone when it does not fit in
-    /// `max_response_bytes`), remembered for `ttl_ms`. Fenced by the ticket's owner.
+    /// `max_response_bytes`), remembered for `ttl_ms`. Fenced by the ticket's owner: while the
+    /// claim's lease has [`SLOT_COMPLETION_MARGIN_MS`] left nobody can have taken it over, and
+    /// the answer is written to its slot alone (one shared-data write, the bucket untouched);
+    /// later, through the bucket, checked against the owner there.
     pub fn complete(
         &self,
         host: &dyn Host,
@@ -517,6 +695,17 @@ impl SharedStore {
         max_response_bytes: usize,
         ttl_ms: u64,
     ) -> Result<Completion, StoreError> {
+        let now = host.now_ms();
+        if now.saturating_add(SLOT_COMPLETION_MARGIN_MS) < t.slot_lease_end_ms {
+            let (kind, done) = if response.encoded_len() > max_response_bytes {
+                (SLOT_TOMBSTONE, Completion::Tombstoned)
+            } else {
+                (SLOT_ANSWER, Completion::Stored)
+            };
+            let expires_ms = now.saturating_add(ttl_ms);
+            self.write_slot(host, t.bucket, t.index, Layout::SlotCompletion, t.owner, kind, expires_ms, response)?;
+            return Ok(done);
+        }
         self.settle(host, t, State::InFlight, response, max_response_bytes, ttl_ms)
     }
 
@@ -541,14 +730,12 @@ impl SharedStore {
             if !owns(entries, t, state) {
                 return Ok(Edit::Done(Completion::LostOwnership));
             }
+            let e = &mut entries[t.index as usize];
             if !tombstone && !slot_written {
-                let mut v = Vec::with_capacity(8 + response.encoded_len());
-                v.extend_from_slice(&t.owner.to_le_bytes());
-                response.encode_into(&mut v);
-                host.shared_set(&self.slot_key(t.bucket, t.index), &v, None)?;
+                let expires_ms = now.saturating_add(ttl_ms);
+                self.write_slot(host, t.bucket, t.index, e.layout, t.owner, SLOT_ANSWER, expires_ms, response)?;
                 slot_written = true;
             }
-            let e = &mut entries[t.index as usize];
             e.state = written;
             e.status = response.status;
             e.until_ms = now.saturating_add(ttl_ms);
@@ -563,7 +750,16 @@ impl SharedStore {
 
     /// Extends the lease of a claim whose request is still waiting for the upstream. Fenced.
     pub fn renew(&self, host: &dyn Host, t: &Ticket, lease_ms: u64) -> Result<bool, StoreError> {
-        self.update_entry(host, t, State::InFlight, |e, now| e.until_ms = now.saturating_add(lease_ms))
+        self.update_entry(host, t, State::InFlight, |e, now| {
+            let end = now.saturating_add(lease_ms);
+            if e.layout == Layout::SlotCompletion {
+                // The bound on the answer's expiry moves with the lease.
+                e.until_ms = e.until_ms.saturating_add(end.saturating_sub(e.lease_end_ms));
+            } else {
+                e.until_ms = end;
+            }
+            e.lease_end_ms = end;
+        })
     }
 
     /// Marks a claim whose outcome is unknown: held for `hold_ms`, never taken over. Fenced.
@@ -615,6 +811,9 @@ impl SharedStore {
             e.status = 0;
             e.first_seen_ms = now;
             e.until_ms = now.saturating_add(lock_ttl_ms);
+            // Its completion goes through the bucket (the ticket carries no slot lease), so the
+            // entry lives exactly as long as its lease.
+            e.lease_end_ms = e.until_ms;
             first_seen_ms.set(now);
         })?;
         Ok(taken.then_some(Ticket { first_seen_ms: first_seen_ms.get(), ..*t }))
@@ -624,6 +823,56 @@ impl SharedStore {
     /// the next repeat may ask again.
     pub fn lookup_failed(&self, host: &dyn Host, t: &Ticket) -> Result<bool, StoreError> {
         self.update_entry(host, t, State::Unknown, |e, _| e.status = 0)
+    }
+
+    /// The position a new claim or token takes in bucket `b`: an empty or expired entry, else
+    /// the oldest completed one (or token, or claim past its lease). An in-flight entry inside
+    /// its lease is never evicted; when nothing else is left, the oldest of those that completed
+    /// through their slot is (its slot read to know: a bucket turned over faster than the lease).
+    fn victim(&self, host: &dyn Host, b: u32, entries: &[Entry], now: u64) -> Result<Option<usize>, StoreError> {
+        if let Some(i) = entries.iter().position(|e| !e.live(now)) {
+            return Ok(Some(i));
+        }
+        let oldest_unleased =
+            entries.iter().enumerate().filter(|(_, e)| !e.leased(now)).min_by_key(|(_, e)| e.first_seen_ms);
+        if let Some((i, _)) = oldest_unleased {
+            return Ok(Some(i));
+        }
+        let mut in_slot: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].completes_in_slot()).collect();
+        in_slot.sort_by_key(|&i| entries[i].first_seen_ms);
+        for i in in_slot {
+            if self.settled(host, b, i, &entries[i])?.0.state != State::InFlight {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Rewrites every entry (and its slot) as an earlier version wrote it: the layout mark
+    /// `mark` (0: SHA-256, 1: xxh3), the whole 16-byte `fingerprint`, in flight until its lease
+    /// ends or completed with the bare response after the owner in the slot. For upgrade tests.
+    #[cfg(any(test, feature = "fake-host"))]
+    pub fn rewrite_as_earlier_version(&self, host: &dyn Host, mark: u8, fingerprint: [u8; 16]) {
+        let layout = if mark == 0 { Layout::Sha256 } else { Layout::Xxh3 };
+        for b in 0..self.buckets {
+            let Ok((mut entries, _)) = self.read(host, b) else { continue };
+            for (i, entry) in entries.iter_mut().enumerate() {
+                if entry.state == State::Empty {
+                    continue;
+                }
+                let (seen, loaded) = self.settled(host, b, i, entry).unwrap_or((*entry, None));
+                let response = loaded.or_else(|| self.load_response(host, b, i as u32, &seen).ok().flatten());
+                *entry = Entry { fingerprint, layout, ..seen };
+                if let (Some(r), State::Completed) = (response, seen.state) {
+                    let _ = self.write_slot(host, b, i as u32, layout, seen.owner, SLOT_ANSWER, seen.until_ms, &r);
+                }
+            }
+            let mut v = Vec::new();
+            for e in &entries {
+                e.encode(&mut v);
+            }
+            let _ = host.shared_set(&self.bucket_key(b), &v, None);
+        }
     }
 
     /// Applies `f` to the ticket's entry if the ticket still holds it in `state`; `false` if not.
@@ -644,6 +893,33 @@ impl SharedStore {
     }
 }
 
+/// A response slot as the owner of a [`Layout::SlotCompletion`] entry writes it.
+struct SlotRecord {
+    kind: u8,
+    status: u16,
+    expires_ms: u64,
+    /// `None` for a tombstone (status only).
+    response: Option<StoredResponse>,
+}
+
+impl SlotRecord {
+    /// The record in `bytes` if `owner` wrote it and it reads whole.
+    fn read(bytes: &[u8], owner: u64) -> Option<SlotRecord> {
+        if bytes.get(..8)? != owner.to_le_bytes() {
+            return None;
+        }
+        let kind = *bytes.get(8)?;
+        let status = u16::from_le_bytes(bytes.get(9..11)?.try_into().ok()?);
+        let expires_ms = u64::from_le_bytes(bytes.get(11..SLOT_RECORD_HEADER)?.try_into().ok()?);
+        let response = match kind {
+            SLOT_ANSWER => Some(StoredResponse::decode(bytes.get(SLOT_RECORD_HEADER..)?)?),
+            SLOT_TOMBSTONE => None,
+            _ => return None,
+        };
+        Some(SlotRecord { kind, status, expires_ms, response })
+    }
+}
+
 /// What one attempt at changing a bucket decided.
 enum Edit<T> {
     /// Write the edited entries; once the write succeeds, the result is `T`.
@@ -654,20 +930,6 @@ enum Edit<T> {
 
 fn owns(entries: &[Entry], t: &Ticket, state: State) -> bool {
     entries.get(t.index as usize).is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == state)
-}
-
-/// The position a new claim or token takes: an empty or expired entry, else the oldest completed
-/// one (or token). An in-flight entry inside its lease is never evicted.
-fn victim(entries: &[Entry], now: u64) -> Option<usize> {
-    if let Some(i) = entries.iter().position(|e| !e.live(now)) {
-        return Some(i);
-    }
-    entries
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !matches!(e.state, State::InFlight))
-        .min_by_key(|(_, e)| e.first_seen_ms)
-        .map(|(i, _)| i)
 }
 
 #[cfg(test)]

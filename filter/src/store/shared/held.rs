@@ -4,7 +4,7 @@
 //! same shared data; it never creates or resizes a bucket, and takes the shape the gateway
 //! created (its own `[shared]` sizes need not match).
 
-use super::{lookup_out, Edit, Entry, SharedStore, State, ENTRY_LEN};
+use super::{lookup_out, Edit, Entry, SharedStore, State, ENTRY_LEN, SLOT_ANSWER};
 use crate::host::Host;
 use crate::response::StoredResponse;
 use crate::store::operator::{Change, HeldNote, RecordKind};
@@ -162,10 +162,7 @@ impl SharedStore {
             // The slot first, under the entry's owner, as a completion writes it: a reader that
             // sees the new entry finds its answer.
             if slot_written != Some(i) {
-                let mut v = Vec::with_capacity(8 + answer.encoded_len());
-                v.extend_from_slice(&e.owner.to_le_bytes());
-                answer.encode_into(&mut v);
-                host.shared_set(&self.slot_key(bucket, i as u32), &v, None)?;
+                self.write_slot(host, bucket, i as u32, e.layout, e.owner, SLOT_ANSWER, e.until_ms, answer)?;
                 slot_written = Some(i);
             }
             let entry = &mut entries[i];
@@ -192,7 +189,8 @@ impl SharedStore {
             let Some(i) = entries.iter().position(|e| e.id == *id && e.live(now)) else {
                 return Ok(Edit::Done(Change::Absent));
             };
-            let e = entries[i];
+            // A claim completed through its slot alone reads as completed.
+            let e = self.settled(host, bucket, i, &entries[i])?.0;
             let kind = match e.state {
                 State::Unknown if lookup_out(e.status, now) => RecordKind::LookingUp,
                 State::Unknown => RecordKind::Unknown,
