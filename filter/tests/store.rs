@@ -523,6 +523,11 @@ fn a_completion_inside_its_lease_writes_its_slot_alone() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(s.lookup(&host, &id("a"), &FP).unwrap(), Some(Claim::Completed { .. })));
+    // An earlier version reads a slot as the owner then a response: in this one it finds none
+    // (as a slot being rewritten: in flight), never a wrong response.
+    let (slot, _) = host.shared_get("idem:v1:default:r:0:0").unwrap().unwrap();
+    assert_eq!(slot[..8], t.owner.to_le_bytes());
+    assert_eq!(StoredResponse::decode(&slot[8..]), None, "an earlier version decodes no response");
     // Another body: the 12 bytes kept tell it apart.
     let mut other = FP;
     other[3] ^= 1;

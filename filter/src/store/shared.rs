@@ -29,11 +29,15 @@ const ENTRY_LEN: usize = 60;
 /// lease has at least this long to run: no other request can take the key over meanwhile, so
 /// the slot it writes is still its own. Nearer the lease's end it goes through the bucket, fenced.
 const SLOT_COMPLETION_MARGIN_MS: u64 = 1000;
-/// The first byte after the owner in a slot a [`Layout::SlotCompletion`] entry's owner wrote.
+/// What follows the owner in a slot a [`Layout::SlotCompletion`] entry's owner wrote: read by an
+/// earlier version as a response, it is a status with trailers whose first header claims 4 GiB,
+/// so that version finds no response there (a slot being rewritten: in flight), never a wrong one.
+const SLOT_RECORD_MARK: [u8; 8] = [0xff; 8];
+/// The record's kind, after the mark: an answer (the response follows) or a tombstone.
 const SLOT_ANSWER: u8 = 1;
 const SLOT_TOMBSTONE: u8 = 2;
-/// Owner, kind, status, expiry: what precedes the stored response in such a slot.
-const SLOT_RECORD_HEADER: usize = 8 + 1 + 2 + 8;
+/// Owner, mark, kind, status, expiry: what precedes the stored response in such a slot.
+const SLOT_RECORD_HEADER: usize = 8 + 8 + 1 + 2 + 8;
 /// CAS retries before a claim gives up as a store error. Contention on one bucket across
 /// workers is short-lived; a bounded loop keeps a hot bucket from spinning a worker.
 const MAX_CAS_RETRIES: usize = 32;
@@ -672,6 +676,7 @@ impl SharedStore {
         let mut v = Vec::with_capacity(SLOT_RECORD_HEADER + body);
         v.extend_from_slice(&owner.to_le_bytes());
         if layout == Layout::SlotCompletion {
+            v.extend_from_slice(&SLOT_RECORD_MARK);
             v.push(kind);
             v.extend_from_slice(&response.status.to_le_bytes());
             v.extend_from_slice(&expires_ms.to_le_bytes());
@@ -908,9 +913,12 @@ impl SlotRecord {
         if bytes.get(..8)? != owner.to_le_bytes() {
             return None;
         }
-        let kind = *bytes.get(8)?;
-        let status = u16::from_le_bytes(bytes.get(9..11)?.try_into().ok()?);
-        let expires_ms = u64::from_le_bytes(bytes.get(11..SLOT_RECORD_HEADER)?.try_into().ok()?);
+        if bytes.get(8..16)? != SLOT_RECORD_MARK {
+            return None;
+        }
+        let kind = *bytes.get(16)?;
+        let status = u16::from_le_bytes(bytes.get(17..19)?.try_into().ok()?);
+        let expires_ms = u64::from_le_bytes(bytes.get(19..SLOT_RECORD_HEADER)?.try_into().ok()?);
         let response = match kind {
             SLOT_ANSWER => Some(StoredResponse::decode(bytes.get(SLOT_RECORD_HEADER..)?)?),
             SLOT_TOMBSTONE => None,
