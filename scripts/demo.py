@@ -374,7 +374,7 @@ class Demo:
             # As Prometheus sees them (the example's stats_tags make one labelled family).
             print("\n%s" % bold("idem counters %s(admin /stats/prometheus on :%d, non-zero):"
                                  % (self.envoy_tag(env), env.admin_port)))
-            prom = env.idem_metrics()
+            prom = env.admin("/stats/prometheus").body.decode(errors="replace")
             for line in prom.splitlines():
                 if line.startswith(("idem_requests_total{", "idem_unmatched_total{")) and not line.endswith(" 0"):
                     print("  " + line)

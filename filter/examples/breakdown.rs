@@ -60,8 +60,6 @@ fn main() {
         let counting = CountingHost::new(&fake);
         // Envoy's default level for the `wasm` component is info: debug lines are not formatted.
         fake.set_log_level(2);
-        // As the Envoy glue: counts are handed over at the root's tick, not per request.
-        fake.set_counts_at_tick(true);
         fake.enter(ROOT);
         let w = match Worker::configure(&fake, &fake, ROOT, policy.as_bytes()) {
             Ok(w) => Rc::new(w),

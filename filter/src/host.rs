@@ -44,8 +44,8 @@ pub trait Host {
     /// Defines a counter while serving (counters are defined on first use, so a route × outcome
     /// that never happened exports no zero series). Defining a name again gives the same counter.
     fn define_counter(&self, name: &str) -> Option<u32>;
-    /// Adds `by` to a counter defined with [`Setup::define_counter`] or [`Host::define_counter`].
-    fn count(&self, counter: u32, by: u64);
+    /// Adds one to a counter defined with [`Setup::define_counter`] or [`Host::define_counter`].
+    fn count(&self, counter: u32);
     /// Records a value in a histogram defined with [`Setup::define_histogram`].
     fn record(&self, histogram: u32, value: u64);
     /// Sends an HTTP call through an Envoy cluster; the answer arrives at the context that is
@@ -103,9 +103,6 @@ pub trait Setup {
     /// Registers a shared queue only this worker's root reads; its id.
     fn register_queue(&self, name: &str) -> Option<u32>;
     fn start_ticks(&self, period_ms: u64) -> Result<(), HostError>;
-    /// Whether the worker keeps its counts and hands them to the host at the root's tick (and
-    /// when the plugin stops) rather than one call per count: in Envoy each count is a VM exit.
-    fn counts_at_tick(&self) -> bool;
     /// Envoy's log level for the `wasm` component, as [`Level`]'s number.
     fn log_level(&self) -> u32;
 }

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import socket
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -29,11 +28,6 @@ def require_wasm():
         raise StackError("the filter %s does not exist; %s" % (WASM, BUILD_HINT))
     return WASM
 
-
-# The filter hands its counters to Envoy at each root tick, at most FLUSH_MS = 250 ms apart
-# (filter/src/lifecycle/metrics.rs), not one VM exit per count; reading them waits that long and
-# a margin for a worker busy when its timer fired.
-COUNTER_FLUSH_WAIT_S = 0.4
 
 _TAG = re.compile(r"(\w+)=\.=(.+?);\.;")
 
@@ -108,15 +102,6 @@ class Envoy:
     def admin(self, path, timeout=5.0):
         return request(self.admin_port, "GET", path, timeout=timeout)
 
-    def counters_flushed(self):
-        """Wait until what the filter counted before this call has reached Envoy's stats."""
-        time.sleep(COUNTER_FLUSH_WAIT_S)
-
-    def idem_metrics(self, path="/stats/prometheus"):
-        """The admin page `path` once the filter's counts have reached it."""
-        self.counters_flushed()
-        return self.admin(path).body.decode(errors="replace")
-
     def stats(self, prefix="idem."):
         """idem's counters whose dotted name starts with prefix, as {name: int}: `idem.<route>.<outcome>`
         and `idem._unmatched.<outcome>`.
@@ -126,8 +111,6 @@ class Envoy:
         that full name (with `wasmcustom.` in front), which is read back into the dotted form here.
         Other stats are matched by their plain name.
         """
-        if prefix.startswith("idem"):
-            self.counters_flushed()
         r = self.admin("/stats?filter=" + urllib.parse.quote("idem|" + re.escape(prefix)))
         out = {}
         for line in r.body.decode(errors="replace").splitlines():

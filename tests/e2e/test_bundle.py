@@ -202,7 +202,7 @@ def test_idem_lint_envoy_runs_a_new_users_policy_the_shipped_ones_and_a_redis_bu
     with generated_envoy(workdir, [mine], upstream.port) as env:
         refund = "rf-" + new_key()
         assert_runs(env, upstream, "/refunds", None, body={"refund_no": refund, "amount": 5})
-        prom = env.idem_metrics()
+        prom = env.admin("/stats/prometheus").body.decode()
         assert 'idem_requests_total{route="create-refund",outcome="replayed"} 1' in prom, prom[-2000:]
         # A path no policy matches on a route the filter is on is logged, not silent.
         post(env, "/refunds/extra", new_key())

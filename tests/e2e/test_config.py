@@ -106,10 +106,10 @@ def test_counters_in_stats_and_log_lines(make_envoy, upstream):
     assert not wrong, "counter (want, got): %s; all idem.create-order.* = %s" % (wrong, got)
     # as Envoy lists them: /stats shows the full name made for tag extraction, Prometheus one
     # labelled family (the bootstrap carries the stats_tags, as examples/envoy.yaml does)
-    raw = env.idem_metrics("/stats?filter=idem")
+    raw = env.admin("/stats?filter=idem").body.decode()
     assert re.search(r"^(wasmcustom\.)?route=\.=create-order;\.;outcome=\.=forwarded;\.;idem_requests_total: 2$",
                      raw, re.M), raw
-    prom = env.idem_metrics()
+    prom = env.admin("/stats/prometheus").body.decode()
     assert re.search(r'^idem_requests_total\{route="create-order",outcome="forwarded"\} 2$', prom, re.M), \
         "\n".join(l for l in prom.splitlines() if "idem" in l)[:2000]
 
@@ -146,7 +146,7 @@ def test_example_envoy_yaml_runs(workdir, upstream):
         assert_upstream_answer(post(env, "/healthz", None))
         assert counters(env, "create-order").get("replayed") == 5
         # As shipped, the example exports one labelled family to Prometheus ...
-        prom = env.idem_metrics()
+        prom = env.admin("/stats/prometheus").body.decode()
         assert "# TYPE idem_requests_total counter" in prom, prom[:2000]
         assert 'idem_requests_total{route="create-order",outcome="replayed"} 5' in prom, \
             [l for l in prom.splitlines() if "idem_requests_total" in l][:40]

@@ -122,7 +122,7 @@ def test_make_run_serves_a_new_users_own_policy(workdir):
         assert first.status == 200 and first.header("idempotent-replayed") is None, first
         assert again.status == 200 and again.header("idempotent-replayed") == "true", again
         assert again.body == first.body
-        text = d.envoy.idem_metrics()
+        text = d.envoy.admin("/stats/prometheus").body.decode()
         assert 'idem_requests_total{route="create-refund",outcome="replayed"} 1' in text, text[:2000]
     finally:
         d.stop()

@@ -56,7 +56,7 @@ def test_a_broken_rule_fails_its_unit_test(tmp_path):
 def test_envoy_output_passes_promtool_check_metrics(make_envoy):
     env = make_envoy(POLICY)
     post(env, "/api/order/create", new_key())
-    text = env.idem_metrics()
+    text = env.admin("/stats/prometheus").body.decode()
     assert "idem_requests_total{" in text, text[:500]
     assert_promtool_has_only_help_text_to_say(text)
 
@@ -168,13 +168,13 @@ def test_held_duplicates_wait_time_is_a_histogram(make_envoy, upstream):
     count = []
 
     def merged():
-        text = env.idem_metrics()
+        text = env.admin("/stats/prometheus").body.decode()
         count[:] = [l for l in text.splitlines() if l.startswith('idem_wait_time_count{route="create-order"}')]
         return bool(count) and not count[0].endswith(" 0")
 
     wait_for(merged, 15, interval=0.5, what="idem_wait_time to be flushed")
     assert count[0].endswith(" 1"), count
-    text = env.idem_metrics()
+    text = env.admin("/stats/prometheus").body.decode()
     total = next(l for l in text.splitlines() if l.startswith('idem_wait_time_sum{route="create-order"}'))
     assert 100 <= float(total.rsplit(" ", 1)[1]) <= 5000, total
     # Named as Envoy names its own timings (`upstream_rq_time`, in ms): promtool has nothing to say

@@ -72,8 +72,8 @@ impl Host for Envoy {
     fn define_counter(&self, name: &str) -> Option<u32> {
         abi::define_metric(0, name).ok()
     }
-    fn count(&self, counter: u32, by: u64) {
-        abi::increment(counter, i64::try_from(by).unwrap_or(i64::MAX));
+    fn count(&self, counter: u32) {
+        abi::increment(counter, 1);
     }
     fn record(&self, histogram: u32, value: u64) {
         abi::record(histogram, value);
@@ -163,9 +163,6 @@ impl Setup for Envoy {
     }
     fn start_ticks(&self, period_ms: u64) -> Result<(), HostError> {
         abi::set_tick_period_ms(period_ms.min(u64::from(u32::MAX)) as u32).map_err(failed("set_tick_period"))
-    }
-    fn counts_at_tick(&self) -> bool {
-        true
     }
     fn log_level(&self) -> u32 {
         abi::log_level().unwrap_or(0)

@@ -66,13 +66,6 @@ impl Contexts {
         }
     }
 
-    /// A context is done (Envoy's `on_done`): for a root, its plugin stops.
-    pub fn on_done(&self, host: &dyn Host, id: u32) {
-        if let Some(w) = self.worker(id) {
-            w.on_done(host);
-        }
-    }
-
     /// A root's wake-up queue was signalled.
     pub fn on_queue_ready(&self, host: &dyn Host, id: u32) {
         if let Some(w) = self.worker(id) {

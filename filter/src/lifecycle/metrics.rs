@@ -1,11 +1,6 @@
 //! The worker's counters and histograms: `idem_requests_total` per route and outcome (defined on
 //! first use, or at start for `[metrics] zero_series`), `idem_unmatched_total`, and the wait and
 //! Redis-call histograms of the routes that have them.
-//!
-//! In Envoy each count is a VM exit, so the worker keeps its counts and hands them over at the
-//! root's tick, at most [`FLUSH_MS`] later, and when the plugin stops ([`Metrics::flush`]); the
-//! names, labels and values are the same, only up to a tick late. Histograms are not batched:
-//! each sample is its own call either way.
 
 use crate::engine::outcome::{counter_name, store_call_histogram_name, unmatched_counter_name, wait_histogram_name};
 use crate::engine::Outcome;
@@ -16,9 +11,6 @@ use std::cell::RefCell;
 
 /// The counter of callout replies that reached no owner (always 0 unless something is wrong).
 pub const STRAY_REPLIES_COUNTER: &str = "idem_stray_replies_total";
-
-/// The longest a count waits for the root's tick: the timer runs at least this often.
-pub const FLUSH_MS: u64 = 250;
 
 pub(super) struct Metrics {
     /// `counters[route][outcome.index()]`: defined at start for `[metrics] zero_series`, the
@@ -31,8 +23,6 @@ pub(super) struct Metrics {
     /// Per route: how long held duplicates waited, and how long Redis calls took.
     wait_histograms: Vec<Option<u32>>,
     store_call_histograms: Vec<Option<u32>>,
-    /// Counts not handed to the host yet, by counter; `None` when each count goes at once.
-    pending: Option<RefCell<Vec<(u32, u64)>>>,
 }
 
 impl Metrics {
@@ -65,30 +55,6 @@ impl Metrics {
             stray_replies: std::cell::Cell::new(None),
             wait_histograms: histograms(&|r| r.key.on_in_flight == OnInFlight::Wait, wait_histogram_name),
             store_call_histograms: histograms(&|r| r.store == StoreKind::Redis, store_call_histogram_name),
-            pending: setup.counts_at_tick().then(|| RefCell::new(Vec::new())),
-        }
-    }
-
-    /// Adds one to `counter`: now, or at the next flush.
-    fn add(&self, host: &dyn Host, counter: u32) {
-        let Some(pending) = &self.pending else {
-            return host.count(counter, 1);
-        };
-        let mut pending = pending.borrow_mut();
-        match pending.iter_mut().find(|(c, _)| *c == counter) {
-            Some((_, n)) => *n += 1,
-            None => pending.push((counter, 1)),
-        }
-    }
-
-    /// Hands the kept counts to the host (the root's tick, the plugin's end).
-    pub(super) fn flush(&self, host: &dyn Host) {
-        let Some(pending) = &self.pending else {
-            return;
-        };
-        // Drained in place: the list keeps its room for the next tick's counts.
-        for (counter, n) in pending.borrow_mut().drain(..) {
-            host.count(counter, n);
         }
     }
 
@@ -102,8 +68,7 @@ impl Metrics {
             *slot = host.define_counter(&counter_name(name, outcome));
         }
         if let Some(id) = *slot {
-            drop(counters);
-            self.add(host, id);
+            host.count(id);
         }
     }
 
@@ -127,13 +92,13 @@ impl Metrics {
             self.stray_replies.set(host.define_counter(STRAY_REPLIES_COUNTER));
         }
         if let Some(id) = self.stray_replies.get() {
-            self.add(host, id);
+            host.count(id);
         }
     }
 
     pub(super) fn count_unmatched(&self, host: &dyn Host, rejected: bool) {
         if let Some(id) = self.unmatched[usize::from(rejected)] {
-            self.add(host, id);
+            host.count(id);
         }
     }
 }

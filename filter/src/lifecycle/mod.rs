@@ -60,7 +60,7 @@ pub use body_gate::{BodyDelivery, WITHHELD_LOG};
 pub use contexts::Contexts;
 pub use early::{DISCARD_LIMIT, PARK_MS, UNPROVEN_PARK_MS};
 pub use eviction::EVICTS_LOG;
-pub use metrics::{FLUSH_MS, STRAY_REPLIES_COUNTER};
+pub use metrics::STRAY_REPLIES_COUNTER;
 pub use stream::Stream;
 pub use worker::Worker;
 

@@ -121,15 +121,14 @@ impl Worker {
             ),
         );
         let uses_root = engine.bundle.routes.iter().any(|r| r.store == StoreKind::Redis) || engine.has_detached();
-        // The tick polls held duplicates, sends and retries queued writes, renews leases,
-        // finds out whether Envoy withholds bodies from paused requests, and hands the counts over.
-        let flush_ms = setup.counts_at_tick().then_some(super::metrics::FLUSH_MS);
+        // The tick polls held duplicates, sends and retries queued writes, renews leases, and
+        // finds out whether Envoy withholds bodies from paused requests.
         let tick_ms = if engine.has_waiters() || uses_root {
             Some(POLL_MS)
         } else {
             let lease_ms = engine.min_lock_ttl_ms().map(|l| (l / 3).clamp(POLL_MS, 1000));
             let body_ms = engine.bundle.routes.iter().any(|r| r.needs_body()).then_some(BODY_CHECK_MS);
-            lease_ms.into_iter().chain(body_ms).chain(flush_ms).min()
+            lease_ms.into_iter().chain(body_ms).min()
         };
         if let Some(ms) = tick_ms {
             setup.start_ticks(ms).map_err(|e| format!("idem: cannot start the root timer: {e:?}"))?;
@@ -378,8 +377,7 @@ impl Worker {
     }
 
     /// The root's timer: the eviction probe, the body-delivery check, queued claims and
-    /// writes, lease renewals, held duplicates, answers overdue for their request's end, and the
-    /// counts kept since the last tick.
+    /// writes, lease renewals, held duplicates, and answers overdue for their request's end.
     pub fn on_tick(&self, host: &dyn Host) {
         self.send_overdue_answers(host);
         self.probe_eviction(host);
@@ -388,13 +386,6 @@ impl Worker {
         self.send_queued(host);
         self.renew_leases(host);
         self.recheck_waiters(host);
-        self.metrics.flush(host);
-    }
-
-    /// The plugin stops (Envoy's `on_done` for the root: a new configuration, a drain, the
-    /// process ending): the counts kept since the last tick are handed over.
-    pub fn on_done(&self, host: &dyn Host) {
-        self.metrics.flush(host);
     }
 
     /// The answer of a call the root owns (a claim batch, a write, a renewal, a detached call, a

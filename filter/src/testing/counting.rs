@@ -74,9 +74,9 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("define_metric", name.len());
         Host::define_counter(self.inner, name)
     }
-    fn count(&self, counter: u32, by: u64) {
+    fn count(&self, counter: u32) {
         self.add("increment_metric", 0);
-        self.inner.count(counter, by)
+        self.inner.count(counter)
     }
     fn record(&self, histogram: u32, value: u64) {
         self.add("record_metric", 8);
@@ -192,8 +192,5 @@ impl<H: Host + Setup> Setup for CountingHost<'_, H> {
     }
     fn log_level(&self) -> u32 {
         self.inner.log_level()
-    }
-    fn counts_at_tick(&self) -> bool {
-        self.inner.counts_at_tick()
     }
 }

@@ -118,10 +118,6 @@ pub struct FakeHost {
     logs: Mutex<Vec<(Level, String)>>,
     /// What `Setup::log_level` answers (0, debug, unless set).
     log_level: AtomicU32,
-    /// What `Setup::counts_at_tick` answers (false unless set: each count reaches the counter).
-    counts_at_tick: AtomicBool,
-    /// The root timer's period, once started.
-    tick_period_ms: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -138,14 +134,6 @@ impl FakeHost {
     /// Envoy's log level for the filter, as the worker reads it when it configures.
     pub fn set_log_level(&self, level: u32) {
         self.log_level.store(level, Ordering::SeqCst);
-    }
-    /// Makes the worker configured next keep its counts until the root's tick, as in Envoy.
-    pub fn set_counts_at_tick(&self, on: bool) {
-        self.counts_at_tick.store(on, Ordering::SeqCst);
-    }
-    /// The root timer's period the last worker configured started (0: none).
-    pub fn tick_period_ms(&self) -> u64 {
-        self.tick_period_ms.load(Ordering::SeqCst)
     }
     pub fn advance(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
@@ -305,9 +293,9 @@ impl Host for FakeHost {
     fn define_counter(&self, name: &str) -> Option<u32> {
         Setup::define_counter(self, name)
     }
-    fn count(&self, counter: u32, by: u64) {
+    fn count(&self, counter: u32) {
         if let Some(c) = lock(&self.counters).get_mut(counter as usize) {
-            c.1 += by;
+            c.1 += 1;
         }
     }
     fn record(&self, histogram: u32, value: u64) {
@@ -430,14 +418,10 @@ impl Setup for FakeHost {
     fn register_queue(&self, _name: &str) -> Option<u32> {
         Some(7)
     }
-    fn start_ticks(&self, period_ms: u64) -> Result<(), HostError> {
-        self.tick_period_ms.store(period_ms, Ordering::SeqCst);
+    fn start_ticks(&self, _period_ms: u64) -> Result<(), HostError> {
         Ok(())
     }
     fn log_level(&self) -> u32 {
         self.log_level.load(Ordering::SeqCst)
-    }
-    fn counts_at_tick(&self) -> bool {
-        self.counts_at_tick.load(Ordering::SeqCst)
     }
 }
