@@ -7,7 +7,7 @@
    the bench's cases (c), (d), (e), (f): `cargo run --example breakdown` (filter/examples/).
 2. Instructions per request under callgrind (`valgrind --tool=callgrind`), which counts
    instructions, not seconds: repeatable on a noisy machine. Each case runs twice (N and 2N
-   requests) and the difference is divided by N, so the setup (4096 buckets created) cancels out.
+   requests) and the difference is divided by N, so the setup (every bucket created) cancels out.
    The instructions are grouped by component: SHA-256, allocation, formatting (`format!`),
    JSON, base64, copies, hash maps, the in-memory host and harness (not idem's: Envoy does that
    part), and the rest of idem's core.
