@@ -523,11 +523,6 @@ fn a_completion_inside_its_lease_writes_its_slot_alone() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(s.lookup(&host, &id("a"), &FP).unwrap(), Some(Claim::Completed { .. })));
-    // An earlier version reads a slot as the owner then a response: in this one it finds none
-    // (as a slot being rewritten: in flight), never a wrong response.
-    let (slot, _) = host.shared_get("idem:v1:default:r:0:0").unwrap().unwrap();
-    assert_eq!(slot[..8], t.owner.to_le_bytes());
-    assert_eq!(StoredResponse::decode(&slot[8..]), None, "an earlier version decodes no response");
     // Another body: the 12 bytes kept tell it apart.
     let mut other = FP;
     other[3] ^= 1;
@@ -542,6 +537,30 @@ fn a_completion_inside_its_lease_writes_its_slot_alone() {
         s.claim(&host, &id("big"), &FP, 30_000, 60_000).unwrap(),
         Claim::Completed { status: 201, response: None, .. }
     ));
+}
+
+/// An earlier version, serving beside this one during a drain, reads a response slot as the owner
+/// then a response. In a slot this version wrote it finds none (as a slot being rewritten: in
+/// flight), never a wrong response — even for an expiry whose low bytes are zero, which without
+/// the record's mark would read as an answer with no headers.
+#[test]
+fn an_earlier_version_finds_no_answer_in_a_slot_of_this_one() {
+    const TTL: u64 = 60_000;
+    let expires = (1_700_000_000_000u64 >> 24).saturating_add(1) << 24;
+    let host = FakeHost::new(expires - TTL);
+    let mut s = SharedStore::new(&SharedConfig {
+        buckets: 1,
+        entries_per_bucket: 4,
+        max_response_bytes: 4096,
+        namespace: None,
+    });
+    s.initialise(&host).unwrap();
+    let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, TTL).unwrap());
+    assert_eq!(s.complete(&host, &t, &ok_response("{}"), 4096, TTL).unwrap(), Completion::Stored);
+    let (slot, _) = host.shared_get("idem:v1:default:r:0:0").unwrap().unwrap();
+    assert_eq!(slot[..8], t.owner.to_le_bytes());
+    assert_eq!(StoredResponse::decode(&slot[8..]), None, "an earlier version decodes a response: {slot:?}");
+    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, TTL).unwrap(), Claim::Completed { .. }));
 }
 
 /// An answer completed through its slot lives as long as the route's `ttl` from its completion,
@@ -579,6 +598,19 @@ fn a_completion_near_its_lease_end_goes_through_the_bucket() {
     // The renewal moved the answer's bound with the lease: it is kept its whole ttl.
     host.advance(59_999);
     assert!(matches!(s.claim(&host, &id("slow"), &FP, 3_000, 60_000).unwrap(), Claim::Completed { .. }));
+}
+
+/// A renewed lease moves the bound on its entry's life with it: a route whose `ttl` is shorter
+/// than the renewed lease never sees its claim taken over or evicted while the request runs.
+#[test]
+fn a_renewed_claim_outlives_a_short_ttl() {
+    let (host, s) = store(1, 1);
+    let t = claimed(s.claim(&host, &id("slow"), &FP, 3_000, 100).unwrap());
+    host.advance(2_500);
+    assert!(s.renew(&host, &t, 3_000).unwrap());
+    host.advance(1_000);
+    assert!(matches!(s.claim(&host, &id("slow"), &FP, 3_000, 100).unwrap(), Claim::InFlight { .. }));
+    assert_eq!(s.claim(&host, &id("other"), &FP, 3_000, 100), Err(StoreError::Full));
 }
 
 /// A bucket turned over faster than the lease (every entry claimed less than `lock_ttl` ago)
