@@ -691,7 +691,9 @@ impl SharedStore {
     /// `max_response_bytes`), remembered for `ttl_ms`. Fenced by the ticket's owner: while the
     /// claim's lease has [`SLOT_COMPLETION_MARGIN_MS`] left nobody can have taken it over, and
     /// the answer is written to its slot alone (one shared-data write, the bucket untouched);
-    /// later, through the bucket, checked against the owner there.
+    /// later, through the bucket, checked against the owner there. A ticket is finished once
+    /// (complete, release or hold): a released ticket completed later could overwrite the slot
+    /// of the claim that came after it.
     pub fn complete(
         &self,
         host: &dyn Host,
