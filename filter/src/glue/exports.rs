@@ -69,11 +69,14 @@ pub extern "C" fn _initialize() {
 #[no_mangle]
 pub extern "C" fn proxy_abi_version_0_2_1() {}
 
-/// Memory Envoy fills for us (header maps, bodies): a boxed slice of exactly `size` bytes,
-/// taken back in [`abi`] with `Vec::from_raw_parts(ptr, size, size)`.
+/// Memory Envoy fills for us (header maps, bodies, shared data): a boxed slice of exactly `size`
+/// bytes, taken back in [`abi`] with `Vec::from_raw_parts(ptr, size, size)`. Left uninitialised,
+/// as the proxy-wasm SDKs leave it: Envoy copies the whole value in before the call that asked
+/// for it returns (proxy-wasm-cpp-host's `copyToPointerSize`, `exportPairs`), so zeroing it first
+/// was a second pass over every body.
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    let slice = vec![0u8; size].into_boxed_slice();
+    let slice: Box<[std::mem::MaybeUninit<u8>]> = Box::new_uninit_slice(size);
     Box::into_raw(slice) as *mut u8
 }
 

@@ -149,21 +149,22 @@ impl Entry {
         self.state == State::InFlight && self.layout == Layout::SlotCompletion
     }
 
+    // Filled in place and appended once: a claim writes every entry of its bucket back.
     fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.id);
-        out.push(self.state as u8);
-        out.push(self.layout.mark());
-        out.extend_from_slice(&self.status.to_le_bytes());
-        out.extend_from_slice(&self.owner.to_le_bytes());
+        let mut b = [0u8; ENTRY_LEN];
+        b[..16].copy_from_slice(&self.id);
+        b[16] = self.state as u8;
+        b[17] = self.layout.mark();
+        b[18..20].copy_from_slice(&self.status.to_le_bytes());
+        b[20..28].copy_from_slice(&self.owner.to_le_bytes());
+        b[28..44].copy_from_slice(&self.fingerprint);
         if self.layout == Layout::SlotCompletion {
-            out.extend_from_slice(&self.fingerprint[..12]);
             let lease = self.lease_end_ms.saturating_sub(self.first_seen_ms).min(u64::from(u32::MAX)) as u32;
-            out.extend_from_slice(&lease.to_le_bytes());
-        } else {
-            out.extend_from_slice(&self.fingerprint);
+            b[40..44].copy_from_slice(&lease.to_le_bytes());
         }
-        out.extend_from_slice(&self.first_seen_ms.to_le_bytes());
-        out.extend_from_slice(&self.until_ms.to_le_bytes());
+        b[44..52].copy_from_slice(&self.first_seen_ms.to_le_bytes());
+        b[52..60].copy_from_slice(&self.until_ms.to_le_bytes());
+        out.extend_from_slice(&b);
     }
 
     fn decode(b: &[u8]) -> Entry {
@@ -218,9 +219,8 @@ fn push_decimal(out: &mut String, n: u32) {
             break;
         }
     }
-    for &d in &digits[at..] {
-        out.push(char::from(d));
-    }
+    // ASCII digits: always UTF-8, appended in one copy.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// Proof of ownership of one claim, needed to complete or release it.
