@@ -16,7 +16,12 @@ fn id(s: &str) -> [u8; 32] {
 const FP: [u8; 32] = [7; 32];
 
 fn store(buckets: u32, entries: u32) -> (FakeHost, SharedStore) {
-    let host = FakeHost::new(1_700_000_000_000);
+    store_at(1_700_000_000_000, buckets, entries)
+}
+
+/// A store whose host's clock reads `now_ms`.
+fn store_at(now_ms: u64, buckets: u32, entries: u32) -> (FakeHost, SharedStore) {
+    let host = FakeHost::new(now_ms);
     let mut s = SharedStore::new(&SharedConfig {
         buckets,
         entries_per_bucket: entries,
@@ -136,12 +141,18 @@ fn expired_lease_is_taken_over_and_the_late_owner_is_fenced() {
     let (host, s) = store(1, 4);
     let first = claimed(s.claim(&host, &id("a"), &FP, 100, 60_000).unwrap());
     host.advance(150);
-    let second = claimed(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap());
-    // The first request finally completes: it must not overwrite the new owner's record.
-    assert_eq!(s.complete(&host, &first, &ok_response("late"), 4096, 60_000).unwrap(), Completion::LostOwnership);
-    assert!(matches!(s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
-    assert_eq!(s.complete(&host, &second, &ok_response("second"), 4096, 60_000).unwrap(), Completion::Stored);
-    match s.claim(&host, &id("a"), &FP, 30_000, 60_000).unwrap() {
+    taken_over_and_fenced(&host, &s, "a", &first);
+}
+
+/// `first`, a claim of `key` whose lease has ended: a new request takes the key over, `first`'s
+/// late completion must not overwrite the new owner's record, and the new owner's answer is the
+/// one replayed.
+fn taken_over_and_fenced(host: &FakeHost, s: &SharedStore, key: &str, first: &Ticket) {
+    let second = claimed(s.claim(host, &id(key), &FP, 30_000, 60_000).unwrap());
+    assert_eq!(s.complete(host, first, &ok_response("late"), 4096, 60_000).unwrap(), Completion::LostOwnership);
+    assert!(matches!(s.claim(host, &id(key), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
+    assert_eq!(s.complete(host, &second, &ok_response("second"), 4096, 60_000).unwrap(), Completion::Stored);
+    match s.claim(host, &id(key), &FP, 30_000, 60_000).unwrap() {
         Claim::Completed { response: Some(r), .. } => assert_eq!(r.body, b"second"),
         other => panic!("{other:?}"),
     }
@@ -495,13 +506,7 @@ fn entries_of_the_version_before_slot_completions_read_across_the_upgrade() {
     ));
     assert!(matches!(s.claim(&host, &id("running"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
     host.advance(5_001);
-    let next = claimed(s.claim(&host, &id("running"), &FP, 30_000, 60_000).unwrap());
-    assert_eq!(s.complete(&host, &running, &ok_response("late"), 4096, 60_000).unwrap(), Completion::LostOwnership);
-    assert_eq!(s.complete(&host, &next, &ok_response("next"), 4096, 60_000).unwrap(), Completion::Stored);
-    match s.claim(&host, &id("running"), &FP, 30_000, 60_000).unwrap() {
-        Claim::Completed { response: Some(r), .. } => assert_eq!(r.body, b"next"),
-        other => panic!("{other:?}"),
-    }
+    taken_over_and_fenced(&host, &s, "running", &running);
 }
 
 /// A claim with its lease well ahead completes through its response slot alone: one shared-data
@@ -547,14 +552,7 @@ fn a_completion_inside_its_lease_writes_its_slot_alone() {
 fn an_earlier_version_finds_no_answer_in_a_slot_of_this_one() {
     const TTL: u64 = 60_000;
     let expires = (1_700_000_000_000u64 >> 24).saturating_add(1) << 24;
-    let host = FakeHost::new(expires - TTL);
-    let mut s = SharedStore::new(&SharedConfig {
-        buckets: 1,
-        entries_per_bucket: 4,
-        max_response_bytes: 4096,
-        namespace: None,
-    });
-    s.initialise(&host).unwrap();
+    let (host, s) = store_at(expires - TTL, 1, 4);
     let t = claimed(s.claim(&host, &id("a"), &FP, 30_000, TTL).unwrap());
     assert_eq!(s.complete(&host, &t, &ok_response("{}"), 4096, TTL).unwrap(), Completion::Stored);
     let (slot, _) = host.shared_get("idem:v1:default:r:0:0").unwrap().unwrap();
