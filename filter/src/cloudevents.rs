@@ -23,7 +23,7 @@ pub enum Mode {
 
 /// The mode of a request, by its `content-type` (media type only, any case).
 pub fn mode(req: &dyn RequestView) -> Mode {
-    let ct = req.header_values("content-type").first().map(|v| String::from_utf8_lossy(v).to_ascii_lowercase());
+    let ct = req.first_header_value("content-type").map(|v| String::from_utf8_lossy(v).to_ascii_lowercase());
     let media = ct.as_deref().and_then(|c| c.split(';').next()).unwrap_or("").trim().to_string();
     match media.as_str() {
         "application/cloudevents+json" => Mode::Structured,

@@ -106,7 +106,15 @@ fn absorb_parts(
     let query = req.path().split_once('?').map(|(_, q)| q).unwrap_or("");
     for part in &policy.fingerprint {
         match part {
-            FingerprintPart::Method => put(h, req.method().to_ascii_uppercase().as_bytes()),
+            FingerprintPart::Method => {
+                // Methods arrive upper-case; the copy is made only for the odd one that is not.
+                let method = req.method();
+                if method.bytes().any(|b| b.is_ascii_lowercase()) {
+                    put(h, method.to_ascii_uppercase().as_bytes())
+                } else {
+                    put(h, method.as_bytes())
+                }
+            }
             FingerprintPart::Path => put(h, path.as_bytes()),
             FingerprintPart::Query => put(h, query.as_bytes()),
             FingerprintPart::Header(name) => {

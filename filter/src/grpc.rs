@@ -11,7 +11,7 @@ pub use crate::codes::grpc_code as code;
 
 /// Whether a request is gRPC: `content-type: application/grpc` (`+proto`, `+json`, …).
 pub fn is_grpc(req: &dyn RequestView) -> bool {
-    req.header_values("content-type").first().is_some_and(|v| is_grpc_content_type(v))
+    req.first_header_value("content-type").is_some_and(is_grpc_content_type)
 }
 
 pub fn is_grpc_content_type(value: &[u8]) -> bool {
@@ -132,7 +132,7 @@ pub enum MessageError {
 /// framed or compressed. Bounded by `limit` bytes in all.
 pub fn decoded_messages(req: &dyn RequestView, limit: usize) -> Result<Vec<u8>, MessageError> {
     let body = req.body().unwrap_or_default();
-    let encoding = req.header_values("grpc-encoding").first().map(|v| String::from_utf8_lossy(v).to_ascii_lowercase());
+    let encoding = req.first_header_value("grpc-encoding").map(|v| String::from_utf8_lossy(v).to_ascii_lowercase());
     let mut out = Vec::with_capacity(body.len());
     let mut rest = body;
     while !rest.is_empty() {

@@ -6,6 +6,8 @@ use crate::policy::{Anonymous, KeyPolicy, PathTemplate, Source};
 use crate::request::raw_single_header;
 pub use crate::request::{single_header, KeyError, RequestView};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::fmt::Write as _;
 
 /// The longest key accepted, in bytes (Stripe and the IETF draft use the same bound).
 const MAX_KEY_LEN: usize = 255;
@@ -65,7 +67,7 @@ pub fn read(
         Source::Query(name) => query_param(req.path(), name),
         Source::Cookie(name) => match cookies(req, name).as_slice() {
             [] => Ok(None),
-            [one] => text(one.clone(), source).map(Some),
+            [one] => text(one.to_vec(), source).map(Some),
             many => Err(KeyError::Invalid(format!("cookie {name} was sent {} times", many.len()))),
         },
         Source::Metadata(path) => {
@@ -208,7 +210,7 @@ pub fn scoped_id(
     let mut h = Sha256::new();
     put(&mut h, route.as_bytes());
     for part in scope {
-        put(&mut h, part.to_string().as_bytes());
+        put_display(&mut h, part);
         let values = scope_values(part, template, req)?;
         if values.iter().any(|v| std::str::from_utf8(v).is_err()) {
             return Err(KeyError::Invalid(format!("the caller scope {part} is not valid UTF-8")));
@@ -236,32 +238,32 @@ pub fn scoped_id(
 
 /// The non-empty values a scope part takes for this request: every value of a header or cookie
 /// (a caller's identity may span several), the one value of any other source.
-fn scope_values(
+fn scope_values<'a>(
     part: &Source,
     template: Option<&PathTemplate>,
-    req: &dyn RequestView,
-) -> Result<Vec<Vec<u8>>, KeyError> {
-    let values = match part {
-        Source::Header(name) => req.header_values(&name.to_ascii_lowercase()).into_iter().map(<[u8]>::to_vec).collect(),
-        Source::Cookie(name) => cookies(req, name),
+    req: &'a dyn RequestView,
+) -> Result<Vec<Cow<'a, [u8]>>, KeyError> {
+    let values: Vec<Cow<[u8]>> = match part {
+        Source::Header(name) => req.header_values(name).into_iter().map(Cow::Borrowed).collect(),
+        Source::Cookie(name) => cookies(req, name).into_iter().map(Cow::Borrowed).collect(),
         Source::Metadata(path) => {
             let mut full = vec!["metadata", "filter_metadata"];
             full.extend(path.iter().map(String::as_str));
-            req.property(&full).into_iter().collect()
+            req.property(&full).into_iter().map(Cow::Owned).collect()
         }
-        _ => read(part, template, req)?.map(String::into_bytes).into_iter().collect(),
+        _ => read(part, template, req)?.map(|v| Cow::Owned(v.into_bytes())).into_iter().collect(),
     };
-    Ok(values.into_iter().filter(|v: &Vec<u8>| !v.is_empty()).collect())
+    Ok(values.into_iter().filter(|v| !v.is_empty()).collect())
 }
 
 /// Every value of cookie `name` across the `Cookie` headers (a browser may send two).
-fn cookies(req: &dyn RequestView, name: &str) -> Vec<Vec<u8>> {
+fn cookies<'a>(req: &'a dyn RequestView, name: &str) -> Vec<&'a [u8]> {
     let mut out = Vec::new();
     for header in req.header_values("cookie") {
         for pair in header.split(|&b| b == b';') {
             let pair = pair.trim_ascii();
             if let Some(value) = pair.strip_prefix(name.as_bytes()).and_then(|rest| rest.strip_prefix(b"=")) {
-                out.push(value.to_vec());
+                out.push(value);
             }
         }
     }
@@ -272,6 +274,31 @@ fn cookies(req: &dyn RequestView, name: &str) -> Vec<Vec<u8>> {
 pub(crate) fn put(h: &mut Sha256, bytes: &[u8]) {
     h.update((bytes.len() as u64).to_le_bytes());
     h.update(bytes);
+}
+
+/// [`put`] of a value's `Display` text, written into the hash as it is formatted (no string is
+/// built: a scope part's name is hashed on every claim). The text is formatted twice, once to
+/// count its bytes for the length prefix.
+fn put_display(h: &mut Sha256, value: &impl std::fmt::Display) {
+    struct Count(u64);
+    impl std::fmt::Write for Count {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0 += s.len() as u64;
+            Ok(())
+        }
+    }
+    struct Absorb<'a>(&'a mut Sha256);
+    impl std::fmt::Write for Absorb<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0.update(s.as_bytes());
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing into these never fails: their `write_str` always returns Ok.
+    let _ = write!(count, "{value}");
+    h.update(count.0.to_le_bytes());
+    let _ = write!(Absorb(h), "{value}");
 }
 
 /// The first characters of a key for log lines; keys are never logged in full.
@@ -289,5 +316,25 @@ pub fn push_truncated(out: &mut String, key: &str) {
             out.push('…');
         }
         None => out.push_str(key),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored claim's id must not change when the module is upgraded: a scope part's name
+    /// hashed as it is formatted gives the bytes its formatted string gave (a mixed-case header
+    /// name, which `Display` lower-cases, and a multi-byte metadata path).
+    #[test]
+    fn a_scope_part_hashes_as_its_formatted_text() {
+        let parts = [Source::Header("X-Tenant-ID".into()), Source::Metadata(vec!["jwt_authn".into(), "süb".into()])];
+        for part in parts {
+            let mut streamed = Sha256::new();
+            put_display(&mut streamed, &part);
+            let mut from_string = Sha256::new();
+            put(&mut from_string, part.to_string().as_bytes());
+            assert_eq!(streamed.finalize(), from_string.finalize(), "{part}");
+        }
     }
 }

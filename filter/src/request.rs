@@ -20,8 +20,14 @@ pub trait RequestView {
     fn method(&self) -> &str;
     /// `:path` including the query string.
     fn path(&self) -> &str;
-    /// Every value of a request header, in order, by lower-case name.
+    /// Every value of a request header, in order, by name compared ASCII case-insensitively (as
+    /// HTTP header names are): callers pass a policy's spelling as written, without a lower-cased copy.
     fn header_values(&self, name: &str) -> Vec<&[u8]>;
+    /// The first value of a request header (a content type, an encoding), without collecting
+    /// the others.
+    fn first_header_value(&self, name: &str) -> Option<&[u8]> {
+        self.header_values(name).first().copied()
+    }
     /// The whole request body, when buffered.
     fn body(&self) -> Option<&[u8]>;
     /// A value Envoy computed for this request, by property path (e.g. the `jwt_authn`
@@ -35,7 +41,7 @@ pub trait RequestView {
 /// bare token or an sf-string. Two values are ambiguous — the gateway and the upstream
 /// framework could each pick another one — so they are refused, as is a comma-joined list.
 pub fn single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>, KeyError> {
-    let values = req.header_values(&name.to_ascii_lowercase());
+    let values = req.header_values(name);
     let value = match values.as_slice() {
         [] => return Ok(None),
         [one] => *one,
@@ -56,7 +62,7 @@ pub fn single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>
 
 /// A header sent once, as text exactly as sent (no structured-field parsing).
 pub(crate) fn raw_single_header(req: &dyn RequestView, name: &str) -> Result<Option<String>, KeyError> {
-    match req.header_values(&name.to_ascii_lowercase()).as_slice() {
+    match req.header_values(name).as_slice() {
         [] => Ok(None),
         [one] => std::str::from_utf8(one)
             .map(|v| Some(v.to_string()))

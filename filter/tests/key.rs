@@ -168,7 +168,7 @@ fn non_utf8_header_bytes_are_invalid_keys_and_scopes() {
             "/"
         }
         fn header_values(&self, name: &str) -> Vec<&[u8]> {
-            self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+            self.0.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice()).collect()
         }
         fn body(&self) -> Option<&[u8]> {
             None

@@ -145,6 +145,9 @@ impl RequestView for WithHost<'_> {
         let headers = self.req.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()));
         headers.map(|(_, v)| v).collect()
     }
+    fn first_header_value(&self, name: &str) -> Option<&[u8]> {
+        self.req.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
+    }
     fn body(&self) -> Option<&[u8]> {
         self.req.body.as_deref()
     }

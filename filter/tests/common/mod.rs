@@ -40,7 +40,7 @@ impl RequestView for Req {
         &self.path
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice()).collect()
     }
     fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
