@@ -1449,3 +1449,23 @@ fn a_request_no_policy_matches_passes_with_a_warning_once_per_path() {
         "{line:?}"
     );
 }
+
+/// The echo listener's instance shares the gateway's plugin name, so its namespace; its
+/// [shared] shape is the default. Configuring it (every worker does, at start and on reload)
+/// must leave the gateway's buckets as they are: it once rewrote a one-bucket, 64-entry store
+/// as an 8-entry bucket while requests were in flight, and the next claims found it full.
+#[test]
+fn the_echo_instance_leaves_the_gateways_buckets_alone() {
+    use idem_filter::host::Host;
+    let gateway = "[shared]\nnamespace = \"idem\"\nbuckets = 1\nentries_per_bucket = 64\n\n\
+                   [[route]]\nname = \"r\"\nmatch = { method = \"POST\", path = \"/r\" }\n";
+    let (host, _gateway) = setup_unprobed(gateway);
+    let store = |host: &FakeHost| -> Vec<(String, Vec<u8>)> {
+        let keys = host.shared_keys();
+        keys.into_iter().map(|k| (k.clone(), host.shared_get(&k).unwrap().unwrap().0)).collect()
+    };
+    let before = store(&host);
+    assert!(before.iter().any(|(_, v)| v.len() == 64 * 60), "the gateway's 64-entry bucket: {:?}", before.len());
+    Worker::configure(&host, &host, ROOT, b"role = \"echo\"\n[shared]\nnamespace = \"idem\"\n").unwrap();
+    assert_eq!(store(&host), before, "the echo created or rewrote shared-data keys");
+}

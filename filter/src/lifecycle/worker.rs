@@ -103,10 +103,12 @@ impl Worker {
         let replay_slots = ReplaySlots::new(bundle.shared.namespace.as_deref().unwrap_or("idem"));
 
         let mut engine = Engine::new(bundle);
-        // The admin instance reads the store the gateway created, in its shape: it never
-        // creates or resizes a bucket (its own [shared] sizes may differ).
+        // The admin instance reads the store the gateway created, in its shape, and the echo
+        // instance uses replay slots only: neither creates or resizes a bucket. Their own
+        // [shared] sizes may differ from the gateway's in the same namespace, and a bucket
+        // rewritten in another shape loses the gateway's claims in flight.
         let created = match engine.bundle.role {
-            Role::Admin => 0,
+            Role::Admin | Role::Echo => 0,
             _ => engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?,
         };
         host.log(
