@@ -1,13 +1,12 @@
 //! The decision engine: for a request on a policy route, forward it (with a claim) or answer it;
 //! for a forwarded request, decide what its outcome does to the claim.
 //!
-//! Host-independent. The decisions are the same on either store, but the stores are not driven
-//! alike: a decision is split around the one store operation it needs ([`Engine::begin`] → store
-//! → [`Engine::after_claim`] / [`Engine::after_token`]); the engine owns the shared store and
-//! runs that operation itself, synchronously ([`Engine::run_shared`], called by the stream; tests
-//! use [`Engine::decide_shared`], `begin` and `run_shared` in one), while a Redis operation is a
-//! Webdis callout the lifecycle sends and answers (`lifecycle/claims.rs`, `writes.rs`). The
-//! shared store also keeps Redis answers locally for repeats (`finish.rs`, `remember_answer`).
+//! Host-independent. The decisions are the same on either store: a decision is split around the
+//! one store operation it needs ([`Engine::begin`] → the route's store ([`Engine::store`], one
+//! interface, [`crate::store::Store`]) → [`Engine::after_claim`] / [`Engine::after_token`]). The
+//! lifecycle runs the operation, which answers at once (the shared store, or the answer cache in
+//! front of Redis) or with the reply to the Webdis call it names. Lookups of unknown outcomes on
+//! the shared store run here (`reconcile.rs`); tests use [`Engine::decide_shared`].
 //!
 //! - [`outcome`]: what is counted; [`verdict`]: the vocabulary of decisions (verdicts, tickets,
 //!   endings); `finish`: what a forwarded request's ending does to its claim; `tokens`: the
@@ -19,7 +18,7 @@ mod reconcile;
 mod tokens;
 pub mod verdict;
 
-pub use finish::{completed, held, released, restored};
+pub use finish::finished;
 pub use outcome::Outcome;
 pub use reconcile::{failed_cause, reconciled_absent, reconciled_ran, LookupAnswer, RECONCILED_HEADER};
 pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
@@ -31,8 +30,9 @@ use crate::key::{self, KeyError, RequestView};
 use crate::policy::RouteId;
 use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
 use crate::response::LocalReply;
+use crate::store::remote::Remote;
 use crate::store::shared::SharedStore;
-use crate::store::{redis, Claim, StoreError, TokenUse};
+use crate::store::{redis, Claim, RouteStore, StoreError, TokenUse};
 use tokens::token_id;
 
 pub struct Engine {
@@ -69,6 +69,19 @@ impl Engine {
 
     pub fn redis(&self) -> Option<redis::RedisStore<'_>> {
         self.bundle.redis.as_ref().map(redis::RedisStore::new)
+    }
+
+    /// Redis with this process' answer cache in front of it, when the bundle has `[redis]`.
+    pub fn remote(&self) -> Option<Remote<'_>> {
+        self.bundle.redis.as_ref().map(|cfg| Remote::new(cfg, &self.shared))
+    }
+
+    /// The store a route keeps its claims and tokens in.
+    pub fn store(&self, route: RouteId) -> RouteStore<'_> {
+        match (self.policy(route).store, self.remote()) {
+            (StoreKind::Redis, Some(remote)) => RouteStore::Remote(remote),
+            _ => RouteStore::Shared(&self.shared),
+        }
     }
 
     /// Whether any route forwards detached (the root context then sends upstream calls).
@@ -292,6 +305,20 @@ impl Engine {
                     _ => shadowed(policy, Outcome::OutcomeUnknown, reply, "outcome_unknown".into(), k),
                 }
             }
+            // This process' answer is still being written to Redis: a held duplicate waits on
+            // (the cache is looked at every tick), anything else gets 409 now.
+            Claim::Unwritten { first_seen_ms } => match waiting_until {
+                Some(deadline) if now < deadline => Verdict {
+                    outcome: Outcome::InFlight,
+                    action: Action::Wait { prepared: Box::new(p.clone()), deadline_ms: deadline },
+                    cause: "in_flight_waiting".into(),
+                    key: k,
+                },
+                _ => {
+                    let reply = crate::replies::in_progress(&policy.answers, first_seen_ms);
+                    shadowed(policy, Outcome::InFlight, reply, "answer_not_yet_written".into(), k)
+                }
+            },
             Claim::InFlight { first_seen_ms, .. } => {
                 let wait = policy.key.on_in_flight == OnInFlight::Wait && policy.mode == Mode::Key;
                 let deadline = waiting_until.unwrap_or(now.saturating_add(policy.key.wait_timeout.millis));

@@ -3,15 +3,9 @@
 
 use super::Outcome;
 use crate::policy::RouteId;
-use crate::response::{Header, LocalReply, StoredResponse};
-use crate::store::{redis, shared};
-
-/// A store's proof of ownership.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreTicket {
-    Shared(shared::Ticket),
-    Redis(redis::Ticket),
-}
+use crate::response::{Header, LocalReply};
+pub use crate::store::StoreTicket;
+use crate::store::Write;
 
 /// What a forwarded request holds until it finishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,10 +20,7 @@ impl Ticket {
     /// When the claim (or the token's use) was made.
     pub fn first_seen_ms(&self) -> u64 {
         let (Ticket::Claim(st) | Ticket::Token(st)) = self;
-        match st {
-            StoreTicket::Shared(t) => t.first_seen_ms,
-            StoreTicket::Redis(t) => t.first_seen_ms,
-        }
+        st.first_seen_ms()
     }
 }
 
@@ -116,14 +107,8 @@ pub enum Ending {
 pub enum Finish {
     /// Nothing to write; count `outcome` (if any).
     Nothing { outcome: Option<Outcome>, cause: String },
-    /// Free the claim so a retry runs.
-    Release { cause: String },
-    /// Remember the response (a tombstone when over `max_response_bytes`).
-    Complete { response: StoredResponse, max_response_bytes: usize, ttl_ms: u64, cause: String },
-    /// Put the token back so the user's retry passes.
-    RestoreToken { cause: String },
-    /// The outcome is unknown: hold the claim for `hold_ms`, never to be taken over.
-    HoldUnknown { hold_ms: u64, cause: String },
+    /// Write this to the store, then count what it did.
+    Write { write: Write, cause: String },
 }
 
 /// A token issue request: which route the token is for, or the answer when it cannot be issued.

@@ -7,10 +7,10 @@
 //! slot's keys, as for writes.
 
 use super::slots::{batches, several_slots};
-use super::stream::{redis_claim, Request, WithHost};
+use super::stream::{Request, WithHost};
 use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
-use crate::engine::{Action, Prepared};
+use crate::engine::{Action, Prepared, StoreTicket};
 use crate::host::Host;
 use crate::policy::OnInFlight;
 use crate::store::{redis, Claim, StoreError};
@@ -114,17 +114,15 @@ impl Worker {
     /// A claim batch's reply (root context): each claim's verdict, carried out on its stream.
     pub(super) fn claims_answered(&self, host: &dyn Host, batch: ClaimBatch, status: u16, body: &[u8]) {
         self.claims.out.set(self.claims.out.get().saturating_sub(1));
-        let Some(store) = self.engine.redis() else {
+        let Some(store) = self.engine.remote() else {
             return;
         };
-        match store.parse_batch(batch.members.len(), status, body) {
+        match store.redis.parse_batch(batch.members.len(), status, body) {
             Ok(replies) => {
                 let now = host.now_ms();
                 for (q, reply) in batch.members.into_iter().zip(replies) {
-                    let found = reply.and_then(|v| {
-                        let held = redis::held_ticket(&q.ticket, &v, now);
-                        redis::read_claim_at(&q.fingerprint, v, now).map(|c| (c, held))
-                    });
+                    let retain = self.engine.policy(q.prepared.route).key.ttl.millis;
+                    let found = store.claim_answered(host, q.ticket.clone(), &q.fingerprint, reply, retain, now);
                     self.claim_resolved(host, q, found, batch.sent_ms);
                 }
             }
@@ -151,13 +149,13 @@ impl Worker {
         &self,
         host: &dyn Host,
         q: QueuedClaim,
-        found: Result<(Claim<()>, Option<redis::Ticket>), StoreError>,
+        found: Result<Claim<StoreTicket>, StoreError>,
         sent_ms: u64,
     ) {
         let route = q.prepared.route;
         self.metrics.store_call_took(host, route, sent_ms);
         let live = self.live.borrow().contains(&q.ctx);
-        if found.is_err() || (!live && matches!(found, Ok((Claim::Claimed(()), _)))) {
+        if found.is_err() || (!live && matches!(found, Ok(Claim::Claimed(_)))) {
             self.release_orphan(host, route, Some(q.prepared.key.clone()), &q.ticket);
         }
         if !live {
@@ -165,10 +163,7 @@ impl Worker {
         }
         let now = host.now_ms();
         let view = WithHost { req: &q.request, host };
-        let found = found.map(|(c, held)| (c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)), held));
-        let redis_id = q.ticket.id();
-        let claim = found.map(|(c, held)| redis_claim(c, q.ticket, held));
-        self.remember_found(host, route, &redis_id, &q.fingerprint, &claim);
+        let claim = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
         // The root cannot ask the service for a stream: a batched repeat that meets a free
         // unknown outcome waits on it as on a request in flight where the route waits and looks
         // up (a repeat sent alone takes the lookup; the poll then finds its answer), else it

@@ -8,6 +8,7 @@ use super::Map;
 use crate::engine::{StoreTicket, Ticket};
 use crate::host::Host;
 use crate::policy::RouteId;
+use crate::store::{Step, Store, StoreError};
 use std::cell::RefCell;
 
 /// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.
@@ -63,18 +64,11 @@ impl Worker {
             if let Some(l) = self.leases.held.borrow_mut().get_mut(&owner) {
                 l.renew_at_ms = next;
             }
-            match &ticket {
-                StoreTicket::Shared(t) => {
-                    if let Ok(false) = self.engine.renew_shared(host, route, t) {
-                        self.drop_lease(owner); // taken over meanwhile: nothing left to renew
-                    }
-                }
-                StoreTicket::Redis(t) => {
-                    let Some(store) = self.engine.redis() else {
-                        continue;
-                    };
-                    let policy = self.engine.policy(route);
-                    if let Ok(token) = self.dispatch(host, &store.renew(t, policy.key.lock_ttl.millis)) {
+            let lease = self.engine.policy(route).key.lock_ttl.millis;
+            match self.engine.store(route).renew(host, &ticket, lease) {
+                Step::Now(renewed) => self.renewed(owner, renewed),
+                Step::Call(call) => {
+                    if let Ok(token) = self.dispatch(host, &call.cmd) {
                         self.call_out(token, RootCall::Renewal(owner));
                     }
                 }
@@ -82,12 +76,12 @@ impl Worker {
         }
     }
 
-    /// A Webdis renewal's reply: a lease that is no longer ours is not renewed again.
-    pub(super) fn renewed(&self, owner: LeaseOwner, status: u16, body: &[u8]) {
-        if let (Some(store), true) = (self.engine.redis(), status != 0) {
-            if let Ok(false) = store.parse_update(status, body) {
-                self.drop_lease(owner);
-            }
+    /// A renewal's answer (at once, or its Webdis call's reply read by the root): a lease that
+    /// is no longer ours — taken over meanwhile — is not renewed again. A renewal that failed
+    /// is tried again at the next due time.
+    pub(super) fn renewed(&self, owner: LeaseOwner, renewed: Result<bool, StoreError>) {
+        if let Ok(false) = renewed {
+            self.drop_lease(owner);
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::pairs::Headers;
 use crate::policy::RouteId;
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
 use crate::response::{json_reply, Header, LocalReply};
-use crate::store::{redis, Claim};
+use crate::store::{redis, Call, Claim, Step, Store, StoreError};
 use std::rc::Rc;
 
 /// Where a request is. Each phase holds only what that phase needs.
@@ -95,17 +95,6 @@ impl Pending {
             | Pending::LookupAbsent { prepared, .. } => prepared.route,
             Pending::Issue { route, .. } => *route,
         }
-    }
-}
-
-/// A Redis claim's answer with its tickets: the claim's own when it is ours, the record found
-/// when it is an unknown outcome whose lookup is free (what a lookup is fenced by).
-pub(super) fn redis_claim(c: Claim<()>, mine: redis::Ticket, held: Option<redis::Ticket>) -> Claim<StoreTicket> {
-    match c {
-        Claim::Unknown { first_seen_ms, held_until_ms, payload, .. } => {
-            Claim::Unknown { first_seen_ms, held_until_ms, payload, held: held.map(StoreTicket::Redis) }
-        }
-        other => other.map(|()| StoreTicket::Redis(mine)),
     }
 }
 
@@ -422,47 +411,39 @@ impl Stream {
             w.claim_returned(host);
         }
         w.metrics.store_call_took(host, pending.route(), sent_ms);
-        let Some(store) = w.engine.redis() else {
+        let Some(store) = w.engine.remote() else {
             return;
         };
         let status = status_of(headers);
         let now = host.now_ms();
         match pending {
             Pending::Claim { prepared, ticket, fingerprint } => {
-                let fingerprint = &fingerprint;
-                // A record written before fingerprints were xxh3: the request's SHA-256 decides.
-                let view = WithHost { req: &self.request, host };
-                let legacy = || w.engine.legacy_fingerprint(prepared.route, &view);
-                let found = store.claim_reply(status, body).and_then(|v| {
-                    let held = redis::held_ticket(&ticket, &v, now);
-                    redis::read_claim_at(fingerprint, v, now).map(|c| (c.resolve_legacy(legacy), held))
-                });
+                let retain = w.engine.policy(prepared.route).key.ttl.millis;
+                let orphan = ticket.clone();
+                let reply = store.redis.claim_reply(status, body);
+                let found = store.claim_answered(host, ticket, &fingerprint, reply, retain, now);
                 if found.is_err() {
                     // A timeout (Envoy answers it 504), a reset, an unreadable reply: the SET
                     // may still reach Redis, with nobody to finish it. Free it if it does.
-                    w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &ticket);
+                    w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &orphan);
                 }
-                let redis_id = ticket.id();
-                let claim = found.map(|(c, held)| redis_claim(c, ticket, held));
-                w.remember_found(host, prepared.route, &redis_id, fingerprint, &claim);
-                let v = w.engine.after_claim(&prepared, claim, now, None);
-                self.apply(host, prepared.route, v, true);
+                self.claim_found(host, prepared, found, now, true);
             }
             Pending::UseToken { prepared, ticket } => {
-                let used = store.parse_use_token(ticket, status, body).map(|u| u.map(StoreTicket::Redis));
+                let used = store.redis.parse_use_token(ticket, status, body).map(|u| u.map(StoreTicket::Redis));
                 let v = w.engine.after_token(&prepared, used);
                 self.apply(host, prepared.route, v, true);
             }
             Pending::Issue { route, token: issued } => {
-                let v = w.engine.issued(route, &issued, now, store.parse_ok(status, body));
+                let v = w.engine.issued(route, &issued, now, store.redis.parse_ok(status, body));
                 self.apply(host, route, v, true);
             }
             Pending::TakeLookup { prepared, lookup, unknown } => {
-                let taken = store.parse_update(status, body);
+                let taken = store.redis.parse_update(status, body);
                 self.lookup_taken(host, prepared, lookup, unknown, taken);
             }
             Pending::LookupAbsent { prepared, lookup, claim, unknown, status: answered } => {
-                let written = store.parse_update(status, body);
+                let written = store.redis.parse_update(status, body);
                 self.absent_written(host, prepared, lookup, claim, unknown, answered, written);
             }
         }
@@ -569,8 +550,8 @@ impl Stream {
         }
     }
 
-    /// Decides with the key (and body) at hand: synchronously on the shared store, or by
-    /// sending one Webdis call and pausing.
+    /// Decides with the key (and body) at hand: at once when the route's store answers at once
+    /// (the shared store, Redis' answer cache), else by sending its Webdis call and pausing.
     fn decide(&mut self, host: &dyn Host, route: RouteId) -> Flow {
         let w = Rc::clone(&self.worker);
         self.phase = Phase::Idle;
@@ -582,25 +563,66 @@ impl Stream {
             Begin::Done(v) => return self.apply(host, route, v, false),
             Begin::Store(p) => p,
         };
-        if !w.redis_route(route) {
-            let v = w.engine.run_shared(host, &prepared, None, Some(&view));
-            return self.apply(host, route, v, false);
-        }
         let now = host.now_ms();
-        let Some((cmd, ticket)) = w.redis_op(host, &prepared, now) else {
-            return Flow::Continue;
-        };
-        if let Some(v) = w.engine.local_answer(host, &prepared, &ticket.id(), None) {
-            return self.apply(host, route, v, false);
+        let store = w.engine.store(route);
+        match prepared.op {
+            StoreOp::Claim { id, fingerprint } => {
+                let key = &w.engine.policy(route).key;
+                match store.claim(host, &id, &fingerprint, key.lock_ttl.millis, key.ttl.millis, now) {
+                    Step::Now(found) => self.claim_found(host, prepared, found, now, false),
+                    Step::Call(call) => self.send_claim(host, prepared, fingerprint, call, now),
+                }
+            }
+            StoreOp::UseToken { id } => match store.use_token(host, &id, now) {
+                Step::Now(used) => {
+                    let v = w.engine.after_token(&prepared, used);
+                    self.apply(host, route, v, false)
+                }
+                Step::Call(Call { cmd, ticket: Some(ticket), .. }) => match w.dispatch(host, &cmd) {
+                    Ok(token) => {
+                        w.stream_call_out(token, self.context);
+                        self.phase = Phase::AwaitingStore(Pending::UseToken { prepared, ticket }, now, token);
+                        Flow::Pause
+                    }
+                    Err(e) => {
+                        let v = w.engine.after_token(&prepared, Err(e));
+                        self.apply(host, route, v, false)
+                    }
+                },
+                Step::Call(_) => Flow::Continue,
+            },
         }
-        let claimed_fingerprint = match prepared.op {
-            StoreOp::Claim { fingerprint, .. } => Some(fingerprint),
-            StoreOp::UseToken { .. } => None,
+    }
+
+    /// What a claim found — at once, or in its call's reply (`paused`) — carried out: a record
+    /// written before fingerprints were xxh3 is settled with the request's SHA-256 here.
+    fn claim_found(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        found: Result<Claim<StoreTicket>, StoreError>,
+        now: u64,
+        paused: bool,
+    ) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let view = WithHost { req: &self.request, host };
+        let found = found.map(|c| c.resolve_legacy(|| w.engine.legacy_fingerprint(route, &view)));
+        let v = w.engine.after_claim(&prepared, found, now, None);
+        self.apply(host, route, v, paused)
+    }
+
+    /// Sends a claim's call, or queues it for the next batch while enough claim calls are out.
+    fn send_claim(&mut self, host: &dyn Host, prepared: Prepared, fingerprint: [u8; 32], call: Call, now: u64) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let Some(ticket) = call.ticket else {
+            return Flow::Continue;
         };
         // A detached route's claim goes out alone: its stream hands the request to the root once
         // claimed, which a batch resolved from the root would have to carry for every member.
         let detached = w.engine.policy(route).forward == Forward::Detached;
-        if let (Some(fingerprint), false, true) = (claimed_fingerprint, detached, w.claim_call_out()) {
+        if !detached && w.claim_call_out() {
             // Group commit: it goes with the next batch, when a claim call out returns.
             let request = std::mem::take(&mut self.request);
             self.request.grpc = request.grpc;
@@ -609,26 +631,14 @@ impl Stream {
             self.phase = Phase::Held { route };
             return Flow::Pause;
         }
-        match w.dispatch(host, &cmd) {
+        match w.dispatch(host, &call.cmd) {
             Ok(token) => {
                 w.stream_call_out(token, self.context);
-                let pending = match claimed_fingerprint {
-                    Some(fingerprint) => {
-                        w.claim_sent();
-                        Pending::Claim { prepared, ticket, fingerprint }
-                    }
-                    None => Pending::UseToken { prepared, ticket },
-                };
-                self.phase = Phase::AwaitingStore(pending, now, token);
+                w.claim_sent();
+                self.phase = Phase::AwaitingStore(Pending::Claim { prepared, ticket, fingerprint }, now, token);
                 Flow::Pause
             }
-            Err(e) => {
-                let v = match prepared.op {
-                    StoreOp::Claim { .. } => w.engine.after_claim(&prepared, Err(e), now, None),
-                    StoreOp::UseToken { .. } => w.engine.after_token(&prepared, Err(e)),
-                };
-                self.apply(host, route, v, false)
-            }
+            Err(e) => self.claim_found(host, prepared, Err(e), now, false),
         }
     }
 
@@ -655,21 +665,20 @@ impl Stream {
                 Some(Flow::Pause)
             }
             Issue::Token { route, token, id } => {
-                if !w.redis_route(route) {
-                    let stored = w.engine.issue_shared(host, route, &id);
-                    let v = w.engine.issued(route, &token, host.now_ms(), stored);
-                    return Some(self.apply(host, route, v, false));
-                }
+                let now = host.now_ms();
                 let ttl = w.engine.policy(route).token.ttl.millis;
-                let cmd = w.engine.redis().map(|s| s.issue_token(&id, host.now_ms(), ttl))?;
-                match w.dispatch(host, &cmd) {
+                let sent = match w.engine.store(route).issue_token(host, &id, ttl, now) {
+                    Step::Now(stored) => Err(stored),
+                    Step::Call(call) => w.dispatch(host, &call.cmd).map_err(Err),
+                };
+                match sent {
                     Ok(call) => {
                         w.stream_call_out(call, self.context);
-                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token }, host.now_ms(), call);
+                        self.phase = Phase::AwaitingStore(Pending::Issue { route, token }, now, call);
                         Some(Flow::Pause)
                     }
-                    Err(e) => {
-                        let v = w.engine.issued(route, &token, host.now_ms(), Err(e));
+                    Err(stored) => {
+                        let v = w.engine.issued(route, &token, now, stored);
                         Some(self.apply(host, route, v, false))
                     }
                 }

@@ -1,12 +1,12 @@
 //! Held duplicates (`on_in_flight = "wait"`): the root context re-checks them on its tick until
 //! the first request's answer is there, their wait times out, or the key is free again.
 //!
-//! On the shared store a re-check is a local read, done every tick. On Redis it is a Webdis call,
-//! so a burst of held duplicates must not become a storm of calls: held requests for the same
-//! key and payload are re-checked as one group (one local look, one Webdis poll), and a group's
-//! polls back off from [`POLL_MS`] to [`MAX_POLL_GAP_MS`]. Between polls, the group looks at what
-//! this process knows every tick: an answer written by this Envoy (see
-//! `Engine::remember_answer`) wakes its duplicates on the next tick without asking Redis.
+//! Held requests for the same key and payload are re-checked as one group, through the route's
+//! store: on the shared store a local read, every tick. On Redis a Webdis call, so a burst of
+//! held duplicates must not become a storm of calls: one poll per group, backing off from
+//! [`POLL_MS`] to [`MAX_POLL_GAP_MS`]. Between polls the store's answer cache is looked at every
+//! tick: an answer written by this Envoy wakes its duplicates on the next tick without asking
+//! Redis.
 
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
@@ -14,10 +14,10 @@ use super::replay::Answered;
 use super::worker::{RootCall, Worker};
 use super::Map;
 use super::POLL_MS;
-use crate::engine::{Action, Outcome, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::engine::{Action, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::Host;
 use crate::policy::RouteId;
-use crate::store::{redis, Claim, Payload};
+use crate::store::{redis, Claim, Payload, Step, Store, StoreError};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -102,61 +102,47 @@ impl Worker {
         self.waiters.handoff.borrow_mut().remove(&ctx)
     }
 
-    /// The tick's re-check of every held duplicate not being polled already.
+    /// The tick's re-check of every held duplicate not being polled already, in groups of the
+    /// same route, key and payload (a held request is always a key's claim: a token is used
+    /// once, never held).
     pub(super) fn recheck_waiters(&self, host: &dyn Host) {
-        // Redis groups by route, key id and fingerprint (a held request is always a key's claim:
-        // a token is used once, never held).
         let mut groups: HashMap<(RouteId, [u8; 32], [u8; 32]), Vec<u32>> = HashMap::new();
-        let mut shared = Vec::new();
         for (ctx, w) in self.waiters.held.borrow().iter().filter(|(_, w)| !w.polling) {
-            match (self.redis_route(w.prepared.route), &w.prepared.op) {
-                (true, StoreOp::Claim { id, fingerprint }) => {
-                    groups.entry((w.prepared.route, *id, *fingerprint)).or_default().push(*ctx);
-                }
-                (true, StoreOp::UseToken { .. }) => {}
-                (false, _) => shared.push((*ctx, w.prepared.clone(), w.deadline_ms)),
+            if let StoreOp::Claim { id, fingerprint } = &w.prepared.op {
+                groups.entry((w.prepared.route, *id, *fingerprint)).or_default().push(*ctx);
             }
         }
-        for (ctx, prepared, deadline) in shared {
-            let v = self.engine.run_shared(host, &prepared, Some(deadline), None);
-            self.resolve_waiter(host, ctx, v);
-        }
-        for ((_, _, fingerprint), mut members) in groups {
+        for ((route, id, fingerprint), mut members) in groups {
             // Oldest context first: the one that takes the key over, if it is free again.
             members.sort_unstable();
-            self.recheck_group(host, members, fingerprint);
+            self.recheck_group(host, members, route, &id, fingerprint);
         }
     }
 
-    /// One group of held duplicates on Redis: this process' view every tick, Redis when due.
-    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>, fingerprint: [u8; 32]) {
+    /// One group of held duplicates: the route's store asked once for all of them — at once on
+    /// the shared store and from Redis' answer cache every tick, by a Webdis poll when due.
+    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>, route: RouteId, id: &[u8; 32], fingerprint: [u8; 32]) {
         let now = host.now_ms();
-        let (prepared, first_deadline, due) = {
+        let due = {
             let waiters = self.waiters.held.borrow();
-            let Some(first) = members.first().and_then(|c| waiters.get(c)) else {
-                return;
-            };
-            let due = members.iter().filter_map(|c| waiters.get(c)).any(|w| now >= w.next_poll_ms.min(w.deadline_ms));
-            (first.prepared.clone(), first.deadline_ms, due)
+            members.iter().filter_map(|c| waiters.get(c)).any(|w| now >= w.next_poll_ms.min(w.deadline_ms))
         };
-        let Some((cmd, ticket)) = self.redis_op(host, &prepared, now) else {
-            return;
-        };
-        if let Some(v) = self.engine.local_answer(host, &prepared, &ticket.id(), Some(first_deadline)) {
-            // An unwritten mark (this process' answer not yet in Redis) keeps them held until
-            // their deadline; an answer kept here resolves them all now.
-            for ctx in members {
-                let deadline = self.waiters.held.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(0);
-                if v.outcome != Outcome::InFlight || now >= deadline {
-                    self.resolve_waiter(host, ctx, v.clone());
+        let key = &self.engine.policy(route).key;
+        let call =
+            match self.engine.store(route).claim(host, id, &fingerprint, key.lock_ttl.millis, key.ttl.millis, now) {
+                // Held duplicates keep no body to take a SHA-256 fingerprint of: a record written
+                // before fingerprints were xxh3 (only one in flight across the upgrade) counts as
+                // different.
+                Step::Now(found) => {
+                    return self.group_found(host, &members, found.map(|c| c.resolve_legacy(|| None)), now)
                 }
-            }
+                Step::Call(call) if due => call,
+                Step::Call(_) => return,
+            };
+        let Some(ticket) = call.ticket else {
             return;
-        }
-        if !due {
-            return;
-        }
-        match self.dispatch(host, &cmd) {
+        };
+        match self.dispatch(host, &call.cmd) {
             Ok(token) => {
                 let mut waiters = self.waiters.held.borrow_mut();
                 for ctx in &members {
@@ -166,36 +152,29 @@ impl Worker {
                     }
                 }
                 drop(waiters);
-                let poll = Poll { members, route: prepared.route, ticket, fingerprint, sent_ms: now };
+                let poll = Poll { members, route, ticket, fingerprint, sent_ms: now };
                 self.call_out(token, RootCall::Poll(poll));
             }
-            Err(e) => {
-                for ctx in members {
-                    let deadline = self.waiters.held.borrow().get(&ctx).map(|w| w.deadline_ms).unwrap_or(now);
-                    let v = self.engine.after_claim(&prepared, Err(e.clone()), now, Some(deadline));
-                    self.resolve_waiter(host, ctx, v);
-                }
-            }
+            Err(e) => self.group_found(host, &members, Err(e), now),
         }
     }
 
-    /// A group's poll answered: each member's verdict. A claim the poll won goes to the oldest
-    /// member still here (the others go on waiting); with nobody left, it is released.
+    /// A group's poll answered: each member's verdict; with nobody left, a claim it won is
+    /// released.
     pub(super) fn polled(&self, host: &dyn Host, poll: Poll, status: u16, body: &[u8]) {
         self.metrics.store_call_took(host, poll.route, poll.sent_ms);
-        let Some(store) = self.engine.redis() else {
+        let Some(store) = self.engine.remote() else {
             return;
         };
         let now = host.now_ms();
-        let members: Vec<(u32, Prepared, u64)> = {
+        let first = {
             let waiters = self.waiters.held.borrow();
-            let live = poll.members.iter().filter_map(|c| waiters.get(c).map(|w| (*c, w)));
-            live.map(|(c, w)| (c, w.prepared.clone(), w.deadline_ms)).collect()
+            poll.members.iter().find_map(|c| waiters.get(c).map(|w| w.prepared.key.clone()))
         };
-        let Some((_, first, _)) = members.first() else {
+        let Some(first_key) = first else {
             // Every held client left while the poll was out: a claim it won has nobody to finish it.
             let someone_elses = matches!(
-                store.parse_claim(&poll.fingerprint, status, body),
+                store.redis.parse_claim(&poll.fingerprint, status, body),
                 Ok(Claim::InFlight { .. } | Claim::Completed { .. } | Claim::Unknown { .. })
             );
             if !someone_elses {
@@ -204,25 +183,28 @@ impl Worker {
             }
             return;
         };
-        let fingerprint = &poll.fingerprint;
-        // Held duplicates keep no body to take a SHA-256 fingerprint of: a record written before
-        // fingerprints were xxh3 (only one in flight across the upgrade) counts as different.
         // Polls never take a lookup (see `after_claim`): only the lease's meaning matters here.
-        let found = store
-            .claim_reply(status, body)
-            .and_then(|v| redis::read_claim_at(fingerprint, v, now))
-            .map(|c| c.resolve_legacy(|| None));
+        let retain = self.engine.policy(poll.route).key.ttl.millis;
+        let reply = store.redis.claim_reply(status, body);
+        let found = store.claim_answered(host, poll.ticket.clone(), &poll.fingerprint, reply, retain, now);
         if found.is_err() {
             // As for a stream's claim: the poll's SET may still land (see `Stream::on_call_response`).
-            self.release_orphan(host, first.route, Some(first.key.clone()), &poll.ticket);
+            self.release_orphan(host, poll.route, Some(first_key), &poll.ticket);
         }
-        let redis_id = poll.ticket.id();
-        let claim = found.map(|c| c.map(|()| StoreTicket::Redis(poll.ticket)));
-        self.remember_found(host, first.route, &redis_id, fingerprint, &claim);
+        self.group_found(host, &poll.members, found.map(|c| c.resolve_legacy(|| None)), now);
+    }
+
+    /// What the store found for a group of held duplicates: each member's verdict. A claim won
+    /// goes to the oldest member still here; the others go on waiting, on it.
+    fn group_found(&self, host: &dyn Host, members: &[u32], found: Result<Claim<StoreTicket>, StoreError>, now: u64) {
+        let members: Vec<(u32, Prepared, u64)> = {
+            let waiters = self.waiters.held.borrow();
+            let live = members.iter().filter_map(|c| waiters.get(c).map(|w| (*c, w)));
+            live.map(|(c, w)| (c, w.prepared.clone(), w.deadline_ms)).collect()
+        };
         let mut taken = false;
         for (ctx, prepared, deadline) in members {
-            let found = match &claim {
-                // The key is free again: the first member takes it over; the rest wait on it.
+            let found = match &found {
                 Ok(Claim::Claimed(_)) if taken => {
                     Ok(Claim::InFlight { first_seen_ms: now, lease_ends_ms: deadline, payload: Payload::Same })
                 }

@@ -12,14 +12,14 @@ use super::waiters::{Poll, Waiters};
 use super::writes::{Job, Outbox};
 use super::POLL_MS;
 use super::{Map, Set};
-use crate::engine::{Action, Engine, Outcome, Prepared, StoreOp, Verdict};
+use crate::engine::{Action, Engine, Outcome, Verdict};
 use crate::host::{Host, Level, Setup};
 use crate::key::{push_truncated, truncated};
 use crate::policy::RouteId;
 use crate::policy::{parse_bundle_all, Role, StoreKind};
 use crate::response::LocalReply;
 use crate::store::replay::ReplaySlots;
-use crate::store::{redis, Answer, Claim, Payload, StoreError};
+use crate::store::{redis, StoreError};
 use std::cell::{Cell, RefCell};
 
 /// The most path patterns a worker warns about as unmatched (then it stops: the counter goes on).
@@ -300,43 +300,6 @@ impl Worker {
 
     // ---- the store
 
-    /// Whether a route keeps its claims and tokens in Redis.
-    pub(super) fn redis_route(&self, route: RouteId) -> bool {
-        self.engine.policy(route).store == StoreKind::Redis
-    }
-
-    /// The Webdis call for a prepared claim or token use, with a fresh owner, and its ticket.
-    pub(super) fn redis_op(&self, host: &dyn Host, p: &Prepared, now: u64) -> Option<(redis::Command, redis::Ticket)> {
-        let store = self.engine.redis()?;
-        let owner = host.random_u64().unwrap_or(now);
-        Some(match &p.op {
-            StoreOp::Claim { id, fingerprint } => {
-                let lock_ttl = self.engine.lock_ttl_ms(p.route);
-                store.claim(id, fingerprint, owner, now, lock_ttl)
-            }
-            StoreOp::UseToken { id } => store.use_token(id, owner, now),
-        })
-    }
-
-    /// A completed answer a Redis claim found, kept in this process for the key's next repeats
-    /// (when it answers this very request: the same fingerprint).
-    pub(super) fn remember_found<T>(
-        &self,
-        host: &dyn Host,
-        route: RouteId,
-        redis_id: &[u8; 32],
-        fingerprint: &[u8; 32],
-        claim: &Result<Claim<T>, StoreError>,
-    ) {
-        if let Ok(Claim::Completed { first_seen_ms, status, response, payload: Payload::Same }) = claim {
-            let mut fp = [0u8; 16];
-            fp.copy_from_slice(&fingerprint[..16]);
-            let answer =
-                Answer { fingerprint: fp, first_seen_ms: *first_seen_ms, status: *status, response: response.as_ref() };
-            self.engine.remember_answer(host, route, redis_id, &answer);
-        }
-    }
-
     /// Sends a Webdis command through the `[redis]` cluster.
     pub(super) fn dispatch(&self, host: &dyn Host, cmd: &redis::Command) -> Result<u32, StoreError> {
         let Some(cfg) = self.engine.bundle.redis.as_ref() else {
@@ -412,7 +375,10 @@ impl Worker {
                 self.batch_finished(host, batch, status, &body);
                 self.send_queued(host);
             }
-            RootCall::Renewal(owner) => self.renewed(owner, status, &body),
+            RootCall::Renewal(owner) => {
+                let renewed = self.engine.redis().map(|s| s.parse_update(status, &body));
+                self.renewed(owner, renewed.unwrap_or(Ok(true)));
+            }
             RootCall::Detached(call) => {
                 self.detached_answered(host, call, status, headers, body);
                 self.send_queued(host);

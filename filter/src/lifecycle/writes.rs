@@ -1,5 +1,6 @@
-//! Finishing a claim or token: at once on the shared store; on Redis, a write the root context
-//! sends, retries with backoff while the store refuses it, and bounds per worker.
+//! Finishing a claim or token through the route's store: at once on the shared store; on Redis,
+//! a write the root context sends, retries with backoff while the store refuses it (its key
+//! marked unwritten in the answer cache meanwhile), and bounds per worker.
 
 use super::replay::Answered;
 use super::slots::{batches, several_slots};
@@ -8,9 +9,8 @@ use crate::engine::{self, Ending, Finish, Outcome, StoreTicket, Ticket};
 use crate::host::Host;
 use crate::policy::RouteId;
 use crate::response::{LocalReply, StoredResponse};
-use crate::store::operator::HeldNote;
 use crate::store::redis::{self, Released};
-use crate::store::{shared, Answer, Completion, StoreError};
+use crate::store::{shared, Answer, Step, Store, StoreError, Write, WriteKind, Written};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
@@ -98,10 +98,10 @@ pub(super) struct Outbox {
 }
 
 impl Worker {
-    /// Finishes a ticket with how its request ended: at once on the shared store, through a
-    /// queued Redis write otherwise. A queued write carries `after` out itself (root context,
-    /// when the first attempt is answered) and `None` is returned; a finish done at once returns
-    /// `after` for the caller, who knows which context it runs in.
+    /// Finishes a ticket with how its request ended, through the route's store: at once on the
+    /// shared store, through a queued Redis write otherwise. A queued write carries `after` out
+    /// itself (root context, when the first attempt is answered) and `None` is returned; a
+    /// finish done at once returns `after` for the caller, who knows which context it runs in.
     #[must_use]
     pub(super) fn finish_ticket(
         &self,
@@ -113,67 +113,54 @@ impl Worker {
         after: After,
     ) -> Option<After> {
         let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
-        let mut note = None;
-        if let (Ticket::Claim(_), Some(cause)) = (ticket, self.engine.unknown_cause(route, &ending)) {
-            self.report_unknown(host, route, st, key.as_deref(), &cause);
-            note = Some(HeldNote::new(self.route_name(route), key.as_deref()));
-        }
-        let rt = match st {
-            StoreTicket::Shared(t) => {
-                let (outcome, cause) = self.engine.finish_shared(host, route, ticket, ending);
-                if let (Some(Outcome::Held), Some(note)) = (outcome, &note) {
-                    if let Err(e) = self.engine.note_held(host, t, note) {
-                        host.log(
-                            crate::host::Level::Warn,
-                            &format!("idem: the unknown outcome's note for the operator: {e}"),
-                        );
-                    }
-                }
-                self.record_finish(host, route, outcome, key.as_deref(), &cause);
-                return Some(after);
-            }
-            StoreTicket::Redis(rt) => rt,
-        };
-        let (Some(store), policy) = (self.engine.redis(), self.engine.policy(route)) else {
-            return Some(after);
-        };
-        let now = host.now_ms();
-        let lease = policy.key.lock_ttl.millis;
-        let mut answer = None;
-        let (cmd, kind, cause, lasts_ms) = match self.engine.plan_finish(route, ticket, ending) {
+        let (write, cause) = match self.engine.plan_finish(route, ticket, ending, key.as_deref()) {
             Finish::Nothing { outcome, cause } => {
                 self.record_finish(host, route, outcome, key.as_deref(), &cause);
                 return Some(after);
             }
-            Finish::Release { cause } => (store.release(rt), FinishKind::Release, cause, lease),
-            Finish::RestoreToken { cause } => {
-                (store.restore_token(rt), FinishKind::Restore, cause, policy.token.ttl.millis)
+            Finish::Write { write, cause } => (write, cause),
+        };
+        if let Write::HoldUnknown { .. } = write {
+            self.report_unknown(host, route, st, key.as_deref(), &cause);
+        }
+        let now = host.now_ms();
+        let policy = self.engine.policy(route);
+        let lease = policy.key.lock_ttl.millis;
+        let call = match self.engine.store(route).write(host, st, &write, lease, now) {
+            Step::Now(written) => {
+                let (outcome, cause) = engine::finished(write.kind(), written, cause);
+                self.record_finish(host, route, outcome, key.as_deref(), &cause);
+                return Some(after);
             }
-            Finish::Complete { response, max_response_bytes, ttl_ms, cause } => {
-                let (cmd, tombstone) = store.complete(rt, &response, max_response_bytes, ttl_ms, lease);
-                if let Ticket::Claim(_) = ticket {
-                    answer = Some((response.status, (!tombstone).then_some(response)));
-                }
-                (cmd, FinishKind::Complete { tombstone }, cause, ttl_ms)
+            Step::Call(call) => call,
+        };
+        let StoreTicket::Redis(rt) = st else {
+            return Some(after);
+        };
+        let (kind, lasts_ms) = match &write {
+            Write::Release => (FinishKind::Release, lease),
+            Write::RestoreToken => (FinishKind::Restore, policy.token.ttl.millis),
+            Write::HoldUnknown { hold_ms, .. } => (FinishKind::HoldUnknown, *hold_ms),
+            Write::Complete { ttl_ms, .. } => (FinishKind::Complete { tombstone: call.tombstone }, *ttl_ms),
+        };
+        let answer = match (write, ticket) {
+            (Write::Complete { response, .. }, Ticket::Claim(_)) => {
+                Some((response.status, (!call.tombstone).then_some(response)))
             }
-            Finish::HoldUnknown { hold_ms, cause } => {
-                let note = note.unwrap_or_else(|| HeldNote::new(self.route_name(route), key.as_deref()));
-                (store.hold_unknown(rt, hold_ms, now, lease, &note), FinishKind::HoldUnknown, cause, hold_ms)
-            }
+            _ => None,
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
-        let redis_id = rt.id();
         let job = Job {
             route,
             key,
             after,
-            cmd,
+            cmd: call.cmd,
             kind,
             cause,
             attempts: 0,
             next_at_ms: now,
             deadline_ms,
-            redis_id,
+            redis_id: rt.id(),
             fingerprint: rt.fingerprint16(),
             first_seen_ms: rt.first_seen_ms,
             mark: None,
@@ -406,36 +393,31 @@ impl Worker {
             Ok(applied) => applied,
             Err(e) => return self.write_failed(host, job, e, host.now_ms()),
         };
-        let ok = Ok(applied);
+        let written = if applied { Written::Applied } else { Written::NotOurs };
         let (outcome, cause) = match job.kind {
             FinishKind::Release | FinishKind::ReleaseOrphan => (None, job.cause),
-            FinishKind::Restore => engine::restored(ok, job.cause),
+            FinishKind::Restore => engine::finished(WriteKind::RestoreToken, Ok(written), job.cause),
             FinishKind::Lookup => (None, format!("{}; {}", job.cause, if applied { "written" } else { "key changed" })),
-            FinishKind::HoldUnknown => engine::held(ok, job.cause),
+            FinishKind::HoldUnknown => engine::finished(WriteKind::HoldUnknown, Ok(written), job.cause),
             FinishKind::Complete { tombstone } => {
-                let done = match (applied, tombstone) {
-                    (false, _) => Completion::LostOwnership,
-                    (true, true) => Completion::Tombstoned,
-                    (true, false) => Completion::Stored,
-                };
-                engine::completed(Ok(done), job.cause)
+                let written = if applied && tombstone { Written::Tombstoned } else { written };
+                engine::finished(WriteKind::Complete, Ok(written), job.cause)
             }
         };
         let cause = if job.attempts > 0 { format!("{cause}; after {} retries", job.attempts) } else { cause };
         self.record_finish(host, job.route, outcome, job.key.as_deref(), &cause);
-        if let Some(mark) = &job.mark {
-            self.engine.unmark_unwritten(host, mark);
-        }
+        self.unmark(host, job.mark.as_ref());
         let stored = matches!(outcome, Some(Outcome::Stored | Outcome::Tombstoned))
             || (job.kind == FinishKind::Lookup && applied);
-        if let (Some((status, response)), true) = (&job.answer, stored) {
+        if let (Some((status, response)), true, Some(remote)) = (&job.answer, stored, self.engine.remote()) {
             let answer = Answer {
                 fingerprint: job.fingerprint,
                 first_seen_ms: job.first_seen_ms,
                 status: *status,
                 response: response.as_ref(),
             };
-            self.engine.remember_answer(host, job.route, &job.redis_id, &answer);
+            let retain = self.engine.policy(job.route).key.ttl.millis;
+            remote.cache.remember(host, &job.redis_id, &answer, retain);
         }
         // The client gets its answer only now, so its next retry finds the record written.
         self.carry_out(host, job.after);
@@ -461,8 +443,10 @@ impl Worker {
             (FinishKind::ReleaseOrphan, Released::Deleted) => (Some(Outcome::OrphanReleased), job.cause),
             (FinishKind::ReleaseOrphan, _) => (None, job.cause),
             // Absent: the lease ran out and nobody took the key; it is free all the same.
-            (_, Released::Deleted | Released::Absent) => engine::released(Ok(true), job.cause),
-            (_, Released::NotOurs) => engine::released(Ok(false), job.cause),
+            (_, Released::Deleted | Released::Absent) => {
+                engine::finished(WriteKind::Release, Ok(Written::Applied), job.cause)
+            }
+            (_, Released::NotOurs) => engine::finished(WriteKind::Release, Ok(Written::NotOurs), job.cause),
         };
         self.record_finish(host, job.route, outcome, job.key.as_deref(), &cause);
         self.carry_out(host, job.after);
@@ -476,13 +460,11 @@ impl Worker {
         self.carry_out(host, after);
         if now >= job.deadline_ms {
             let cause = format!("{}; gave up after {} attempts: {e}", job.cause, job.attempts + 1);
-            if let Some(mark) = &job.mark {
-                self.engine.unmark_unwritten(host, mark);
-            }
+            self.unmark(host, job.mark.as_ref());
             return self.record_finish(host, job.route, Some(Outcome::StoreError), job.key.as_deref(), &cause);
         }
         if job.mark.is_none() && matches!(job.kind, FinishKind::Complete { .. } | FinishKind::HoldUnknown) {
-            job.mark = self.engine.mark_unwritten(host, &job.redis_id, job.deadline_ms);
+            job.mark = self.engine.remote().and_then(|r| r.cache.mark_unwritten(host, &job.redis_id, job.deadline_ms));
         }
         let backoff = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(RETRY_MAX_MS);
         job.attempts += 1;
@@ -490,6 +472,13 @@ impl Worker {
         let cause = format!("{}; attempt {} refused ({e}); retrying in {backoff} ms", job.cause, job.attempts);
         self.record_finish(host, job.route, Some(Outcome::WriteRetried), job.key.as_deref(), &cause);
         self.outbox.jobs.borrow_mut().push_back(job);
+    }
+
+    /// The write's key is no longer marked unwritten in the answer cache.
+    fn unmark(&self, host: &dyn Host, mark: Option<&shared::Ticket>) {
+        if let (Some(mark), Some(remote)) = (mark, self.engine.remote()) {
+            remote.cache.unmark(host, mark);
+        }
     }
 
     /// Carries out the client side of a finish (root context only).

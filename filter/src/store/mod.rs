@@ -1,16 +1,187 @@
-//! Stores: where claims and tokens live. Both speak the same results, so the engine decides the
-//! same way whichever store a route uses.
+//! Stores: where claims and tokens live. Both implement one interface, [`Store`], and speak the
+//! same results, so the engine decides the same way and the lifecycle takes one path whichever
+//! store a route uses.
 //!
-//! - [`shared`]: Envoy's proxy-wasm shared data, one Envoy process, synchronous.
-//! - [`redis`]: Redis through Webdis HTTP callouts, a fleet of Envoys; the glue carries the calls,
-//!   this crate builds them and reads the replies.
+//! The interface is async-shaped, as Envoy's cache filter's `HttpCache` is: an operation answers
+//! at once ([`Step::Now`]) or names the call whose reply answers it ([`Step::Call`]), which the
+//! lifecycle sends — alone, batched with others, or again after a refusal — and reads back with
+//! the store that made it.
+//!
+//! - [`shared`]: Envoy's proxy-wasm shared data, one Envoy process: answers at once.
+//! - [`remote`]: Redis through Webdis HTTP callouts ([`redis`] builds the calls and reads the
+//!   replies), a fleet of Envoys, with this process' [`answer_cache`] in front of it: a repeat
+//!   of an answer seen here is answered at once.
 
+pub mod answer_cache;
 pub mod operator;
 pub mod redis;
+pub mod remote;
 pub mod replay;
 pub mod shared;
 
+use crate::host::Host;
 use crate::response::StoredResponse;
+use operator::HeldNote;
+
+/// One interface over the stores: what the lifecycle asks of whichever store a route uses.
+pub trait Store {
+    /// Claims `id` for a request with `fingerprint` (or reports who holds it): in flight for
+    /// `lease_ms`, its answer kept `retain_ms` once completed. `now` is the caller's clock
+    /// reading, for what a call writes (the shared store reads its own, under its CAS).
+    fn claim(
+        &self,
+        host: &dyn Host,
+        id: &[u8; 32],
+        fingerprint: &[u8; 32],
+        lease_ms: u64,
+        retain_ms: u64,
+        now: u64,
+    ) -> Step<Claim<StoreTicket>>;
+    /// Uses a token: of any number of concurrent presentations, one consumes it.
+    fn use_token(&self, host: &dyn Host, id: &[u8; 32], now: u64) -> Step<TokenUse<StoreTicket>>;
+    /// Records a freshly issued token (its scoped id), valid for `ttl_ms`.
+    fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64, now: u64) -> Step<()>;
+    /// Finishes a claim or a token use with `write`, fenced by `ticket`. `lease_ms` keeps the
+    /// claim ours while a refused write is retried.
+    fn write(&self, host: &dyn Host, ticket: &StoreTicket, write: &Write, lease_ms: u64, now: u64) -> Step<Written>;
+    /// Extends the lease of a claim whose request still waits for the upstream: `false` when the
+    /// claim is no longer the ticket's.
+    fn renew(&self, host: &dyn Host, ticket: &StoreTicket, lease_ms: u64) -> Step<bool>;
+}
+
+/// A store operation's answer.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Answered at once (Envoy's shared data, or this process' answer cache).
+    Now(Result<T, StoreError>),
+    /// Answered by the reply to this call, which the caller sends.
+    Call(Call),
+}
+
+/// A call whose reply answers a store operation: a Webdis command.
+#[derive(Debug)]
+pub struct Call {
+    pub cmd: redis::Command,
+    /// The ticket the operation holds if the reply says so (a claim, a token use).
+    pub ticket: Option<redis::Ticket>,
+    /// A completion that records a tombstone (the response does not fit).
+    pub tombstone: bool,
+}
+
+impl Call {
+    fn plain(cmd: redis::Command) -> Self {
+        Call { cmd, ticket: None, tombstone: false }
+    }
+}
+
+/// A store's proof of ownership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreTicket {
+    Shared(shared::Ticket),
+    Redis(redis::Ticket),
+}
+
+impl StoreTicket {
+    /// When the claim (or the token's use) was made.
+    pub fn first_seen_ms(&self) -> u64 {
+        match self {
+            StoreTicket::Shared(t) => t.first_seen_ms,
+            StoreTicket::Redis(t) => t.first_seen_ms,
+        }
+    }
+}
+
+/// What finishing a claim or a token use writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Free the claim so a retry runs.
+    Release,
+    /// Put the token back so the user's retry passes.
+    RestoreToken,
+    /// Remember the response for `ttl_ms` (a tombstone when over `max_response_bytes`).
+    Complete { response: StoredResponse, max_response_bytes: usize, ttl_ms: u64 },
+    /// The outcome is unknown: hold the claim for `hold_ms`, never to be taken over; `note` is
+    /// what an operator lists it by.
+    HoldUnknown { hold_ms: u64, note: HeldNote },
+}
+
+impl Write {
+    pub fn kind(&self) -> WriteKind {
+        match self {
+            Write::Release => WriteKind::Release,
+            Write::RestoreToken => WriteKind::RestoreToken,
+            Write::Complete { .. } => WriteKind::Complete,
+            Write::HoldUnknown { .. } => WriteKind::HoldUnknown,
+        }
+    }
+}
+
+/// Which write, without its data (what a write's outcome is counted as).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteKind {
+    Release,
+    RestoreToken,
+    Complete,
+    HoldUnknown,
+}
+
+/// How a write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Applied,
+    /// A completion recorded as a tombstone (status only).
+    Tombstoned,
+    /// The ticket no longer holds the key (its lease ended and another owner took it, or the
+    /// token was used again): nothing was written.
+    NotOurs,
+}
+
+/// The store of one route.
+pub enum RouteStore<'a> {
+    Shared(&'a shared::SharedStore),
+    Remote(remote::Remote<'a>),
+}
+
+impl Store for RouteStore<'_> {
+    fn claim(
+        &self,
+        host: &dyn Host,
+        id: &[u8; 32],
+        fp: &[u8; 32],
+        lease: u64,
+        retain: u64,
+        now: u64,
+    ) -> Step<Claim<StoreTicket>> {
+        match self {
+            RouteStore::Shared(s) => Store::claim(*s, host, id, fp, lease, retain, now),
+            RouteStore::Remote(r) => r.claim(host, id, fp, lease, retain, now),
+        }
+    }
+    fn use_token(&self, host: &dyn Host, id: &[u8; 32], now: u64) -> Step<TokenUse<StoreTicket>> {
+        match self {
+            RouteStore::Shared(s) => Store::use_token(*s, host, id, now),
+            RouteStore::Remote(r) => r.use_token(host, id, now),
+        }
+    }
+    fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64, now: u64) -> Step<()> {
+        match self {
+            RouteStore::Shared(s) => Store::issue_token(*s, host, id, ttl_ms, now),
+            RouteStore::Remote(r) => r.issue_token(host, id, ttl_ms, now),
+        }
+    }
+    fn write(&self, host: &dyn Host, t: &StoreTicket, write: &Write, lease_ms: u64, now: u64) -> Step<Written> {
+        match self {
+            RouteStore::Shared(s) => s.write(host, t, write, lease_ms, now),
+            RouteStore::Remote(r) => r.write(host, t, write, lease_ms, now),
+        }
+    }
+    fn renew(&self, host: &dyn Host, t: &StoreTicket, lease_ms: u64) -> Step<bool> {
+        match self {
+            RouteStore::Shared(s) => Store::renew(*s, host, t, lease_ms),
+            RouteStore::Remote(r) => r.renew(host, t, lease_ms),
+        }
+    }
+}
 
 /// Whether a found record was made by the same request (its fingerprint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +222,10 @@ pub enum Claim<T> {
     /// taken over) until `held_until_ms`, or until an operator releases it. `held` is the proof
     /// a lookup (`[route.reconcile]`) starts from, where the store gives one.
     Unknown { first_seen_ms: u64, held_until_ms: u64, payload: Payload, held: Option<T> },
+    /// This process' answer for the key is still being written to the remote store (see
+    /// [`answer_cache`]): neither claimed nor replayed, whatever the remote store holds now —
+    /// its claim may have lapsed during the outage, and claiming it could run the business again.
+    Unwritten { first_seen_ms: u64 },
 }
 
 impl<T> Claim<T> {
@@ -58,7 +233,7 @@ impl<T> Claim<T> {
     /// first 16 bytes), computed only now; `None` (no request at hand) counts as different.
     pub fn resolve_legacy(mut self, legacy: impl FnOnce() -> Option<[u8; 16]>) -> Claim<T> {
         let payload = match &mut self {
-            Claim::Claimed(_) => return self,
+            Claim::Claimed(_) | Claim::Unwritten { .. } => return self,
             Claim::InFlight { payload, .. } | Claim::Completed { payload, .. } | Claim::Unknown { payload, .. } => {
                 payload
             }
@@ -81,6 +256,7 @@ impl<T> Claim<T> {
             Claim::Unknown { first_seen_ms, held_until_ms, payload, held } => {
                 Claim::Unknown { first_seen_ms, held_until_ms, payload, held: held.map(f) }
             }
+            Claim::Unwritten { first_seen_ms } => Claim::Unwritten { first_seen_ms },
         }
     }
 }

@@ -14,6 +14,7 @@
 //! response carries its owner so a replay never serves a slot that another owner rewrote.
 
 pub mod held;
+mod interface;
 
 use super::{Answer, Claim, Completion, Payload, StoreError, TokenUse};
 use crate::host::{Host, HostError};
