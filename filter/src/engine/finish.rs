@@ -3,12 +3,11 @@
 
 use super::verdict::{Body, Ending, Finish, Ticket};
 use super::{Engine, Outcome};
-use crate::host::Host;
 use crate::policy::KeyPolicy;
 use crate::policy::RouteId;
 use crate::response::StoredResponse;
 use crate::store::operator::HeldNote;
-use crate::store::{Step, Store, StoreError, Write, WriteKind, Written};
+use crate::store::{StoreError, Write, WriteKind, Written};
 
 impl Engine {
     /// What finishing a ticket must do, whatever the store. `key` (the client's, for the
@@ -55,28 +54,6 @@ impl Engine {
             (Ended::Answered, Ending::NoResponse { .. }) => Finish::Nothing { outcome: None, cause: String::new() },
         }
     }
-
-    /// Finishes a ticket on the shared store, at once (tests). Returns the outcome to count (if
-    /// any) and its cause.
-    pub fn finish_shared(
-        &self,
-        host: &dyn Host,
-        route: RouteId,
-        ticket: &Ticket,
-        ending: Ending,
-    ) -> (Option<Outcome>, String) {
-        let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
-        match self.plan_finish(route, ticket, ending, None) {
-            Finish::Nothing { outcome, cause } => (outcome, cause),
-            Finish::Write { write, cause } => {
-                let written = match Store::write(&self.shared, host, st, &write, self.lock_ttl_ms(route), 0) {
-                    Step::Now(r) => r,
-                    Step::Call(_) => Err(StoreError::Host("the shared store made a call".into())),
-                };
-                finished(write.kind(), written, cause)
-            }
-        }
-    }
 }
 
 /// Whether a body seen whole holds `marker`.
@@ -103,6 +80,9 @@ pub fn finished(kind: WriteKind, r: Result<Written, StoreError>, cause: String) 
         (WriteKind::RestoreToken, Ok(Written::NotOurs)) => (None, format!("{cause}; token no longer ours")),
         (WriteKind::RestoreToken, Ok(_)) => (Some(Outcome::TokenRestored), cause),
         (WriteKind::RestoreToken, Err(e)) => failed("restore", e, cause),
+        (WriteKind::Lookup, Ok(Written::NotOurs)) => (None, format!("{cause}; key changed")),
+        (WriteKind::Lookup, Ok(_)) => (None, format!("{cause}; written")),
+        (WriteKind::Lookup, Err(e)) => failed("lookup write", e, cause),
     }
 }
 

@@ -5,13 +5,15 @@
 //! one store operation it needs ([`Engine::begin`] → the route's store ([`Engine::store`], one
 //! interface, [`crate::store::Store`]) → [`Engine::after_claim`] / [`Engine::after_token`]). The
 //! lifecycle runs the operation, which answers at once (the shared store, or the answer cache in
-//! front of Redis) or with the reply to the Webdis call it names. Lookups of unknown outcomes on
-//! the shared store run here (`reconcile.rs`); tests use [`Engine::decide_shared`].
+//! front of Redis) or with the reply to the Webdis call it names. The engine makes no host call
+//! itself; tests drive it on the shared store with `decide_shared` and `finish_shared`.
 //!
 //! - [`outcome`]: what is counted; [`verdict`]: the vocabulary of decisions (verdicts, tickets,
 //!   endings); `finish`: what a forwarded request's ending does to its claim; `tokens`: the
 //!   token mechanism's issue endpoint.
 
+#[cfg(any(test, feature = "fake-host"))]
+mod at_once;
 mod finish;
 pub mod outcome;
 mod reconcile;
@@ -209,14 +211,6 @@ impl Engine {
         Some(Begin::Store(Prepared { route, op: StoreOp::Claim { id, fingerprint: fp }, key: client_key }))
     }
 
-    /// The whole decision on the shared store (synchronous).
-    pub fn decide_shared(&self, host: &dyn Host, route: RouteId, req: &dyn RequestView) -> Option<Verdict> {
-        match self.begin(route, req)? {
-            Begin::Done(v) => Some(v),
-            Begin::Store(p) => Some(self.run_shared(host, &p, None, Some(req))),
-        }
-    }
-
     /// The request's fingerprint as records of earlier versions hold it (SHA-256, first 16
     /// bytes), for [`Claim::resolve_legacy`].
     pub fn legacy_fingerprint(&self, route: RouteId, req: &dyn RequestView) -> Option<[u8; 16]> {
@@ -231,32 +225,6 @@ impl Engine {
         )
         .ok()?;
         fp[..16].try_into().ok()
-    }
-
-    /// Runs a prepared operation on the shared store. `waiting_until` is set when polling for a
-    /// held duplicate; `req`, when at hand, settles an entry written with the legacy digest.
-    pub fn run_shared(
-        &self,
-        host: &dyn Host,
-        p: &Prepared,
-        waiting_until: Option<u64>,
-        req: Option<&dyn RequestView>,
-    ) -> Verdict {
-        let now = host.now_ms();
-        match &p.op {
-            StoreOp::Claim { id, fingerprint } => {
-                let lock_ttl = self.lock_ttl_ms(p.route);
-                let retain = self.policy(p.route).key.ttl.millis;
-                let claim = self.shared.claim(host, id, fingerprint, lock_ttl, retain);
-                let legacy = || req.and_then(|r| self.legacy_fingerprint(p.route, r));
-                let claim = claim.map(|c| c.resolve_legacy(legacy).map(StoreTicket::Shared));
-                self.after_claim(p, claim, now, waiting_until)
-            }
-            StoreOp::UseToken { id } => {
-                let used = self.shared.use_token(host, id).map(|u| u.map(StoreTicket::Shared));
-                self.after_token(p, used)
-            }
-        }
     }
 
     /// The verdict for what a claim found.

@@ -4,10 +4,8 @@
 //! request), or nobody knows (409 as without a lookup).
 
 use super::{shadowed, Action, Engine, Outcome, Prepared, StoreTicket, Ticket, Verdict};
-use crate::host::Host;
 use crate::policy::Found;
 use crate::response::{Header, LocalReply, StoredResponse};
-use crate::store::{Completion, StoreError};
 
 /// The header a reconciled answer carries (beside `Idempotent-Replayed: true`): the answer is the
 /// lookup's, not the first attempt's.
@@ -61,111 +59,22 @@ impl LookupAnswer {
 }
 
 impl Engine {
-    /// Takes the lookup of the unknown outcome a claim found (`held`): `Some` is the lookup's
-    /// ticket (this request asks the service), `None` when another request asks already — the
-    /// caller asks the store again, which answers in flight until that lookup settles.
-    pub fn take_lookup(
-        &self,
-        host: &dyn Host,
-        p: &Prepared,
-        held: &StoreTicket,
-    ) -> Result<Option<StoreTicket>, StoreError> {
-        let Some(reconcile) = self.policy(p.route).reconcile.as_ref() else {
-            return Ok(None);
-        };
-        // The lease outlives the call by a second, so a lookup that times out settles itself.
-        let lease_ms = reconcile.timeout.millis.saturating_add(1000);
-        match held {
-            StoreTicket::Shared(t) => Ok(self.shared.take_lookup(host, t, lease_ms)?.map(StoreTicket::Shared)),
-            StoreTicket::Redis(_) => Ok(None),
-        }
-    }
-
     /// The lookup's path for the request's key.
     pub fn lookup_path(&self, p: &Prepared) -> Option<String> {
         let reconcile = self.policy(p.route).reconcile.as_ref()?;
         Some(reconcile.lookup.render(&p.key))
     }
 
-    /// What the lookup's answer does to the key, and the request's verdict. `unknown` is the
-    /// 409 the request gets when the lookup settles nothing.
-    pub fn after_lookup(
-        &self,
-        host: &dyn Host,
-        p: &Prepared,
-        t: &StoreTicket,
-        answer: LookupAnswer,
-        unknown: LocalReply,
-    ) -> Verdict {
-        let policy = self.policy(p.route);
-        let (Some(reconcile), StoreTicket::Shared(ticket)) = (policy.reconcile.as_ref(), t) else {
-            return self.lookup_failed(host, p, t, unknown, "no_lookup".into());
-        };
-        match reconcile.found(answer.status) {
-            Found::Ran => {
-                let stored =
-                    StoredResponse::new(answer.status, answer.headers, answer.body).with_trailers(answer.trailers);
-                let written = self.shared.lookup_ran(
-                    host,
-                    ticket,
-                    &stored,
-                    policy.max_response_bytes as usize,
-                    policy.key.ttl.millis,
-                );
-                match written {
-                    Ok(Completion::Stored | Completion::Tombstoned) => reconciled_ran(p, &stored),
-                    Ok(Completion::LostOwnership) => self.look_again(host, p, unknown),
-                    Err(e) => self.lookup_failed(host, p, t, unknown, format!("store: {e}")),
-                }
-            }
-            Found::Absent => match self.shared.lookup_absent(host, ticket, policy.key.lock_ttl.millis) {
-                Ok(Some(claim)) => reconciled_absent(p, StoreTicket::Shared(claim), answer.status),
-                Ok(None) => self.look_again(host, p, unknown),
-                Err(e) => self.lookup_failed(host, p, t, unknown, format!("store: {e}")),
-            },
-            Found::Failed => self.lookup_failed(host, p, t, unknown, failed_cause(answer.status)),
-        }
-    }
-
-    /// What a lookup's answer says, for a store whose writes the caller makes (Redis).
+    /// What a lookup's answer says: ran, absent, or nothing settled.
     pub fn lookup_found(&self, p: &Prepared, status: u16) -> Found {
         self.policy(p.route).reconcile.as_ref().map_or(Found::Failed, |r| r.found(status))
     }
 
-    /// The verdict of a lookup that settled nothing (on a store whose writes the caller makes):
-    /// the 409, or the request forwarded in shadow mode.
+    /// The verdict of a lookup that settled nothing: the 409, or the request forwarded in
+    /// shadow mode.
     pub fn lookup_settled_nothing(&self, p: &Prepared, unknown: LocalReply, cause: String) -> Verdict {
         let key = Some(p.key.clone());
         shadowed(self.policy(p.route), Outcome::ReconcileFailed, unknown, cause, key)
-    }
-
-    /// Gives the lookup up (it failed, or its request left): the next repeat may ask again.
-    pub fn drop_lookup(&self, host: &dyn Host, t: &StoreTicket) {
-        if let StoreTicket::Shared(t) = t {
-            let _ = self.shared.lookup_failed(host, t);
-        }
-    }
-
-    fn lookup_failed(
-        &self,
-        host: &dyn Host,
-        p: &Prepared,
-        t: &StoreTicket,
-        unknown: LocalReply,
-        cause: String,
-    ) -> Verdict {
-        self.drop_lookup(host, t);
-        self.lookup_settled_nothing(p, unknown, cause)
-    }
-
-    /// The entry changed while the lookup was out (its lease ran out and another repeat took
-    /// it): what it holds now decides, but never a second lookup from here.
-    fn look_again(&self, host: &dyn Host, p: &Prepared, unknown: LocalReply) -> Verdict {
-        let v = self.run_shared(host, p, None, None);
-        match v.action {
-            Action::Reconcile { .. } => Verdict { action: Action::Reply(unknown), cause: "lookup_lost".into(), ..v },
-            _ => v,
-        }
     }
 }
 

@@ -2,7 +2,6 @@
 
 use super::{key_error, store_unavailable, verdict, Action, Engine, Issue, Outcome, Verdict};
 use crate::codes::ErrorCode;
-use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
 use crate::policy::RouteId;
 use crate::policy::{Mode, RoutePolicy};
@@ -105,12 +104,6 @@ impl Engine {
         mac.update(&[0]);
         mac.update(random);
         mac
-    }
-
-    /// Records an issued token on the shared store.
-    pub fn issue_shared(&self, host: &dyn Host, route: RouteId, id: &[u8; 32]) -> Result<(), StoreError> {
-        let ttl = self.policy(route).token.ttl.millis;
-        self.shared.issue_token(host, id, ttl)
     }
 
     /// The answer to a successful issue (or the store's failure).

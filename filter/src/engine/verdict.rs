@@ -19,8 +19,13 @@ pub enum Ticket {
 impl Ticket {
     /// When the claim (or the token's use) was made.
     pub fn first_seen_ms(&self) -> u64 {
+        self.store_ticket().first_seen_ms()
+    }
+
+    /// The store's proof of ownership, whether of a claim or a token's use.
+    pub fn store_ticket(&self) -> &StoreTicket {
         let (Ticket::Claim(st) | Ticket::Token(st)) = self;
-        st.first_seen_ms()
+        st
     }
 }
 

@@ -8,7 +8,7 @@ use super::stream::{text, Phase, Stream};
 use super::worker::status_of;
 use super::writes::After;
 use super::Flow;
-use crate::engine::{Body, Ending, StoreTicket, Ticket};
+use crate::engine::{Body, Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::RouteId;
@@ -65,7 +65,7 @@ impl Stream {
         let details =
             if status >= 500 || grpc { text(host.property(&["response", "code_details"])) } else { String::new() };
         let headers = lowercase(pairs);
-        let holding = matches!(ticket, Ticket::Claim(StoreTicket::Redis(_)) | Ticket::Token(StoreTicket::Redis(_)));
+        let holding = ticket.store_ticket().written_by_call();
         let capture =
             Capture { status, headers, body: Vec::new(), too_large: false, details, holding, trailers: vec![], grpc };
         self.phase = Phase::Capturing { route, ticket, key, capture };

@@ -1,19 +1,21 @@
 //! A repeat that meets an unknown outcome on a route with `[route.reconcile]`: the stream takes
-//! the key's lookup (one request per key asks; the others wait as for a request in flight), sends
-//! `GET <lookup>` to the service, and carries out what the answer decides.
+//! the key's lookup through the route's store (one request per key asks; the others wait as for
+//! a request in flight), sends `GET <lookup>` to the service, and carries out what the answer
+//! decides. Each store step answers at once (the shared store) or is a Webdis call (Redis):
+//! one path either way.
 
 use super::stream::{text, Pending, Phase, Stream};
 use super::worker::status_of;
 use super::writes::After;
 use super::Flow;
 use crate::engine::{
-    failed_cause, reconciled_absent, reconciled_ran, Action, LookupAnswer, Outcome, Prepared, StoreTicket, Verdict,
+    failed_cause, reconciled_absent, reconciled_ran, Action, LookupAnswer, Prepared, StoreTicket, Verdict,
 };
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::Found;
 use crate::response::{LocalReply, StoredResponse};
-use crate::store::{redis, Claim, Payload, StoreError};
+use crate::store::{Call, Claim, Payload, Step, Store, StoreError, Write, Written};
 use std::rc::Rc;
 
 /// A lookup out: what its answer settles.
@@ -26,8 +28,8 @@ pub(super) struct Looking {
 }
 
 impl Stream {
-    /// Starts reconciling: takes the lookup and sends it, or — another request asks already —
-    /// goes by what the store says now (in flight: the request waits or gets 409 as for one).
+    /// Starts reconciling: takes the lookup of the unknown outcome `held` (the record the claim
+    /// found) — one write, fenced on that record, so of the repeats that meet it one asks.
     pub(super) fn reconcile(
         &mut self,
         host: &dyn Host,
@@ -38,41 +40,62 @@ impl Stream {
     ) -> Flow {
         let w = Rc::clone(&self.worker);
         let route = prepared.route;
-        let key = Some(prepared.key.clone());
-        if let StoreTicket::Redis(held) = &held {
-            return self.take_redis_lookup(host, prepared, held, unknown, paused);
+        let now = host.now_ms();
+        let first_seen_ms = held.first_seen_ms();
+        // The lease outlives the call by a second, so a lookup that times out settles itself.
+        let timeout = w.engine.policy(route).reconcile.as_ref().map_or(0, |r| r.timeout.millis);
+        match w.engine.store(route).take_lookup(host, &held, timeout.saturating_add(1000), now) {
+            Step::Now(taken) => self.lookup_taken(host, prepared, unknown, first_seen_ms, taken, paused),
+            Step::Call(Call { cmd, ticket: Some(lookup), .. }) => match w.dispatch(host, &cmd) {
+                Ok(token) => {
+                    w.stream_call_out(token, self.context);
+                    self.phase = Phase::AwaitingStore(Pending::TakeLookup { prepared, lookup, unknown }, now, token);
+                    Flow::Pause
+                }
+                Err(e) => self.lookup_taken(host, prepared, unknown, first_seen_ms, Err(e), paused),
+            },
+            Step::Call(_) => self.lookup_taken(host, prepared, unknown, first_seen_ms, Ok(None), paused),
         }
-        let ticket = match w.engine.take_lookup(host, &prepared, &held) {
-            Ok(Some(ticket)) => ticket,
+    }
+
+    /// The lookup is taken (ask the service), or another repeat asks already (as for a request
+    /// in flight, first seen at `first_seen_ms`), or the store failed (the 409).
+    pub(super) fn lookup_taken(
+        &mut self,
+        host: &dyn Host,
+        prepared: Prepared,
+        unknown: LocalReply,
+        first_seen_ms: u64,
+        taken: Result<Option<StoreTicket>, StoreError>,
+        paused: bool,
+    ) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        match taken {
+            Ok(Some(ticket)) => match self.send_lookup(host, &prepared) {
+                Ok(token) => {
+                    w.stream_call_out(token, self.context);
+                    self.phase = Phase::Looking(Box::new(Looking { prepared, ticket, unknown, token }));
+                    Flow::Pause
+                }
+                Err(why) => {
+                    w.log_once(
+                        host,
+                        &w.lookup_logged,
+                        Level::Warn,
+                        &format!("idem: a lookup could not be sent: {why}"),
+                    );
+                    self.settle_lookup(host, &prepared, &ticket, Settled::Nothing(failed_cause(0)), unknown, paused)
+                }
+            },
             Ok(None) => {
-                let v = w.engine.run_shared(host, &prepared, None, None);
-                let v = match v.action {
-                    Action::Reconcile { .. } => Verdict {
-                        outcome: Outcome::OutcomeUnknown,
-                        action: Action::Reply(unknown),
-                        cause: "outcome_unknown".into(),
-                        key,
-                    },
-                    _ => v,
-                };
-                return self.apply(host, route, v, paused);
+                let now = host.now_ms();
+                let in_flight = Claim::InFlight { first_seen_ms, lease_ends_ms: now, payload: Payload::Same };
+                let v = w.engine.after_claim(&prepared, Ok(in_flight), now, None);
+                self.apply(host, route, v, paused)
             }
             Err(e) => {
-                let cause = format!("lookup_not_taken: {e}");
-                let v = Verdict { outcome: Outcome::ReconcileFailed, action: Action::Reply(unknown), cause, key };
-                return self.apply(host, route, v, paused);
-            }
-        };
-        match self.send_lookup(host, &prepared) {
-            Ok(token) => {
-                w.stream_call_out(token, self.context);
-                self.phase = Phase::Looking(Box::new(Looking { prepared, ticket, unknown, token }));
-                Flow::Pause
-            }
-            Err(why) => {
-                w.log_once(host, &w.lookup_logged, Level::Warn, &format!("idem: a lookup could not be sent: {why}"));
-                let answer = LookupAnswer { status: 0, headers: Vec::new(), body: Vec::new(), trailers: Vec::new() };
-                let v = w.engine.after_lookup(host, &prepared, &ticket, answer, unknown);
+                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("lookup_not_taken: {e}"));
                 self.apply(host, route, v, paused)
             }
         }
@@ -104,7 +127,10 @@ impl Stream {
             .map_err(|e| format!("dispatch_http_call to cluster {cluster:?}: {e:?}"))
     }
 
-    /// The lookup's answer (already read where Envoy delivered it).
+    /// The lookup's answer (already read where Envoy delivered it): `ran` → its answer is the
+    /// repeat's and is written as the key's; `absent` → the key becomes this request's claim
+    /// (the request runs only once it owns the key); else the unknown outcome is given back and
+    /// the repeat gets the 409.
     pub(super) fn on_lookup_reply(&mut self, host: &dyn Host, headers: &[Pair], body: &[u8]) {
         let Phase::Looking(looking) = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return;
@@ -121,37 +147,49 @@ impl Stream {
             body: body.to_vec(),
             trailers: Vec::new(),
         };
+        let route = prepared.route;
+        let found = w.engine.lookup_found(&prepared, answer.status);
         // A gRPC call takes the lookup's answer only as a gRPC reply (see `into_grpc`).
-        let answer = match (self.request.grpc, w.engine.lookup_found(&prepared, answer.status)) {
+        let answer = match (self.request.grpc, found) {
             (true, Found::Ran) => match answer.into_grpc() {
                 Ok(a) => a,
-                Err(cause) => return self.lookup_settled_nothing(host, prepared, ticket, unknown, cause),
+                Err(cause) => {
+                    self.settle_lookup(host, &prepared, &ticket, Settled::Nothing(cause), unknown, true);
+                    return;
+                }
             },
             _ => answer,
         };
-        if let StoreTicket::Redis(lookup) = ticket {
-            return self.after_redis_lookup(host, prepared, lookup, answer, unknown);
-        }
-        let v = w.engine.after_lookup(host, &prepared, &ticket, answer, unknown);
-        self.apply(host, prepared.route, v, true);
-    }
-
-    /// A lookup whose answer settles nothing for this request: given back, and the 409.
-    fn lookup_settled_nothing(
-        &mut self,
-        host: &dyn Host,
-        prepared: Prepared,
-        ticket: StoreTicket,
-        unknown: LocalReply,
-        cause: String,
-    ) {
-        let w = Rc::clone(&self.worker);
-        let v = w.engine.lookup_settled_nothing(&prepared, unknown, cause);
-        match ticket {
-            StoreTicket::Redis(lookup) => self.settle_redis(host, &prepared, &lookup, None, v),
-            shared => {
-                w.engine.drop_lookup(host, &shared);
-                self.apply(host, prepared.route, v, true);
+        let policy = w.engine.policy(route);
+        match found {
+            Found::Ran => {
+                let stored =
+                    StoredResponse::new(answer.status, answer.headers, answer.body).with_trailers(answer.trailers);
+                self.settle_lookup(host, &prepared, &ticket, Settled::Ran(stored), unknown, true);
+            }
+            Found::Absent => {
+                let now = host.now_ms();
+                let status = answer.status;
+                match w.engine.store(route).lookup_absent(host, &ticket, policy.key.lock_ttl.millis, now) {
+                    Step::Now(claim) => self.absent_written(host, prepared, &ticket, unknown, status, claim),
+                    Step::Call(Call { cmd, ticket: Some(claim), .. }) => match w.dispatch(host, &cmd) {
+                        Ok(token) => {
+                            w.stream_call_out(token, self.context);
+                            let lookup = ticket;
+                            let pending = Pending::LookupAbsent { prepared, lookup, claim, unknown, status };
+                            self.phase = Phase::AwaitingStore(pending, now, token);
+                        }
+                        Err(e) => {
+                            let settled = Settled::Nothing(format!("store: {e}"));
+                            self.settle_lookup(host, &prepared, &ticket, settled, unknown, true);
+                        }
+                    },
+                    Step::Call(_) => {}
+                }
+            }
+            Found::Failed => {
+                let settled = Settled::Nothing(failed_cause(answer.status));
+                self.settle_lookup(host, &prepared, &ticket, settled, unknown, true);
             }
         }
     }
@@ -161,199 +199,124 @@ impl Stream {
     pub(super) fn abandon_lookup(&mut self, host: &dyn Host) {
         if let Phase::Looking(looking) = &self.phase {
             self.worker.stream_call_done(looking.token);
-            match &looking.ticket {
-                StoreTicket::Redis(t) => {
-                    let p = &looking.prepared;
-                    self.worker.queue_lookup_write(host, p.route, Some(p.key.clone()), t, None, After::Nothing);
-                }
-                shared => self.worker.engine.drop_lookup(host, shared),
-            }
+            let p = &looking.prepared;
+            self.worker.give_back_lookup(host, p.route, Some(p.key.clone()), &looking.ticket);
             self.phase = Phase::Idle;
         }
     }
 
-    // ---- on Redis: each step a Webdis call (take the lookup, ask, write what it says)
-
-    /// Takes the lookup of the unknown outcome `held` (the record the claim found): one write,
-    /// fenced on that record, so of the repeats that meet it one asks.
-    fn take_redis_lookup(
+    /// The key became this request's claim (it runs as the first request), or did not: the
+    /// lookup lost the key meanwhile (what it holds now decides), or the store failed (given
+    /// back, the 409).
+    pub(super) fn absent_written(
         &mut self,
         host: &dyn Host,
         prepared: Prepared,
-        held: &redis::Ticket,
+        lookup: &StoreTicket,
+        unknown: LocalReply,
+        status: u16,
+        written: Result<Option<StoreTicket>, StoreError>,
+    ) {
+        match written {
+            Ok(Some(claim)) => {
+                let v = reconciled_absent(&prepared, claim, status);
+                self.apply(host, prepared.route, v, true);
+            }
+            Ok(None) => {
+                self.look_again(host, prepared, unknown);
+            }
+            Err(e) => {
+                self.settle_lookup(host, &prepared, lookup, Settled::Nothing(format!("store: {e}")), unknown, true);
+            }
+        }
+    }
+
+    /// Writes what the lookup settled, fenced by its ticket, and answers the request: at once
+    /// when the store writes at once; else once the write's first attempt is answered — as a
+    /// completion does — so the client's next repeat finds the key written, not the lookup's
+    /// lease. An answer that finds the key taken over (the lookup's lease ran out) writes
+    /// nothing, and what the key holds now decides. `unknown` is the 409 for a lookup that
+    /// settles nothing.
+    pub(super) fn settle_lookup(
+        &mut self,
+        host: &dyn Host,
+        prepared: &Prepared,
+        lookup: &StoreTicket,
+        settled: Settled,
         unknown: LocalReply,
         paused: bool,
     ) -> Flow {
         let w = Rc::clone(&self.worker);
         let route = prepared.route;
-        let now = host.now_ms();
-        let timeout = w.engine.policy(route).reconcile.as_ref().map_or(0, |r| r.timeout.millis);
-        let Some(store) = w.engine.redis() else {
-            let v = w.engine.lookup_settled_nothing(&prepared, unknown, "no_redis".into());
-            return self.apply(host, route, v, paused);
+        let key = Some(prepared.key.clone());
+        let policy = w.engine.policy(route);
+        let (write, v) = match settled {
+            Settled::Ran(response) => {
+                let v = reconciled_ran(prepared, &response);
+                let max_response_bytes = policy.max_response_bytes as usize;
+                (Write::LookupRan { response, max_response_bytes, ttl_ms: policy.key.ttl.millis }, v)
+            }
+            Settled::Nothing(cause) => {
+                (Write::LookupGivenBack, w.engine.lookup_settled_nothing(prepared, unknown.clone(), cause))
+            }
         };
-        // The lease outlives the call by a second, so a lookup that times out settles itself.
-        let owner = host.random_u64().unwrap_or(now);
-        let (cmd, lookup) = store.take_lookup(held, owner, now.saturating_add(timeout).saturating_add(1000));
-        match w.dispatch(host, &cmd) {
-            Ok(token) => {
-                w.stream_call_out(token, self.context);
-                self.phase = Phase::AwaitingStore(Pending::TakeLookup { prepared, lookup, unknown }, now, token);
-                Flow::Pause
-            }
-            Err(e) => {
-                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("lookup_not_taken: {e}"));
-                self.apply(host, route, v, paused)
-            }
-        }
-    }
-
-    /// The lookup is taken (or not): ask the service, or go by what the key holds now.
-    pub(super) fn lookup_taken(
-        &mut self,
-        host: &dyn Host,
-        prepared: Prepared,
-        lookup: redis::Ticket,
-        unknown: LocalReply,
-        taken: Result<bool, StoreError>,
-    ) {
-        let w = Rc::clone(&self.worker);
-        let route = prepared.route;
-        match taken {
-            Ok(true) => match self.send_lookup(host, &prepared) {
-                Ok(token) => {
-                    w.stream_call_out(token, self.context);
-                    let ticket = StoreTicket::Redis(lookup);
-                    self.phase = Phase::Looking(Box::new(Looking { prepared, ticket, unknown, token }));
-                }
-                Err(why) => {
-                    w.log_once(
-                        host,
-                        &w.lookup_logged,
-                        Level::Warn,
-                        &format!("idem: a lookup could not be sent: {why}"),
-                    );
-                    let v = w.engine.lookup_settled_nothing(&prepared, unknown, failed_cause(0));
-                    self.settle_redis(host, &prepared, &lookup, None, v);
-                }
-            },
-            // Another repeat took it first (or the key changed): as for a request in flight.
-            Ok(false) => {
-                let now = host.now_ms();
-                let in_flight =
-                    Claim::InFlight { first_seen_ms: lookup.first_seen_ms, lease_ends_ms: now, payload: Payload::Same };
-                let v = w.engine.after_claim(&prepared, Ok(in_flight), now, None);
-                self.apply(host, route, v, true);
-            }
-            Err(e) => {
-                // The write may have landed: give it back (fenced).
-                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("lookup_not_taken: {e}"));
-                self.settle_redis(host, &prepared, &lookup, None, v);
-            }
-        }
-    }
-
-    /// What a lookup's answer does on Redis: `ran` → its answer is the repeat's now and is
-    /// written as the key's (in the background, fenced by the lookup); `absent` → the key becomes
-    /// this request's claim (awaited: the request runs only once it owns the key); else the
-    /// unknown outcome is given back and the repeat gets the 409.
-    fn after_redis_lookup(
-        &mut self,
-        host: &dyn Host,
-        prepared: Prepared,
-        lookup: redis::Ticket,
-        answer: LookupAnswer,
-        unknown: LocalReply,
-    ) {
-        let w = Rc::clone(&self.worker);
-        let route = prepared.route;
-        match w.engine.lookup_found(&prepared, answer.status) {
-            Found::Ran => {
-                let stored =
-                    StoredResponse::new(answer.status, answer.headers, answer.body).with_trailers(answer.trailers);
-                let v = reconciled_ran(&prepared, &stored);
-                self.settle_redis(host, &prepared, &lookup, Some(&stored), v);
-            }
-            Found::Absent => {
-                let now = host.now_ms();
-                let (Some(store), policy) = (w.engine.redis(), w.engine.policy(route)) else {
-                    return;
+        let lease = policy.key.lock_ttl.millis;
+        let call = match w.engine.store(route).write(host, lookup, &write, lease, host.now_ms()) {
+            Step::Now(written) => {
+                return match (write, written) {
+                    (Write::LookupRan { .. }, Ok(Written::NotOurs)) => self.look_again(host, prepared.clone(), unknown),
+                    (Write::LookupRan { .. }, Err(e)) => {
+                        w.give_back_lookup(host, route, key, lookup);
+                        let v = w.engine.lookup_settled_nothing(prepared, unknown, format!("store: {e}"));
+                        self.apply(host, route, v, paused)
+                    }
+                    _ => self.apply(host, route, v, paused),
                 };
-                let owner = host.random_u64().unwrap_or(now);
-                let (cmd, claim) = store.lookup_absent(&lookup, owner, now, policy.key.lock_ttl.millis);
-                match w.dispatch(host, &cmd) {
-                    Ok(token) => {
-                        w.stream_call_out(token, self.context);
-                        let pending = Pending::LookupAbsent { prepared, lookup, claim, unknown, status: answer.status };
-                        self.phase = Phase::AwaitingStore(pending, now, token);
-                    }
-                    Err(e) => {
-                        let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"));
-                        self.settle_redis(host, &prepared, &lookup, None, v);
-                    }
-                }
             }
-            Found::Failed => {
-                let v = w.engine.lookup_settled_nothing(&prepared, unknown, failed_cause(answer.status));
-                self.settle_redis(host, &prepared, &lookup, None, v);
-            }
-        }
-    }
-
-    /// The key became this request's claim (it runs as the first request), or did not.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn absent_written(
-        &mut self,
-        host: &dyn Host,
-        prepared: Prepared,
-        lookup: redis::Ticket,
-        claim: redis::Ticket,
-        unknown: LocalReply,
-        status: u16,
-        written: Result<bool, StoreError>,
-    ) {
-        let w = Rc::clone(&self.worker);
-        let route = prepared.route;
-        let key = Some(prepared.key.clone());
-        let v = match written {
-            Ok(true) => reconciled_absent(&prepared, StoreTicket::Redis(claim), status),
-            Ok(false) => w.engine.lookup_settled_nothing(&prepared, unknown, "lookup_lost".into()),
-            Err(e) => {
-                // Either write may have landed: the claim is released, the lookup given back.
-                w.release_orphan(host, route, key, &claim);
-                let v = w.engine.lookup_settled_nothing(&prepared, unknown, format!("store: {e}"));
-                return self.settle_redis(host, &prepared, &lookup, None, v);
-            }
+            Step::Call(call) => call,
         };
-        self.apply(host, route, v, true);
-    }
-
-    /// Writes what the lookup settled (`answer`: it ran; `None`: the unknown outcome given back)
-    /// and answers the request once the write's first attempt is answered — as a completion
-    /// does — so the client's next repeat finds the key written, not the lookup's lease.
-    fn settle_redis(
-        &mut self,
-        host: &dyn Host,
-        prepared: &Prepared,
-        lookup: &redis::Ticket,
-        answer: Option<&StoredResponse>,
-        v: Verdict,
-    ) {
-        let w = Rc::clone(&self.worker);
-        let route = prepared.route;
-        let key = Some(prepared.key.clone());
         if !matches!(v.action, Action::Reply(_)) {
             // Shadow mode forwards: nothing waits for the write.
-            w.queue_lookup_write(host, route, key, lookup, answer, After::Nothing);
-            self.apply(host, route, v, true);
-            return;
+            w.queue_lookup_call(host, route, key, lookup, &write, call, After::Nothing);
+            return self.apply(host, route, v, paused);
         }
         w.record(host, route, &v);
         w.annotate(host, route, &v);
         if let Action::Reply(reply) = v.action {
             self.phase = Phase::Idle;
             let after = After::Deliver { ctx: self.context, route, reply, grpc: self.request.grpc };
-            w.queue_lookup_write(host, route, key, lookup, answer, after);
+            w.queue_lookup_call(host, route, key, lookup, &write, call, after);
         }
+        Flow::Pause
     }
+
+    /// The key changed while the lookup was out (its lease ran out and another repeat took
+    /// it): what it holds now decides, but never a second lookup from here (`unknown` instead).
+    fn look_again(&mut self, host: &dyn Host, prepared: Prepared, unknown: LocalReply) -> Flow {
+        let w = Rc::clone(&self.worker);
+        let route = prepared.route;
+        let now = host.now_ms();
+        let (id, fingerprint) = match &prepared.op {
+            crate::engine::StoreOp::Claim { id, fingerprint } => (*id, *fingerprint),
+            crate::engine::StoreOp::UseToken { .. } => return Flow::Continue,
+        };
+        let key = &w.engine.policy(route).key;
+        let v = match w.engine.store(route).claim(host, &id, &fingerprint, key.lock_ttl.millis, key.ttl.millis, now) {
+            Step::Now(found) => w.engine.after_claim(&prepared, found.map(|c| c.resolve_legacy(|| None)), now, None),
+            Step::Call(_) => w.engine.lookup_settled_nothing(&prepared, unknown.clone(), "lookup_lost".into()),
+        };
+        let v = match v.action {
+            Action::Reconcile { .. } => Verdict { action: Action::Reply(unknown), cause: "lookup_lost".into(), ..v },
+            _ => v,
+        };
+        self.apply(host, route, v, true)
+    }
+}
+
+/// What a lookup's answer settled.
+pub(super) enum Settled {
+    /// The first attempt ran: this is its answer.
+    Ran(StoredResponse),
+    /// Nothing, and why.
+    Nothing(String),
 }

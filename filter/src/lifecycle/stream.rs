@@ -8,7 +8,7 @@ use super::capture::Capture;
 use super::claims::QueuedClaim;
 use super::detached::{Detached, Outbound};
 use super::leases::LeaseOwner;
-use super::lookup::Looking;
+use super::lookup::{Looking, Settled};
 use super::replay::{self, Answered};
 use super::waiters::{Resumed, Waiter};
 use super::worker::{send, status_of, Worker};
@@ -79,7 +79,7 @@ pub(super) enum Pending {
     /// The lookup said the first attempt did not run: the key becoming this request's `claim`.
     LookupAbsent {
         prepared: Prepared,
-        lookup: redis::Ticket,
+        lookup: StoreTicket,
         claim: redis::Ticket,
         unknown: LocalReply,
         status: u16,
@@ -439,12 +439,25 @@ impl Stream {
                 self.apply(host, route, v, true);
             }
             Pending::TakeLookup { prepared, lookup, unknown } => {
-                let taken = store.redis.parse_update(status, body);
-                self.lookup_taken(host, prepared, lookup, unknown, taken);
+                let first_seen_ms = lookup.first_seen_ms;
+                match store.read_taken(lookup.clone(), status, body) {
+                    Err(e) => {
+                        // The write may have landed: given back (fenced).
+                        let settled = Settled::Nothing(format!("lookup_not_taken: {e}"));
+                        self.settle_lookup(host, &prepared, &StoreTicket::Redis(lookup), settled, unknown, true);
+                    }
+                    taken => {
+                        self.lookup_taken(host, prepared, unknown, first_seen_ms, taken, true);
+                    }
+                }
             }
             Pending::LookupAbsent { prepared, lookup, claim, unknown, status: answered } => {
-                let written = store.redis.parse_update(status, body);
-                self.absent_written(host, prepared, lookup, claim, unknown, answered, written);
+                let written = store.read_taken(claim.clone(), status, body);
+                if written.is_err() {
+                    // Either write may have landed: the claim is released, the lookup given back.
+                    w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &claim);
+                }
+                self.absent_written(host, prepared, &lookup, unknown, answered, written);
             }
         }
     }
@@ -469,7 +482,7 @@ impl Stream {
             // A lookup taken, or a claim after a lookup, with nobody to carry it on: given back
             // (each write is fenced, so one that did not land changes nothing).
             Phase::AwaitingStore(Pending::TakeLookup { prepared, lookup, .. }, _, _) => {
-                w.queue_lookup_write(host, prepared.route, Some(prepared.key), &lookup, None, After::Nothing);
+                w.give_back_lookup(host, prepared.route, Some(prepared.key), &StoreTicket::Redis(lookup));
             }
             Phase::AwaitingStore(Pending::LookupAbsent { prepared, claim, .. }, _, _) => {
                 w.release_orphan(host, prepared.route, Some(prepared.key), &claim);

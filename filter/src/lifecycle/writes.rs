@@ -10,7 +10,7 @@ use crate::host::Host;
 use crate::policy::RouteId;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::redis::{self, Released};
-use crate::store::{shared, Answer, Step, Store, StoreError, Write, WriteKind, Written};
+use crate::store::{shared, Answer, Call, Step, Store, StoreError, Write, WriteKind, Written};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
@@ -58,6 +58,40 @@ pub(super) struct Job {
     /// The answer a completion writes, kept in this process once Redis has it: status and
     /// response (`None` for a tombstone).
     answer: Option<(u16, Option<StoredResponse>)>,
+}
+
+impl Job {
+    /// A write fenced by `t`, due now, tried until `deadline_ms`; nothing to do for the client
+    /// after it and no answer to keep unless set.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        route: RouteId,
+        key: Option<String>,
+        cmd: redis::Command,
+        kind: FinishKind,
+        cause: String,
+        t: &redis::Ticket,
+        now: u64,
+        deadline_ms: u64,
+    ) -> Job {
+        Job {
+            route,
+            key,
+            after: After::Nothing,
+            cmd,
+            kind,
+            cause,
+            attempts: 0,
+            next_at_ms: now,
+            deadline_ms,
+            redis_id: t.id(),
+            fingerprint: t.fingerprint16(),
+            first_seen_ms: t.first_seen_ms,
+            mark: None,
+            sent_ms: now,
+            answer: None,
+        }
+    }
 }
 
 /// The client side of a finish.
@@ -112,7 +146,7 @@ impl Worker {
         ending: Ending,
         after: After,
     ) -> Option<After> {
-        let (Ticket::Claim(st) | Ticket::Token(st)) = ticket;
+        let st = ticket.store_ticket();
         let (write, cause) = match self.engine.plan_finish(route, ticket, ending, key.as_deref()) {
             Finish::Nothing { outcome, cause } => {
                 self.record_finish(host, route, outcome, key.as_deref(), &cause);
@@ -142,6 +176,7 @@ impl Worker {
             Write::RestoreToken => (FinishKind::Restore, policy.token.ttl.millis),
             Write::HoldUnknown { hold_ms, .. } => (FinishKind::HoldUnknown, *hold_ms),
             Write::Complete { ttl_ms, .. } => (FinishKind::Complete { tombstone: call.tombstone }, *ttl_ms),
+            Write::LookupRan { .. } | Write::LookupGivenBack => (FinishKind::Lookup, lease),
         };
         let answer = match (write, ticket) {
             (Write::Complete { response, .. }, Ticket::Claim(_)) => {
@@ -150,23 +185,9 @@ impl Worker {
             _ => None,
         };
         let deadline_ms = rt.first_seen_ms.saturating_add(lasts_ms).max(now.saturating_add(lease));
-        let job = Job {
-            route,
-            key,
-            after,
-            cmd: call.cmd,
-            kind,
-            cause,
-            attempts: 0,
-            next_at_ms: now,
-            deadline_ms,
-            redis_id: rt.id(),
-            fingerprint: rt.fingerprint16(),
-            first_seen_ms: rt.first_seen_ms,
-            mark: None,
-            sent_ms: now,
-            answer,
-        };
+        let mut job = Job::new(route, key, call.cmd, kind, cause, rt, now, deadline_ms);
+        job.after = after;
+        job.answer = answer;
         self.queue(host, job);
         None
     }
@@ -178,10 +199,8 @@ impl Worker {
     fn report_unknown(&self, host: &dyn Host, route: RouteId, ticket: &StoreTicket, key: Option<&str>, cause: &str) {
         let now = host.now_ms();
         let hold = self.engine.policy(route).key.unknown_hold_ms();
-        let (first_seen_ms, store, store_key) = match ticket {
-            StoreTicket::Shared(t) => (t.first_seen_ms, "shared", t.store_key()),
-            StoreTicket::Redis(t) => (t.first_seen_ms, "redis", t.key.clone()),
-        };
+        let (store, store_key) = ticket.operator_key();
+        let first_seen_ms = ticket.first_seen_ms();
         let mut line = serde_json::Map::new();
         line.insert("route".into(), self.route_name(route).into());
         line.insert("key_prefix".into(), key.map(crate::key::truncated).into());
@@ -201,73 +220,55 @@ impl Worker {
             return;
         };
         let now = host.now_ms();
-        let lease = self.engine.lock_ttl_ms(route);
-        let job = Job {
-            route,
-            key,
-            after: After::Nothing,
-            cmd: store.release(ticket),
-            kind: FinishKind::ReleaseOrphan,
-            cause: "orphaned_claim".into(),
-            attempts: 0,
-            next_at_ms: now,
-            // Looked for until a lease from now: a claim landing later than that is not expected.
-            deadline_ms: now.saturating_add(lease),
-            redis_id: ticket.id(),
-            fingerprint: ticket.fingerprint16(),
-            first_seen_ms: ticket.first_seen_ms,
-            mark: None,
-            sent_ms: now,
-            answer: None,
-        };
+        // Looked for until a lease from now: a claim landing later than that is not expected.
+        let deadline_ms = now.saturating_add(self.engine.lock_ttl_ms(route));
+        let cause = "orphaned_claim".to_string();
+        let job =
+            Job::new(route, key, store.release(ticket), FinishKind::ReleaseOrphan, cause, ticket, now, deadline_ms);
         self.queue(host, job);
     }
 
-    /// Queues what a Redis lookup's answer writes, fenced by the lookup's ticket: `answer` as the
-    /// key's (it ran; kept here too once written), or — `None` — the unknown outcome given back
-    /// without the lookup's lease (nothing settled, or the request left). `after` is carried out
-    /// once the first attempt is answered, so the client's next repeat finds the write.
-    pub(super) fn queue_lookup_write(
+    /// Queues the Webdis call of what a lookup's answer writes, fenced by the lookup's ticket:
+    /// the answer as the key's (it ran; kept in the answer cache too once written), or the
+    /// unknown outcome given back without the lookup's lease (nothing settled, or the request
+    /// left). `after` is carried out once the first attempt is answered, so the client's next
+    /// repeat finds the write.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn queue_lookup_call(
         &self,
         host: &dyn Host,
         route: RouteId,
         key: Option<String>,
-        t: &redis::Ticket,
-        answer: Option<&StoredResponse>,
+        lookup: &StoreTicket,
+        write: &Write,
+        call: Call,
         after: After,
     ) {
-        let (Some(store), policy) = (self.engine.redis(), self.engine.policy(route)) else {
+        let StoreTicket::Redis(t) = lookup else {
             return;
         };
         let now = host.now_ms();
-        let lease = policy.key.lock_ttl.millis;
-        let (cmd, kind, stored, cause) = match answer {
-            Some(response) => {
-                let max = policy.max_response_bytes as usize;
-                let (cmd, tombstone) = store.complete(t, response, max, policy.key.ttl.millis, lease);
-                let stored = (response.status, (!tombstone).then(|| response.clone()));
-                (cmd, FinishKind::Lookup, Some(stored), "lookup_ran")
+        let (cause, answer) = match write {
+            Write::LookupRan { response, .. } => {
+                ("lookup_ran", Some((response.status, (!call.tombstone).then(|| response.clone()))))
             }
-            None => (store.lookup_failed(t), FinishKind::Lookup, None, "lookup_given_back"),
+            _ => ("lookup_given_back", None),
         };
-        let job = Job {
-            route,
-            key,
-            after,
-            cmd,
-            kind,
-            cause: cause.into(),
-            attempts: 0,
-            next_at_ms: now,
-            deadline_ms: now.saturating_add(lease),
-            redis_id: t.id(),
-            fingerprint: t.fingerprint16(),
-            first_seen_ms: t.first_seen_ms,
-            mark: None,
-            sent_ms: now,
-            answer: stored,
-        };
+        let deadline_ms = now.saturating_add(self.engine.lock_ttl_ms(route));
+        let mut job = Job::new(route, key, call.cmd, FinishKind::Lookup, cause.into(), t, now, deadline_ms);
+        job.after = after;
+        job.answer = answer;
         self.queue(host, job);
+    }
+
+    /// Gives a lookup up (it settled nothing, or its request left), fenced by its ticket, so the
+    /// next repeat may ask: at once, or through a queued write.
+    pub(super) fn give_back_lookup(&self, host: &dyn Host, route: RouteId, key: Option<String>, lookup: &StoreTicket) {
+        let write = Write::LookupGivenBack;
+        let lease = self.engine.lock_ttl_ms(route);
+        if let Step::Call(call) = self.engine.store(route).write(host, lookup, &write, lease, host.now_ms()) {
+            self.queue_lookup_call(host, route, key, lookup, &write, call, After::Nothing);
+        }
     }
 
     /// Queues a write for the root context, within the per-worker bounds.
@@ -397,7 +398,7 @@ impl Worker {
         let (outcome, cause) = match job.kind {
             FinishKind::Release | FinishKind::ReleaseOrphan => (None, job.cause),
             FinishKind::Restore => engine::finished(WriteKind::RestoreToken, Ok(written), job.cause),
-            FinishKind::Lookup => (None, format!("{}; {}", job.cause, if applied { "written" } else { "key changed" })),
+            FinishKind::Lookup => engine::finished(WriteKind::Lookup, Ok(written), job.cause),
             FinishKind::HoldUnknown => engine::finished(WriteKind::HoldUnknown, Ok(written), job.cause),
             FinishKind::Complete { tombstone } => {
                 let written = if applied && tombstone { Written::Tombstoned } else { written };

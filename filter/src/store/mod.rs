@@ -47,6 +47,20 @@ pub trait Store {
     /// Extends the lease of a claim whose request still waits for the upstream: `false` when the
     /// claim is no longer the ticket's.
     fn renew(&self, host: &dyn Host, ticket: &StoreTicket, lease_ms: u64) -> Step<bool>;
+    /// Takes the lookup of the unknown outcome a claim found (`held`): of the repeats that meet
+    /// it, one asks the service while the others wait. `None` when another lookup runs or the
+    /// record changed. The lookup's lease lasts `lease_ms` from `now`; what its answer writes is
+    /// fenced by the ticket returned ([`Write::LookupRan`], [`Write::LookupGivenBack`]).
+    fn take_lookup(&self, host: &dyn Host, held: &StoreTicket, lease_ms: u64, now: u64) -> Step<Option<StoreTicket>>;
+    /// The lookup said the first attempt did not run: the key becomes the repeat's own claim, in
+    /// flight for `lease_ms`, fenced on the lookup; `None` when the lookup no longer holds it.
+    fn lookup_absent(
+        &self,
+        host: &dyn Host,
+        lookup: &StoreTicket,
+        lease_ms: u64,
+        now: u64,
+    ) -> Step<Option<StoreTicket>>;
 }
 
 /// A store operation's answer.
@@ -89,6 +103,21 @@ impl StoreTicket {
             StoreTicket::Redis(t) => t.first_seen_ms,
         }
     }
+
+    /// Whether what finishes this ticket is a call the root sends (Redis): the client's answer
+    /// is then held until the write's first attempt is answered, so its retry finds the key
+    /// written.
+    pub fn written_by_call(&self) -> bool {
+        matches!(self, StoreTicket::Redis(_))
+    }
+
+    /// The store's name and the key an operator names the record by (`idem-admin`).
+    pub fn operator_key(&self) -> (&'static str, String) {
+        match self {
+            StoreTicket::Shared(t) => ("shared", t.store_key()),
+            StoreTicket::Redis(t) => ("redis", t.key.clone()),
+        }
+    }
 }
 
 /// What finishing a claim or a token use writes.
@@ -103,6 +132,12 @@ pub enum Write {
     /// The outcome is unknown: hold the claim for `hold_ms`, never to be taken over; `note` is
     /// what an operator lists it by.
     HoldUnknown { hold_ms: u64, note: HeldNote },
+    /// A lookup said the first attempt ran: its answer becomes the key's, kept `ttl_ms` (a
+    /// tombstone when over `max_response_bytes`).
+    LookupRan { response: StoredResponse, max_response_bytes: usize, ttl_ms: u64 },
+    /// A lookup settled nothing (or its request left): the unknown outcome again, without the
+    /// lookup's lease, so the next repeat may ask.
+    LookupGivenBack,
 }
 
 impl Write {
@@ -112,6 +147,7 @@ impl Write {
             Write::RestoreToken => WriteKind::RestoreToken,
             Write::Complete { .. } => WriteKind::Complete,
             Write::HoldUnknown { .. } => WriteKind::HoldUnknown,
+            Write::LookupRan { .. } | Write::LookupGivenBack => WriteKind::Lookup,
         }
     }
 }
@@ -123,6 +159,8 @@ pub enum WriteKind {
     RestoreToken,
     Complete,
     HoldUnknown,
+    /// What a lookup settled (counted with the lookup, not as a write of its own).
+    Lookup,
 }
 
 /// How a write ended.
@@ -179,6 +217,18 @@ impl Store for RouteStore<'_> {
         match self {
             RouteStore::Shared(s) => Store::renew(*s, host, t, lease_ms),
             RouteStore::Remote(r) => r.renew(host, t, lease_ms),
+        }
+    }
+    fn take_lookup(&self, host: &dyn Host, held: &StoreTicket, lease_ms: u64, now: u64) -> Step<Option<StoreTicket>> {
+        match self {
+            RouteStore::Shared(s) => Store::take_lookup(*s, host, held, lease_ms, now),
+            RouteStore::Remote(r) => r.take_lookup(host, held, lease_ms, now),
+        }
+    }
+    fn lookup_absent(&self, host: &dyn Host, t: &StoreTicket, lease_ms: u64, now: u64) -> Step<Option<StoreTicket>> {
+        match self {
+            RouteStore::Shared(s) => Store::lookup_absent(*s, host, t, lease_ms, now),
+            RouteStore::Remote(r) => r.lookup_absent(host, t, lease_ms, now),
         }
     }
 }

@@ -50,6 +50,18 @@ impl<'a> Remote<'a> {
         Ok(found)
     }
 
+    /// Reads the reply of a call that takes a ticket when its fenced update applies
+    /// ([`Store::take_lookup`], [`Store::lookup_absent`]): the ticket, or `None`.
+    pub fn read_taken(
+        &self,
+        ticket: redis::Ticket,
+        status: u16,
+        body: &[u8],
+    ) -> Result<Option<StoreTicket>, StoreError> {
+        let applied = self.redis.parse_update(status, body)?;
+        Ok(applied.then_some(StoreTicket::Redis(ticket)))
+    }
+
     /// A fresh owner id for a record.
     fn owner(host: &dyn Host, now: u64) -> u64 {
         host.random_u64().unwrap_or(now)
@@ -98,7 +110,41 @@ impl Store for Remote<'_> {
             Write::HoldUnknown { hold_ms, note } => {
                 Call::plain(self.redis.hold_unknown(t, *hold_ms, now, lease_ms, note))
             }
+            // Fenced on the lookup's record, as a completion on its claim's.
+            Write::LookupRan { response, max_response_bytes, ttl_ms } => {
+                let (cmd, tombstone) = self.redis.complete(t, response, *max_response_bytes, *ttl_ms, lease_ms);
+                Call { cmd, ticket: None, tombstone }
+            }
+            Write::LookupGivenBack => Call::plain(self.redis.lookup_failed(t)),
         })
+    }
+
+    /// The reply says whether the update applied ([`Remote::read_taken`]).
+    fn take_lookup(&self, host: &dyn Host, held: &StoreTicket, lease_ms: u64, now: u64) -> Step<Option<StoreTicket>> {
+        match redis_ticket(held) {
+            Ok(t) => {
+                let (cmd, lookup) = self.redis.take_lookup(t, Self::owner(host, now), now.saturating_add(lease_ms));
+                Step::Call(Call { cmd, ticket: Some(lookup), tombstone: false })
+            }
+            Err(e) => Step::Now(Err(e)),
+        }
+    }
+
+    /// The reply says whether the update applied ([`Remote::read_taken`]).
+    fn lookup_absent(
+        &self,
+        host: &dyn Host,
+        lookup: &StoreTicket,
+        lease_ms: u64,
+        now: u64,
+    ) -> Step<Option<StoreTicket>> {
+        match redis_ticket(lookup) {
+            Ok(t) => {
+                let (cmd, claim) = self.redis.lookup_absent(t, Self::owner(host, now), now, lease_ms);
+                Step::Call(Call { cmd, ticket: Some(claim), tombstone: false })
+            }
+            Err(e) => Step::Now(Err(e)),
+        }
     }
 
     fn renew(&self, _host: &dyn Host, ticket: &StoreTicket, lease_ms: u64) -> Step<bool> {

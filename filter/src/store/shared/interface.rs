@@ -33,6 +33,22 @@ impl Store for SharedStore {
     fn renew(&self, host: &dyn Host, ticket: &StoreTicket, lease_ms: u64) -> Step<bool> {
         Step::Now(shared_ticket(ticket).and_then(|t| SharedStore::renew(self, host, t, lease_ms)))
     }
+
+    fn take_lookup(&self, host: &dyn Host, held: &StoreTicket, lease_ms: u64, _now: u64) -> Step<Option<StoreTicket>> {
+        let taken = shared_ticket(held).and_then(|t| SharedStore::take_lookup(self, host, t, lease_ms));
+        Step::Now(taken.map(|t| t.map(StoreTicket::Shared)))
+    }
+
+    fn lookup_absent(
+        &self,
+        host: &dyn Host,
+        lookup: &StoreTicket,
+        lease_ms: u64,
+        _now: u64,
+    ) -> Step<Option<StoreTicket>> {
+        let claim = shared_ticket(lookup).and_then(|t| SharedStore::lookup_absent(self, host, t, lease_ms));
+        Step::Now(claim.map(|t| t.map(StoreTicket::Shared)))
+    }
 }
 
 fn shared_ticket(ticket: &StoreTicket) -> Result<&Ticket, StoreError> {
@@ -49,12 +65,12 @@ impl SharedStore {
             Write::Release => self.release(host, t).map(applied),
             Write::RestoreToken => self.restore_token(host, t).map(applied),
             Write::Complete { response, max_response_bytes, ttl_ms } => {
-                Ok(match self.complete(host, t, response, *max_response_bytes, *ttl_ms)? {
-                    Completion::Stored => Written::Applied,
-                    Completion::Tombstoned => Written::Tombstoned,
-                    Completion::LostOwnership => Written::NotOurs,
-                })
+                self.complete(host, t, response, *max_response_bytes, *ttl_ms).map(written)
             }
+            Write::LookupRan { response, max_response_bytes, ttl_ms } => {
+                self.lookup_ran(host, t, response, *max_response_bytes, *ttl_ms).map(written)
+            }
+            Write::LookupGivenBack => self.lookup_failed(host, t).map(applied),
             Write::HoldUnknown { hold_ms, note } => {
                 let held = self.hold_unknown(host, t, *hold_ms)?;
                 if held {
@@ -66,5 +82,13 @@ impl SharedStore {
                 Ok(applied(held))
             }
         }
+    }
+}
+
+fn written(c: Completion) -> Written {
+    match c {
+        Completion::Stored => Written::Applied,
+        Completion::Tombstoned => Written::Tombstoned,
+        Completion::LostOwnership => Written::NotOurs,
     }
 }
