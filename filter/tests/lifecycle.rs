@@ -614,6 +614,50 @@ fn a_held_duplicate_is_answered_from_the_root_once_the_first_completes() {
     first.on_log(&host);
 }
 
+/// Held duplicates of one key are looked at as one group, on the shared store as on Redis: when
+/// the first attempt fails and frees the key, the oldest takes it over, alone — the others wait
+/// on it, and get its answer.
+#[test]
+fn held_duplicates_on_the_shared_store_share_one_look_and_one_takes_a_freed_key() {
+    let (host, w) = setup(SHARED);
+    let (mut first, _) = send(&host, &w, 10, "/s", "k1");
+    let mut held: Vec<Stream> = (11..14)
+        .map(|ctx| {
+            let (s, flow) = send(&host, &w, ctx, "/s", "k1");
+            assert_eq!(flow, Flow::Pause, "ctx {ctx} held");
+            s
+        })
+        .collect();
+    host.take_acts();
+    host.update(10, |st| *st = st.clone().with_response(503, &[("content-type", b"text/plain")], b"down"));
+    host.enter(10);
+    first.on_response_headers(&host, false);
+    first.on_response_body(&host, 4, true);
+    assert_eq!(count(&host, "s", "released"), 1, "the failed attempt frees the key");
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    let resumed: Vec<u32> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Act::ResumeRequest { context } => Some(*context),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resumed, vec![11], "the oldest held duplicate takes the key over, alone: {acts:?}");
+    assert!((12..14).all(|ctx| replies(&acts, ctx).is_empty()), "the others wait on it: {acts:?}");
+    upstream_answers(&host, &mut held[0], 11);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    let acts = host.take_acts();
+    for ctx in 12..14 {
+        let r = replies(&acts, ctx);
+        assert_eq!(r.len(), 1, "ctx {ctx}: {acts:?}");
+        assert_eq!((r[0].0, r[0].1["order"].as_i64()), (201, Some(1)), "ctx {ctx}: the new owner's answer");
+    }
+    assert_eq!(count(&host, "s", "forwarded") + count(&host, "s", "waited"), 2, "two runs: the failed one, one retry");
+}
+
 #[test]
 fn a_detached_answer_for_a_client_that_left_is_stored_not_sent() {
     let (host, w) = setup(SHARED);

@@ -41,7 +41,7 @@ pub enum Action {
         deadline_ms: u64,
     },
     /// The key holds an unknown outcome and the route has a lookup (`[route.reconcile]`): ask
-    /// the service whether the first attempt ran ([`crate::engine::Engine::take_lookup`]).
+    /// the service whether the first attempt ran ([`crate::store::Store::take_lookup`]).
     /// `unknown` is the answer when no lookup is made (a gRPC call).
     Reconcile {
         prepared: Box<Prepared>,
