@@ -13,6 +13,7 @@ use super::worker::{RootCall, Worker};
 use crate::engine::{Action, Prepared, StoreTicket};
 use crate::host::Host;
 use crate::policy::OnInFlight;
+use crate::store::remote::Unanswered;
 use crate::store::{redis, Claim, StoreError};
 use std::cell::{Cell, RefCell};
 
@@ -104,7 +105,7 @@ impl Worker {
                 }
                 Err(e) => {
                     for q in members {
-                        self.claim_resolved(host, q, Err(e.clone()), now);
+                        self.claim_unanswered(host, q, &e, now);
                     }
                 }
             }
@@ -121,9 +122,10 @@ impl Worker {
             Ok(replies) => {
                 let now = host.now_ms();
                 for (q, reply) in batch.members.into_iter().zip(replies) {
-                    let retain = self.engine.policy(q.prepared.route).key.ttl.millis;
-                    let found = store.claim_answered(host, q.ticket.clone(), &q.fingerprint, reply, retain, now);
-                    self.claim_resolved(host, q, found, batch.sent_ms);
+                    let QueuedClaim { ctx, prepared, ticket, fingerprint, request, .. } = q;
+                    let retain = self.engine.policy(prepared.route).key.ttl.millis;
+                    let found = store.claim_answered(host, ticket, &fingerprint, reply, retain, now);
+                    self.claim_resolved(host, ctx, prepared, request, found, batch.sent_ms);
                 }
             }
             Err(StoreError::CrossSlot(_)) if several_slots(batch.members.iter().map(|q| q.ticket.key.as_str())) => {
@@ -136,7 +138,7 @@ impl Worker {
             }
             Err(e) => {
                 for q in batch.members {
-                    self.claim_resolved(host, q, Err(e.clone()), batch.sent_ms);
+                    self.claim_unanswered(host, q, &e, batch.sent_ms);
                 }
             }
         }
@@ -148,21 +150,23 @@ impl Worker {
     fn claim_resolved(
         &self,
         host: &dyn Host,
-        q: QueuedClaim,
-        found: Result<Claim<StoreTicket>, StoreError>,
+        ctx: u32,
+        prepared: Prepared,
+        request: Request,
+        found: Result<Claim<StoreTicket>, Unanswered>,
         sent_ms: u64,
     ) {
-        let route = q.prepared.route;
+        let route = prepared.route;
         self.metrics.store_call_took(host, route, sent_ms);
-        let live = self.live.borrow().contains(&q.ctx);
-        if found.is_err() || (!live && matches!(found, Ok(Claim::Claimed(_)))) {
-            self.release_orphan(host, route, Some(q.prepared.key.clone()), &q.ticket);
-        }
-        if !live {
+        let found = self.unless_unanswered(host, route, Some(&prepared.key), found);
+        if !self.live.borrow().contains(&ctx) {
+            if let Ok(Claim::Claimed(StoreTicket::Redis(t))) = &found {
+                self.release_orphan(host, route, Some(prepared.key.clone()), t);
+            }
             return;
         }
         let now = host.now_ms();
-        let view = WithHost { req: &q.request, host };
+        let view = WithHost { req: &request, host };
         let claim = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
         // The root cannot ask the service for a stream: a batched repeat that meets a free
         // unknown outcome waits on it as on a request in flight where the route waits and looks
@@ -178,14 +182,22 @@ impl Worker {
             }
             other => other,
         };
-        let v = self.engine.after_claim(&q.prepared, claim, now, None);
+        let v = self.engine.after_claim(&prepared, claim, now, None);
         self.record(host, route, &v);
         match v.action {
             Action::Wait { prepared, deadline_ms } => {
-                let waiter = Waiter::new(*prepared, deadline_ms, now, None, q.request.grpc);
-                self.hold(q.ctx, waiter);
+                let waiter = Waiter::new(*prepared, deadline_ms, now, None, request.grpc);
+                self.hold(ctx, waiter);
             }
-            _ => self.act_from_root(host, q.ctx, route, v, None, q.request.grpc),
+            _ => self.act_from_root(host, ctx, route, v, None, request.grpc),
         }
+    }
+
+    /// A batched claim whose call got no readable answer (or was never sent): its `SET` may have
+    /// landed, so it is released if it did, and its verdict is the store's error.
+    fn claim_unanswered(&self, host: &dyn Host, q: QueuedClaim, e: &StoreError, sent_ms: u64) {
+        let QueuedClaim { ctx, prepared, ticket, request, .. } = q;
+        let found = Err(Unanswered { error: e.clone(), ticket });
+        self.claim_resolved(host, ctx, prepared, request, found, sent_ms);
     }
 }

@@ -419,14 +419,9 @@ impl Stream {
         match pending {
             Pending::Claim { prepared, ticket, fingerprint } => {
                 let retain = w.engine.policy(prepared.route).key.ttl.millis;
-                let orphan = ticket.clone();
                 let reply = store.redis.claim_reply(status, body);
                 let found = store.claim_answered(host, ticket, &fingerprint, reply, retain, now);
-                if found.is_err() {
-                    // A timeout (Envoy answers it 504), a reset, an unreadable reply: the SET
-                    // may still reach Redis, with nobody to finish it. Free it if it does.
-                    w.release_orphan(host, prepared.route, Some(prepared.key.clone()), &orphan);
-                }
+                let found = w.unless_unanswered(host, prepared.route, Some(&prepared.key), found);
                 self.claim_found(host, prepared, found, now, true);
             }
             Pending::UseToken { prepared, ticket } => {

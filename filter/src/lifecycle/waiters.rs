@@ -186,11 +186,8 @@ impl Worker {
         // Polls never take a lookup (see `after_claim`): only the lease's meaning matters here.
         let retain = self.engine.policy(poll.route).key.ttl.millis;
         let reply = store.redis.claim_reply(status, body);
-        let found = store.claim_answered(host, poll.ticket.clone(), &poll.fingerprint, reply, retain, now);
-        if found.is_err() {
-            // As for a stream's claim: the poll's SET may still land (see `Stream::on_call_response`).
-            self.release_orphan(host, poll.route, Some(first_key), &poll.ticket);
-        }
+        let found = store.claim_answered(host, poll.ticket, &poll.fingerprint, reply, retain, now);
+        let found = self.unless_unanswered(host, poll.route, Some(&first_key), found);
         self.group_found(host, &poll.members, found.map(|c| c.resolve_legacy(|| None)), now);
     }
 

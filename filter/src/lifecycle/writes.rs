@@ -10,7 +10,8 @@ use crate::host::Host;
 use crate::policy::RouteId;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::redis::{self, Released};
-use crate::store::{shared, Answer, Call, Step, Store, StoreError, Write, WriteKind, Written};
+use crate::store::remote::Unanswered;
+use crate::store::{shared, Answer, Call, Claim, Step, Store, StoreError, Write, WriteKind, Written};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
@@ -226,6 +227,22 @@ impl Worker {
         let job =
             Job::new(route, key, store.release(ticket), FinishKind::ReleaseOrphan, cause, ticket, now, deadline_ms);
         self.queue(host, job);
+    }
+
+    /// A claim's reply read: a reply that says nothing (a timeout — Envoy answers it 504 —, a
+    /// reset, an unreadable record) leaves a `SET` that may still land with nobody to finish
+    /// it, released here if it does.
+    pub(super) fn unless_unanswered(
+        &self,
+        host: &dyn Host,
+        route: RouteId,
+        key: Option<&str>,
+        found: Result<Claim<StoreTicket>, Unanswered>,
+    ) -> Result<Claim<StoreTicket>, StoreError> {
+        found.map_err(|Unanswered { error, ticket }| {
+            self.release_orphan(host, route, key.map(str::to_string), &ticket);
+            error
+        })
     }
 
     /// Queues the Webdis call of what a lookup's answer writes, fenced by the lookup's ticket:

@@ -8,6 +8,15 @@ use super::{Answer, Call, Claim, Payload, Step, Store, StoreError, StoreTicket, 
 use crate::host::Host;
 use crate::policy::RedisConfig;
 
+/// A claim call whose reply says nothing readable (a timeout, a reset, an unreadable record):
+/// its `SET` may still reach Redis with nobody to finish it, so the caller releases `ticket`
+/// (owner-checked) if it does.
+#[derive(Debug)]
+pub struct Unanswered {
+    pub error: StoreError,
+    pub ticket: redis::Ticket,
+}
+
 pub struct Remote<'a> {
     pub redis: RedisStore<'a>,
     pub cache: AnswerCache<'a>,
@@ -30,11 +39,18 @@ impl<'a> Remote<'a> {
         value: Result<serde_json::Value, StoreError>,
         retain_ms: u64,
         now: u64,
-    ) -> Result<Claim<StoreTicket>, StoreError> {
-        let v = value?;
+    ) -> Result<Claim<StoreTicket>, Unanswered> {
+        let v = match value {
+            Ok(v) => v,
+            Err(error) => return Err(Unanswered { error, ticket: mine }),
+        };
         let held = redis::held_ticket(&mine, &v, now);
         let id = mine.id();
-        let found = match redis::read_claim_at(fingerprint, v, now)? {
+        let found = match redis::read_claim_at(fingerprint, v, now) {
+            Ok(found) => found,
+            Err(error) => return Err(Unanswered { error, ticket: mine }),
+        };
+        let found = match found {
             Claim::Unknown { first_seen_ms, held_until_ms, payload, .. } => {
                 Claim::Unknown { first_seen_ms, held_until_ms, payload, held: held.map(StoreTicket::Redis) }
             }
