@@ -8,7 +8,7 @@ use super::Map;
 use crate::engine::{StoreTicket, Ticket};
 use crate::host::Host;
 use crate::policy::RouteId;
-use crate::store::{Step, Store, StoreError};
+use crate::store::{Step, StoreError};
 use std::cell::RefCell;
 
 /// Who holds a forwarded claim: a request's own stream, or the root's detached call for it.

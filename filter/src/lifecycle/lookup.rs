@@ -15,7 +15,7 @@ use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::Found;
 use crate::response::{LocalReply, StoredResponse};
-use crate::store::{Call, Claim, Payload, Step, Store, StoreError, Write, Written};
+use crate::store::{Call, Claim, Payload, Step, StoreError, Write, Written};
 use std::rc::Rc;
 
 /// A lookup out: what its answer settles.

@@ -22,7 +22,7 @@ use crate::pairs::Headers;
 use crate::policy::RouteId;
 use crate::policy::{DetachedVia, Forward, Role, Unmatched};
 use crate::response::{json_reply, Header, LocalReply};
-use crate::store::{redis, Call, Claim, Step, Store, StoreError};
+use crate::store::{redis, Call, Claim, Step, StoreError};
 use std::rc::Rc;
 
 /// Where a request is. Each phase holds only what that phase needs.

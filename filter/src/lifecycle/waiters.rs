@@ -17,7 +17,7 @@ use super::POLL_MS;
 use crate::engine::{Action, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
 use crate::host::Host;
 use crate::policy::RouteId;
-use crate::store::{redis, Claim, Payload, Step, Store, StoreError};
+use crate::store::{redis, Claim, Payload, Step, StoreError};
 use std::cell::RefCell;
 use std::collections::HashMap;
 

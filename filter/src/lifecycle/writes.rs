@@ -11,7 +11,7 @@ use crate::policy::RouteId;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::redis::{self, Released};
 use crate::store::remote::Unanswered;
-use crate::store::{shared, Answer, Call, Claim, Step, Store, StoreError, Write, WriteKind, Written};
+use crate::store::{shared, Answer, Call, Claim, Step, StoreError, Write, WriteKind, Written};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 

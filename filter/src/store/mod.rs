@@ -180,55 +180,14 @@ pub enum RouteStore<'a> {
     Remote(remote::Remote<'a>),
 }
 
-impl Store for RouteStore<'_> {
-    fn claim(
-        &self,
-        host: &dyn Host,
-        id: &[u8; 32],
-        fp: &[u8; 32],
-        lease: u64,
-        retain: u64,
-        now: u64,
-    ) -> Step<Claim<StoreTicket>> {
+/// A route's store is used through the interface: `store.claim(…)` whichever it is.
+impl<'a> std::ops::Deref for RouteStore<'a> {
+    type Target = dyn Store + 'a;
+
+    fn deref(&self) -> &Self::Target {
         match self {
-            RouteStore::Shared(s) => Store::claim(*s, host, id, fp, lease, retain, now),
-            RouteStore::Remote(r) => r.claim(host, id, fp, lease, retain, now),
-        }
-    }
-    fn use_token(&self, host: &dyn Host, id: &[u8; 32], now: u64) -> Step<TokenUse<StoreTicket>> {
-        match self {
-            RouteStore::Shared(s) => Store::use_token(*s, host, id, now),
-            RouteStore::Remote(r) => r.use_token(host, id, now),
-        }
-    }
-    fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64, now: u64) -> Step<()> {
-        match self {
-            RouteStore::Shared(s) => Store::issue_token(*s, host, id, ttl_ms, now),
-            RouteStore::Remote(r) => r.issue_token(host, id, ttl_ms, now),
-        }
-    }
-    fn write(&self, host: &dyn Host, t: &StoreTicket, write: &Write, lease_ms: u64, now: u64) -> Step<Written> {
-        match self {
-            RouteStore::Shared(s) => s.write(host, t, write, lease_ms, now),
-            RouteStore::Remote(r) => r.write(host, t, write, lease_ms, now),
-        }
-    }
-    fn renew(&self, host: &dyn Host, t: &StoreTicket, lease_ms: u64) -> Step<bool> {
-        match self {
-            RouteStore::Shared(s) => Store::renew(*s, host, t, lease_ms),
-            RouteStore::Remote(r) => r.renew(host, t, lease_ms),
-        }
-    }
-    fn take_lookup(&self, host: &dyn Host, held: &StoreTicket, lease_ms: u64, now: u64) -> Step<Option<StoreTicket>> {
-        match self {
-            RouteStore::Shared(s) => Store::take_lookup(*s, host, held, lease_ms, now),
-            RouteStore::Remote(r) => r.take_lookup(host, held, lease_ms, now),
-        }
-    }
-    fn lookup_absent(&self, host: &dyn Host, t: &StoreTicket, lease_ms: u64, now: u64) -> Step<Option<StoreTicket>> {
-        match self {
-            RouteStore::Shared(s) => Store::lookup_absent(*s, host, t, lease_ms, now),
-            RouteStore::Remote(r) => r.lookup_absent(host, t, lease_ms, now),
+            RouteStore::Shared(s) => *s,
+            RouteStore::Remote(r) => r,
         }
     }
 }
