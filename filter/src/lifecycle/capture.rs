@@ -169,7 +169,7 @@ impl Stream {
         held: bool,
     ) -> Flow {
         let w = Rc::clone(&self.worker);
-        w.drop_lease(LeaseOwner::Stream(self.context));
+        w.leases.forget(LeaseOwner::Stream(self.context));
         self.phase = Phase::Idle;
         let after = if held { After::Resume(self.context) } else { After::Nothing };
         match w.finish_ticket(host, route, &ticket, key, ending, after) {

@@ -51,32 +51,59 @@ pub(super) struct ClaimBatch {
     sent_ms: u64,
 }
 
-impl Worker {
+impl Claims {
     /// Whether a claim waits for the next batch: [`CLAIM_CALLS_OUT`] claim calls are out.
-    pub(super) fn claim_call_out(&self) -> bool {
-        self.claims.out.get() >= CLAIM_CALLS_OUT
+    pub(super) fn calls_full(&self) -> bool {
+        self.out.get() >= CLAIM_CALLS_OUT
     }
 
-    /// A stream sent its own claim call.
-    pub(super) fn claim_sent(&self) {
-        self.claims.out.set(self.claims.out.get() + 1);
+    /// A claim call went out (a stream's own, or a batch).
+    pub(super) fn sent(&self) {
+        self.out.set(self.out.get() + 1);
     }
 
-    /// A claim call came back (or was cancelled with its stream): queued claims may go.
-    pub(super) fn claim_returned(&self, host: &dyn Host) {
-        self.claims.out.set(self.claims.out.get().saturating_sub(1));
-        if !self.claims.queue.borrow().is_empty() {
-            self.wake(host);
-        }
+    /// A claim call came back (or was cancelled with its stream): whether claims wait to go.
+    pub(super) fn returned(&self) -> bool {
+        self.out.set(self.out.get().saturating_sub(1));
+        !self.queue.borrow().is_empty()
     }
 
-    pub(super) fn queue_claim(&self, claim: QueuedClaim) {
-        self.claims.queue.borrow_mut().push(claim);
+    /// Queues a claim for the next batch.
+    pub(super) fn queue(&self, claim: QueuedClaim) {
+        self.queue.borrow_mut().push(claim);
     }
 
     /// The stream ended before its queued claim went out: it never will.
-    pub(super) fn forget_queued_claim(&self, ctx: u32) {
-        self.claims.queue.borrow_mut().retain(|q| q.ctx != ctx);
+    pub(super) fn forget(&self, ctx: u32) {
+        self.queue.borrow_mut().retain(|q| q.ctx != ctx);
+    }
+
+    /// The queued claims that go now, oldest first: every one, once fewer than
+    /// [`CLAIM_CALLS_OUT`] claim calls are out — or once the oldest has waited `timeout_ms` (a
+    /// whole callout timeout), so a call lost to the count never stalls the queue.
+    pub(super) fn take_due(&self, now: u64, timeout_ms: u64) -> Vec<QueuedClaim> {
+        let mut queue = self.queue.borrow_mut();
+        let stale = queue.first().is_some_and(|q| q.queued_ms.saturating_add(timeout_ms) <= now);
+        if self.calls_full() && !stale {
+            return Vec::new();
+        }
+        std::mem::take(&mut *queue)
+    }
+
+    /// Claims of a batch Redis Cluster refused (`CROSSSLOT`, nothing of it ran) go first again.
+    fn requeue_first(&self, members: Vec<QueuedClaim>) {
+        let mut queue = self.queue.borrow_mut();
+        let later = std::mem::take(&mut *queue);
+        *queue = members.into_iter().chain(later).collect();
+    }
+}
+
+impl Worker {
+    /// A claim call came back (or was cancelled with its stream): queued claims may go.
+    pub(super) fn claim_returned(&self, host: &dyn Host) {
+        if self.claims.returned() {
+            self.wake(host);
+        }
     }
 
     /// Sends the queued claims (root context) once fewer than [`CLAIM_CALLS_OUT`] claim calls are
@@ -84,15 +111,13 @@ impl Worker {
     /// never stalls the queue.
     pub(super) fn send_claims(&self, host: &dyn Host) {
         let now = host.now_ms();
-        let timeout = self.engine.bundle.redis.as_ref().map_or(0, |r| r.timeout.millis);
-        let stale = self.claims.queue.borrow().first().is_some_and(|q| q.queued_ms.saturating_add(timeout) <= now);
-        if self.claims.queue.borrow().is_empty() || (self.claim_call_out() && !stale) {
-            return;
-        }
         let Some(store) = self.engine.redis() else {
             return;
         };
-        let queued = std::mem::take(&mut *self.claims.queue.borrow_mut());
+        let queued = self.claims.take_due(now, self.engine.bundle.redis.as_ref().map_or(0, |r| r.timeout.millis));
+        if queued.is_empty() {
+            return;
+        }
         let per_slot = self.batch_per_slot.get();
         let groups = batches(queued, per_slot, MAX_BATCH_CLAIMS, usize::MAX, |q| Some(q.ticket.key.as_str()), |_| 0);
         for members in groups {
@@ -100,7 +125,7 @@ impl Worker {
                 members.iter().map(|q| (&q.ticket, self.engine.lock_ttl_ms(q.prepared.route))).collect();
             match self.dispatch(host, &store.claim_batch(&claims)) {
                 Ok(token) => {
-                    self.claim_sent();
+                    self.claims.sent();
                     self.call_out(token, RootCall::Claims(ClaimBatch { members, sent_ms: now }));
                 }
                 Err(e) => {
@@ -114,7 +139,7 @@ impl Worker {
 
     /// A claim batch's reply (root context): each claim's verdict, carried out on its stream.
     pub(super) fn claims_answered(&self, host: &dyn Host, batch: ClaimBatch, status: u16, body: &[u8]) {
-        self.claims.out.set(self.claims.out.get().saturating_sub(1));
+        self.claims.returned(); // this answer sends what waits, below
         let Some(store) = self.engine.remote() else {
             return;
         };
@@ -132,9 +157,7 @@ impl Worker {
                 // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's
                 // keys (batches sent before this answer came back are sent again too).
                 self.batching_per_slot(host);
-                let mut queue = self.claims.queue.borrow_mut();
-                let later = std::mem::take(&mut *queue);
-                *queue = batch.members.into_iter().chain(later).collect();
+                self.claims.requeue_first(batch.members);
             }
             Err(e) => {
                 for q in batch.members {
@@ -187,7 +210,7 @@ impl Worker {
         match v.action {
             Action::Wait { prepared, deadline_ms } => {
                 let waiter = Waiter::new(*prepared, deadline_ms, now, None, request.grpc);
-                self.hold(ctx, waiter);
+                self.waiters.hold(ctx, waiter);
             }
             _ => self.act_from_root(host, ctx, route, v, None, request.grpc),
         }

@@ -91,7 +91,7 @@ impl Worker {
         headers: Vec<Pair>,
         body: Vec<u8>,
     ) {
-        self.drop_lease(LeaseOwner::Detached(call.ctx));
+        self.leases.forget(LeaseOwner::Detached(call.ctx));
         let policy = self.engine.policy(call.route);
         let hold_until = host.now_ms().saturating_add(policy.key.unknown_hold_ms());
         let grpc = call.request.grpc;

@@ -30,40 +30,45 @@ pub(super) struct Lease {
     renew_at_ms: u64,
 }
 
+impl Leases {
+    /// Renews `ticket` for `owner` from `renew_at_ms` on.
+    pub(super) fn hold(&self, owner: LeaseOwner, route: RouteId, ticket: StoreTicket, renew_at_ms: u64) {
+        self.held.borrow_mut().insert(owner, Lease { route, ticket, renew_at_ms });
+    }
+
+    /// Renews nothing for `owner` any more (its request finished, or the claim is not ours).
+    pub(super) fn forget(&self, owner: LeaseOwner) {
+        self.held.borrow_mut().remove(&owner);
+    }
+
+    /// The leases due at `now`, each next due `every_ms(route)` later.
+    pub(super) fn due(&self, now: u64, every_ms: impl Fn(RouteId) -> u64) -> Vec<(LeaseOwner, RouteId, StoreTicket)> {
+        let mut held = self.held.borrow_mut();
+        let due = held.iter_mut().filter(|(_, l)| l.renew_at_ms <= now);
+        due.map(|(owner, l)| {
+            l.renew_at_ms = now.saturating_add(every_ms(l.route));
+            (*owner, l.route, l.ticket.clone())
+        })
+        .collect()
+    }
+}
+
 impl Worker {
     /// Starts renewing a forwarded claim's lease (key claims only; tokens have no lease).
     pub(super) fn hold_lease(&self, host: &dyn Host, owner: LeaseOwner, route: RouteId, ticket: &Ticket) {
-        let Ticket::Claim(st) = ticket else {
-            return;
-        };
-        let renew_at_ms = host.now_ms().saturating_add(self.renew_every(route));
-        self.leases.held.borrow_mut().insert(owner, Lease { route, ticket: st.clone(), renew_at_ms });
-    }
-
-    pub(super) fn drop_lease(&self, owner: LeaseOwner) {
-        self.leases.held.borrow_mut().remove(&owner);
+        if let Ticket::Claim(st) = ticket {
+            let renew_at_ms = host.now_ms().saturating_add(self.renew_every(route));
+            self.leases.hold(owner, route, st.clone(), renew_at_ms);
+        }
     }
 
     fn renew_every(&self, route: RouteId) -> u64 {
         (self.engine.policy(route).key.lock_ttl.millis / 3).max(1)
     }
 
-    /// Renews the leases that are due (root context, on its tick).
+    /// Renews the leases that are due through their route's store (root context, on its tick).
     pub(super) fn renew_leases(&self, host: &dyn Host) {
-        let now = host.now_ms();
-        let due: Vec<(LeaseOwner, RouteId, StoreTicket)> = self
-            .leases
-            .held
-            .borrow()
-            .iter()
-            .filter(|(_, l)| l.renew_at_ms <= now)
-            .map(|(o, l)| (*o, l.route, l.ticket.clone()))
-            .collect();
-        for (owner, route, ticket) in due {
-            let next = now.saturating_add(self.renew_every(route));
-            if let Some(l) = self.leases.held.borrow_mut().get_mut(&owner) {
-                l.renew_at_ms = next;
-            }
+        for (owner, route, ticket) in self.leases.due(host.now_ms(), |r| self.renew_every(r)) {
             let lease = self.engine.policy(route).key.lock_ttl.millis;
             match self.engine.store(route).renew(host, &ticket, lease) {
                 Step::Now(renewed) => self.renewed(owner, renewed),
@@ -81,7 +86,38 @@ impl Worker {
     /// is tried again at the next due time.
     pub(super) fn renewed(&self, owner: LeaseOwner, renewed: Result<bool, StoreError>) {
         if let Ok(false) = renewed {
-            self.drop_lease(owner);
+            self.leases.forget(owner);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic)]
+    use super::*;
+    use crate::store::redis;
+
+    fn ticket(first_seen_ms: u64) -> StoreTicket {
+        StoreTicket::Redis(redis::Ticket { key: "k".into(), record: "r".into(), first_seen_ms })
+    }
+
+    #[test]
+    fn due_leases_are_rescheduled_and_forgotten_ones_never_come_back() {
+        let leases = Leases::default();
+        let bundle = crate::policy::parse_bundle("[[route]]\nname = \"r\"\nmatch = { path = \"/r\" }\n", "t");
+        let Some(route) = bundle.ok().and_then(|b| b.route_ids().next()) else {
+            panic!("a bundle of one route");
+        };
+        leases.hold(LeaseOwner::Stream(1), route, ticket(1), 100);
+        leases.hold(LeaseOwner::Detached(2), route, ticket(2), 300);
+        assert!(leases.due(99, |_| 50).is_empty(), "nothing due before its time");
+        let due = leases.due(100, |_| 50);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].0, LeaseOwner::Stream(1));
+        assert!(leases.due(149, |_| 50).is_empty(), "renewed at 100: next due at 150");
+        assert_eq!(leases.due(150, |_| 50).len(), 1);
+        leases.forget(LeaseOwner::Stream(1));
+        let owners: Vec<LeaseOwner> = leases.due(1_000, |_| 50).into_iter().map(|d| d.0).collect();
+        assert_eq!(owners, vec![LeaseOwner::Detached(2)]);
     }
 }

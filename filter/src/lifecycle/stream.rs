@@ -551,7 +551,7 @@ impl Stream {
                     }
                 };
                 let waiter = Waiter::new(*prepared, deadline_ms, host.now_ms(), outbound, self.request.grpc);
-                w.hold(self.context, waiter);
+                w.waiters.hold(self.context, waiter);
                 self.phase = Phase::Held { route };
                 Flow::Pause
             }
@@ -630,19 +630,19 @@ impl Stream {
         // A detached route's claim goes out alone: its stream hands the request to the root once
         // claimed, which a batch resolved from the root would have to carry for every member.
         let detached = w.engine.policy(route).forward == Forward::Detached;
-        if !detached && w.claim_call_out() {
+        if !detached && w.claims.calls_full() {
             // Group commit: it goes with the next batch, when a claim call out returns.
             let request = std::mem::take(&mut self.request);
             self.request.grpc = request.grpc;
             let queued_ms = now;
-            w.queue_claim(QueuedClaim { ctx: self.context, prepared, ticket, fingerprint, request, queued_ms });
+            w.claims.queue(QueuedClaim { ctx: self.context, prepared, ticket, fingerprint, request, queued_ms });
             self.phase = Phase::Held { route };
             return Flow::Pause;
         }
         match w.dispatch(host, &call.cmd) {
             Ok(token) => {
                 w.stream_call_out(token, self.context);
-                w.claim_sent();
+                w.claims.sent();
                 self.phase = Phase::AwaitingStore(Pending::Claim { prepared, ticket, fingerprint }, now, token);
                 Flow::Pause
             }
@@ -761,7 +761,7 @@ impl Stream {
         let Phase::Held { route } = self.phase else {
             return;
         };
-        let Some(resumed) = self.worker.take_handoff(self.context) else {
+        let Some(resumed) = self.worker.waiters.take_handoff(self.context) else {
             return;
         };
         self.phase = match resumed {

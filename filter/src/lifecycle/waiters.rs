@@ -85,51 +85,111 @@ fn poll_gap_ms(polls: u32) -> u64 {
     POLL_MS.saturating_mul(1 << polls.min(10)).min(MAX_POLL_GAP_MS)
 }
 
-impl Worker {
-    /// A held stream ended: it waits no more, and nothing is handed to it.
-    pub(super) fn forget_waiter(&self, ctx: u32) {
-        self.waiters.held.borrow_mut().remove(&ctx);
-        self.waiters.handoff.borrow_mut().remove(&ctx);
-    }
-
+impl Waiters {
     /// Holds a paused stream until the root decides for it.
     pub(super) fn hold(&self, ctx: u32, waiter: Waiter) {
-        self.waiters.held.borrow_mut().insert(ctx, waiter);
+        self.held.borrow_mut().insert(ctx, waiter);
+    }
+
+    /// A held stream ended: it waits no more, and nothing is handed to it.
+    pub(super) fn forget(&self, ctx: u32) {
+        self.held.borrow_mut().remove(&ctx);
+        self.handoff.borrow_mut().remove(&ctx);
     }
 
     /// What the root did with a paused stream, if anything, for the stream to pick up.
     pub(super) fn take_handoff(&self, ctx: u32) -> Option<Resumed> {
-        self.waiters.handoff.borrow_mut().remove(&ctx)
+        self.handoff.borrow_mut().remove(&ctx)
     }
 
-    /// The tick's re-check of every held duplicate not being polled already, in groups of the
-    /// same route, key and payload (a held request is always a key's claim: a token is used
-    /// once, never held).
-    pub(super) fn recheck_waiters(&self, host: &dyn Host) {
-        let mut groups: HashMap<(RouteId, [u8; 32], [u8; 32]), Vec<u32>> = HashMap::new();
-        for (ctx, w) in self.waiters.held.borrow().iter().filter(|(_, w)| !w.polling) {
+    fn hand_off(&self, ctx: u32, resumed: Resumed) {
+        self.handoff.borrow_mut().insert(ctx, resumed);
+    }
+
+    /// The held duplicates not being polled, in groups of the same route, key and payload,
+    /// oldest context first (a held request is always a key's claim: a token is used once,
+    /// never held).
+    fn groups(&self) -> Vec<(Group, Vec<u32>)> {
+        let mut groups: HashMap<Group, Vec<u32>> = HashMap::new();
+        for (ctx, w) in self.held.borrow().iter().filter(|(_, w)| !w.polling) {
             if let StoreOp::Claim { id, fingerprint } = &w.prepared.op {
-                groups.entry((w.prepared.route, *id, *fingerprint)).or_default().push(*ctx);
+                groups
+                    .entry(Group { route: w.prepared.route, id: *id, fingerprint: *fingerprint })
+                    .or_default()
+                    .push(*ctx);
             }
         }
-        for ((route, id, fingerprint), mut members) in groups {
-            // Oldest context first: the one that takes the key over, if it is free again.
+        let mut groups: Vec<(Group, Vec<u32>)> = groups.into_iter().collect();
+        for (_, members) in &mut groups {
+            // The oldest takes the key over, if it is free again.
             members.sort_unstable();
-            self.recheck_group(host, members, route, &id, fingerprint);
+        }
+        groups
+    }
+
+    /// Whether a member's next poll (or its deadline) has come.
+    fn due(&self, members: &[u32], now: u64) -> bool {
+        let held = self.held.borrow();
+        members.iter().filter_map(|c| held.get(c)).any(|w| now >= w.next_poll_ms.min(w.deadline_ms))
+    }
+
+    /// A poll for `members` went out.
+    fn polling(&self, members: &[u32]) {
+        let mut held = self.held.borrow_mut();
+        for ctx in members {
+            if let Some(w) = held.get_mut(ctx) {
+                w.polling = true;
+                w.polls += 1;
+            }
+        }
+    }
+
+    /// The members still held, with what each asked and until when it waits.
+    fn still_held(&self, members: &[u32]) -> Vec<(u32, Prepared, u64)> {
+        let held = self.held.borrow();
+        let live = members.iter().filter_map(|c| held.get(c).map(|w| (*c, w)));
+        live.map(|(c, w)| (c, w.prepared.clone(), w.deadline_ms)).collect()
+    }
+
+    /// A member keeps waiting: its next poll after the backoff from `now`.
+    fn wait_on(&self, ctx: u32, now: u64) {
+        if let Some(w) = self.held.borrow_mut().get_mut(&ctx) {
+            w.polling = false;
+            w.next_poll_ms = now.saturating_add(poll_gap_ms(w.polls));
+        }
+    }
+
+    /// A member is decided for: no longer held (`None` when its client went away meanwhile).
+    fn release(&self, ctx: u32) -> Option<Waiter> {
+        self.held.borrow_mut().remove(&ctx)
+    }
+}
+
+/// What held duplicates are grouped by: the same route, key and payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Group {
+    route: RouteId,
+    id: [u8; 32],
+    fingerprint: [u8; 32],
+}
+
+impl Worker {
+    /// The tick's re-check of every held duplicate not being polled already, group by group.
+    pub(super) fn recheck_waiters(&self, host: &dyn Host) {
+        for (group, members) in self.waiters.groups() {
+            self.recheck_group(host, members, group);
         }
     }
 
     /// One group of held duplicates: the route's store asked once for all of them — at once on
     /// the shared store and from Redis' answer cache every tick, by a Webdis poll when due.
-    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>, route: RouteId, id: &[u8; 32], fingerprint: [u8; 32]) {
+    fn recheck_group(&self, host: &dyn Host, members: Vec<u32>, group: Group) {
         let now = host.now_ms();
-        let due = {
-            let waiters = self.waiters.held.borrow();
-            members.iter().filter_map(|c| waiters.get(c)).any(|w| now >= w.next_poll_ms.min(w.deadline_ms))
-        };
+        let due = self.waiters.due(&members, now);
+        let Group { route, id, fingerprint } = group;
         let key = &self.engine.policy(route).key;
         let call =
-            match self.engine.store(route).claim(host, id, &fingerprint, key.lock_ttl.millis, key.ttl.millis, now) {
+            match self.engine.store(route).claim(host, &id, &fingerprint, key.lock_ttl.millis, key.ttl.millis, now) {
                 // Held duplicates keep no body to take a SHA-256 fingerprint of: a record written
                 // before fingerprints were xxh3 (only one in flight across the upgrade) counts as
                 // different.
@@ -144,14 +204,7 @@ impl Worker {
         };
         match self.dispatch(host, &call.cmd) {
             Ok(token) => {
-                let mut waiters = self.waiters.held.borrow_mut();
-                for ctx in &members {
-                    if let Some(w) = waiters.get_mut(ctx) {
-                        w.polling = true;
-                        w.polls += 1;
-                    }
-                }
-                drop(waiters);
+                self.waiters.polling(&members);
                 let poll = Poll { members, route, ticket, fingerprint, sent_ms: now };
                 self.call_out(token, RootCall::Poll(poll));
             }
@@ -167,11 +220,8 @@ impl Worker {
             return;
         };
         let now = host.now_ms();
-        let first = {
-            let waiters = self.waiters.held.borrow();
-            poll.members.iter().find_map(|c| waiters.get(c).map(|w| w.prepared.key.clone()))
-        };
-        let Some(first_key) = first else {
+        let first = self.waiters.still_held(&poll.members).into_iter().next();
+        let Some((_, Prepared { key: first_key, .. }, _)) = first else {
             // Every held client left while the poll was out: a claim it won has nobody to finish it.
             let someone_elses = matches!(
                 store.redis.parse_claim(&poll.fingerprint, status, body),
@@ -194,13 +244,8 @@ impl Worker {
     /// What the store found for a group of held duplicates: each member's verdict. A claim won
     /// goes to the oldest member still here; the others go on waiting, on it.
     fn group_found(&self, host: &dyn Host, members: &[u32], found: Result<Claim<StoreTicket>, StoreError>, now: u64) {
-        let members: Vec<(u32, Prepared, u64)> = {
-            let waiters = self.waiters.held.borrow();
-            let live = members.iter().filter_map(|c| waiters.get(c).map(|w| (*c, w)));
-            live.map(|(c, w)| (c, w.prepared.clone(), w.deadline_ms)).collect()
-        };
         let mut taken = false;
-        for (ctx, prepared, deadline) in members {
+        for (ctx, prepared, deadline) in self.waiters.still_held(members) {
             let found = match &found {
                 Ok(Claim::Claimed(_)) if taken => {
                     Ok(Claim::InFlight { first_seen_ms: now, lease_ends_ms: deadline, payload: Payload::Same })
@@ -215,25 +260,16 @@ impl Worker {
 
     /// A held request's verdict, acted on from the root context.
     fn resolve_waiter(&self, host: &dyn Host, ctx: u32, v: Verdict) {
-        let (route, outbound, grpc) = {
-            let mut waiters = self.waiters.held.borrow_mut();
-            if let Action::Wait { .. } = &v.action {
-                if let Some(w) = waiters.get_mut(&ctx) {
-                    w.polling = false;
-                    w.next_poll_ms = host.now_ms().saturating_add(poll_gap_ms(w.polls));
-                }
-                return;
-            }
-            match waiters.remove(&ctx) {
-                Some(w) => {
-                    self.metrics.record_wait(host, w.prepared.route, w.since_ms);
-                    (w.prepared.route, w.outbound, w.grpc)
-                }
-                None => return, // the client went away meanwhile
-            }
+        if let Action::Wait { .. } = &v.action {
+            return self.waiters.wait_on(ctx, host.now_ms());
+        }
+        let Some(w) = self.waiters.release(ctx) else {
+            return; // the client went away meanwhile
         };
+        let route = w.prepared.route;
+        self.metrics.record_wait(host, route, w.since_ms);
         self.record(host, route, &v);
-        self.act_from_root(host, ctx, route, v, outbound, grpc);
+        self.act_from_root(host, ctx, route, v, w.outbound, w.grpc);
     }
 
     /// Carries out a paused stream's verdict from the root context (a held duplicate's, a
@@ -265,7 +301,7 @@ impl Worker {
                         }
                         None => Resumed::Passed,
                     };
-                    self.waiters.handoff.borrow_mut().insert(ctx, resumed);
+                    self.waiters.hand_off(ctx, resumed);
                     let _ = host.resume_request();
                 }
                 // The root never looks an unknown outcome up (a held request found it): 409.
@@ -277,7 +313,7 @@ impl Worker {
                         }
                         Answered::Replied => Resumed::Answered,
                     };
-                    self.waiters.handoff.borrow_mut().insert(ctx, resumed);
+                    self.waiters.hand_off(ctx, resumed);
                 }
                 (Action::Wait { .. }, _) => {}
             }

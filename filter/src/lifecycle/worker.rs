@@ -180,11 +180,11 @@ impl Worker {
     /// no held duplicate, body watch, queued claim or lease.
     pub(super) fn stream_ended(&self, context: u32) {
         self.live.borrow_mut().remove(&context);
-        self.forget_waiter(context);
+        self.waiters.forget(context);
         self.forget_body_wait(context);
-        self.forget_queued_claim(context);
+        self.claims.forget(context);
         self.forget_early(context);
-        self.drop_lease(LeaseOwner::Stream(context));
+        self.leases.forget(LeaseOwner::Stream(context));
     }
 
     /// Redis is a cluster (a batch was refused `CROSSSLOT`): batches hold one hash slot's keys
