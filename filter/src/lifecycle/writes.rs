@@ -132,6 +132,47 @@ pub(super) struct Outbox {
     jobs: RefCell<VecDeque<Job>>,
 }
 
+impl Outbox {
+    /// Queues a write, within the per-worker bounds ([`MAX_PENDING_WRITES`] counting the
+    /// `in_flight` writes, [`MAX_PENDING_BYTES`]): the oldest queued writes past them are
+    /// dropped, and returned to be counted.
+    fn push(&self, job: Job, in_flight: usize) -> Vec<Job> {
+        let mut jobs = self.jobs.borrow_mut();
+        jobs.push_back(job);
+        let mut bytes: usize = jobs.iter().map(|j| j.cmd.body.len()).sum();
+        let mut dropped = Vec::new();
+        while jobs.len() + in_flight > MAX_PENDING_WRITES || bytes > MAX_PENDING_BYTES {
+            let Some(old) = jobs.pop_front() else {
+                break;
+            };
+            bytes -= old.cmd.body.len();
+            dropped.push(old);
+        }
+        dropped
+    }
+
+    /// The writes due at `now`, oldest first; the others stay.
+    fn take_due(&self, now: u64) -> Vec<Job> {
+        let mut jobs = self.jobs.borrow_mut();
+        let (due, later): (VecDeque<Job>, VecDeque<Job>) = jobs.drain(..).partition(|j| j.next_at_ms <= now);
+        *jobs = later;
+        due.into()
+    }
+
+    /// A write to try again at its `next_at_ms`.
+    fn retry(&self, job: Job) {
+        self.jobs.borrow_mut().push_back(job);
+    }
+
+    /// Writes of a batch Redis Cluster refused (`CROSSSLOT`, nothing of it ran) go first again.
+    fn requeue_first(&self, batch: Vec<Job>) {
+        let mut jobs = self.jobs.borrow_mut();
+        for job in batch.into_iter().rev() {
+            jobs.push_front(job);
+        }
+    }
+}
+
 impl Worker {
     /// Finishes a ticket with how its request ended, through the route's store: at once on the
     /// shared store, through a queued Redis write otherwise. A queued write carries `after` out
@@ -290,20 +331,7 @@ impl Worker {
 
     /// Queues a write for the root context, within the per-worker bounds.
     fn queue(&self, host: &dyn Host, job: Job) {
-        let mut outbox = self.outbox.jobs.borrow_mut();
-        outbox.push_back(job);
-        let in_flight = self.writes_out().1;
-        let mut bytes: usize = outbox.iter().map(|j| j.cmd.body.len()).sum();
-        let mut dropped = Vec::new();
-        while outbox.len() + in_flight > MAX_PENDING_WRITES || bytes > MAX_PENDING_BYTES {
-            let Some(old) = outbox.pop_front() else {
-                break;
-            };
-            bytes -= old.cmd.body.len();
-            dropped.push(old);
-        }
-        drop(outbox);
-        for old in dropped {
+        for old in self.outbox.push(job, self.writes_out().1) {
             let cause = format!(
                 "{}; pending writes over the bound ({MAX_PENDING_WRITES} or {MAX_PENDING_BYTES} bytes)",
                 old.cause
@@ -326,12 +354,7 @@ impl Worker {
             return;
         }
         let now = host.now_ms();
-        let due: Vec<Job> = {
-            let mut outbox = self.outbox.jobs.borrow_mut();
-            let (due, later): (VecDeque<Job>, VecDeque<Job>) = outbox.drain(..).partition(|j| j.next_at_ms <= now);
-            *outbox = later;
-            due.into()
-        };
+        let due = self.outbox.take_due(now);
         // At most MAX_BATCH_WRITES writes and MAX_BATCH_BYTES per call, per slot on a cluster; a
         // write that cannot be a step goes alone.
         let per_slot = self.batch_per_slot.get();
@@ -387,10 +410,7 @@ impl Worker {
             {
                 // Redis Cluster: nothing of the batch ran; from now on a batch holds one slot's keys.
                 self.batching_per_slot(host);
-                let mut outbox = self.outbox.jobs.borrow_mut();
-                for job in batch.into_iter().rev() {
-                    outbox.push_front(job);
-                }
+                self.outbox.requeue_first(batch);
             }
             Err(e) => {
                 let now = host.now_ms();
@@ -455,7 +475,7 @@ impl Worker {
                 let gap = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(ORPHAN_RECHECK_MAX_MS);
                 job.attempts += 1;
                 job.next_at_ms = now.saturating_add(gap);
-                self.outbox.jobs.borrow_mut().push_back(job);
+                self.outbox.retry(job);
                 return;
             }
             (FinishKind::ReleaseOrphan, Released::Deleted) => (Some(Outcome::OrphanReleased), job.cause),
@@ -489,7 +509,7 @@ impl Worker {
         job.next_at_ms = now.saturating_add(backoff);
         let cause = format!("{}; attempt {} refused ({e}); retrying in {backoff} ms", job.cause, job.attempts);
         self.record_finish(host, job.route, Some(Outcome::WriteRetried), job.key.as_deref(), &cause);
-        self.outbox.jobs.borrow_mut().push_back(job);
+        self.outbox.retry(job);
     }
 
     /// The write's key is no longer marked unwritten in the answer cache.
@@ -519,4 +539,48 @@ impl Worker {
 /// The key a write touches as a step of a batch (`None`: it cannot be one, and goes alone).
 fn step_key(job: &Job) -> Option<&str> {
     job.cmd.step.as_ref().map(|s| s.key.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic)]
+    use super::*;
+
+    fn job(n: u64, bytes: usize) -> Job {
+        let bundle = crate::policy::parse_bundle("[[route]]\nname = \"r\"\nmatch = { path = \"/r\" }\n", "t");
+        let Some(route) = bundle.ok().and_then(|b| b.route_ids().next()) else {
+            panic!("a bundle of one route");
+        };
+        let cmd = redis::Command { name: "EVAL", body: "x".repeat(bytes), step: None };
+        let ticket = redis::Ticket { key: "k".into(), record: "r".into(), first_seen_ms: n };
+        Job::new(route, None, cmd, FinishKind::Release, format!("j{n}"), &ticket, n, n + 1000)
+    }
+
+    fn causes(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter().map(|j| j.cause.as_str()).collect()
+    }
+
+    #[test]
+    fn past_its_bounds_the_outbox_drops_its_oldest_writes() {
+        let outbox = Outbox::default();
+        for n in 0..MAX_PENDING_WRITES as u64 {
+            assert!(outbox.push(job(n, 10), 0).is_empty(), "within the bound");
+        }
+        assert_eq!(causes(&outbox.push(job(5000, 10), 0)), vec!["j0"], "one over: the oldest goes");
+        assert_eq!(causes(&outbox.push(job(5001, 10), 2)), vec!["j1", "j2", "j3"], "writes in flight count");
+        let dropped = outbox.push(job(5002, MAX_PENDING_BYTES), 0);
+        assert_eq!(dropped.len(), MAX_PENDING_WRITES - 2, "over the bytes: all the older ones go");
+        assert_eq!(causes(&outbox.take_due(u64::MAX)), vec!["j5002"]);
+    }
+
+    #[test]
+    fn only_due_writes_leave_and_a_refused_batch_goes_first_again() {
+        let outbox = Outbox::default();
+        for n in [30, 10, 20] {
+            outbox.push(job(n, 1), 0);
+        }
+        assert_eq!(causes(&outbox.take_due(20)), vec!["j10", "j20"], "due ones, in queue order");
+        outbox.requeue_first(vec![job(1, 1), job(2, 1)]);
+        assert_eq!(causes(&outbox.take_due(u64::MAX)), vec!["j1", "j2", "j30"]);
+    }
 }
