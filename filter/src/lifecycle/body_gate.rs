@@ -62,45 +62,74 @@ fn total_size(host: &dyn Host) -> Option<u64> {
     u64::try_from(i64::from_le_bytes(raw)).ok()
 }
 
-impl Worker {
+impl BodyGate {
     /// What is known about body delivery.
-    pub(super) fn body_delivery(&self) -> BodyDelivery {
-        self.body_gate.delivery.get()
+    pub(super) fn delivery(&self) -> BodyDelivery {
+        self.delivery.get()
     }
 
-    /// A stream pauses at its headers to read the body.
-    pub(super) fn await_body(&self, host: &dyn Host, context: u32, route: RouteId) {
-        if self.body_gate.delivery.get() == BodyDelivery::Unknown {
-            let size_at_headers = total_size(host).unwrap_or(0);
-            self.body_gate.awaiting.borrow_mut().insert(context, AwaitingBody { route, size_at_headers });
+    /// A stream pauses at its headers to read the body (`size_at_headers`: what Envoy has
+    /// received of it then), watched while delivery is unknown.
+    fn watch(&self, context: u32, route: RouteId, size_at_headers: u64) {
+        if self.delivery.get() == BodyDelivery::Unknown {
+            self.awaiting.borrow_mut().insert(context, AwaitingBody { route, size_at_headers });
         }
     }
 
     /// A body callback arrived for a stream paused at its headers: delivery is proven, and
     /// nothing is watched any more (streams are registered only while it is unknown).
-    pub(super) fn body_delivered(&self) {
-        if self.body_gate.delivery.get() == BodyDelivery::Unknown {
-            self.body_gate.delivery.set(BodyDelivery::Delivered);
-            self.body_gate.awaiting.borrow_mut().clear();
+    pub(super) fn delivered(&self) {
+        if self.delivery.get() == BodyDelivery::Unknown {
+            self.delivery.set(BodyDelivery::Delivered);
+            self.awaiting.borrow_mut().clear();
         }
     }
 
     /// The stream ended.
-    pub(super) fn forget_body_wait(&self, context: u32) {
-        if self.body_gate.delivery.get() != BodyDelivery::Delivered {
-            self.body_gate.awaiting.borrow_mut().remove(&context);
-            self.body_gate.passthrough.borrow_mut().remove(&context);
+    pub(super) fn forget(&self, context: u32) {
+        if self.delivery.get() != BodyDelivery::Delivered {
+            self.awaiting.borrow_mut().remove(&context);
+            self.passthrough.borrow_mut().remove(&context);
+        }
+    }
+
+    /// The streams watched now.
+    fn watched(&self) -> Vec<(u32, AwaitingBody)> {
+        self.awaiting.borrow().iter().map(|(c, a)| (*c, *a)).collect()
+    }
+
+    /// Envoy was seen to withhold bodies: nothing is watched any more.
+    fn withheld(&self) {
+        self.delivery.set(BodyDelivery::Withheld);
+        self.awaiting.borrow_mut().clear();
+    }
+
+    /// A stream let through unexamined (shadow mode, body withheld).
+    fn pass_through(&self, context: u32) {
+        self.passthrough.borrow_mut().insert(context);
+    }
+
+    /// Whether a stream was let through unexamined; clears it.
+    pub(super) fn take_passthrough(&self, context: u32) -> bool {
+        self.delivery.get() == BodyDelivery::Withheld && self.passthrough.borrow_mut().remove(&context)
+    }
+}
+
+impl Worker {
+    /// A stream pauses at its headers to read the body.
+    pub(super) fn await_body(&self, host: &dyn Host, context: u32, route: RouteId) {
+        if self.body_gate.delivery() == BodyDelivery::Unknown {
+            self.body_gate.watch(context, route, total_size(host).unwrap_or(0));
         }
     }
 
     /// On the root's tick: has Envoy received body bytes for a waiting stream without calling
     /// its body callback? Then answer every waiting stream.
     pub(super) fn check_body_delivery(&self, host: &dyn Host) {
-        if self.body_gate.awaiting.borrow().is_empty() {
+        let waiting = self.body_gate.watched();
+        if waiting.is_empty() {
             return;
         }
-        let waiting: Vec<(u32, AwaitingBody)> =
-            self.body_gate.awaiting.borrow().iter().map(|(c, a)| (*c, *a)).collect();
         let received = |&(ctx, wait): &(u32, AwaitingBody)| {
             let mut grew = false;
             self.on_stream(host, ctx, || grew = total_size(host).is_some_and(|now| now > wait.size_at_headers));
@@ -109,8 +138,7 @@ impl Worker {
         if !waiting.iter().any(received) {
             return;
         }
-        self.body_gate.delivery.set(BodyDelivery::Withheld);
-        self.body_gate.awaiting.borrow_mut().clear();
+        self.body_gate.withheld();
         host.log(Level::Error, WITHHELD_LOG);
         for (ctx, wait) in waiting {
             self.answer_withheld(host, ctx, wait.route);
@@ -127,17 +155,11 @@ impl Worker {
                 Action::Reply(r) => super::worker::send(host, r),
                 // Shadow mode never blocks: let it through unexamined.
                 _ => {
-                    self.body_gate.passthrough.borrow_mut().insert(ctx);
+                    self.body_gate.pass_through(ctx);
                     let _ = host.resume_request();
                 }
             }
         });
-    }
-
-    /// Whether a stream was let through unexamined (shadow mode, body withheld); clears it.
-    pub(super) fn take_body_passthrough(&self, context: u32) -> bool {
-        self.body_gate.delivery.get() == BodyDelivery::Withheld
-            && self.body_gate.passthrough.borrow_mut().remove(&context)
     }
 }
 

@@ -47,10 +47,10 @@ struct Parked {
     dropped: usize,
 }
 
-impl Worker {
+impl Early {
     /// The client of stream `ctx` is still sending its request (or no longer is).
     pub(super) fn set_uploading(&self, ctx: u32, uploading: bool) {
-        let mut set = self.early.uploading.borrow_mut();
+        let mut set = self.uploading.borrow_mut();
         if uploading {
             set.insert(ctx);
         } else {
@@ -58,60 +58,102 @@ impl Worker {
         }
     }
 
+    fn uploading(&self, ctx: u32) -> bool {
+        self.uploading.borrow().contains(&ctx)
+    }
+
+    /// Parks `reply` until the request of `ctx` ends, or until `wait_ms` from `now` at the most.
+    fn park(&self, ctx: u32, reply: LocalReply, now: u64, wait_ms: u64) {
+        let parked = Parked { reply, since_ms: now, due_ms: now.saturating_add(wait_ms), dropped: 0 };
+        self.parked.borrow_mut().insert(ctx, parked);
+    }
+
+    /// A body chunk of `size` bytes (or the request's end) for a stream whose answer is parked:
+    /// `None` when none is; else the answer to send now (the request ended, or more than
+    /// [`DISCARD_LIMIT`] bytes were dropped), if it is time. A chunk proves Envoy delivers
+    /// bodies: the answer may wait the whole [`PARK_MS`] from now on.
+    fn chunk(&self, ctx: u32, size: usize, end_of_stream: bool) -> Option<Option<LocalReply>> {
+        let mut parked = self.parked.borrow_mut();
+        let p = parked.get_mut(&ctx)?;
+        p.due_ms = p.since_ms.saturating_add(PARK_MS);
+        p.dropped = p.dropped.saturating_add(size);
+        if end_of_stream || p.dropped > DISCARD_LIMIT {
+            return Some(parked.remove(&ctx).map(|p| p.reply));
+        }
+        Some(None)
+    }
+
+    /// Whether an answer is parked for stream `ctx`.
+    pub(super) fn is_parked(&self, ctx: u32) -> bool {
+        self.parked.borrow().contains_key(&ctx)
+    }
+
+    /// The answers whose request did not end by `now`, taken out.
+    fn overdue(&self, now: u64) -> Vec<(u32, LocalReply)> {
+        let mut parked = self.parked.borrow_mut();
+        let due: Vec<u32> = parked.iter().filter(|(_, p)| now >= p.due_ms).map(|(c, _)| *c).collect();
+        due.into_iter().filter_map(|c| parked.remove(&c).map(|p| (c, p.reply))).collect()
+    }
+
+    /// A stream ended: nothing is parked for it any more.
+    pub(super) fn forget(&self, ctx: u32) {
+        self.uploading.borrow_mut().remove(&ctx);
+        self.parked.borrow_mut().remove(&ctx);
+    }
+}
+
+impl Worker {
     /// Sends `reply` on stream `ctx` (current now), or parks it until the request ends.
     pub(super) fn send_when_read(&self, host: &dyn Host, ctx: u32, reply: LocalReply) {
-        let wait = match self.body_delivery() {
-            _ if !self.early.uploading.borrow().contains(&ctx) => return send(host, &reply),
+        let wait_ms = match self.body_gate.delivery() {
+            _ if !self.early.uploading(ctx) => return send(host, &reply),
             BodyDelivery::Withheld => return send(host, &reply),
             BodyDelivery::Delivered => PARK_MS,
             BodyDelivery::Unknown => UNPROVEN_PARK_MS,
         };
-        let now = host.now_ms();
-        let parked = Parked { reply, since_ms: now, due_ms: now.saturating_add(wait), dropped: 0 };
-        self.early.parked.borrow_mut().insert(ctx, parked);
+        self.early.park(ctx, reply, host.now_ms(), wait_ms);
     }
 
     /// A request body chunk (or the trailers: `end_of_stream`) of a stream whose answer is
     /// parked: dropped, and the answer sent at the request's end. `None`: no answer is parked.
     pub(super) fn parked_chunk(&self, host: &dyn Host, ctx: u32, size: usize, end_of_stream: bool) -> Option<Flow> {
-        let mut parked = self.early.parked.borrow_mut();
-        let p = parked.get_mut(&ctx)?;
+        let now = self.early.chunk(ctx, size, end_of_stream)?;
         // A chunk while the headers are paused: Envoy delivers bodies, so the end will come.
-        p.due_ms = p.since_ms.saturating_add(PARK_MS);
-        self.body_delivered();
-        p.dropped = p.dropped.saturating_add(size);
-        if end_of_stream || p.dropped > DISCARD_LIMIT {
-            if let Some(p) = parked.remove(&ctx) {
-                drop(parked);
-                send(host, &p.reply);
-            }
+        self.body_gate.delivered();
+        if let Some(reply) = now {
+            send(host, &reply);
         }
         Some(Flow::Discard)
     }
 
-    /// Whether an answer is parked for stream `ctx`.
-    pub(super) fn is_parked(&self, ctx: u32) -> bool {
-        self.early.parked.borrow().contains_key(&ctx)
-    }
-
     /// On the root's tick: answers whose request did not end in time go now.
     pub(super) fn send_overdue_answers(&self, host: &dyn Host) {
-        let now = host.now_ms();
-        let overdue: Vec<u32> = {
-            let parked = self.early.parked.borrow();
-            parked.iter().filter(|(_, p)| now >= p.due_ms).map(|(c, _)| *c).collect()
-        };
-        for ctx in overdue {
-            let Some(p) = self.early.parked.borrow_mut().remove(&ctx) else {
-                continue;
-            };
-            self.on_stream(host, ctx, || send(host, &p.reply));
+        for (ctx, reply) in self.early.overdue(host.now_ms()) {
+            self.on_stream(host, ctx, || send(host, &reply));
         }
     }
+}
 
-    /// A stream ended: nothing is parked for it any more.
-    pub(super) fn forget_early(&self, ctx: u32) {
-        self.early.uploading.borrow_mut().remove(&ctx);
-        self.early.parked.borrow_mut().remove(&ctx);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parked_answer_goes_at_the_requests_end_past_the_discard_limit_or_when_overdue() {
+        let early = Early::default();
+        let reply = || LocalReply { status: 409, ..LocalReply::default() };
+        early.park(1, reply(), 0, UNPROVEN_PARK_MS);
+        assert_eq!(early.chunk(2, 10, false), None, "nothing parked for 2");
+        assert_eq!(early.chunk(1, 10, false), Some(None), "dropped; the answer waits for the end");
+        assert!(early.overdue(UNPROVEN_PARK_MS).is_empty(), "a chunk proved delivery: it may wait PARK_MS");
+        assert_eq!(early.chunk(1, 5, true).flatten().map(|r| r.status), Some(409), "the request ended");
+        assert!(!early.is_parked(1));
+
+        early.park(3, reply(), 0, UNPROVEN_PARK_MS);
+        assert!(early.overdue(UNPROVEN_PARK_MS - 1).is_empty());
+        assert_eq!(early.overdue(UNPROVEN_PARK_MS).iter().map(|(c, _)| *c).collect::<Vec<_>>(), vec![3]);
+
+        early.park(4, reply(), 0, PARK_MS);
+        assert!(early.chunk(4, DISCARD_LIMIT + 1, false).flatten().is_some(), "past the discard limit: sent");
     }
 }

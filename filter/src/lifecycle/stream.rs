@@ -220,7 +220,7 @@ impl Stream {
         }
         if !end_of_stream {
             // An answer decided before the body has all arrived waits for it (see `early`).
-            w.set_uploading(self.context, true);
+            w.early.set_uploading(self.context, true);
         }
         // Every header in one host call: the path, then the method and the key, would be more.
         self.request.headers = host.request_headers();
@@ -250,7 +250,7 @@ impl Stream {
             }
             // With allow_on_headers_stop_iteration, the body still reaches on_request_body;
             // without it, it never does while we pause (see `body_gate`).
-            if w.body_delivery() == BodyDelivery::Withheld {
+            if w.body_gate.delivery() == BodyDelivery::Withheld {
                 let v = w.engine.body_withheld(route);
                 return self.apply(host, route, v, false);
             }
@@ -283,7 +283,7 @@ impl Stream {
             return Flow::Pause;
         }
         if end_of_stream {
-            self.worker.set_uploading(self.context, false);
+            self.worker.early.set_uploading(self.context, false);
         }
         self.take_handoff(host);
         if let Some(flow) = self.worker.parked_chunk(host, self.context, size, end_of_stream) {
@@ -291,19 +291,19 @@ impl Stream {
         }
         match self.read_body(host, size, end_of_stream) {
             // Answered while the body still arrives: the rest is dropped, not buffered.
-            Flow::Pause if self.worker.is_parked(self.context) => Flow::Discard,
+            Flow::Pause if self.worker.early.is_parked(self.context) => Flow::Discard,
             flow => flow,
         }
     }
 
     fn read_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
         let route = match self.phase {
-            Phase::ReadingBody { .. } if self.worker.take_body_passthrough(self.context) => {
+            Phase::ReadingBody { .. } if self.worker.body_gate.take_passthrough(self.context) => {
                 self.phase = Phase::Idle;
                 return Flow::Continue;
             }
             Phase::ReadingBody { route } => {
-                self.worker.body_delivered();
+                self.worker.body_gate.delivered();
                 route
             }
             // Chunks that arrive while a decision made without them is out (a Webdis call, a
@@ -343,7 +343,7 @@ impl Stream {
     fn pass_streaming_call(&mut self, host: &dyn Host, route: RouteId) -> Flow {
         let w = Rc::clone(&self.worker);
         w.count(host, route, Outcome::Unprotected);
-        w.forget_body_wait(self.context);
+        w.body_gate.forget(self.context);
         w.log_once(host, &w.streaming_logged, Level::Warn, STREAMING_LOG);
         self.phase = Phase::Idle;
         Flow::Continue
@@ -351,18 +351,18 @@ impl Stream {
 
     /// Request trailers arrived (the body is complete).
     pub fn on_request_trailers(&mut self, host: &dyn Host) -> Flow {
-        self.worker.set_uploading(self.context, false);
+        self.worker.early.set_uploading(self.context, false);
         self.take_handoff(host);
         if self.worker.parked_chunk(host, self.context, 0, true).is_some() {
             return Flow::Pause;
         }
         match self.phase {
-            Phase::ReadingBody { .. } if self.worker.take_body_passthrough(self.context) => {
+            Phase::ReadingBody { .. } if self.worker.body_gate.take_passthrough(self.context) => {
                 self.phase = Phase::Idle;
                 Flow::Continue
             }
             Phase::ReadingBody { route } => {
-                self.worker.body_delivered();
+                self.worker.body_gate.delivered();
                 self.request.body = host.request_body(usize::MAX);
                 self.decide(host, route)
             }

@@ -181,9 +181,9 @@ impl Worker {
     pub(super) fn stream_ended(&self, context: u32) {
         self.live.borrow_mut().remove(&context);
         self.waiters.forget(context);
-        self.forget_body_wait(context);
+        self.body_gate.forget(context);
         self.claims.forget(context);
-        self.forget_early(context);
+        self.early.forget(context);
         self.leases.forget(LeaseOwner::Stream(context));
     }
 
