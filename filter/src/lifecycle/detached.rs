@@ -39,17 +39,27 @@ pub(super) struct Detached {
     pub(super) first_seen_ms: u64,
 }
 
+impl DetachedCalls {
+    fn queue(&self, call: Detached) {
+        self.queued.borrow_mut().push(call);
+    }
+
+    /// Every queued call, oldest first, taken out.
+    fn take_all(&self) -> Vec<Detached> {
+        std::mem::take(&mut *self.queued.borrow_mut())
+    }
+}
+
 impl Worker {
-    /// Queues a detached call for the root context.
+    /// Queues a detached call for the root context, and wakes it.
     pub(super) fn detach(&self, host: &dyn Host, call: Detached) {
-        self.detached.queued.borrow_mut().push(call);
+        self.detached.queue(call);
         self.wake(host);
     }
 
     /// Sends queued detached upstream calls (root context).
     pub(super) fn send_detached(&self, host: &dyn Host) {
-        let calls: Vec<Detached> = self.detached.queued.borrow_mut().drain(..).collect();
-        for call in calls {
+        for call in self.detached.take_all() {
             let timeout = self.engine.policy(call.route).upstream_timeout.millis;
             let Outbound { cluster, headers, body, .. } = &call.request;
             match host.dispatch(cluster, headers, body, timeout) {

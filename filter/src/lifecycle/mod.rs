@@ -12,10 +12,12 @@
 //!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
 //!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
 //!
-//! Each concern in its file: the state it owns (a struct the worker holds one of: `Waiters`,
-//! `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`, `Replays`, `Metrics`) and its
-//! behaviour (`impl Worker` blocks); the worker keeps one map of the root's calls out, whose
-//! `RootCall` says which concern an answer belongs to:
+//! Each concern in its file: the state it owns behind its own small interface (a struct the
+//! worker holds one of — `Waiters`, `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`,
+//! `Early`, `Replays`, `Metrics` — whose methods keep that state's rules), and the worker's
+//! methods that route events to it: they ask the route's store, send calls, and act on streams.
+//! The worker keeps one map of the root's calls out, whose `RootCall` says which concern an
+//! answer belongs to:
 //! - `capture`: the upstream's answer, captured as it streams (or held whole on Redis), and the
 //!   ticket finished with it (the response half of [`Stream`]).
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
