@@ -83,6 +83,15 @@ fn dispatched(acts: &[Act], context: u32) -> (u32, String) {
     calls.into_iter().next().unwrap()
 }
 
+/// The streams whose request was resumed (sent upstream), in order.
+fn resumed_requests(acts: &[Act]) -> Vec<u32> {
+    let resumed = acts.iter().filter_map(|a| match a {
+        Act::ResumeRequest { context } => Some(*context),
+        _ => None,
+    });
+    resumed.collect()
+}
+
 fn replies(acts: &[Act], context: u32) -> Vec<(u16, serde_json::Value)> {
     acts.iter()
         .filter_map(|a| match a {
@@ -467,13 +476,7 @@ fn a_poll_that_finds_the_key_free_gives_it_to_one_held_duplicate() {
     let (token, _) = dispatched(&host.take_acts(), ROOT);
     // The first request's claim was released (its upstream failed): the poll's SET NX wins.
     let acts = answer_root(&host, &w, token, 200, br#"{"SET":null}"#);
-    let resumed: Vec<u32> = acts
-        .iter()
-        .filter_map(|a| match a {
-            Act::ResumeRequest { context } => Some(*context),
-            _ => None,
-        })
-        .collect();
+    let resumed = resumed_requests(&acts);
     assert_eq!(resumed, vec![11], "the oldest held request takes the key over; {acts:?}");
     assert_eq!(count(&host, "r", "waited"), 1);
 }
@@ -637,13 +640,7 @@ fn held_duplicates_on_the_shared_store_share_one_look_and_one_takes_a_freed_key(
     host.enter(ROOT);
     w.on_tick(&host);
     let acts = host.take_acts();
-    let resumed: Vec<u32> = acts
-        .iter()
-        .filter_map(|a| match a {
-            Act::ResumeRequest { context } => Some(*context),
-            _ => None,
-        })
-        .collect();
+    let resumed = resumed_requests(&acts);
     assert_eq!(resumed, vec![11], "the oldest held duplicate takes the key over, alone: {acts:?}");
     assert!((12..14).all(|ctx| replies(&acts, ctx).is_empty()), "the others wait on it: {acts:?}");
     upstream_answers(&host, &mut held[0], 11);
