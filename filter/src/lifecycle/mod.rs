@@ -14,13 +14,15 @@
 //!
 //! Each concern in its file: the state it owns behind its own small interface (a struct the
 //! worker holds one of — `Waiters`, `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`,
-//! `Early`, `Replays`, `Metrics` — whose methods keep that state's rules), and the worker's
+//! `Early`, `Handoffs`, `Replays`, `Metrics` — whose methods keep that state's rules), and the worker's
 //! methods that route events to it: they ask the route's store, send calls, and act on streams.
 //! The worker keeps one map of the root's calls out, whose `RootCall` says which concern an
 //! answer belongs to:
 //! - `capture`: the upstream's answer, captured as it streams (or held whole on Redis), and the
 //!   ticket finished with it (the response half of [`Stream`]).
 //! - `waiters`: held duplicates, re-checked by the root in groups, Redis polls backing off.
+//! - `handoff`: a paused stream's verdict carried out by the root (a held duplicate's, a batched
+//!   claim's), and what it did, left for the stream's next callback.
 //! - `writes`: Redis completions, releases and token restores sent by the root, retried with
 //!   backoff until they land, batched while a write is out (group commit); orphaned claims
 //!   released.
@@ -48,6 +50,7 @@ mod contexts;
 mod detached;
 mod early;
 mod eviction;
+mod handoff;
 mod leases;
 mod lookup;
 mod metrics;

@@ -7,10 +7,11 @@ use super::body_gate::BodyDelivery;
 use super::capture::Capture;
 use super::claims::QueuedClaim;
 use super::detached::{Detached, Outbound};
+use super::handoff::Resumed;
 use super::leases::LeaseOwner;
 use super::lookup::{Looking, Settled};
 use super::replay::{self, Answered};
-use super::waiters::{Resumed, Waiter};
+use super::waiters::Waiter;
 use super::worker::{send, status_of, Worker};
 use super::writes::After;
 use super::Flow;
@@ -761,7 +762,7 @@ impl Stream {
         let Phase::Held { route } = self.phase else {
             return;
         };
-        let Some(resumed) = self.worker.waiters.take_handoff(self.context) else {
+        let Some(resumed) = self.worker.handoffs.take(self.context) else {
             return;
         };
         self.phase = match resumed {

@@ -8,13 +8,11 @@
 //! tick: an answer written by this Envoy wakes its duplicates on the next tick without asking
 //! Redis.
 
-use super::detached::{Detached, Outbound};
-use super::leases::LeaseOwner;
-use super::replay::Answered;
+use super::detached::Outbound;
 use super::worker::{RootCall, Worker};
 use super::Map;
 use super::POLL_MS;
-use crate::engine::{Action, Prepared, StoreOp, StoreTicket, Ticket, Verdict};
+use crate::engine::{Action, Prepared, StoreOp, StoreTicket, Verdict};
 use crate::host::Host;
 use crate::policy::RouteId;
 use crate::store::{redis, Claim, Payload, Step, StoreError};
@@ -24,25 +22,11 @@ use std::collections::HashMap;
 /// The longest gap between two Webdis polls of one group of held duplicates.
 const MAX_POLL_GAP_MS: u64 = 500;
 
-/// Held duplicates, and what the root hands their streams: this concern's state.
+/// Held duplicates: this concern's state.
 #[derive(Default)]
 pub(super) struct Waiters {
     /// Held duplicates by stream context id.
     held: RefCell<Map<u32, Waiter>>,
-    /// What the root did with a paused stream, picked up by the stream in its next callback.
-    handoff: RefCell<Map<u32, Resumed>>,
-}
-
-/// What the root context did with a paused stream (a held duplicate, a batched claim): the
-/// stream's next callback picks it up and goes on from there — its body chunks, still arriving,
-/// then go upstream (or are dropped under a parked answer) instead of staying paused.
-pub(super) enum Resumed {
-    /// Forwarded with this ticket (and key): its answer is to be captured.
-    Forwarded(Ticket, String),
-    /// Forwarded without a ticket (nothing to finish), or on to the echo listener.
-    Passed,
-    /// Answered (or the answer parked until the request ends).
-    Answered,
 }
 
 /// A held duplicate.
@@ -91,19 +75,9 @@ impl Waiters {
         self.held.borrow_mut().insert(ctx, waiter);
     }
 
-    /// A held stream ended: it waits no more, and nothing is handed to it.
+    /// A held stream ended: it waits no more.
     pub(super) fn forget(&self, ctx: u32) {
         self.held.borrow_mut().remove(&ctx);
-        self.handoff.borrow_mut().remove(&ctx);
-    }
-
-    /// What the root did with a paused stream, if anything, for the stream to pick up.
-    pub(super) fn take_handoff(&self, ctx: u32) -> Option<Resumed> {
-        self.handoff.borrow_mut().remove(&ctx)
-    }
-
-    fn hand_off(&self, ctx: u32, resumed: Resumed) {
-        self.handoff.borrow_mut().insert(ctx, resumed);
     }
 
     /// The held duplicates not being polled, in groups of the same route, key and payload,
@@ -270,54 +244,6 @@ impl Worker {
         self.metrics.record_wait(host, route, w.since_ms);
         self.record(host, route, &v);
         self.act_from_root(host, ctx, route, v, w.outbound, w.grpc);
-    }
-
-    /// Carries out a paused stream's verdict from the root context (a held duplicate's, a
-    /// batched claim's): forwarded with its ticket handed over (its lease renewed from now),
-    /// sent by the root on a detached route, or answered.
-    pub(super) fn act_from_root(
-        &self,
-        host: &dyn Host,
-        ctx: u32,
-        route: RouteId,
-        v: Verdict,
-        outbound: Option<Outbound>,
-        grpc: bool,
-    ) {
-        self.on_stream(host, ctx, || {
-            self.annotate(host, route, &v);
-            match (v.action, outbound) {
-                // A detached route's waiter won the key: the root sends it, as it sent the first.
-                (Action::Forward(Some(ticket)), Some(request)) => {
-                    let first_seen_ms = ticket.first_seen_ms();
-                    self.detach(host, Detached { ctx, route, ticket, key: v.key, request, first_seen_ms });
-                }
-                (Action::Forward(ticket), _) => {
-                    let resumed = match ticket {
-                        Some(t) => {
-                            // Renewed while the upstream works, not only once its answer begins.
-                            self.hold_lease(host, LeaseOwner::Stream(ctx), route, &t);
-                            Resumed::Forwarded(t, v.key.unwrap_or_default())
-                        }
-                        None => Resumed::Passed,
-                    };
-                    self.waiters.hand_off(ctx, resumed);
-                    let _ = host.resume_request();
-                }
-                // The root never looks an unknown outcome up (a held request found it): 409.
-                (Action::Reply(r) | Action::Reconcile { unknown: r, .. }, _) => {
-                    let resumed = match self.answer(host, ctx, route, r, grpc) {
-                        Answered::ToEcho => {
-                            let _ = host.resume_request();
-                            Resumed::Passed
-                        }
-                        Answered::Replied => Resumed::Answered,
-                    };
-                    self.waiters.hand_off(ctx, resumed);
-                }
-                (Action::Wait { .. }, _) => {}
-            }
-        });
     }
 }
 

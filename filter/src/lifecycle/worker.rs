@@ -5,6 +5,7 @@ use super::body_gate::{BodyGate, BODY_CHECK_MS};
 use super::claims::{ClaimBatch, Claims};
 use super::detached::{Detached, DetachedCalls};
 use super::early::Early;
+use super::handoff::Handoffs;
 use super::leases::{LeaseOwner, Leases};
 use super::metrics::Metrics;
 use super::replay::Replays;
@@ -43,6 +44,8 @@ pub struct Worker {
     wake_queue: Option<u32>,
     /// Held duplicates (see `waiters`).
     pub(super) waiters: Waiters,
+    /// What the root did with paused streams, for them to pick up (see `handoff`).
+    pub(super) handoffs: Handoffs,
     /// Redis writes waiting for the root context (see `writes`).
     pub(super) outbox: Outbox,
     /// Redis is a cluster: a batch of writes or claims holds one hash slot's keys.
@@ -150,6 +153,7 @@ impl Worker {
             root_id,
             wake_queue,
             waiters: Waiters::default(),
+            handoffs: Handoffs::default(),
             outbox: Outbox::default(),
             batch_per_slot: Cell::new(false),
             claims: Claims::default(),
@@ -181,6 +185,7 @@ impl Worker {
     pub(super) fn stream_ended(&self, context: u32) {
         self.live.borrow_mut().remove(&context);
         self.waiters.forget(context);
+        self.handoffs.forget(context);
         self.body_gate.forget(context);
         self.claims.forget(context);
         self.early.forget(context);
