@@ -1510,3 +1510,29 @@ fn the_echo_instance_leaves_the_gateways_buckets_alone() {
     Worker::configure(&host, &host, ROOT, b"role = \"echo\"\n[shared]\nnamespace = \"idem\"\n").unwrap();
     assert_eq!(store(&host), before, "the echo created or rewrote shared-data keys");
 }
+
+/// A second gateway configuration of the namespace asking for another store shape (another
+/// plugin of the same name, or the same one reloaded with another `[shared]`) refuses to load,
+/// with the line Envoy logs, and leaves the first store's keys as they were.
+#[test]
+fn a_gateway_of_another_store_shape_in_the_namespace_refuses_to_load() {
+    use idem_filter::host::Host;
+    let gateway = |entries: u32| {
+        format!(
+            "[shared]\nnamespace = \"idem\"\nbuckets = 2\nentries_per_bucket = {entries}\n\n\
+             [[route]]\nname = \"r\"\nmatch = {{ method = \"POST\", path = \"/r\" }}\n"
+        )
+    };
+    let (host, _first) = setup_unprobed(&gateway(8));
+    let snapshot = |host: &FakeHost| -> Vec<(String, Vec<u8>)> {
+        host.shared_keys().into_iter().map(|k| (k.clone(), host.shared_get(&k).unwrap().unwrap().0)).collect()
+    };
+    let before = snapshot(&host);
+    let Err(line) = Worker::configure(&host, &host, ROOT, gateway(64).as_bytes()) else {
+        panic!("a 64-entry gateway loaded over an 8-entry store");
+    };
+    assert!(line.starts_with("idem: cannot initialise the shared store: namespace idem already holds"), "{line}");
+    assert!(line.contains("2 buckets × 8 entries") && line.contains("asks for 2 × 64"), "{line}");
+    assert_eq!(snapshot(&host), before, "the first store's keys untouched");
+    assert!(Worker::configure(&host, &host, ROOT, gateway(8).as_bytes()).is_ok(), "the same shape loads");
+}

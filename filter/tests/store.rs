@@ -85,11 +85,55 @@ fn fake_host_reproduces_envoy_shared_data() {
 fn initialise_creates_buckets_once() {
     let (host, mut s) = store(8, 4);
     assert_eq!(s.initialise(&host).unwrap(), 0, "existing buckets are kept");
-    assert_eq!(host.footprint().0, 8 + 1, "8 buckets and the bucket secret");
-    // A capacity change resets buckets of the old shape.
-    let mut bigger =
-        SharedStore::new(&SharedConfig { buckets: 8, entries_per_bucket: 5, max_response_bytes: 1, namespace: None });
-    assert_eq!(bigger.initialise(&host).unwrap(), 8);
+    assert_eq!(host.footprint().0, 8 + 2, "8 buckets, the bucket secret and the store's shape");
+}
+
+/// A store keeps its shape for the life of the process (shared-data keys cannot be deleted):
+/// another configuration of the namespace asking for other entries (a bucket rewritten would
+/// lose the claims in flight) or another bucket count (a key would land in another bucket, where
+/// its repeat finds nothing) refuses to load, naming the namespace and both shapes; the same
+/// shape, or another namespace, loads, and nothing of the first store changed.
+#[test]
+fn a_store_of_another_shape_in_the_namespace_refuses_to_load() {
+    let (host, s) = store(8, 4);
+    let t = claimed(s.claim(&host, &id("in flight"), &FP, 30_000, 60_000).unwrap());
+    let before = host.footprint();
+    let shape = |buckets, entries, namespace: Option<&str>| {
+        let cfg = SharedConfig {
+            buckets,
+            entries_per_bucket: entries,
+            max_response_bytes: 1,
+            namespace: namespace.map(str::to_string),
+        };
+        SharedStore::new(&cfg).initialise(&host)
+    };
+    for (buckets, entries) in [(8, 5), (16, 4), (4, 4)] {
+        let e = shape(buckets, entries, None).expect_err("another shape must not load").to_string();
+        assert!(e.contains("namespace default") && e.contains("8 buckets × 4 entries"), "{e}");
+        assert!(e.contains(&format!("asks for {buckets} × {entries}")), "{e}");
+    }
+    assert_eq!(shape(8, 4, None).unwrap(), 0, "the same shape loads");
+    assert_eq!(shape(16, 5, Some("other")).unwrap(), 16, "another namespace is another store");
+    assert_eq!(host.footprint().0, before.0 + 16 + 2, "the first store untouched");
+    assert!(matches!(s.claim(&host, &id("in flight"), &FP, 30_000, 60_000).unwrap(), Claim::InFlight { .. }));
+    assert!(s.release(&host, &t).unwrap());
+}
+
+/// Buckets an earlier version created carry no shape record: their length still tells
+/// another entry count apart, and a store of the same entries gets its record.
+#[test]
+fn buckets_without_a_shape_record_are_checked_by_their_length() {
+    let host = FakeHost::new(1_700_000_000_000);
+    let bucket = |entries: usize| vec![0u8; entries * 60]; // 60 bytes an entry
+    for b in 0..4 {
+        host.shared_set(&format!("idem:v1:default:b:{b}"), &bucket(4), None).unwrap();
+    }
+    let cfg =
+        |entries| SharedConfig { buckets: 4, entries_per_bucket: entries, max_response_bytes: 1, namespace: None };
+    let e = SharedStore::new(&cfg(8)).initialise(&host).expect_err("another entry count").to_string();
+    assert!(e.contains("? buckets × 4 entries") && e.contains("asks for 4 × 8"), "{e}");
+    assert_eq!(SharedStore::new(&cfg(4)).initialise(&host).unwrap(), 0);
+    assert_eq!(host.shared_get("idem:v1:default:shape").unwrap().map(|(v, _)| v), Some(b"4x4".to_vec()));
 }
 
 #[test]
@@ -199,7 +243,7 @@ fn memory_stays_bounded_by_capacity_whatever_the_number_of_keys() {
         }
     }
     let (keys, bytes) = host.footprint();
-    assert!(keys <= 1 + 64 + 64 * 8, "{keys} keys");
+    assert!(keys <= 2 + 64 + 64 * 8, "{keys} keys");
     assert_eq!(Some((keys, bytes)), after_first_pass, "no growth between 10k and 100k keys");
 }
 

@@ -297,13 +297,59 @@ impl SharedStore {
         v
     }
 
+    /// Where the store's shape lives: `<buckets>x<entries>`, written by the first configuration.
+    fn shape_key(&self) -> String {
+        format!("{}:shape", self.prefix)
+    }
+
+    /// The namespace, for messages.
+    fn namespace(&self) -> &str {
+        self.prefix.strip_prefix(PREFIX).and_then(|n| n.strip_prefix(':')).unwrap_or(&self.prefix)
+    }
+
+    /// Refuses a shape other than the one this namespace's store was created in. Shared-data
+    /// keys cannot be deleted, so a store keeps its shape for the life of the Envoy process: a
+    /// bucket rewritten in another shape loses the claims in flight, and another bucket count
+    /// sends a key to another bucket, where a repeat would not find its claim. Two plugins of one
+    /// namespace (or a configuration reloaded with another `[shared]` shape) must agree.
+    fn check_shape(&self, host: &dyn Host) -> Result<(), StoreError> {
+        let wanted = format!("{}x{}", self.buckets, self.entries);
+        let found = match host.shared_get(&self.shape_key())? {
+            Some((v, _)) => String::from_utf8_lossy(&v).into_owned(),
+            // No record: a first configuration, or buckets an earlier version created, whose
+            // entries a bucket's length tells.
+            None => match host.shared_get(&self.bucket_key(0))? {
+                Some((b, _)) if b.len() != self.entries as usize * ENTRY_LEN => format!("?x{}", b.len() / ENTRY_LEN),
+                _ => {
+                    host.shared_set(&self.shape_key(), wanted.as_bytes(), None)?;
+                    return Ok(());
+                }
+            },
+        };
+        if found == wanted {
+            return Ok(());
+        }
+        let (buckets, entries) = found.split_once('x').unwrap_or(("?", "?"));
+        Err(StoreError::Host(format!(
+            "namespace {} already holds a shared store of {buckets} buckets × {entries} entries in this Envoy \
+             process, created by another configuration (another plugin of the same namespace, or this one before \
+             its [shared] changed); this configuration asks for {} × {}. A store keeps its shape for the life of \
+             the process: keep [shared] buckets and entries_per_bucket as they were, or give this configuration \
+             its own [shared] namespace (it starts empty)",
+            self.namespace(),
+            self.buckets,
+            self.entries
+        )))
+    }
+
     /// Creates every bucket that does not exist yet. Run in `on_configure`, before workers serve:
-    /// creation is an unconditional insert, the one moment CAS cannot protect.
-    /// A bucket of another shape (capacity changed) is reset.
+    /// creation is an unconditional insert, the one moment CAS cannot protect. A store of
+    /// another shape in the namespace refuses the configuration (see `check_shape`).
     ///
     /// The bucket secret is made the same way: the first VM to configure (Envoy's main thread,
     /// before any worker) writes 16 random bytes; every VM then reads back what is stored.
     pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
+        self.check_shape(host)?;
         let secret_key = self.secret_key();
         if !matches!(host.shared_get(&secret_key)?, Some((v, _)) if v.len() == 16) {
             let mut fresh = Vec::with_capacity(16);

@@ -70,6 +70,13 @@ impl SharedStore {
         let Some((first, _)) = host.shared_get(&self.bucket_key(0))? else {
             return Ok(None);
         };
+        // The shape the gateway recorded, when this version created the store.
+        if let Some((shape, _)) = host.shared_get(&self.shape_key())? {
+            let shape = String::from_utf8_lossy(&shape).into_owned();
+            if let Some((b, e)) = shape.split_once('x').and_then(|(b, e)| Some((b.parse().ok()?, e.parse().ok()?))) {
+                return Ok(Some(SharedStore { buckets: b, entries: e, prefix: self.prefix.clone(), secret: [0; 16] }));
+            }
+        }
         let entries = (first.len() / ENTRY_LEN) as u32;
         let mut buckets = 1;
         while buckets < MAX_BUCKETS && host.shared_get(&self.bucket_key(buckets))?.is_some() {
