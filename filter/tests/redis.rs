@@ -204,3 +204,29 @@ fn hash_slots_are_redis_clusters() {
     assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
     assert_ne!(hash_slot("foo{}{bar}"), hash_slot("bar"), "an empty tag hashes the whole key");
 }
+
+/// Encoding copies runs of unreserved bytes whole: the same text as encoding byte by byte, for
+/// text that slides runs across every kind of byte (ASCII punctuation, multi-byte characters,
+/// runs at either end, nothing at all).
+#[test]
+fn percent_encoding_by_runs_is_byte_by_byte_encoding() {
+    fn byte_by_byte(value: &str) -> String {
+        value
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => char::from(b).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    }
+    let samples = ["", "a", "/", "订", "订a", "a订", "caf\u{e9}/x", "%41", "~_-.", "C|0f|x1+/=|12", "a b\r\nc", "😀😀"];
+    for s in samples {
+        let mut out = String::new();
+        idem_filter::policy::percent_encode_into(&mut out, s);
+        assert_eq!(out, byte_by_byte(s), "{s:?}");
+    }
+    let long: String = (0..3000u32).filter_map(char::from_u32).collect();
+    let mut out = String::new();
+    idem_filter::policy::percent_encode_into(&mut out, &long);
+    assert_eq!(out, byte_by_byte(&long));
+}

@@ -118,15 +118,20 @@ impl PathTemplate {
 /// both need: the value stays one path segment, whatever it holds.
 pub fn percent_encode_into(out: &mut String, value: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for b in value.bytes() {
+    // Runs of unreserved bytes are copied whole (a stored answer's base64 is mostly one run);
+    // such a run is ASCII, so it starts and ends on character boundaries.
+    let mut run = 0;
+    for (i, b) in value.bytes().enumerate() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 15)]));
+            continue;
         }
+        out.push_str(value.get(run..i).unwrap_or_default());
+        out.push('%');
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
+        run = i + 1;
     }
+    out.push_str(value.get(run..).unwrap_or_default());
 }
 
 /// Every `%XX` decoded (a path parameter is the value the framework hands its handler).

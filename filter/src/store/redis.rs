@@ -30,6 +30,7 @@ use crate::policy::{percent_encode_into, RedisConfig};
 use crate::response::StoredResponse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use std::sync::OnceLock;
 
 /// A Webdis call: `POST /` with `body` (`CMD/arg/arg…`, each argument percent-encoded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,10 +56,10 @@ impl Command {
     }
 
     /// A one-key `EVAL` of a fenced write that can also go out as one step of a batch.
-    fn fenced(op: &'static str, script: &str, key: &str, args: Vec<String>) -> Command {
-        let mut argv: Vec<&str> = vec!["EVAL", script, "1", key];
+    fn fenced(op: &'static str, script: &'static str, key: &str, args: Vec<String>) -> Command {
+        let mut argv: Vec<&str> = vec!["1", key];
         argv.extend(args.iter().map(String::as_str));
-        let body = command(&argv);
+        let body = eval(script, &argv);
         Command { name: "EVAL", body, step: Some(Step { op, key: key.to_string(), args }) }
     }
 }
@@ -220,13 +221,13 @@ impl<'a> RedisStore<'a> {
     pub fn claim_batch(&self, claims: &[(&Ticket, u64)]) -> Command {
         let n = claims.len().to_string();
         let ttls: Vec<String> = claims.iter().map(|(_, ttl)| ttl.max(&1).to_string()).collect();
-        let mut argv: Vec<&str> = vec!["EVAL", CLAIM_BATCH, &n];
+        let mut argv: Vec<&str> = vec![&n];
         argv.extend(claims.iter().map(|(t, _)| t.key.as_str()));
         for ((t, _), ttl) in claims.iter().zip(&ttls) {
             argv.push(&t.record);
             argv.push(ttl);
         }
-        Command::plain("EVAL", command(&argv))
+        Command::plain("EVAL", eval(CLAIM_BATCH, &argv))
     }
 }
 
@@ -337,7 +338,7 @@ impl RedisStore<'_> {
     /// what the lookup's answer writes.
     pub fn take_lookup(&self, held: &Ticket, owner: u64, lease_ends_ms: u64) -> (Command, Ticket) {
         let record = with_lease(&held.record, &format!("{owner:016x}"), Some(lease_ends_ms));
-        let body = command(&["EVAL", RESTORE_TOKEN, "1", &held.key, &held.record, &record]);
+        let body = eval(RESTORE_TOKEN, &["1", &held.key, &held.record, &record]);
         (Command::plain("EVAL", body), Ticket { record, ..held.clone() })
     }
 
@@ -362,7 +363,7 @@ impl RedisStore<'_> {
     /// Extends the lease of a claim whose request still waits for the upstream.
     pub fn renew(&self, t: &Ticket, lease_ms: u64) -> Command {
         let lease = lease_ms.max(1).to_string();
-        Command::plain("EVAL", command(&["EVAL", RENEW, "1", &t.key, &t.record, &lease]))
+        Command::plain("EVAL", eval(RENEW, &["1", &t.key, &t.record, &lease]))
     }
 
     /// Release of a claim whose first attempt definitely failed.
@@ -380,7 +381,7 @@ impl RedisStore<'_> {
     pub fn use_token(&self, id: &[u8; 32], owner: u64, now: u64) -> (Command, Ticket) {
         let key = self.key("t:", id);
         let record = format!("U|{owner:016x}|{now}");
-        let body = command(&["EVAL", USE_TOKEN, "1", &key, &record]);
+        let body = eval(USE_TOKEN, &["1", &key, &record]);
         (Command::plain("EVAL", body), Ticket { key, record, first_seen_ms: now })
     }
 
@@ -417,14 +418,14 @@ impl RedisStore<'_> {
         let steps: Vec<&Step> = writes.iter().map(|c| c.step.as_ref()).collect::<Option<_>>()?;
         let n = steps.len().to_string();
         let counts: Vec<String> = steps.iter().map(|s| s.args.len().to_string()).collect();
-        let mut argv: Vec<&str> = vec!["EVAL", BATCH, &n];
+        let mut argv: Vec<&str> = vec![&n];
         argv.extend(steps.iter().map(|s| s.key.as_str()));
         for (s, count) in steps.iter().zip(&counts) {
             argv.push(s.op);
             argv.push(count);
             argv.extend(s.args.iter().map(String::as_str));
         }
-        Some(Command::plain("EVAL", command(&argv)))
+        Some(Command::plain("EVAL", eval(BATCH, &argv)))
     }
 
     /// A batch's reply: each step's own reply, in order (read with [`read_update`] or
@@ -494,7 +495,7 @@ impl RedisStore<'_> {
     /// Asks Redis how it handles running out of memory (one key, so a cluster proxy can route it).
     pub fn eviction_probe(&self) -> Command {
         let key = format!("{}probe", self.cfg.prefix);
-        Command::plain("EVAL", command(&["EVAL", EVICTION, "1", &key]))
+        Command::plain("EVAL", eval(EVICTION, &["1", &key]))
     }
 
     /// Reads the probe's reply.
@@ -570,6 +571,27 @@ fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[usize::from(b & 15)] as char);
     }
     s
+}
+
+/// `EVAL/<script>/<arg>/…`, encoded as [`command`] encodes. Every call carries its script's
+/// text (a few hundred bytes): its encoding is made once per process, where encoding it again
+/// for each call cost more than the rest of building the call.
+fn eval(script: &'static str, args: &[&str]) -> String {
+    static ENCODED: OnceLock<Vec<(&'static str, String)>> = OnceLock::new();
+    let scripts = [COMPLETE, RELEASE, RESTORE_TOKEN, RENEW, USE_TOKEN, BATCH, CLAIM_BATCH, EVICTION];
+    let encoded = ENCODED.get_or_init(|| scripts.iter().map(|s| (*s, command(&[s]))).collect());
+    let known = encoded.iter().find(|(s, _)| s.len() == script.len() && *s == script).map(|(_, e)| e);
+    let mut out = String::with_capacity(script.len() * 2 + args.iter().map(|a| a.len() * 3 + 1).sum::<usize>());
+    out.push_str("EVAL/");
+    match known {
+        Some(e) => out.push_str(e),
+        None => percent_encode_into(&mut out, script),
+    }
+    for a in args {
+        out.push('/');
+        percent_encode_into(&mut out, a);
+    }
+    out
 }
 
 /// `CMD/arg/…` with every byte outside `[A-Za-z0-9_~-]` percent-encoded (Webdis splits on `/`
@@ -651,5 +673,24 @@ fn parse_record(record: &str, fp: &[u8; 32]) -> Result<Claim<()>, StoreError> {
             Ok(Claim::Completed { first_seen_ms: num(3), status: num(4) as u16, response: Some(response), payload })
         }
         _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod eval_tests {
+    use super::*;
+
+    /// The cached encodings are exactly what encoding each call afresh gives (a script not in
+    /// the cache is encoded on the spot).
+    #[test]
+    fn an_eval_is_encoded_as_a_command_is() {
+        let scripts =
+            [COMPLETE, RELEASE, RESTORE_TOKEN, RENEW, USE_TOKEN, BATCH, CLAIM_BATCH, EVICTION, "return 'a/b'"];
+        for script in scripts {
+            let args = ["1", "t:k:ab", "I|00ff|x|1.5", "30000"];
+            let mut all = vec!["EVAL", script];
+            all.extend(args);
+            assert_eq!(eval(script, &args), command(&all), "{script}");
+        }
     }
 }
