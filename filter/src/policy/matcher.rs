@@ -113,6 +113,18 @@ impl PathTemplate {
     }
 }
 
+/// The bytes a percent-encoded value carries as they are: `A-Z a-z 0-9 - _ ~`.
+const UNRESERVED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'~';
+        b += 1;
+    }
+    table
+};
+
 /// Appends `value` percent-encoded: every byte but the unreserved `A-Z a-z 0-9 - _ ~` (so `/`,
 /// `.`, `%`, `?` and `#` too), upper-case hex. What a lookup's placeholder and a Webdis argument
 /// both need: the value stays one path segment, whatever it holds.
@@ -122,7 +134,7 @@ pub fn percent_encode_into(out: &mut String, value: &str) {
     // such a run is ASCII, so it starts and ends on character boundaries.
     let mut run = 0;
     for (i, b) in value.bytes().enumerate() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
+        if UNRESERVED[usize::from(b)] {
             continue;
         }
         out.push_str(value.get(run..i).unwrap_or_default());
