@@ -180,7 +180,8 @@ impl Worker {
         sent_ms: u64,
     ) {
         let route = prepared.route;
-        self.metrics.store_call_took(host, route, sent_ms);
+        let now = host.now_ms();
+        self.metrics.store_call_took(host, route, sent_ms, now);
         let found = self.unless_unanswered(host, route, Some(&prepared.key), found);
         if !self.live.borrow().contains(&ctx) {
             if let Ok(Claim::Claimed(StoreTicket::Redis(t))) = &found {
@@ -188,7 +189,6 @@ impl Worker {
             }
             return;
         }
-        let now = host.now_ms();
         let view = WithHost { req: &request, host };
         let claim = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
         // The root cannot ask the service for a stream: a batched repeat that meets a free

@@ -411,12 +411,12 @@ impl Stream {
         if let Pending::Claim { .. } = pending {
             w.claim_returned(host);
         }
-        w.metrics.store_call_took(host, pending.route(), sent_ms);
+        let now = host.now_ms();
+        w.metrics.store_call_took(host, pending.route(), sent_ms, now);
         let Some(store) = w.engine.remote() else {
             return;
         };
         let status = status_of(headers);
-        let now = host.now_ms();
         match pending {
             Pending::Claim { prepared, ticket, fingerprint } => {
                 let retain = w.engine.policy(prepared.route).key.ttl.millis;

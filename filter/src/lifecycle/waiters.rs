@@ -189,11 +189,11 @@ impl Worker {
     /// A group's poll answered: each member's verdict; with nobody left, a claim it won is
     /// released.
     pub(super) fn polled(&self, host: &dyn Host, poll: Poll, status: u16, body: &[u8]) {
-        self.metrics.store_call_took(host, poll.route, poll.sent_ms);
+        let now = host.now_ms();
+        self.metrics.store_call_took(host, poll.route, poll.sent_ms, now);
         let Some(store) = self.engine.remote() else {
             return;
         };
-        let now = host.now_ms();
         let first = self.waiters.still_held(&poll.members).into_iter().next();
         let Some((_, Prepared { key: first_key, .. }, _)) = first else {
             // Every held client left while the poll was out: a claim it won has nobody to finish it.

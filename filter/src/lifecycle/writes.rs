@@ -423,13 +423,14 @@ impl Worker {
 
     /// The reply to one write.
     fn finished(&self, host: &dyn Host, job: Job, reply: redis::StepReply) {
-        self.metrics.store_call_took(host, job.route, job.sent_ms);
+        let now = host.now_ms();
+        self.metrics.store_call_took(host, job.route, job.sent_ms, now);
         if matches!(job.kind, FinishKind::Release | FinishKind::ReleaseOrphan) {
-            return self.release_answered(host, job, reply);
+            return self.release_answered(host, job, reply, now);
         }
         let applied = match reply.and_then(redis::read_update) {
             Ok(applied) => applied,
-            Err(e) => return self.write_failed(host, job, e, host.now_ms()),
+            Err(e) => return self.write_failed(host, job, e, now),
         };
         let written = if applied { Written::Applied } else { Written::NotOurs };
         let (outcome, cause) = match job.kind {
@@ -464,8 +465,7 @@ impl Worker {
     /// The reply to a release. An orphaned claim that is not there (yet) is looked for again
     /// until `lock_ttl` has passed: the `SET` of a callout that timed out may land after the
     /// first release, and would otherwise lock the key for its whole lease.
-    fn release_answered(&self, host: &dyn Host, mut job: Job, reply: redis::StepReply) {
-        let now = host.now_ms();
+    fn release_answered(&self, host: &dyn Host, mut job: Job, reply: redis::StepReply, now: u64) {
         let released = match reply.and_then(redis::read_release) {
             Ok(r) => r,
             Err(e) => return self.write_failed(host, job, e, now),
