@@ -472,7 +472,7 @@ impl Worker {
         };
         let (outcome, cause) = match (job.kind, released) {
             (FinishKind::ReleaseOrphan, Released::Absent) if now < job.deadline_ms => {
-                let gap = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(ORPHAN_RECHECK_MAX_MS);
+                let gap = backoff_ms(job.attempts, ORPHAN_RECHECK_MAX_MS);
                 job.attempts += 1;
                 job.next_at_ms = now.saturating_add(gap);
                 self.outbox.retry(job);
@@ -504,7 +504,7 @@ impl Worker {
         if job.mark.is_none() && matches!(job.kind, FinishKind::Complete { .. } | FinishKind::HoldUnknown) {
             job.mark = self.engine.remote().and_then(|r| r.cache.mark_unwritten(host, &job.redis_id, job.deadline_ms));
         }
-        let backoff = RETRY_FIRST_MS.saturating_mul(1 << job.attempts.min(5)).min(RETRY_MAX_MS);
+        let backoff = backoff_ms(job.attempts, RETRY_MAX_MS);
         job.attempts += 1;
         job.next_at_ms = now.saturating_add(backoff);
         let cause = format!("{}; attempt {} refused ({e}); retrying in {backoff} ms", job.cause, job.attempts);
@@ -534,6 +534,11 @@ impl Worker {
             }),
         }
     }
+}
+
+/// The wait before attempt `attempts + 1`: [`RETRY_FIRST_MS`], doubling, at most `cap_ms`.
+fn backoff_ms(attempts: u32, cap_ms: u64) -> u64 {
+    RETRY_FIRST_MS.saturating_mul(1 << attempts.min(5)).min(cap_ms)
 }
 
 /// The key a write touches as a step of a batch (`None`: it cannot be one, and goes alone).
