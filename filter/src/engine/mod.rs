@@ -80,10 +80,9 @@ impl Engine {
 
     /// The store a route keeps its claims and tokens in.
     pub fn store(&self, route: RouteId) -> RouteStore<'_> {
-        match (self.policy(route).store, self.remote()) {
-            (StoreKind::Redis, Some(remote)) => RouteStore::Remote(remote),
-            _ => RouteStore::Shared(&self.shared),
-        }
+        // Redis and its cache are put together only for a Redis route (every request asks).
+        let remote = (self.policy(route).store == StoreKind::Redis).then(|| self.remote()).flatten();
+        remote.map_or(RouteStore::Shared(&self.shared), RouteStore::Remote)
     }
 
     /// Whether any route forwards detached (the root context then sends upstream calls).
