@@ -16,7 +16,9 @@ Native x86-64 instructions are a proxy for what V8 runs from the same Rust compi
 the ratios between components carry over, the absolute numbers do not.
 
 3. With `--envoy`: instructions per request *inside a real Envoy* under callgrind, for (a) plain
-   Envoy, (b) the filter on a route without a policy, (c0) the floor module and (c)/(d) idem,
+   Envoy, (b) the filter on a route without a policy, (c0) the floor module, (c0s) the floor
+   plus a fresh key's shared-data calls, (c0sh) also with the scoped id's SHA-256 and the body's
+   xxh3 (bench/floor's `store sha256 xxh3` mode: no logic of idem's), and (c)/(d) idem,
    with the built `.wasm` (V8 compiles it as usual; callgrind sees the JIT code). Counters are
    zeroed after a warm-up and dumped after `--envoy-requests` sequential requests, so the number
    is the whole process' work per request: Envoy, V8, the host calls and the module. Unlike CPU
@@ -142,7 +144,7 @@ def envoy_case(case, n, tmp):
     """(instructions per request, of which the module's JIT code) for `case` in a real Envoy.
     `c0-16k` and `c16k` are (c0) and (c) with 16 KB orders."""
     body = order_of(16384) if case.endswith("16k") else order_of(0)
-    case = {"c0-16k": "c0", "c16k": "c"}.get(case, case)
+    case = {"c16k": "c"}.get(case, case.removesuffix("-16k"))
     import stack
     from bench import FLOOR_WASM, NATIVE_FLOOR, native_floor_config
     from stack.envoy_config import idem_config
@@ -154,7 +156,10 @@ def envoy_case(case, n, tmp):
         {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
     ]
     module = {"a": None, "b": stack.require_wasm(), "c0": FLOOR_WASM, "c0-native": NATIVE_FLOOR,
-              "c": stack.require_wasm(), "d": stack.require_wasm()}[case]
+              "c0s": FLOOR_WASM, "c0sh": FLOOR_WASM, "c": stack.require_wasm(), "d": stack.require_wasm()}[case]
+    # The floor's configuration (bench/floor): (c0s) adds a fresh key's shared-data calls, (c0sh)
+    # the scoped id's SHA-256 and the body's xxh3 too.
+    floor_mode = {"c0": "", "c0s": "store", "c0sh": "store sha256 xxh3"}
     if module is not None and not Path(module).is_file():
         raise SystemExit("error: (%s) needs %s; see scripts/bench.py" % (case, module))
     fast = stack.start_fast_upstream(tmp)
@@ -166,7 +171,7 @@ def envoy_case(case, n, tmp):
         env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(NATIVE_FLOOR.parent))
     else:
         cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
-                          policy_toml="" if case == "c0" else policy, routes=routes,
+                          policy_toml=floor_mode.get(case, policy), routes=routes,
                           wasm_path=str(module) if module else None, with_filter=module is not None)
     cfg_path = Path(tmp) / ("envoy-%s.json" % case)
     cfg_path.write_text(json.dumps(cfg))
@@ -212,6 +217,15 @@ def envoy_case(case, n, tmp):
         expected = 200
         if statuses != {expected: n}:
             raise SystemExit("error: (%s) answered %s, expected %d %s" % (case, statuses, n, expected))
+        if floor_mode.get(case):
+            # The floor's store mode counts each claim and completion it made: it did the work.
+            stats = http.client.HTTPConnection("127.0.0.1", admin, timeout=60)
+            stats.request("GET", "/stats?filter=floor_")
+            text = stats.getresponse().read().decode()
+            counts = dict(re.findall(r"(floor_\w+): (\d+)", text))
+            if counts.get("floor_requests") != str(n + 200) or counts.get("floor_stored") != str(n + 200):
+                raise SystemExit("error: (%s) the floor counted %s, expected %d claims and completions"
+                                 % (case, counts, n + 200))
     finally:
         proc.terminate()
         proc.wait(120)
@@ -236,7 +250,8 @@ def report_envoy(n, cases):
             over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
             print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
                   % (case, " " * (3 - len(case)), total, jit, total - jit, over))
-    for c, c0 in [("c", "c0"), ("c16k", "c0-16k")]:
+    for c, c0 in [("c", "c0"), ("c16k", "c0-16k"), ("c0sh", "c0"), ("c0sh-16k", "c0-16k"), ("c", "c0sh"),
+                  ("c16k", "c0sh-16k")]:
         if c in results and c0 in results:
             ours, floor = results[c], results[c0]
             print("(%s) against its floor (%s): %+.1f %% (%+.0f instructions/req)"
@@ -257,9 +272,12 @@ def main():
     ap.add_argument("--no-callgrind", action="store_true", help="only the host calls and the native time")
     ap.add_argument("--envoy", action="store_true", help="also count instructions per request in a real Envoy")
     ap.add_argument("--envoy-requests", type=int, default=300, help="requests per Envoy case (default 300)")
-    ap.add_argument("--envoy-cases", default="a,b,c0,c,d,c0-16k,c16k",
-                    help="the Envoy cases to count (default a,b,c0,c,d,c0-16k,c16k; also c0-native, the floor "
-                         "as a native dynamic module, once bench/floor-native is built)")
+    ap.add_argument("--envoy-cases", default="a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k",
+                    help="the Envoy cases to count (default a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k; also "
+                         "c0-native, the floor as a native dynamic module, once bench/floor-native is built). "
+                         "(c0s) is the floor plus a fresh key's shared-data calls, clock and counters; (c0sh) "
+                         "also hashes the scoped id (SHA-256) and the body (xxh3): what any shared-data "
+                         "idempotency filter with those digests costs before its own logic")
     args = ap.parse_args()
     build()
     subprocess.run([str(EXAMPLE), "20000"], cwd=REPO, check=True)
