@@ -18,6 +18,7 @@ pub mod redis;
 pub mod remote;
 pub mod replay;
 pub mod shared;
+mod text;
 
 use crate::host::Host;
 use crate::response::StoredResponse;

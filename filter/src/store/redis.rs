@@ -25,6 +25,7 @@
 //! errors (`[false, "ERR …"]`): those are store errors too.
 
 use super::operator::HeldNote;
+use super::text::{push_decimal, push_hex};
 use super::{Claim, Payload, StoreError, TokenUse};
 use crate::policy::{percent_encode_into, RedisConfig};
 use crate::response::StoredResponse;
@@ -192,14 +193,29 @@ impl<'a> RedisStore<'a> {
     }
 
     fn key(&self, kind: &str, id: &[u8; 32]) -> String {
-        format!("{}{kind}{}", self.cfg.prefix, hex(id))
+        let mut key = String::with_capacity(self.cfg.prefix.len() + kind.len() + 64);
+        key.push_str(&self.cfg.prefix);
+        key.push_str(kind);
+        push_hex(&mut key, id);
+        key
     }
 
     /// Claim in one round trip. The returned ticket is valid only if the reply says "claimed".
     pub fn claim(&self, id: &[u8; 32], fp: &[u8; 32], owner: u64, now: u64, lock_ttl_ms: u64) -> (Command, Ticket) {
         let key = self.key("k:", id);
-        let record = format!("I|{owner:016x}|{}|{now}|{}", fp_field(fp), now.saturating_add(lock_ttl_ms));
-        let body = command(&["SET", &key, &record, "NX", "PX", &lock_ttl_ms.max(1).to_string(), "GET"]);
+        // `I|<owner:016x>|<fingerprint field>|<now>|<lease end>`, built in place.
+        let mut record = String::with_capacity(80);
+        record.push_str("I|");
+        push_hex(&mut record, &owner.to_be_bytes());
+        record.push('|');
+        push_fp_field(&mut record, fp);
+        record.push('|');
+        push_decimal(&mut record, now);
+        record.push('|');
+        push_decimal(&mut record, now.saturating_add(lock_ttl_ms));
+        let mut ttl = String::with_capacity(20);
+        push_decimal(&mut ttl, lock_ttl_ms.max(1));
+        let body = command(&["SET", &key, &record, "NX", "PX", &ttl, "GET"]);
         (Command::plain("SET", body), Ticket { key, record, first_seen_ms: now })
     }
 
@@ -316,7 +332,15 @@ impl RedisStore<'_> {
         } else {
             let mut enc = Vec::with_capacity(response.encoded_len());
             response.encode_into(&mut enc);
-            format!("C|{owner}|{fp}|{first}|{}|{}", response.status, STANDARD.encode(enc))
+            let mut record = String::with_capacity(owner.len() + fp.len() + first.len() + 12 + enc.len() * 4 / 3 + 4);
+            for part in ["C", owner, fp, first] {
+                record.push_str(part);
+                record.push('|');
+            }
+            push_decimal(&mut record, u64::from(response.status));
+            record.push('|');
+            STANDARD.encode_string(enc, &mut record);
+            record
         };
         let args = vec![t.record.clone(), record, ttl_ms.max(1).to_string(), lease_ms.max(1).to_string()];
         (Command::fenced("C", COMPLETE, &t.key, args), tombstone)
@@ -558,21 +582,6 @@ fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
     fields.get(i).copied().unwrap_or("")
 }
 
-/// The first half of a fingerprint, as stored in records.
-fn hex16(fp: &[u8; 32]) -> String {
-    hex(&fp[..16])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    s
-}
-
 /// `EVAL/<script>/<arg>/…`, encoded as [`command`] encodes. Every call carries its script's
 /// text (a few hundred bytes): its encoding is made once per process, where encoding it again
 /// for each call cost more than the rest of building the call.
@@ -644,8 +653,17 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
 const XXH3_MARK: &str = "x";
 
 /// A fingerprint as records hold it: `x` and the 16 bytes in hex.
+#[cfg(test)]
 pub(super) fn fp_field(fp: &[u8; 32]) -> String {
-    format!("{XXH3_MARK}{}", hex16(fp))
+    let mut field = String::with_capacity(33);
+    push_fp_field(&mut field, fp);
+    field
+}
+
+/// Appends [`fp_field`].
+fn push_fp_field(out: &mut String, fp: &[u8; 32]) {
+    out.push_str(XXH3_MARK);
+    push_hex(out, &fp[..16]);
 }
 
 /// An existing claim record as the claim's answer.

@@ -16,6 +16,7 @@
 pub mod held;
 mod interface;
 
+use super::text::push_decimal;
 use super::{Answer, Claim, Completion, Payload, StoreError, TokenUse};
 use crate::host::{Host, HostError};
 use crate::policy::SharedConfig;
@@ -207,23 +208,6 @@ impl Entry {
     }
 }
 
-/// Appends `n` in decimal, as `{n}` formats it.
-fn push_decimal(out: &mut String, n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    // ASCII digits: always UTF-8, appended in one copy.
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
-}
-
 /// Proof of ownership of one claim, needed to complete or release it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
@@ -273,16 +257,16 @@ impl SharedStore {
         let mut key = String::with_capacity(self.prefix.len() + 14);
         key.push_str(&self.prefix);
         key.push_str(":b:");
-        push_decimal(&mut key, b);
+        push_decimal(&mut key, u64::from(b));
         key
     }
     fn slot_key(&self, b: u32, i: u32) -> String {
         let mut key = String::with_capacity(self.prefix.len() + 25);
         key.push_str(&self.prefix);
         key.push_str(":r:");
-        push_decimal(&mut key, b);
+        push_decimal(&mut key, u64::from(b));
         key.push(':');
-        push_decimal(&mut key, i);
+        push_decimal(&mut key, u64::from(i));
         key
     }
     /// Where the per-process bucket secret lives (see [`SharedStore::initialise`]).
@@ -987,18 +971,4 @@ enum Edit<T> {
 
 fn owns(entries: &[Entry], t: &Ticket, state: State) -> bool {
     entries.get(t.index as usize).is_some_and(|e| e.id == t.id && e.owner == t.owner && e.state == state)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::push_decimal;
-
-    #[test]
-    fn keys_number_their_buckets_as_format_does() {
-        for n in [0, 7, 10, 99, 4095, 1_000_000, u32::MAX] {
-            let mut out = String::from("b:");
-            push_decimal(&mut out, n);
-            assert_eq!(out, format!("b:{n}"));
-        }
-    }
 }
