@@ -65,8 +65,8 @@ mod floor {
                 let xxh3 = text.split_whitespace().any(|w| w == "xxh3");
                 let mut counters = [0; 2];
                 for (i, name) in ["floor_requests", "floor_stored"].iter().enumerate() {
-                    counters[i] = proxy_wasm::hostcalls::define_metric(proxy_wasm::types::MetricType::Counter, name)
-                        .unwrap_or(0);
+                    counters[i] =
+                        proxy_wasm::hostcalls::define_metric(proxy_wasm::types::MetricType::Counter, name).unwrap_or(0);
                 }
                 // Every bucket exists before the first request, as idem's store creates them.
                 let empty = vec![b'.'; BUCKET_BYTES];
