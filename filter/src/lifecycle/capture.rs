@@ -157,7 +157,10 @@ impl Stream {
     }
 
     /// Reports how the forwarded request ended. On Redis the write is handed to the root
-    /// context (a callout owned by this stream would be cancelled if the client went away).
+    /// context, which reads its reply and retries it whatever becomes of the stream, and whose
+    /// wake-up gathers the writes of concurrent streams into one call (sending each from its
+    /// stream at once took group commit away: 2.00 Webdis calls per request at 4 connections,
+    /// against 1.5, and more CPU per request).
     /// Pauses when the response is held until the root has written the outcome.
     pub(super) fn finish(
         &mut self,

@@ -9,8 +9,10 @@
 //!   dispatch a call), and says whether the stream continues or pauses ([`Flow`]).
 //! - [`Worker`]: what the streams of one worker share, and the root context's events: its
 //!   tick (held duplicates, retried writes, lease renewals), its wake-up queue, and the answers
-//!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). Calls the
-//!   root owns survive the client: a callout owned by a stream is cancelled when it ends.
+//!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). What the
+//!   root owns is finished whatever the client does; a stream's call is treated as lost when
+//!   the stream ends (Envoy 1.40 in fact keeps every callout on the root context and still
+//!   delivers its reply, which nobody owns by then: docs/design.md, "Where a callout lives").
 //!
 //! Each concern in its file: the state it owns behind its own small interface (a struct the
 //! worker holds one of — `Waiters`, `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`,

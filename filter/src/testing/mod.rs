@@ -8,8 +8,10 @@
 //!   ([`FakeHost::acts`]: local replies, resumes, dispatched calls). A callout's answer is
 //!   delivered with [`FakeHost::deliver`] before calling the context it belongs to.
 //! - `set_effective_context` fails for a context that was never opened or was closed.
-//! - Callouts as Envoy keeps them: on the context effective at dispatch, delivered there
-//!   ([`FakeHost::take_callout`]), cancelled when it closes. Which object reads a reply is the
+//! - Callouts on the context effective at dispatch, delivered there
+//!   ([`FakeHost::take_callout`]), cancelled when it closes: stricter than Envoy 1.40, which
+//!   keeps every callout on the root context and delivers a stream's reply after the stream
+//!   ended (docs/design.md, "Where a callout lives"); the lifecycle must be right under both. Which object reads a reply is the
 //!   module's own dispatcher's business ([`crate::lifecycle::Contexts`]), driven as Envoy does.
 //!
 //! Beside it: [`CountingHost`] (`counting.rs`), which counts host calls and bytes for the bench
