@@ -102,6 +102,49 @@ fn a_stream_never_reads_a_reply_under_another_token() {
     assert_eq!(host.counter(STRAY_REPLIES_COUNTER), 1);
 }
 
+/// Envoy 1.40 keeps a stream's callout on the root context and answers it after the stream
+/// ended (docs/design.md, "Where a callout lives"): that reply is expected — dropped unread,
+/// not a stray — and the claim is still released, owner-checked, for the client that left. A
+/// reply that never comes (a host that cancels the call instead) is forgotten after its time.
+#[test]
+fn a_claim_answered_after_its_client_left_is_expected_not_a_stray() {
+    let host = FakeHost::new(1_800_000_000_000);
+    let mut c = root(&host);
+    for (ctx, key) in [(10, "k-left"), (11, "k-never-answered")] {
+        assert_eq!(request(&host, &mut c, ctx, key), Flow::Pause);
+    }
+    let acts = host.take_acts();
+    let (left, never) = (dispatched_by(&acts, 10)[0].0, dispatched_by(&acts, 11)[0].0);
+    for ctx in [10, 11] {
+        host.enter(ctx);
+        c.on_log(&host, ctx);
+        host.close(ctx);
+        c.delete(ctx);
+    }
+    // The orphan releases (owner-checked) go from the root's queue, as before.
+    host.enter(ROOT);
+    c.on_queue_ready(&host, ROOT);
+    let releases = dispatched_by(&host.take_acts(), ROOT);
+    let keys_released: usize = releases.iter().map(|(_, body)| body.matches("t%3Ak%3A").count()).sum();
+    assert_eq!(keys_released, 2, "both claims released: {releases:?}");
+    // The claim's reply arrives on the root, after its stream ended: nobody reads it, nothing counts it.
+    let acts = deliver(&host, &mut c, ROOT, left, br#"{"SET":"I|00000000000000aa|x|1|2"}"#);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert_eq!(host.counter(STRAY_REPLIES_COUNTER), 0, "an expected reply counted as a stray");
+    assert!(!host.logs().iter().any(|(_, l)| l.contains("no waiting call owns")), "{:?}", host.logs());
+    // Delivered again, the same token is nobody's: a stray.
+    deliver(&host, &mut c, ROOT, left, CLAIMED);
+    assert_eq!(host.counter(STRAY_REPLIES_COUNTER), 1);
+    // The other claim is never answered: its token is forgotten once its time is up, and a reply
+    // that late counts as a stray.
+    host.advance(5 * 60 * 1000);
+    host.enter(ROOT);
+    c.on_tick(&host, ROOT);
+    host.take_acts();
+    deliver(&host, &mut c, ROOT, never, CLAIMED);
+    assert_eq!(host.counter(STRAY_REPLIES_COUNTER), 2, "a reply past its time is a stray");
+}
+
 /// A small deterministic generator (no dependency for one test).
 struct Lcg(u64);
 impl Lcg {

@@ -438,6 +438,24 @@ def upstream_rq_total(env):
                if k.endswith(".downstream_rq_total") and not k.startswith("http.admin."))
 
 
+def wait_until_webdis_is_quiet(env, quiet_s=2.0, deadline_s=20.0):
+    """Every root's eviction probe (each one's first Webdis call) answered, and no Webdis call out
+    for `quiet_s`: a worker whose VM starts later than the first root's sends its probe late, and a
+    probe sent once a test has stopped Webdis would count as one of its calls."""
+    wait_for(lambda: "maxmemory-policy" in env.log_text(), deadline_s, what="a first eviction probe's answer")
+    end = time.monotonic() + deadline_s
+    quiet_since = None
+    while time.monotonic() < end:
+        if webdis_calls_out(env) == 0:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= quiet_s:
+                return
+        else:
+            quiet_since = None
+        time.sleep(0.1)
+    raise AssertionError("Webdis calls stayed out for %.0f s after the probes" % deadline_s)
+
+
 def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_behind(redis_gateway_one_worker,
                                                                                        upstream):
     """Group commit: with four claim calls out (Webdis stopped), a fifth request's claim waits for
@@ -447,8 +465,7 @@ def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_b
     rs, env = redis_gateway_one_worker
     # Every root's eviction probe (each one's first Webdis call) is answered before Webdis stops:
     # no call is out.
-    wait_for(lambda: "maxmemory-policy" in env.log_text() and webdis_calls_out(env) == 0, 10,
-             what="the eviction probes' answers")
+    wait_until_webdis_is_quiet(env)
     before = upstream_rq_total(env)
     busy = [new_key("busy-%d" % i) for i in range(4)]
     key = new_key("left")
@@ -487,6 +504,42 @@ def test_a_client_that_leaves_while_its_claim_waits_in_a_batch_leaves_no_claim_b
     assert time.monotonic() - resumed < 4, seen
     assert final.status == 200 and final.header("idempotent-replayed") is None, describe(final)
     assert upstream.calls(key=key) == 1, seen
+
+
+def test_a_claim_answered_after_its_client_left_is_expected_not_a_stray_reply(redis_gateway_one_worker, upstream):
+    """Envoy 1.40 keeps a stream's callout on the worker's root context: a claim whose client
+    left is still out, and still answered, after its request ended. That reply is expected — not
+    counted in idem_stray_replies_total — and the claim is released (owner-checked), so the
+    client's retry runs at once, and once."""
+    rs, env = redis_gateway_one_worker
+    wait_until_webdis_is_quiet(env)
+    stray_before = env.counter("idem_stray_replies_total")
+    key = new_key("left-claim")
+    before = upstream_rq_total(env)
+    os.kill(rs.webdis.proc.pid, signal.SIGSTOP)
+    try:
+        body = json.dumps({"sku": "A1", "qty": 1}).encode()  # the request its retry sends again
+        with socket.create_connection(("127.0.0.1", env.listen_port), timeout=5) as c:
+            c.sendall(b"POST /h/key HTTP/1.1\r\nhost: gw\r\nidempotency-key: " + key.encode()
+                      + b"\r\nauthorization: " + stack.DEFAULT_AUTH.encode()
+                      + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            wait_for(lambda: upstream_rq_total(env) >= before + 1 and webdis_calls_out(env) == 1, 8,
+                     what="its claim call to be out")
+        # The client has left; Envoy ends its request (the stream's context goes) but not the call.
+        wait_for(lambda: sum(v for k, v in env.stats("http.").items() if k.endswith(".downstream_cx_active")
+                             and not k.startswith("http.admin.")) == 0, 5, what="the client's connection to close")
+        # Out: the claim, and the orphan release its request's end queued (were the claim
+        # cancelled with its stream, only the release would be).
+        wait_for(lambda: webdis_calls_out(env) == 2, 5, what="the claim call and the orphan release to be out")
+        time.sleep(0.3)
+        assert webdis_calls_out(env) == 2, "the claim call ended with its stream"
+    finally:
+        os.kill(rs.webdis.proc.pid, signal.SIGCONT)
+    wait_for(lambda: webdis_calls_out(env) == 0, 5, what="the claim's answer and the release")
+    final, seen = retry_until_answered(env, key, deadline_s=5)
+    assert_upstream_answer(final, key=key, n=1)
+    assert upstream.calls(key=key) == 1, seen
+    assert env.counter("idem_stray_replies_total") == stray_before, env.log_tail(20)
 
 
 def test_a_claim_that_lands_after_its_callout_timed_out_is_released(redis_gateway_30s_lease, upstream):

@@ -87,6 +87,9 @@ impl Contexts {
             return;
         };
         let owner = worker.reply_owner(token);
+        if owner == ReplyTo::Ended {
+            return worker.ended_calls.answered(token);
+        }
         if owner == ReplyTo::Nobody {
             return worker.stray_reply(host, id, token, "no call of this worker has that token");
         }
@@ -106,7 +109,7 @@ impl Contexts {
                     let _ = host.set_effective_context(id);
                 }
             }
-            ReplyTo::Nobody => {}
+            ReplyTo::Nobody | ReplyTo::Ended => {}
         }
     }
 

@@ -198,7 +198,7 @@ impl Stream {
     /// asks again without waiting for the lease to run out.
     pub(super) fn abandon_lookup(&mut self, host: &dyn Host) {
         if let Phase::Looking(looking) = &self.phase {
-            self.worker.stream_call_done(looking.token);
+            self.worker.stream_call_ended(host, looking.token);
             let p = &looking.prepared;
             self.worker.give_back_lookup(host, p.route, Some(p.key.clone()), &looking.ticket);
             self.phase = Phase::Idle;

@@ -11,13 +11,14 @@
 //!   tick (held duplicates, retried writes, lease renewals), its wake-up queue, and the answers
 //!   of the calls it owns (Redis writes, detached upstream calls, renewals, polls). What the
 //!   root owns is finished whatever the client does; a stream's call is treated as lost when
-//!   the stream ends (Envoy 1.40 in fact keeps every callout on the root context and still
-//!   delivers its reply, which nobody owns by then: docs/design.md, "Where a callout lives").
+//!   the stream ends, and its late reply as expected (Envoy 1.40 keeps every callout on the
+//!   root context and still answers it: `ended_calls`, docs/design.md "Where a callout lives").
 //!
 //! Each concern in its file: the state it owns behind its own small interface (a struct the
 //! worker holds one of — `Waiters`, `Outbox`, `Claims`, `Leases`, `DetachedCalls`, `BodyGate`,
-//! `Early`, `Handoffs`, `Replays`, `Metrics` — whose methods keep that state's rules), and the worker's
-//! methods that route events to it: they ask the route's store, send calls, and act on streams.
+//! `Early`, `Handoffs`, `EndedCalls`, `Replays`, `Metrics` — whose methods keep that state's
+//! rules), and the worker's methods that route events to it: they ask the route's store, send
+//! calls, and act on streams.
 //! The worker keeps one map of the root's calls out, whose `RootCall` says which concern an
 //! answer belongs to:
 //! - `capture`: the upstream's answer, captured as it streams (or held whole on Redis), and the
@@ -34,6 +35,8 @@
 //! - `detached`: requests the root sends upstream itself (`forward = "detached"`).
 //! - `contexts`: Envoy's contexts of one VM and the routing of every callout reply by its token
 //!   to the owner recorded when it was sent (the dispatcher the glue's exports call).
+//! - `ended_calls`: the calls of streams that ended with them out, whose late replies (Envoy
+//!   1.40 answers them on the root) are expected rather than stray.
 //! - `early`: answers decided while the client still sends its body wait for the body's end.
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
@@ -51,6 +54,7 @@ mod claims;
 mod contexts;
 mod detached;
 mod early;
+mod ended_calls;
 mod eviction;
 mod handoff;
 mod leases;

@@ -465,8 +465,8 @@ impl Stream {
         self.abandon_lookup(host);
         w.stream_ended(self.context);
         if let Phase::AwaitingStore(_, _, token) = self.phase {
-            // Envoy cancels the call with the stream: its token is nobody's now.
-            w.stream_call_done(token);
+            // Its reply may still come (Envoy 1.40 keeps the call on the root context): nobody's.
+            w.stream_call_ended(host, token);
         }
         match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::AwaitingStore(Pending::Claim { prepared, ticket, .. }, _, _) => {

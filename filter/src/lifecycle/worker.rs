@@ -5,6 +5,7 @@ use super::body_gate::{BodyGate, BODY_CHECK_MS};
 use super::claims::{ClaimBatch, Claims};
 use super::detached::{Detached, DetachedCalls};
 use super::early::Early;
+use super::ended_calls::EndedCalls;
 use super::handoff::Handoffs;
 use super::leases::{LeaseOwner, Leases};
 use super::metrics::Metrics;
@@ -63,6 +64,9 @@ pub struct Worker {
     /// The calls streams have out (their own claim, token use or issue), by callout token: the
     /// stream each answer is for. With `calls`, the one owner table every reply is routed by.
     stream_calls: RefCell<Map<u32, u32>>,
+    /// Calls of streams that ended with them out, whose late replies are expected (see
+    /// `ended_calls`).
+    pub(super) ended_calls: EndedCalls,
     /// Replies that reached no owner (see [`Worker::stray_reply`]), and whether one was logged.
     stray_logged: Cell<bool>,
     /// A lookup (`[route.reconcile]`) could not be sent: logged once.
@@ -162,6 +166,7 @@ impl Worker {
             leases: Leases::default(),
             calls: RefCell::new(Map::default()),
             stream_calls: RefCell::new(Map::default()),
+            ended_calls: EndedCalls::default(),
             stray_logged: Cell::new(false),
             lookup_logged: Cell::new(false),
             live: RefCell::new(Set::default()),
@@ -356,13 +361,16 @@ impl Worker {
         self.send_queued(host);
         self.renew_leases(host);
         self.recheck_waiters(host);
+        self.forget_ended_calls(host);
     }
 
     /// The answer of a call the root owns (a claim batch, a write, a renewal, a detached call, a
     /// poll, the eviction probe).
     pub fn on_call_response(&self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
-        if self.reply_owner(token) != ReplyTo::Root {
-            return self.stray_reply(host, self.root_id, token, "no call of the root has that token");
+        match self.reply_owner(token) {
+            ReplyTo::Root => {}
+            ReplyTo::Ended => return self.ended_calls.answered(token),
+            _ => return self.stray_reply(host, self.root_id, token, "no call of the root has that token"),
         }
         let (headers, body) = host.call_response(num_headers, body_size);
         self.on_reply(host, token, headers, body);
@@ -400,6 +408,7 @@ impl Worker {
         }
         match self.stream_calls.borrow().get(&token) {
             Some(ctx) => ReplyTo::Stream(*ctx),
+            None if self.ended_calls.contains(token) => ReplyTo::Ended,
             None => ReplyTo::Nobody,
         }
     }
@@ -462,6 +471,9 @@ pub(super) enum RootCall {
 pub enum ReplyTo {
     Root,
     Stream(u32),
+    /// The call of a stream that ended with it out (Envoy 1.40 still answers it): dropped
+    /// unread, as expected.
+    Ended,
     /// No call out has this token.
     Nobody,
 }
