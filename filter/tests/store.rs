@@ -119,6 +119,51 @@ fn a_store_of_another_shape_in_the_namespace_refuses_to_load() {
     assert!(s.release(&host, &t).unwrap());
 }
 
+/// Two workers start together: each finds no secret, and the second stores its own between the
+/// first's read and its write. Both must end with one secret — with two, one key would land in
+/// two buckets and be claimed twice. (Envoy's shared data inserts an absent key whatever CAS is
+/// passed, so "set if absent" alone would let the first overwrite the second's.)
+#[test]
+fn workers_starting_together_agree_on_one_secret() {
+    let host = Arc::new(FakeHost::new(1_700_000_000_000));
+    let cfg = SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 1, namespace: None };
+    let seen_by_second = Arc::new(std::sync::Mutex::new(None));
+    let (h, seen, c) = (Arc::clone(&host), Arc::clone(&seen_by_second), cfg.clone());
+    host.before_next_set(
+        "idem:v1:default:secret",
+        Box::new(move || {
+            let mut second = SharedStore::new(&c);
+            second.initialise(&*h).unwrap();
+            *seen.lock().unwrap() = Some(second.secret());
+        }),
+    );
+    let mut first = SharedStore::new(&cfg);
+    first.initialise(&*host).unwrap();
+    let second = seen_by_second.lock().unwrap().expect("the second worker started in between");
+    assert_eq!(first.secret(), second, "two secrets in one namespace");
+    assert_eq!(host.shared_get("idem:v1:default:secret").unwrap().map(|(v, _)| v), Some(second.to_vec()));
+    let mut third = SharedStore::new(&cfg);
+    third.initialise(&*host).unwrap();
+    assert_eq!(third.secret(), second, "a later worker reads the same secret");
+    for k in ["a", "b", "order-1", "order-2"] {
+        assert_eq!(first.bucket_of(&id(k)), third.bucket_of(&id(k)));
+    }
+}
+
+/// A secret of the wrong length (written by hand, or cut short) is replaced once, and kept.
+#[test]
+fn a_malformed_secret_is_replaced_once() {
+    let host = FakeHost::new(1_700_000_000_000);
+    host.shared_set("idem:v1:default:secret", b"short", None).unwrap();
+    let cfg = SharedConfig { buckets: 4, entries_per_bucket: 4, max_response_bytes: 1, namespace: None };
+    let mut a = SharedStore::new(&cfg);
+    a.initialise(&host).unwrap();
+    let mut b = SharedStore::new(&cfg);
+    b.initialise(&host).unwrap();
+    assert_eq!(a.secret(), b.secret());
+    assert_ne!(a.secret(), [0; 16]);
+}
+
 /// Buckets an earlier version created carry no shape record: their length still tells
 /// another entry count apart, and a store of the same entries gets its record.
 #[test]

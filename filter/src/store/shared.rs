@@ -208,6 +208,10 @@ impl Entry {
     }
 }
 
+/// What the secret's key holds until one VM's secret replaces it (not empty: the glue reads an
+/// empty value as absent).
+const SECRET_PLACEHOLDER: &[u8] = b"-";
+
 /// Proof of ownership of one claim, needed to complete or release it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
@@ -334,17 +338,7 @@ impl SharedStore {
     /// before any worker) writes 16 random bytes; every VM then reads back what is stored.
     pub fn initialise(&mut self, host: &dyn Host) -> Result<u32, StoreError> {
         self.check_shape(host)?;
-        let secret_key = self.secret_key();
-        if !matches!(host.shared_get(&secret_key)?, Some((v, _)) if v.len() == 16) {
-            let mut fresh = Vec::with_capacity(16);
-            fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
-            fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
-            host.shared_set(&secret_key, &fresh, None)?;
-        }
-        match host.shared_get(&secret_key)? {
-            Some((v, _)) if v.len() == 16 => self.secret.copy_from_slice(&v),
-            _ => return Err(StoreError::Missing(secret_key)),
-        }
+        self.secret = self.agreed_secret(host)?;
         let mut created = 0;
         let expected = self.entries as usize * ENTRY_LEN;
         for b in 0..self.buckets {
@@ -358,6 +352,38 @@ impl SharedStore {
             }
         }
         Ok(created)
+    }
+
+    /// The namespace's secret, the same for every VM of the process: the bucket of a key depends
+    /// on it, so two workers holding different secrets would put one key in two buckets and
+    /// both claim it. The first VM to store one wins and the others read it back. Envoy's shared
+    /// data cannot insert only if absent (a compare-and-swap is ignored for an absent key), so a
+    /// placeholder is created first with a set that fails against any existing value (no value
+    /// holds that version), and the secret replaces it by compare-and-swap: of VMs starting
+    /// together, one swap succeeds and every VM reads its secret.
+    fn agreed_secret(&self, host: &dyn Host) -> Result<[u8; 16], StoreError> {
+        let key = self.secret_key();
+        for _ in 0..MAX_CAS_RETRIES {
+            let written = match host.shared_get(&key)? {
+                Some((v, _)) if v.len() == 16 => {
+                    let mut secret = [0u8; 16];
+                    secret.copy_from_slice(&v);
+                    return Ok(secret);
+                }
+                Some((_, cas)) => {
+                    let mut fresh = Vec::with_capacity(16);
+                    fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
+                    fresh.extend_from_slice(&host.random_u64()?.to_le_bytes());
+                    host.shared_set(&key, &fresh, Some(cas))
+                }
+                None => host.shared_set(&key, SECRET_PLACEHOLDER, Some(u32::MAX)),
+            };
+            match written {
+                Ok(()) | Err(HostError::CasMismatch) => {}
+                Err(HostError::Failed(m)) => return Err(StoreError::Host(m)),
+            }
+        }
+        Err(StoreError::Contended)
     }
 
     /// This process' secret (drawn by `initialise`): also the default key tokens are signed with.

@@ -120,7 +120,12 @@ pub struct FakeHost {
     logs: Mutex<Vec<(Level, String)>>,
     /// What `Setup::log_level` answers (0, debug, unless set).
     log_level: AtomicU32,
+    /// Runs once just before the next write of a key (another worker acting in between).
+    before_set: Mutex<Option<BeforeSet>>,
 }
+
+/// A key, and what another worker does just before this one writes it.
+type BeforeSet = (String, Box<dyn FnOnce() + Send>);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -136,6 +141,11 @@ impl FakeHost {
     /// Envoy's log level for the filter, as the worker reads it when it configures.
     pub fn set_log_level(&self, level: u32) {
         self.log_level.store(level, Ordering::SeqCst);
+    }
+    /// Runs `run` once, just before the next write of `key`: what another worker does between
+    /// this one's read and its write (Envoy's workers share the data, not a lock).
+    pub fn before_next_set(&self, key: &str, run: Box<dyn FnOnce() + Send>) {
+        *lock(&self.before_set) = Some((key.to_string(), run));
     }
     pub fn advance(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
@@ -259,6 +269,19 @@ impl Host for FakeHost {
     }
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
         self.check()?;
+        let hook = {
+            let mut pending = lock(&self.before_set);
+            match pending.take() {
+                Some((k, run)) if k == key => Some(run),
+                other => {
+                    *pending = other;
+                    None
+                }
+            }
+        };
+        if let Some(run) = hook {
+            run();
+        }
         let mut g = lock(&self.data);
         let SharedData { map, next_cas: counter } = &mut *g;
         if let Some((_, stored)) = map.get(key) {
