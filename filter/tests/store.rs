@@ -266,6 +266,10 @@ fn full_bucket_evicts_completed_never_in_flight() {
     host.advance(1);
     let _b = claimed(s.claim(&host, &id("b"), &FP, 30_000, 60_000).unwrap());
     assert_eq!(s.claim(&host, &id("c"), &FP, 30_000, 60_000), Err(StoreError::Full));
+    // What fills it is logged: both claims in flight, their slots without an answer.
+    let census = host.logs().into_iter().map(|(_, l)| l).filter(|l| l.contains("bucket 0 full")).collect::<Vec<_>>();
+    assert_eq!(census.len(), 1, "{census:?}");
+    assert!(census[0].contains("(2 entries): 2 claims whose slot holds no answer yet, 0 claims inside"), "{census:?}");
     s.complete(&host, &a, &ok_response("a"), 4096, 60_000).unwrap();
     claimed(s.claim(&host, &id("c"), &FP, 30_000, 60_000).unwrap());
     // "b" is still in flight inside its lease: never evicted.

@@ -486,7 +486,10 @@ impl SharedStore {
             // owner's late completion finds another owner there and is fenced off.
             let i = match same_key {
                 Some(i) => i,
-                None => self.victim(host, b, entries, now)?.ok_or(StoreError::Full)?,
+                None => match self.victim(host, b, entries, now)? {
+                    Some(i) => i,
+                    None => return Err(self.full(host, b, entries, now)),
+                },
             };
             let lease_end_ms = now.saturating_add(lock_ttl_ms);
             entries[i] = Entry {
@@ -647,7 +650,9 @@ impl SharedStore {
     pub fn issue_token(&self, host: &dyn Host, id: &[u8; 32], ttl_ms: u64) -> Result<(), StoreError> {
         let (b, short) = self.locate(id);
         self.modify(host, b, |entries, now| {
-            let i = self.victim(host, b, entries, now)?.ok_or(StoreError::Full)?;
+            let Some(i) = self.victim(host, b, entries, now)? else {
+                return Err(self.full(host, b, entries, now));
+            };
             entries[i] = Entry {
                 id: short,
                 state: State::Issued,
@@ -910,6 +915,31 @@ impl SharedStore {
             }
         }
         Ok(None)
+    }
+
+    /// [`StoreError::Full`], with a census of the bucket logged: a full bucket is rare (a store
+    /// sized below its peak, or keys aimed at it), and what fills it — claims inside their lease,
+    /// slots that do not read as completed, held outcomes — tells which.
+    fn full(&self, host: &dyn Host, b: u32, entries: &[Entry], now: u64) -> StoreError {
+        let (mut leased, mut in_slot, mut unknown, mut other) = (0, 0, 0, 0);
+        for e in entries {
+            match e.state {
+                State::InFlight if e.completes_in_slot() => in_slot += 1,
+                State::InFlight if e.leased(now) => leased += 1,
+                State::Unknown => unknown += 1,
+                _ => other += 1,
+            }
+        }
+        host.log(
+            crate::host::Level::Warn,
+            &format!(
+                "idem: shared store bucket {b} full ({} entries): {in_slot} claims whose slot holds no answer \
+                 yet, {leased} claims inside their lease, {unknown} unknown outcomes held, {other} other live \
+                 entries",
+                entries.len()
+            ),
+        );
+        StoreError::Full
     }
 
     /// Rewrites every entry (and its slot) as an earlier version wrote it: the layout mark
