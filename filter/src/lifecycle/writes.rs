@@ -368,15 +368,18 @@ impl Worker {
         for job in &mut batch {
             job.sent_ms = now;
         }
-        // A lone write goes as its own command (the job keeps it, to send again on a retry).
-        let batched = match batch.as_slice() {
-            [_] => None,
-            many => Some(self.engine.redis().and_then(|s| s.batch(&many.iter().map(|j| &j.cmd).collect::<Vec<_>>()))),
+        // A lone write goes as its own command, sent from its job (which keeps it for a retry).
+        let batched;
+        let cmd = match batch.as_slice() {
+            [one] => Some(&one.cmd),
+            many => {
+                batched = self.engine.redis().and_then(|s| s.batch(&many.iter().map(|j| &j.cmd).collect::<Vec<_>>()));
+                batched.as_ref()
+            }
         };
-        let sent = match (&batched, batch.first()) {
-            (None, Some(one)) => self.dispatch(host, &one.cmd),
-            (Some(Some(cmd)), _) => self.dispatch(host, cmd),
-            _ => Err(StoreError::Host("writes that cannot be batched were grouped".into())),
+        let sent = match cmd {
+            Some(cmd) => self.dispatch(host, cmd),
+            None => Err(StoreError::Host("writes that cannot be batched were grouped".into())),
         };
         match sent {
             Ok(token) => {

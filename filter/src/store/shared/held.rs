@@ -8,6 +8,7 @@ use super::{lookup_out, Edit, Entry, SharedStore, State, ENTRY_LEN, SLOT_ANSWER}
 use crate::host::Host;
 use crate::response::StoredResponse;
 use crate::store::operator::{Change, HeldNote, RecordKind};
+use crate::store::text::{push_decimal, push_hex};
 use crate::store::StoreError;
 
 /// One unknown outcome, as `GET /unknown` lists it.
@@ -34,10 +35,11 @@ impl HeldEntry {
 
 /// The store key of a shared-store entry: `s:<bucket>:<the 16-byte id in hex>`.
 pub fn store_key(bucket: u32, id: &[u8; 16]) -> String {
-    let mut key = format!("s:{bucket}:");
-    for b in id {
-        key.push_str(&format!("{b:02x}"));
-    }
+    let mut key = String::with_capacity(2 + 10 + 1 + 32);
+    key.push_str("s:");
+    push_decimal(&mut key, u64::from(bucket));
+    key.push(':');
+    push_hex(&mut key, id);
     key
 }
 
