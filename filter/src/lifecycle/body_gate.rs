@@ -152,11 +152,11 @@ impl Worker {
         self.on_stream(host, ctx, || {
             self.annotate(host, route, &v);
             match &v.action {
-                Action::Reply(r) => super::worker::send(host, r),
+                Action::Reply(r) => self.reply(host, ctx, r),
                 // Shadow mode never blocks: let it through unexamined.
                 _ => {
                     self.body_gate.pass_through(ctx);
-                    let _ = host.resume_request();
+                    self.release(host, ctx);
                 }
             }
         });

@@ -183,7 +183,7 @@ impl Worker {
         let now = host.now_ms();
         self.metrics.store_call_took(host, route, sent_ms, now);
         let found = self.unless_unanswered(host, route, Some(&prepared.key), found);
-        if !self.live.borrow().contains(&ctx) {
+        if !self.fates.is_live(ctx) {
             if let Ok(Claim::Claimed(StoreTicket::Redis(t))) = &found {
                 self.release_orphan(host, route, Some(prepared.key.clone()), t);
             }

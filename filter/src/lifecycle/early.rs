@@ -106,12 +106,14 @@ impl Worker {
     /// Sends `reply` on stream `ctx` (current now), or parks it until the request ends.
     pub(super) fn send_when_read(&self, host: &dyn Host, ctx: u32, reply: LocalReply) {
         let wait_ms = match self.body_gate.delivery() {
-            _ if !self.early.uploading(ctx) => return send(host, &reply),
-            BodyDelivery::Withheld => return send(host, &reply),
+            _ if !self.early.uploading(ctx) => return self.reply(host, ctx, &reply),
+            BodyDelivery::Withheld => return self.reply(host, ctx, &reply),
             BodyDelivery::Delivered => PARK_MS,
             BodyDelivery::Unknown => UNPROVEN_PARK_MS,
         };
-        self.early.park(ctx, reply, host.now_ms(), wait_ms);
+        if self.answered_later(host, ctx) {
+            self.early.park(ctx, reply, host.now_ms(), wait_ms);
+        }
     }
 
     /// A request body chunk (or the trailers: `end_of_stream`) of a stream whose answer is

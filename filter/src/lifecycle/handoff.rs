@@ -77,13 +77,13 @@ impl Worker {
                         None => Resumed::Passed,
                     };
                     self.handoffs.hand_off(ctx, resumed);
-                    let _ = host.resume_request();
+                    self.release(host, ctx);
                 }
                 // The root never looks an unknown outcome up (a held request found it): 409.
                 (Action::Reply(r) | Action::Reconcile { unknown: r, .. }, _) => {
                     let resumed = match self.answer(host, ctx, route, r, grpc) {
                         Answered::ToEcho => {
-                            let _ = host.resume_request();
+                            self.release(host, ctx);
                             Resumed::Passed
                         }
                         Answered::Replied => Resumed::Answered,

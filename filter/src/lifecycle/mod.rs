@@ -37,6 +37,9 @@
 //!   to the owner recorded when it was sent (the dispatcher the glue's exports call).
 //! - `ended_calls`: the calls of streams that ended with them out, whose late replies (Envoy
 //!   1.40 answers them on the root) are expected rather than stray.
+//! - `fate`: what becomes of each live stream's request — answered or let go upstream, one or
+//!   the other, once: every local reply, resume and request callback's `Continue` goes through
+//!   it, so no later callback, tick or reply can forward a request the gateway answered.
 //! - `early`: answers decided while the client still sends its body wait for the body's end.
 //! - `body_gate`: finds out whether Envoy passes the body to a request paused at its headers
 //!   (only with `allow_on_headers_stop_iteration`), and answers rather than hangs when not.
@@ -56,6 +59,7 @@ mod detached;
 mod early;
 mod ended_calls;
 mod eviction;
+mod fate;
 mod handoff;
 mod leases;
 mod lookup;

@@ -7,7 +7,7 @@
 //! a route sends that path to the echo listener, whose idem instance (`role = "echo"`) answers with
 //! the slot's status, headers and body. When that answer ends, this stream adds the trailers.
 
-use super::worker::{send, Worker};
+use super::worker::Worker;
 use crate::codes::ErrorCode;
 use crate::engine::Outcome;
 use crate::host::{Host, Level};
@@ -96,14 +96,13 @@ impl Worker {
 
     /// The echo instance's answer to a replay call: the slot's answer, or 404 when the token names
     /// none (a client that came to the echo path by itself, or a slot taken already).
-    pub(super) fn echo(&self, host: &dyn Host, token: Option<&[u8]>) {
+    pub(super) fn echo(&self, host: &dyn Host, ctx: u32, token: Option<&[u8]>) {
         let answer = token.and_then(|t| std::str::from_utf8(t).ok()).and_then(|t| self.replay_slots.take(host, t));
-        match answer {
-            Some(a) => {
-                send(host, &LocalReply { status: a.status, headers: a.headers, body: a.body, ..Default::default() })
-            }
-            None => send(host, &crate::replies::plain_error(ErrorCode::ReplayGone, "no replay waits under this token")),
-        }
+        let reply = match answer {
+            Some(a) => LocalReply { status: a.status, headers: a.headers, body: a.body, ..Default::default() },
+            None => crate::replies::plain_error(ErrorCode::ReplayGone, "no replay waits under this token"),
+        };
+        self.reply(host, ctx, &reply);
     }
 }
 

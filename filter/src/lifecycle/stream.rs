@@ -203,10 +203,15 @@ impl Stream {
 
     /// The request headers arrived.
     pub fn on_request_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Flow {
+        let flow = self.request_headers(host, end_of_stream);
+        self.worker.request_flow(host, self.context, flow, false)
+    }
+
+    fn request_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Flow {
         let w = Rc::clone(&self.worker);
         if w.engine.bundle.role == Role::Echo {
             // The echo listener's instance: it answers gRPC replays, and nothing else passes.
-            w.echo(host, host.request_header(replay::REPLAY_HEADER).as_deref());
+            w.echo(host, self.context, host.request_header(replay::REPLAY_HEADER).as_deref());
             self.phase = Phase::Idle;
             return Flow::Pause;
         }
@@ -274,6 +279,11 @@ impl Stream {
     /// A request body chunk arrived; `size` is what Envoy has buffered so far (this chunk alone
     /// after a chunk was held or dropped).
     pub fn on_request_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        let flow = self.request_body(host, size, end_of_stream);
+        self.worker.request_flow(host, self.context, flow, true)
+    }
+
+    fn request_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
         if matches!(self.phase, Phase::Admin) {
             if size > admin::MAX_ADMIN_BODY {
                 self.phase = Phase::Idle;
@@ -308,11 +318,11 @@ impl Stream {
                 route
             }
             // Chunks that arrive while a decision made without them is out (a Webdis call, a
-            // held duplicate, a queued claim) wait, with flow control rather than against the
-            // buffer limit: continuing would send the request upstream undecided, and buffering
-            // would turn a large body into Envoy's own 413.
-            Phase::AwaitingStore(..) | Phase::Held { .. } => return Flow::Hold,
-            _ => return Flow::Continue,
+            // held duplicate, a queued claim, a lookup, an answer waiting for its write) wait,
+            // with flow control rather than against the buffer limit: continuing would send the
+            // request upstream undecided, and buffering would turn a large body into Envoy's
+            // own 413. Once decided, they follow the request or are dropped under its answer.
+            _ => return self.worker.after_decision(self.context),
         };
         let limit = self.worker.engine.policy(route).max_body_bytes as usize;
         if size > limit {
@@ -352,6 +362,11 @@ impl Stream {
 
     /// Request trailers arrived (the body is complete).
     pub fn on_request_trailers(&mut self, host: &dyn Host) -> Flow {
+        let flow = self.request_trailers(host);
+        self.worker.request_flow(host, self.context, flow, false)
+    }
+
+    fn request_trailers(&mut self, host: &dyn Host) -> Flow {
         self.worker.early.set_uploading(self.context, false);
         self.take_handoff(host);
         if self.worker.parked_chunk(host, self.context, 0, true).is_some() {
@@ -367,8 +382,10 @@ impl Stream {
                 self.request.body = host.request_body(usize::MAX);
                 self.decide(host, route)
             }
-            Phase::AwaitingStore(..) | Phase::Held { .. } => Flow::Pause,
-            _ => Flow::Continue,
+            _ => match self.worker.after_decision(self.context) {
+                Flow::Continue => Flow::Continue,
+                _ => Flow::Pause,
+            },
         }
     }
 
@@ -522,7 +539,7 @@ impl Stream {
                     None => Phase::Idle,
                 };
                 if paused {
-                    let _ = host.resume_request();
+                    w.release(host, self.context);
                 }
                 Flow::Continue
             }
@@ -532,7 +549,7 @@ impl Stream {
                     Answered::Replied => Flow::Pause,
                     // A gRPC replay goes on to the echo listener.
                     Answered::ToEcho if paused => {
-                        let _ = host.resume_request();
+                        w.release(host, self.context);
                         Flow::Continue
                     }
                     Answered::ToEcho => Flow::Continue,

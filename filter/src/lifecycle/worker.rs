@@ -6,6 +6,7 @@ use super::claims::{ClaimBatch, Claims};
 use super::detached::{Detached, DetachedCalls};
 use super::early::Early;
 use super::ended_calls::EndedCalls;
+use super::fate::Fates;
 use super::handoff::Handoffs;
 use super::leases::{LeaseOwner, Leases};
 use super::metrics::Metrics;
@@ -71,11 +72,12 @@ pub struct Worker {
     stray_logged: Cell<bool>,
     /// A lookup (`[route.reconcile]`) could not be sent: logged once.
     pub(super) lookup_logged: Cell<bool>,
-    /// Streams that have not ended (created, `on_log` not seen yet). The root acts on a stream
-    /// only while it is here: Envoy may still accept `set_effective_context` for a stream whose
-    /// client reset it, but a local reply sent there calls back into a context the SDK has
-    /// deleted, and the SDK panics ("invalid context_id") — found by `make bench`.
-    pub(super) live: RefCell<Set<u32>>,
+    /// Streams that have not ended (created, `on_log` not seen yet), and what became of each
+    /// one's request (see `fate`). The root acts on a stream only while it is here: Envoy may
+    /// still accept `set_effective_context` for a stream whose client reset it, but a local
+    /// reply sent there calls back into a context the SDK has deleted, and the SDK panics
+    /// ("invalid context_id") — found by `make bench`.
+    pub(super) fates: Fates,
     /// Whether Envoy passes the body while the headers are paused (see `body_gate`).
     pub(super) body_gate: BodyGate,
     /// Answers that wait for their request's end (see `early`).
@@ -169,7 +171,7 @@ impl Worker {
             ended_calls: EndedCalls::default(),
             stray_logged: Cell::new(false),
             lookup_logged: Cell::new(false),
-            live: RefCell::new(Set::default()),
+            fates: Fates::default(),
             body_gate: BodyGate::default(),
             early: Early::default(),
             streaming_logged: Cell::new(false),
@@ -182,13 +184,13 @@ impl Worker {
 
     /// A stream begins (Envoy created its context).
     pub fn stream_started(&self, context: u32) {
-        self.live.borrow_mut().insert(context);
+        self.fates.started(context);
     }
 
     /// A stream ended (`on_log`): the root no longer acts on it, and nothing waits for it —
     /// no held duplicate, body watch, queued claim or lease.
     pub(super) fn stream_ended(&self, context: u32) {
-        self.live.borrow_mut().remove(&context);
+        self.fates.ended(context);
         self.waiters.forget(context);
         self.handoffs.forget(context);
         self.body_gate.forget(context);
@@ -331,7 +333,7 @@ impl Worker {
     /// Acts on a stream from the root context, if it is still live, then makes the root the
     /// effective context again.
     pub(super) fn on_stream(&self, host: &dyn Host, context: u32, act: impl FnOnce()) {
-        if self.live.borrow().contains(&context) && host.set_effective_context(context).is_ok() {
+        if self.fates.is_live(context) && host.set_effective_context(context).is_ok() {
             act();
             let _ = host.set_effective_context(self.root_id);
         }

@@ -534,7 +534,7 @@ impl Worker {
             // Not when the client left: its retry will find the stored answer instead.
             After::Deliver { ctx, route, reply, grpc } => self.on_stream(host, ctx, || {
                 if self.answer(host, ctx, route, reply, grpc) == Answered::ToEcho {
-                    let _ = host.resume_request();
+                    self.release(host, ctx);
                 }
             }),
         }

@@ -8,6 +8,13 @@
 //!   ([`FakeHost::acts`]: local replies, resumes, dispatched calls). A callout's answer is
 //!   delivered with [`FakeHost::deliver`] before calling the context it belongs to.
 //! - `set_effective_context` fails for a context that was never opened or was closed.
+//! - What becomes of each request ([`FakeHost::fate`]), as Envoy carries out the filter's
+//!   calls: a request goes upstream once — when a request callback continues
+//!   ([`FakeHost::returned`], told by the test) or a paused request is resumed — and a local
+//!   reply answers it. Envoy defers a local reply sent while the request is paused until the
+//!   callback returns, then ends the stream: a continue or resume after it is ignored by Envoy,
+//!   and a local reply after the request went upstream answers the client while the service
+//!   runs it. Either order is recorded as crossed: the filter decided both ways.
 //! - Callouts on the context effective at dispatch, delivered there
 //!   ([`FakeHost::take_callout`]), cancelled when it closes: stricter than Envoy 1.40, which
 //!   keeps every callout on the root context and delivers a stream's reply after the stream
@@ -61,6 +68,27 @@ impl FakeStream {
         self.response_headers.extend(headers.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec())));
         self.response_body = body.to_vec();
         self
+    }
+}
+
+/// What became of one request, as Envoy carried out the filter's calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFate {
+    /// Times the request went upstream (at most once when the filter is right).
+    pub upstream: u32,
+    /// Times it went on to the echo listener with a gRPC replay (`x-idem-replay` set).
+    pub echo: u32,
+    /// Local replies sent on it.
+    pub replies: u32,
+    /// The filter's calls that decided the other way after a decision was carried out (a
+    /// continue or resume after an answer, an answer after the request went on, a second
+    /// resume): what Envoy would do with each is in the module doc.
+    pub crossed: Vec<String>,
+}
+
+impl RequestFate {
+    fn went(&self) -> bool {
+        self.upstream + self.echo > 0
     }
 }
 
@@ -122,6 +150,8 @@ pub struct FakeHost {
     log_level: AtomicU32,
     /// Runs once just before the next write of a key (another worker acting in between).
     before_set: Mutex<Option<BeforeSet>>,
+    /// What became of each stream's request, by context.
+    fates: Mutex<HashMap<u32, RequestFate>>,
 }
 
 /// A key, and what another worker does just before this one writes it.
@@ -224,6 +254,37 @@ impl FakeHost {
             (b"content-type".to_vec(), b"text/plain".to_vec()),
         ];
         *lock(&self.call) = (headers, b"upstream request timeout".to_vec());
+    }
+    /// A request callback of `context` (headers, a body chunk, trailers) returned: `continued`
+    /// when it returned `Continue`, which lets a request that has not gone yet go upstream.
+    pub fn returned(&self, context: u32, continued: bool) {
+        if continued {
+            self.request_goes_on(context, "a request callback continued");
+        }
+    }
+    /// What became of the request of `context` so far.
+    pub fn fate(&self, context: u32) -> RequestFate {
+        lock(&self.fates).get(&context).cloned().unwrap_or_default()
+    }
+    fn request_goes_on(&self, context: u32, how: &str) {
+        let to_echo = lock(&self.streams)
+            .get(&context)
+            .is_some_and(|s| s.request_headers.iter().any(|(n, _)| n.as_slice() == b"x-idem-replay"));
+        let mut fates = lock(&self.fates);
+        let fate = fates.entry(context).or_default();
+        if fate.replies > 0 {
+            fate.crossed.push(format!("{how} after the request was answered"));
+        } else if fate.went() {
+            // Once gone, later callbacks continuing carry the rest of the body: only a resume
+            // (which only a paused request takes) is a second send.
+            if how.starts_with("resumed") {
+                fate.crossed.push(format!("{how} after the request went on"));
+            }
+        } else if to_echo {
+            fate.echo += 1;
+        } else {
+            fate.upstream += 1;
+        }
     }
     /// Everything done so far, and forgets it.
     pub fn take_acts(&self) -> Vec<Act> {
@@ -392,7 +453,18 @@ impl Host for FakeHost {
         }
     }
     fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
-        self.act(Act::Reply { context: self.current(), reply: reply.clone() });
+        let context = self.current();
+        {
+            let mut fates = lock(&self.fates);
+            let fate = fates.entry(context).or_default();
+            if fate.went() {
+                fate.crossed.push("answered after the request went on".into());
+            } else if fate.replies > 0 {
+                fate.crossed.push("answered twice".into());
+            }
+            fate.replies += 1;
+        }
+        self.act(Act::Reply { context, reply: reply.clone() });
         Ok(())
     }
     fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
@@ -416,6 +488,7 @@ impl Host for FakeHost {
         Ok(())
     }
     fn resume_request(&self) -> Result<(), HostError> {
+        self.request_goes_on(self.current(), "resumed");
         self.act(Act::ResumeRequest { context: self.current() });
         Ok(())
     }

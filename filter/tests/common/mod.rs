@@ -3,6 +3,8 @@
 
 use idem_filter::key::RequestView;
 
+pub mod webdis;
+
 #[derive(Clone, Default)]
 pub struct Req {
     pub method: String,
