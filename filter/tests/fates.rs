@@ -55,9 +55,13 @@ enum Case {
     Reused,
     /// No key: 400.
     Missing,
+    /// A token issued by the gateway, used once: forwarded.
+    TokenFirst,
+    /// A token used already: the duplicate answer (409).
+    TokenUsed,
 }
 
-const CASES: [Case; 11] = [
+const CASES: [Case; 13] = [
     Case::Fresh,
     Case::Completed,
     Case::InFlight,
@@ -69,6 +73,8 @@ const CASES: [Case; 11] = [
     Case::LookupRunning,
     Case::Reused,
     Case::Missing,
+    Case::TokenFirst,
+    Case::TokenUsed,
 ];
 
 /// How the repeat's body arrives.
@@ -112,12 +118,16 @@ fn policy(store: Store, fingerprint: bool, prefix: &str) -> String {
              [route.key]\n{fp}{extra}{rc}\n"
         )
     };
+    let token_route = format!(
+        "[[route]]\nname = \"tok\"\nmatch = {{ method = \"POST\", path = \"/tok\" }}\nmode = \"token\"\n{store_line}\n"
+    );
     let redis = match store {
         Store::Shared => String::new(),
         Store::Redis => format!("[redis]\ncluster = \"webdis\"\ntimeout = \"500ms\"\nprefix = \"{prefix}\"\n\n"),
     };
     format!(
-        "{redis}{}{}{}",
+        "[tokens]\nsecret = \"{}\"\n\n{redis}{token_route}{}{}{}",
+        "s".repeat(40),
         route("reject", "", false),
         route("wait", "on_in_flight = \"wait\"\nwait_timeout = \"5s\"\n", false),
         route("rc", "", true),
@@ -128,6 +138,7 @@ fn route_of(case: Case) -> &'static str {
     match case {
         Case::HeldThenReplayed | Case::HeldThenTakenOver => "wait",
         Case::LookupRan | Case::LookupAbsent | Case::LookupRunning => "rc",
+        Case::TokenFirst | Case::TokenUsed => "tok",
         _ => "reject",
     }
 }
@@ -185,8 +196,9 @@ impl<'a> Gateway<'a> {
 
     fn open(&mut self, ctx: u32, route: &str, key: Option<&str>, body: &[u8]) {
         let mut headers: Vec<(&str, &[u8])> = vec![("authorization", b"Bearer merchant-7"), (":authority", b"shop")];
+        let name = if route == "tok" { "idempotency-token" } else { "idempotency-key" };
         if let Some(k) = key {
-            headers.push(("idempotency-key", k.as_bytes()));
+            headers.push((name, k.as_bytes()));
         }
         self.host.open(ctx, FakeStream::request("POST", &format!("/{route}"), &headers, body));
         self.contexts.create(ctx, ROOT);
@@ -209,6 +221,22 @@ impl<'a> Gateway<'a> {
             self.headers(ctx, false);
             self.body(ctx, body.len(), true);
         }
+    }
+
+    /// A token from the gateway's issue endpoint.
+    fn issue_token(&mut self, ctx: u32) -> String {
+        let headers: &[(&str, &[u8])] = &[("authorization", b"Bearer merchant-7"), (":authority", b"shop")];
+        self.host.open(ctx, FakeStream::request("POST", "/api/idempotent/token", headers, b""));
+        self.contexts.create(ctx, ROOT);
+        self.headers(ctx, true);
+        self.settle();
+        let body = self.acts.iter().find_map(|a| match a {
+            Act::Reply { context, reply } if *context == ctx => Some(reply.body.clone()),
+            _ => None,
+        });
+        let issued: serde_json::Value = serde_json::from_slice(&body.expect("the token's answer")).unwrap();
+        self.end(ctx);
+        issued["token"].as_str().unwrap_or_else(|| panic!("{issued}")).to_string()
     }
 
     /// Answers the oldest callout out: a Webdis call through the real Webdis, a lookup as the
@@ -327,19 +355,37 @@ fn expected(case: Case) -> Expect {
         Case::InFlight | Case::Unknown | Case::LookupRunning => Expect::Answer(409),
         Case::Reused => Expect::Answer(422),
         Case::Missing => Expect::Answer(400),
+        Case::TokenFirst => Expect::Upstream,
+        Case::TokenUsed => Expect::Answer(409),
     }
 }
 
 const FIRST: u32 = 10;
 const REPEAT: u32 = 20;
 
-/// One run: the key prepared for `case`, the repeat sent as `body` says, every request's fate
-/// checked. Returns what went wrong, if anything.
-fn run(store: Store, fingerprint: bool, case: Case, body: Body, webdis: Option<&Live>, n: usize) -> Option<String> {
+const ISSUE: u32 = 5;
+/// Streams claiming other keys at the same time (`crowd`): on Redis, the repeat's claim then
+/// waits for the next batch and the root decides for it.
+const CROWD: [u32; 4] = [30, 31, 32, 33];
+
+/// One run: the key prepared for `case`, the repeat sent as `body` says (with a crowd of other
+/// claims out when `crowd`), every request's fate checked. Returns what went wrong, if anything.
+fn run(
+    store: Store,
+    fingerprint: bool,
+    case: Case,
+    body: Body,
+    crowd: bool,
+    webdis: Option<&Live>,
+    n: usize,
+) -> Option<String> {
     let prefix = format!("idem:fates:{}:{n}:", std::process::id());
     let mut gw = Gateway::new(&policy(store, fingerprint, &prefix), webdis);
     let route = route_of(case);
-    let key = format!("k-{n}");
+    let key = match case {
+        Case::TokenFirst | Case::TokenUsed => gw.issue_token(ISSUE),
+        _ => format!("k-{n}"),
+    };
     gw.lookup_status = match case {
         Case::LookupRan => 200,
         Case::LookupAbsent => 404,
@@ -351,7 +397,8 @@ fn run(store: Store, fingerprint: bool, case: Case, body: Body, webdis: Option<&
     // The key's state when the repeat comes.
     match case {
         Case::Fresh | Case::Missing => {}
-        Case::Completed | Case::Reused => {
+        Case::TokenFirst => {}
+        Case::Completed | Case::Reused | Case::TokenUsed => {
             gw.send(FIRST, route, &key, first_body);
             gw.settle();
             gw.upstream_answers(FIRST, 201);
@@ -376,6 +423,13 @@ fn run(store: Store, fingerprint: bool, case: Case, body: Body, webdis: Option<&
     let repeat_body = if case == Case::Reused { OTHER_BODY } else { BODY };
     let key = (case != Case::Missing).then_some(key);
     let repeat_body = if body == Body::None { &[][..] } else { repeat_body };
+    if crowd {
+        for (i, ctx) in CROWD.into_iter().enumerate() {
+            gw.open(ctx, "reject", Some(&format!("crowd-{n}-{i}")), BODY);
+            gw.headers(ctx, false);
+            gw.body(ctx, BODY.len(), true);
+        }
+    }
     gw.open(REPEAT, route, key.as_deref(), repeat_body);
     let half = repeat_body.len() / 2;
     let mut event_done = false;
@@ -410,9 +464,17 @@ fn run(store: Store, fingerprint: bool, case: Case, body: Body, webdis: Option<&
     } else {
         gw.end(REPEAT);
     }
-
     let mut wrong = Vec::new();
-    for (ctx, fate) in [(FIRST, gw.host.fate(FIRST)), (REPEAT, fate.clone())] {
+    if crowd {
+        for ctx in CROWD {
+            if gw.host.fate(ctx).upstream != 1 {
+                wrong.push(format!("crowd stream {ctx} not forwarded once: {:?}", gw.host.fate(ctx)));
+            }
+            gw.upstream_answers(ctx, 200);
+        }
+    }
+    let streams = [FIRST, REPEAT, ISSUE].into_iter().chain(if crowd { CROWD } else { [0; 4] });
+    for (ctx, fate) in streams.filter(|c| *c != 0).map(|c| (c, gw.host.fate(c))) {
         if !fate.crossed.is_empty() {
             wrong.push(format!("stream {ctx}: {:?}", fate.crossed));
         }
@@ -436,7 +498,7 @@ fn run(store: Store, fingerprint: bool, case: Case, body: Body, webdis: Option<&
         return None;
     }
     let logs: Vec<String> = gw.host.logs().into_iter().map(|(_, l)| l).filter(|l| l.contains("bug")).collect();
-    Some(format!("{store:?} fingerprint={fingerprint} {case:?} {body:?}: {} {logs:?}", wrong.join("; ")))
+    Some(format!("{store:?} fingerprint={fingerprint} crowd={crowd} {case:?} {body:?}: {} {logs:?}", wrong.join("; ")))
 }
 
 fn every_run(store: Store, webdis: Option<&Live>) -> (usize, Vec<String>) {
@@ -445,11 +507,13 @@ fn every_run(store: Store, webdis: Option<&Live>) -> (usize, Vec<String>) {
     for fingerprint in [true, false] {
         for case in CASES {
             for body in BODIES {
-                if case == Case::Reused && (!fingerprint || body == Body::None) {
-                    continue; // without a fingerprint (or a body) another body is the same request
+                for crowd in [false, true] {
+                    if case == Case::Reused && (!fingerprint || body == Body::None) {
+                        continue; // without a fingerprint (or a body) another body is the same request
+                    }
+                    n += 1;
+                    failures.extend(run(store, fingerprint, case, body, crowd, webdis, n));
                 }
-                n += 1;
-                failures.extend(run(store, fingerprint, case, body, webdis, n));
             }
         }
     }
@@ -459,7 +523,7 @@ fn every_run(store: Store, webdis: Option<&Live>) -> (usize, Vec<String>) {
 #[test]
 fn on_the_shared_store_no_answered_request_is_forwarded_and_each_forwarded_one_goes_once() {
     let (runs, failures) = every_run(Store::Shared, None);
-    assert!(runs > 150, "{runs}");
+    assert!(runs > 350, "{runs}");
     assert!(failures.is_empty(), "{} of {runs} runs wrong:\n{}", failures.len(), failures.join("\n"));
 }
 
@@ -467,6 +531,6 @@ fn on_the_shared_store_no_answered_request_is_forwarded_and_each_forwarded_one_g
 fn on_redis_no_answered_request_is_forwarded_and_each_forwarded_one_goes_once() {
     let live = Live::start("fates");
     let (runs, failures) = every_run(Store::Redis, Some(&live));
-    assert!(runs > 150, "{runs}");
+    assert!(runs > 350, "{runs}");
     assert!(failures.is_empty(), "{} of {runs} runs wrong:\n{}", failures.len(), failures.join("\n"));
 }

@@ -12,7 +12,6 @@ use super::waiters::Waiter;
 use super::worker::{RootCall, Worker};
 use crate::engine::{Action, Prepared, StoreTicket};
 use crate::host::Host;
-use crate::policy::OnInFlight;
 use crate::store::remote::Unanswered;
 use crate::store::{redis, Claim, StoreError};
 use std::cell::{Cell, RefCell};
@@ -191,20 +190,6 @@ impl Worker {
         }
         let view = WithHost { req: &request, host };
         let claim = found.map(|c| c.resolve_legacy(|| self.engine.legacy_fingerprint(route, &view)));
-        // The root cannot ask the service for a stream: a batched repeat that meets a free
-        // unknown outcome waits on it as on a request in flight where the route waits and looks
-        // up (a repeat sent alone takes the lookup; the poll then finds its answer), else it
-        // gets the 409 (`after_claim`'s lookup, answered from the root).
-        let waits = {
-            let p = self.engine.policy(route);
-            p.reconcile.is_some() && p.key.on_in_flight == OnInFlight::Wait
-        };
-        let claim = match claim {
-            Ok(Claim::Unknown { first_seen_ms, payload, held: Some(_), .. }) if waits => {
-                Ok(Claim::InFlight { first_seen_ms, lease_ends_ms: now, payload })
-            }
-            other => other,
-        };
         let v = self.engine.after_claim(&prepared, claim, now, None);
         self.record(host, route, &v);
         match v.action {

@@ -646,9 +646,12 @@ impl Stream {
             return Flow::Continue;
         };
         // A detached route's claim goes out alone: its stream hands the request to the root once
-        // claimed, which a batch resolved from the root would have to carry for every member.
-        let detached = w.engine.policy(route).forward == Forward::Detached;
-        if !detached && w.claims.calls_full() {
+        // claimed, which a batch resolved from the root would have to carry for every member. So
+        // does a route that looks unknown outcomes up: the lookup is the stream's own call, which
+        // a claim decided from the root could not send (it would answer the 409 instead).
+        let policy = w.engine.policy(route);
+        let alone = policy.forward == Forward::Detached || policy.reconcile.is_some();
+        if !alone && w.claims.calls_full() {
             // Group commit: it goes with the next batch, when a claim call out returns.
             let request = std::mem::take(&mut self.request);
             self.request.grpc = request.grpc;
