@@ -30,6 +30,7 @@ Introspection (not counted as executions):
 
     GET  /__calls?key=K              -> {"calls": n}   executions with that key
     GET  /__calls?transaction_id=T   -> {"calls": n}   executions with that body id
+    GET  /__calls?event=E            -> {"calls": n}   executions of CloudEvent E (its ce-id header)
     GET  /__calls                    -> {"total": n, "by_key": {...}, "by_transaction_id": {...}}
     GET  /__calls?lookups=K          -> {"calls": n}   lookups of key K (below)
     POST /__reset                    -> forget all counts
@@ -40,6 +41,9 @@ The system of record, as a gateway's reconcile lookup asks it (not counted as ex
                                            or 404 when key K never ran
     GET  /payments/by-transaction/T     -> the same by the JSON body's transaction_id
     GET  /orders/broken/K               -> 503 (a lookup that fails)
+    GET  /events/by-id/E                -> 200 and the answer CloudEvent E's first execution gave,
+                                           409 while it still runs, 404 when E never arrived
+    GET  /events/by-txn/T               -> the same by the JSON body's transaction_id
     GET  /__health                   -> {"ok": true}
 
 Answers are JSON such as ``{"order_id": "ord-7", "key": "K", "n": 1, ...}`` where
@@ -67,12 +71,17 @@ class Counts:
         self.total = 0
         self.by_key = {}
         self.by_txn = {}
+        self.by_event = {}
         self.answers = {}
         self.lookups = {}
+        # Executions that arrived and have not answered yet ("event:E", "txn:T").
+        self.running = {}
 
-    def record(self, key, txn):
+    def record(self, key, txn, event=None):
         with self.lock:
             self.total += 1
+            if event is not None:
+                self.by_event[event] = self.by_event.get(event, 0) + 1
             n_key = n_txn = None
             if key is not None:
                 n_key = self.by_key.get(key, 0) + 1
@@ -157,9 +166,11 @@ class Handler(BaseHTTPRequestHandler):
                     return self._send_json(200, {"calls": COUNTS.lookups.get(query["lookups"][0], 0)})
                 if "transaction_id" in query:
                     return self._send_json(200, {"calls": COUNTS.by_txn.get(query["transaction_id"][0], 0)})
+                if "event" in query:
+                    return self._send_json(200, {"calls": COUNTS.by_event.get(query["event"][0], 0)})
                 return self._send_json(200, {"total": COUNTS.total, "by_key": dict(COUNTS.by_key),
                                              "by_transaction_id": dict(COUNTS.by_txn)})
-        if url.path.startswith(("/orders/by-key/", "/orders/broken/", "/payments/by-transaction/")):
+        if url.path.startswith(("/orders/by-key/", "/orders/broken/", "/payments/by-transaction/", "/events/by-")):
             return self._lookup(url, query)
         if url.path == "/__reset":
             with COUNTS.lock:
@@ -182,16 +193,21 @@ class Handler(BaseHTTPRequestHandler):
             # ask about another resource.
             return self._send_json(400, {"error": "the key is not one path segment", "path": url.path})
         key = unquote(raw)
-        if url.path.startswith("/payments/"):
+        if url.path.startswith(("/payments/", "/events/by-txn/")):
             key = "txn:" + key
+        elif url.path.startswith("/events/by-id/"):
+            key = "event:" + key
         with COUNTS.lock:
             COUNTS.lookups[key] = COUNTS.lookups.get(key, 0) + 1
             found = COUNTS.answers.get(key)
+            running = COUNTS.running.get(key, 0) > 0
         delay_ms = int(query.get("delay_ms", ["0"])[0])
         if delay_ms > 0:
             time.sleep(delay_ms / 1000.0)
         if url.path.startswith("/orders/broken/"):
             return self._send_json(503, {"error": "the order service is down (demo)"})
+        if found is None and running and url.path.startswith("/events/"):
+            return self._send_json(409, {"status": "running", "key": key})
         if found is None:
             return self._send_json(404, {"error": "no order for this key", "key": key})
         return self._send_json(200, found)
@@ -214,9 +230,23 @@ class Handler(BaseHTTPRequestHandler):
                 payload = None
         if isinstance(payload, dict) and isinstance(payload.get("transaction_id"), (str, int)):
             txn = str(payload["transaction_id"])
-        total, n_key, n_txn = COUNTS.record(key, txn)
+        event = self.headers.get("ce-id")
+        total, n_key, n_txn = COUNTS.record(key, txn, event)
         n = n_key if n_key is not None else (n_txn if n_txn is not None else total)
+        # What a lookup answers 409 for while this execution runs.
+        marks = ["event:" + event] if event is not None else []
+        marks += ["txn:" + txn] if txn is not None else []
+        with COUNTS.lock:
+            for m in marks:
+                COUNTS.running[m] = COUNTS.running.get(m, 0) + 1
+        try:
+            return self._execute(url, key, txn, event, total, n, body)
+        finally:
+            with COUNTS.lock:
+                for m in marks:
+                    COUNTS.running[m] -= 1
 
+    def _execute(self, url, key, txn, event, total, n, body):
         delay_ms = _int_header(self.headers, "x-demo-delay-ms", 0)
         if delay_ms > 0:
             time.sleep(delay_ms / 1000.0)
@@ -250,12 +280,16 @@ class Handler(BaseHTTPRequestHandler):
         pad = _int_header(self.headers, "x-demo-body-bytes", 0)
         if pad > 0:
             answer["padding"] = "x" * pad
+        if event is not None:
+            answer["event"] = event
         if status < 300:
             with COUNTS.lock:
                 if key is not None:
                     COUNTS.answers.setdefault(key, answer)
                 if txn is not None:
                     COUNTS.answers.setdefault("txn:" + txn, answer)
+                if event is not None:
+                    COUNTS.answers.setdefault("event:" + event, answer)
         extra = [("x-order-id", answer["order_id"]), ("cache-control", "no-store")]
         cookie = self.headers.get("x-demo-set-cookie")
         if cookie:

@@ -24,11 +24,13 @@ class Upstream:
             self.proc.stop()
             raise StackError("demo upstream did not start on 127.0.0.1:%d:\n%s" % (self.port, tail))
 
-    def calls(self, key=None, transaction_id=None):
+    def calls(self, key=None, transaction_id=None, event=None):
         if key is not None:
             q = "?key=" + urllib.parse.quote(key, safe="")
         elif transaction_id is not None:
             q = "?transaction_id=" + urllib.parse.quote(transaction_id, safe="")
+        elif event is not None:
+            q = "?event=" + urllib.parse.quote(event, safe="")
         else:
             return request(self.port, "GET", "/__calls").json()
         return request(self.port, "GET", "/__calls" + q).json()["calls"]
