@@ -69,6 +69,20 @@ scope = ["header:authorization"]
 lookup = "/orders/by-key/{{key}}"
 cluster = "grpc_lookup"
 timeout = "3s"
+
+[[route]]
+name = "create-reconciled-at-headers"
+match = {{ method = "POST", path = "/shop.Orders/CreateReconciledAtHeaders" }}
+store = "{store}"
+
+[route.key]
+scope = ["header:authorization"]
+fingerprint = []
+
+[route.reconcile]
+lookup = "/orders/by-key/{{key}}"
+cluster = "grpc_lookup"
+timeout = "3s"
 """.format(store=store)
 
 
@@ -84,14 +98,17 @@ class Service:
         handlers = {"Create": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateDetached": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateReconciled": grpc.unary_unary_rpc_method_handler(self.create),
+                    "CreateReconciledAtHeaders": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateBatch": grpc.stream_unary_rpc_method_handler(self.create_batch)}
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("shop.Orders", handlers),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
         # The service's HTTP lookup (`[route.reconcile]`), beside it: GET /orders/by-key/<business
-        # id> answers the reply message of its first run (application/x-protobuf), 404 before one.
+        # id> answers the reply message of its first run (application/x-protobuf), 409 while that
+        # run is still going, 404 before one.
         self.replies = {}
+        self.running = set()
         self.says_absent = set()
         self.lookups = []
         service = self
@@ -102,7 +119,8 @@ class Service:
                 with service.lock:
                     service.lookups.append((bid, self.headers.get("accept")))
                     reply = None if bid in service.says_absent else service.replies.get(bid)
-                status, body = (200, reply) if reply is not None else (404, b"")
+                    running = bid in service.running and bid not in service.says_absent
+                status, body = (200, reply) if reply is not None else ((409 if running else 404), b"")
                 self.send_response(status)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(body)))
@@ -122,7 +140,12 @@ class Service:
         with self.lock:
             n = self.runs.get(bid, 0) + 1
             self.runs[bid] = n
-        time.sleep(self.slow.get(bid, 0))
+            self.running.add(bid)
+        try:
+            time.sleep(self.slow.get(bid, 0))
+        finally:
+            with self.lock:
+                self.running.discard(bid)
         if n == 1 and bid in self.fail_first:
             context.abort(grpc.StatusCode.UNAVAILABLE, "backend warming up")
         context.set_trailing_metadata((("x-order-run", str(n)),))
@@ -303,10 +326,10 @@ def test_an_upstream_deadline_exceeded_holds_the_key_as_unknown(gateway, service
     assert [l["route"] for l in lines if l["key_prefix"] == key[:8] + "…"] == ["create-order"], lines
 
 
-def held(gateway, key):
+def held(gateway, key, route="create-reconciled"):
     """Waits until the key is held as an unknown outcome (on Redis its write lands after the log
     line that reports it)."""
-    line = "idem: held route=create-reconciled key=%s…" % key[:8]
+    line = "idem: held route=%s key=%s…" % (route, key[:8])
     wait_for(lambda: line in gateway.log_text(), 10, what=line)
 
 
@@ -418,3 +441,42 @@ def test_example_grpc_yaml_runs(workdir):
             assert counters(env, "grpc-create-order").get("replayed") == 3
     finally:
         service.stop()
+
+
+def test_a_repeat_decided_at_its_metadata_and_answered_from_the_lookup_never_runs_again(gateway, service):
+    """With `fingerprint = []` the decision is made at the call's metadata, its message still to
+    come — the path on which a repeat answered from the lookup also went upstream (issue 53). The
+    first call's deadline passes while the service runs it; a repeat while it runs gets
+    FAILED_PRECONDITION (the lookup says 409), one after it ran gets its reply; one the service
+    never ran runs once. The service ran each business id exactly once."""
+    method = "/shop.Orders/CreateReconciledAtHeaders"
+    bid = "rh-" + uuid.uuid4().hex[:8]
+    service.slow[bid] = 3.0
+    t0 = time.monotonic()
+    e = call(gateway, bid, "key=%s" % bid, method=method, timeout=1.0)
+    assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    held(gateway, bid, route="create-reconciled-at-headers")
+    time.sleep(max(0.0, 1.8 - (time.monotonic() - t0)))  # a duration: the first run is still going
+    running = call(gateway, bid, "key=%s" % bid, method=method)
+    assert_code(running, grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_OUTCOME_UNKNOWN")
+    assert service.calls(bid) == 1, "the repeat answered FAILED_PRECONDITION also ran"
+    wait_for(lambda: bid in service.replies, 5, what="the first run to finish")
+    got = call(gateway, bid, "key=%s" % bid, method=method)
+    assert not isinstance(got, grpc.RpcError), "%s %s" % (got.code(), got.details())
+    assert got[0] == ("order:%s:1" % bid).encode() and got[2].get("idempotency-reconciled") == "true", got
+    time.sleep(0.3)
+    assert service.calls(bid) == 1, "the repeat answered from the lookup also ran"
+    assert len([b for b, _ in service.lookups if b == bid]) == 2
+
+    absent = "rh-" + uuid.uuid4().hex[:8]
+    service.slow[absent] = 2.0
+    service.says_absent.add(absent)
+    e = call(gateway, absent, "key=%s" % absent, method=method, timeout=1.0)
+    assert isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    held(gateway, absent, route="create-reconciled-at-headers")
+    wait_for(lambda: absent not in service.running, 5, what="the first run to finish")
+    service.slow[absent] = 0
+    ran = call(gateway, absent, "key=%s" % absent, method=method)
+    assert not isinstance(ran, grpc.RpcError) and ran[0] == ("order:%s:2" % absent).encode(), ran
+    time.sleep(0.3)
+    assert service.calls(absent) == 2, "the first run and the repeat the lookup let through, nothing else"
