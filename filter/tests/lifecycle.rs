@@ -173,6 +173,31 @@ fn redis_claim_forward_and_the_response_held_until_written() {
 }
 
 #[test]
+fn a_5xx_releases_the_key_before_its_headers_go() {
+    // A sidecar retries a 5xx the instant its headers arrive: the release must already be in
+    // Redis, or the retry meets the claim and gets 409 REQUEST_IN_PROGRESS.
+    let (host, w) = setup(&redis_policy(""));
+    let (mut s, _) = send(&host, &w, 10, "/r", "k1");
+    host.take_acts();
+    answer_stream(&host, &mut s, 10, 200, br#"{"SET":null}"#);
+    host.update(10, |st| *st = st.clone().with_response(503, &[("content-type", b"application/json")], b"{}"));
+    host.enter(10);
+    assert_eq!(s.on_response_headers(&host, false), Flow::Pause, "the 503's headers wait for the release");
+    // Envoy passes the body on (allow_on_headers_stop_iteration): continuing it would let the
+    // headers go with it.
+    assert_eq!(s.on_response_body(&host, 1, false), Flow::Pause, "its body waits with the headers");
+    let (token, release) = dispatched(&root_sends(&host, &w), ROOT);
+    assert!(release.starts_with("EVAL/"), "{release}");
+    let acts = answer_root(&host, &w, token, 200, br#"{"EVAL":1}"#);
+    assert_eq!(acts, vec![Act::ResumeResponse { context: 10 }], "the headers go once the release is written");
+    assert_eq!(count(&host, "r", "released"), 1);
+    host.enter(10);
+    assert_eq!(s.on_response_body(&host, 2, true), Flow::Continue, "nothing else to do with its body");
+    s.on_log(&host);
+    assert!(host.take_acts().is_empty(), "no second write");
+}
+
+#[test]
 fn a_body_chunk_during_the_claim_never_claims_twice() {
     let (host, w) = setup(&redis_policy(""));
     let (mut s, _) = send(&host, &w, 10, "/r", "k1");

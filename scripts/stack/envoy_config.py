@@ -216,8 +216,9 @@ def cluster(name, port, http2=False):
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
             "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]},
         # Tests fire 100+ concurrent requests; the default circuit breakers (1024) are fine but be explicit.
+        # Retries (a sidecar's) are limited to 3 at once by default: a burst's retries would overflow.
         "circuit_breakers": {"thresholds": [{"max_connections": 4096, "max_pending_requests": 4096,
-                                             "max_requests": 4096}]},
+                                             "max_requests": 4096, "max_retries": 4096}]},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": protocol}},

@@ -31,6 +31,30 @@ pub(super) struct Capture {
     holding: bool,
 }
 
+/// Responses whose headers wait until the root has written their ticket's outcome (a 5xx's
+/// release on Redis): their body chunks are held too — continuing one would let the held headers
+/// go with it (Envoy passes body chunks to a filter that paused the headers, and a `Continue`
+/// there resumes the whole response). This concern's state.
+#[derive(Default)]
+pub(super) struct HeldResponses {
+    held: std::cell::RefCell<super::Set<u32>>,
+}
+
+impl HeldResponses {
+    pub(super) fn hold(&self, ctx: u32) {
+        self.held.borrow_mut().insert(ctx);
+    }
+
+    /// The root resumes the response of `ctx` (or the stream ended).
+    pub(super) fn release(&self, ctx: u32) {
+        self.held.borrow_mut().remove(&ctx);
+    }
+
+    fn is_held(&self, ctx: u32) -> bool {
+        self.held.borrow().contains(&ctx)
+    }
+}
+
 /// Header names in lower case (values as bytes).
 fn lowercase(pairs: Vec<Pair>) -> Vec<Header> {
     // Envoy's names are lower case UTF-8 already: lowered in place, not copied, in that case.
@@ -68,6 +92,17 @@ impl Stream {
         let holding = ticket.store_ticket().written_by_call();
         let capture =
             Capture { status, headers, body: Vec::new(), too_large: false, details, holding, trailers: vec![], grpc };
+        if status >= 500 && !grpc {
+            // A 5xx decides the ticket at its headers, whatever its body (released; held when
+            // Envoy answered and the service may have run): written before the headers go, so a
+            // client or a sidecar that retries the instant they arrive meets the key released,
+            // not still claimed. On Redis the headers (and the body after them) wait for the write.
+            let flow = self.finish(host, route, ticket, key, capture.into_ending(false), holding);
+            if flow == Flow::Pause {
+                self.worker.held_responses.hold(self.context);
+            }
+            return flow;
+        }
         self.phase = Phase::Capturing { route, ticket, key, capture };
         if end_of_stream {
             return self.finish_capture(host);
@@ -82,6 +117,9 @@ impl Stream {
     /// A response body chunk arrived; `size` is the chunk (streaming) or everything buffered
     /// so far (while holding).
     pub fn on_response_body(&mut self, host: &dyn Host, size: usize, end_of_stream: bool) -> Flow {
+        if self.worker.held_responses.is_held(self.context) {
+            return Flow::Pause;
+        }
         if let (Phase::Replaying { trailers }, true) = (&self.phase, end_of_stream) {
             replay::add_trailers(host, trailers);
             self.phase = Phase::Idle;
@@ -129,6 +167,9 @@ impl Stream {
     /// is kept as a tombstone (a repeat gets the duplicate answer), and a route that needs
     /// `success_body_contains` releases the key, since the marker cannot be checked.
     pub fn on_response_trailers(&mut self, host: &dyn Host) -> Flow {
+        if self.worker.held_responses.is_held(self.context) {
+            return Flow::Pause;
+        }
         if let Phase::Capturing { capture, .. } = &mut self.phase {
             if capture.grpc {
                 // A gRPC answer ends with its status: kept, and replayed with the message.

@@ -2,6 +2,7 @@
 //! context's events.
 
 use super::body_gate::{BodyGate, BODY_CHECK_MS};
+use super::capture::HeldResponses;
 use super::claims::{ClaimBatch, Claims};
 use super::detached::{Detached, DetachedCalls};
 use super::early::Early;
@@ -82,6 +83,8 @@ pub struct Worker {
     pub(super) body_gate: BodyGate,
     /// Answers that wait for their request's end (see `early`).
     pub(super) early: Early,
+    /// Responses whose headers wait for their ticket's write (see `capture`).
+    pub(super) held_responses: HeldResponses,
     /// Whether the streaming-gRPC warning was logged.
     pub(super) streaming_logged: Cell<bool>,
     /// The path patterns of requests that passed unmatched, each warned about once.
@@ -174,6 +177,7 @@ impl Worker {
             fates: Fates::default(),
             body_gate: BodyGate::default(),
             early: Early::default(),
+            held_responses: HeldResponses::default(),
             streaming_logged: Cell::new(false),
             unmatched_seen: RefCell::new(Set::default()),
             replay_slots,
@@ -196,6 +200,7 @@ impl Worker {
         self.body_gate.forget(context);
         self.claims.forget(context);
         self.early.forget(context);
+        self.held_responses.release(context);
         self.leases.forget(LeaseOwner::Stream(context));
     }
 

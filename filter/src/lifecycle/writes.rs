@@ -528,9 +528,12 @@ impl Worker {
     pub(super) fn carry_out(&self, host: &dyn Host, after: After) {
         match after {
             After::Nothing => {}
-            After::Resume(ctx) => self.on_stream(host, ctx, || {
-                let _ = host.resume_response();
-            }),
+            After::Resume(ctx) => {
+                self.held_responses.release(ctx);
+                self.on_stream(host, ctx, || {
+                    let _ = host.resume_response();
+                });
+            }
             // Not when the client left: its retry will find the stored answer instead.
             After::Deliver { ctx, route, reply, grpc } => self.on_stream(host, ctx, || {
                 if self.answer(host, ctx, route, reply, grpc) == Answered::ToEcho {
