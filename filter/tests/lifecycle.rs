@@ -427,6 +427,47 @@ fn the_local_copy_never_outlives_the_record_and_answer_cache_0s_turns_it_off() {
     dispatched(&host.take_acts(), 11);
 }
 
+#[test]
+fn an_answer_whose_chunks_were_held_past_the_buffer_waits_briefly_for_the_next() {
+    // A header-decided Redis route: the repeat's claim is out while its body keeps coming, held
+    // with flow control; past Envoy's buffer Envoy stops reading, so the 409 cannot wait for the
+    // request's end (it waited PARK_MS): 200 ms for a next chunk, then it goes.
+    let body_route = "\n[[route]]\nname = \"b\"\nmatch = { method = \"POST\", path = \"/b\" }\nstore = \"redis\"\n";
+    let (host, w) =
+        setup(&format!("{}{body_route}", redis_policy("[route.key]\nfingerprint = [\"method\", \"path\"]\n")));
+    // A request that reads its body proves Envoy delivers bodies to paused requests: an answer
+    // may then wait PARK_MS (10 s) for its request's end.
+    send(&host, &w, 9, "/b", "other");
+    host.take_acts();
+    let req = |key: &str| {
+        FakeStream::request("POST", "/r", &[("idempotency-key", key.as_bytes()), ("authorization", b"Bearer a")], BODY)
+    };
+    host.open(10, req("k1"));
+    let mut first = Stream::new(Rc::clone(&w), 10);
+    assert_eq!(first.on_request_headers(&host, true), Flow::Pause);
+    let (_, claim) = dispatched(&host.take_acts(), 10);
+    answer_stream(&host, &mut first, 10, 200, br#"{"SET":null}"#);
+    host.take_acts();
+    let record = percent_decode(&claim).split('/').nth(2).unwrap().to_string();
+
+    host.open(11, req("k1"));
+    let mut repeat = Stream::new(Rc::clone(&w), 11);
+    host.enter(11);
+    assert_eq!(repeat.on_request_headers(&host, false), Flow::Pause, "decided at the headers: the claim goes");
+    host.take_acts();
+    assert_eq!(repeat.on_request_body(&host, 4096, false), Flow::Hold, "held while the claim is out");
+    let acts = answer_stream(&host, &mut repeat, 11, 200, format!(r#"{{"SET":"{record}"}}"#).as_bytes());
+    assert!(replies(&acts, 11).is_empty(), "parked: the client still uploads");
+    host.advance(199);
+    host.enter(ROOT);
+    w.on_tick(&host);
+    assert!(replies(&host.take_acts(), 11).is_empty(), "within 200 ms a chunk may still come");
+    host.advance(1);
+    w.on_tick(&host);
+    let r = replies(&host.take_acts(), 11);
+    assert_eq!((r[0].0, r[0].1["code"].as_str()), (409, Some("REQUEST_IN_PROGRESS")), "then it goes");
+}
+
 /// `n` duplicates of a claimed Redis key, held (`on_in_flight = "wait"`), contexts 11..11+n.
 /// Returns the first request's stream, the held ones, and the Webdis reply "still in flight".
 fn held_on_redis(host: &FakeHost, w: &Rc<Worker>, n: u32) -> (Stream, Vec<Stream>, Vec<u8>) {

@@ -12,7 +12,11 @@
 //! Only where Envoy passes the body to a paused request (`allow_on_headers_stop_iteration`);
 //! where it withholds it, nothing would tell us the request ended, and the answer goes at once.
 //! Before a worker knows which (see `body_gate`), an answer waits [`UNPROVEN_PARK_MS`] at most
-//! for a first body chunk, which proves delivery.
+//! for a first body chunk, which proves delivery. So does the answer of a request whose chunks
+//! were held while its decision was out (a Webdis call, a lookup): held chunks past Envoy's
+//! buffer limit make it stop reading from the client (its watermark), so no further chunk may
+//! come — over HTTP/1.1 a 2 MiB upload stalled and its 409 went only after [`PARK_MS`]. A chunk
+//! that does come proves Envoy still reads, and the answer waits for the request's end.
 
 use super::body_gate::BodyDelivery;
 use super::worker::{send, Worker};
@@ -37,6 +41,8 @@ pub(super) struct Early {
     uploading: RefCell<Set<u32>>,
     /// Answers waiting for their request's end.
     parked: RefCell<Map<u32, Parked>>,
+    /// Streams that held a body chunk while their decision was out (see the module doc).
+    held: RefCell<Set<u32>>,
 }
 
 struct Parked {
@@ -60,6 +66,11 @@ impl Early {
 
     fn uploading(&self, ctx: u32) -> bool {
         self.uploading.borrow().contains(&ctx)
+    }
+
+    /// Stream `ctx` held a body chunk while its decision was out.
+    pub(super) fn held(&self, ctx: u32) {
+        self.held.borrow_mut().insert(ctx);
     }
 
     /// Parks `reply` until the request of `ctx` ends, or until `wait_ms` from `now` at the most.
@@ -99,6 +110,7 @@ impl Early {
     pub(super) fn forget(&self, ctx: u32) {
         self.uploading.borrow_mut().remove(&ctx);
         self.parked.borrow_mut().remove(&ctx);
+        self.held.borrow_mut().remove(&ctx);
     }
 }
 
@@ -108,6 +120,7 @@ impl Worker {
         let wait_ms = match self.body_gate.delivery() {
             _ if !self.early.uploading(ctx) => return self.reply(host, ctx, &reply),
             BodyDelivery::Withheld => return self.reply(host, ctx, &reply),
+            _ if self.early.held.borrow().contains(&ctx) => UNPROVEN_PARK_MS,
             BodyDelivery::Delivered => PARK_MS,
             BodyDelivery::Unknown => UNPROVEN_PARK_MS,
         };

@@ -126,7 +126,10 @@ impl Worker {
     /// the decision: held while the decision is out, dropped once answered, on once released.
     pub(super) fn after_decision(&self, ctx: u32) -> Flow {
         match self.fates.of(ctx) {
-            Some(Fate::Open) => Flow::Hold,
+            Some(Fate::Open) => {
+                self.early.held(ctx);
+                Flow::Hold
+            }
             Some(Fate::Answered) => Flow::Discard,
             Some(Fate::Released) | None => Flow::Continue,
         }
