@@ -6,7 +6,7 @@
 
 use idem_filter::engine::outcome::counter_name;
 use idem_filter::engine::Outcome;
-use idem_filter::lifecycle::{Flow, Stream, Worker};
+use idem_filter::lifecycle::{Flow, Stream, Worker, STRAY_REPLIES_COUNTER};
 use idem_filter::testing::{Act, FakeHost, FakeStream};
 use std::rc::Rc;
 
@@ -190,15 +190,37 @@ fn a_lookup_that_settles_nothing_is_409_and_the_next_repeat_asks_again() {
 }
 
 #[test]
-fn a_client_that_leaves_during_its_lookup_frees_it_at_once() {
+fn a_client_that_leaves_during_its_lookup_frees_it_at_once_and_its_late_reply_is_expected() {
     let (host, w) = setup(&policy(""));
     unknown_outcome(&host, &w, "k4");
     let (mut gone, _) = send(&host, &w, 11, "k4");
-    assert_eq!(lookups(&host.take_acts()).len(), 1);
+    let lookup = lookups(&host.take_acts())[0].1;
     host.close(11);
     gone.on_log(&host);
-    assert!(host.callouts().is_empty(), "the lookup is cancelled with its stream");
     let (_next, _) = send(&host, &w, 12, "k4");
+    assert_eq!(lookups(&host.take_acts()).len(), 1, "the next repeat asks without waiting for the lease");
+    // Envoy 1.40 keeps the lookup on the root context and answers it there after the stream
+    // ended: expected, dropped unread — not a stray, and nothing warned about.
+    assert_eq!(host.take_callout(lookup), Some(ROOT), "the lookup goes on after its stream ended");
+    host.enter(ROOT);
+    host.deliver(200, br#"{"order":"ord-1"}"#);
+    w.on_call_response(&host, lookup, 1, 17);
+    assert_eq!(host.counter(STRAY_REPLIES_COUNTER), 0, "the late reply is not a stray");
+    let warned = host.logs().into_iter().any(|(_, l)| l.contains("no waiting call owns"));
+    assert!(!warned, "{:?}", host.logs());
+    assert!(host.take_acts().is_empty(), "nothing done with it");
+}
+
+#[test]
+fn under_a_host_that_cancels_a_streams_calls_the_lookup_ends_with_its_client() {
+    let (host, w) = setup(&policy(""));
+    unknown_outcome(&host, &w, "k5");
+    let (mut gone, _) = send(&host, &w, 11, "k5");
+    assert_eq!(lookups(&host.take_acts()).len(), 1);
+    host.close_cancelling_callouts(11);
+    gone.on_log(&host);
+    assert!(host.callouts().is_empty(), "the lookup is cancelled with its stream");
+    let (_next, _) = send(&host, &w, 12, "k5");
     assert_eq!(lookups(&host.take_acts()).len(), 1, "the next repeat asks without waiting for the lease");
 }
 

@@ -732,6 +732,7 @@ mod replay_slots {
     use idem_filter::store::StoreError;
     use idem_filter::testing::FakeHost;
     use std::collections::HashSet;
+    use std::sync::Arc;
 
     fn answer(n: u64) -> StoredResponse {
         StoredResponse { status: 200, headers: vec![], body: n.to_string().into_bytes(), trailers: vec![] }
@@ -760,6 +761,33 @@ mod replay_slots {
         assert_eq!(a.take(&host, &again).unwrap().body, b"7");
     }
 
+    /// Another worker puts a fresh answer in the one free slot between this worker's read of it
+    /// and its write: the slot stays the other's (its answer survives, its echo gets it), and this
+    /// put finds no other free slot — a retryable error, never a slot shared by two replays.
+    #[test]
+    fn a_slot_another_worker_takes_between_the_read_and_the_write_stays_its_own() {
+        let host = Arc::new(FakeHost::new(1_800_000_000_000));
+        let pool = ReplaySlots::new("ns");
+        let tokens: Vec<String> = (0..SLOTS).map(|n| pool.put(&*host, &answer(n)).unwrap()).collect();
+        // One slot is free again: the only one either worker can take.
+        let freed = &tokens[7];
+        assert!(pool.take(&*host, freed).is_some());
+        let slot = freed.split('.').next().unwrap();
+        let other = Arc::new(std::sync::Mutex::new(None));
+        let (h, o) = (Arc::clone(&host), Arc::clone(&other));
+        host.before_next_set(
+            &format!("idem:v1:ns:replay:{slot}"),
+            Box::new(move || {
+                let second_worker = ReplaySlots::new("ns");
+                *o.lock().unwrap() = Some(second_worker.put(&*h, &answer(4242)).unwrap());
+            }),
+        );
+        assert_eq!(pool.put(&*host, &answer(1)), Err(StoreError::Full), "the slot was taken meanwhile");
+        let theirs = other.lock().unwrap().clone().expect("the other worker put its answer in between");
+        assert_eq!(theirs.split('.').next(), Some(slot));
+        assert_eq!(pool.take(&*host, &theirs).unwrap().body, b"4242", "the other worker's answer survives");
+    }
+
     #[test]
     fn a_slot_whose_echo_never_came_is_free_again_after_a_while() {
         let host = FakeHost::new(1_800_000_000_000);
@@ -772,6 +800,34 @@ mod replay_slots {
         let reused = first.iter().find(|t| t.split('.').next() == late.split('.').next()).unwrap();
         assert!(pool.take(&host, reused).is_none());
         assert_eq!(pool.take(&host, &late).unwrap().body, b"1000");
+    }
+}
+
+/// A placeholder (or a malformed secret) is already stored, and a second worker runs all the
+/// way through between the first worker's read and its swap: the swap must fail on the changed
+/// version, and the first reads the second's secret — one secret, one bucket per key.
+#[test]
+fn a_worker_that_swaps_in_its_secret_after_another_did_reads_the_others() {
+    for stored in [&b"-"[..], &b"short"[..]] {
+        let host = Arc::new(FakeHost::new(1_700_000_000_000));
+        host.shared_set("idem:v1:default:secret", stored, None).unwrap();
+        let cfg = SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 1, namespace: None };
+        let seen_by_second = Arc::new(std::sync::Mutex::new(None));
+        let (h, seen, c) = (Arc::clone(&host), Arc::clone(&seen_by_second), cfg.clone());
+        host.before_next_set(
+            "idem:v1:default:secret",
+            Box::new(move || {
+                let mut second = SharedStore::new(&c);
+                second.initialise(&*h).unwrap();
+                *seen.lock().unwrap() = Some(second.secret());
+            }),
+        );
+        let mut first = SharedStore::new(&cfg);
+        first.initialise(&*host).unwrap();
+        let second = seen_by_second.lock().unwrap().expect("the second worker ran before the first's swap");
+        assert_eq!(first.secret(), second, "two secrets in one namespace (stored {stored:?})");
+        let kept = host.shared_get("idem:v1:default:secret").unwrap().map(|(v, _)| v);
+        assert_eq!(kept, Some(second.to_vec()), "the second's secret is the one stored");
     }
 }
 

@@ -16,9 +16,11 @@
 //!   and a local reply after the request went upstream answers the client while the service
 //!   runs it. Either order is recorded as crossed: the filter decided both ways.
 //! - Callouts on the context effective at dispatch, delivered there
-//!   ([`FakeHost::take_callout`]), cancelled when it closes: stricter than Envoy 1.40, which
-//!   keeps every callout on the root context and delivers a stream's reply after the stream
-//!   ended (docs/design.md, "Where a callout lives"); the lifecycle must be right under both. Which object reads a reply is the
+//!   ([`FakeHost::take_callout`]). When a stream closes ([`FakeHost::close`]), its callouts go on
+//!   and are answered on the root context, as Envoy 1.40 does (it keeps every callout on the
+//!   root context: docs/design.md, "Where a callout lives");
+//!   [`FakeHost::close_cancelling_callouts`] is the stricter host that cancels them with the
+//!   stream. The lifecycle must be right under both. Which object reads a reply is the
 //!   module's own dispatcher's business ([`crate::lifecycle::Contexts`]), driven as Envoy does.
 //!
 //! Beside it: [`CountingHost`] (`counting.rs`), which counts host calls and bytes for the bench
@@ -152,6 +154,8 @@ pub struct FakeHost {
     before_set: Mutex<Option<BeforeSet>>,
     /// What became of each stream's request, by context.
     fates: Mutex<HashMap<u32, RequestFate>>,
+    /// Where the callouts of a closed stream are answered.
+    root: AtomicU32,
 }
 
 /// A key, and what another worker does just before this one writes it.
@@ -166,6 +170,7 @@ impl FakeHost {
         let h = FakeHost::default();
         h.now.store(now_ms, Ordering::SeqCst);
         h.next_token.store(100, Ordering::SeqCst);
+        h.root.store(1, Ordering::SeqCst);
         h
     }
     /// Envoy's log level for the filter, as the worker reads it when it configures.
@@ -198,12 +203,27 @@ impl FakeHost {
         lock(&self.streams).insert(context, stream);
         self.enter(context);
     }
-    /// The client reset the stream: the context is gone, and Envoy cancels the callouts it kept
-    /// there (their replies never come).
+    /// The stream ended (its client left, or it was answered): the context is gone, and the
+    /// callouts it sent go on — answered on the root context ([`FakeHost::set_root`]), as Envoy
+    /// 1.40 answers them.
     pub fn close(&self, context: u32) {
         lock(&self.streams).remove(&context);
         lock(&self.closed).insert(context);
+        let root = self.root.load(Ordering::SeqCst);
+        for kept in lock(&self.callouts).values_mut().filter(|c| **c == context) {
+            *kept = root;
+        }
+    }
+    /// The stricter host: the stream ends and its callouts are cancelled with it (their replies
+    /// never come).
+    pub fn close_cancelling_callouts(&self, context: u32) {
+        lock(&self.streams).remove(&context);
+        lock(&self.closed).insert(context);
         lock(&self.callouts).retain(|_, c| *c != context);
+    }
+    /// The root context a closed stream's callouts are answered on (1 unless set).
+    pub fn set_root(&self, context: u32) {
+        self.root.store(context, Ordering::SeqCst);
     }
     /// Where Envoy delivers the reply of callout `token`: the context that was effective when it
     /// was sent; `None` once delivered or cancelled with its context. Taking it ends the call.
