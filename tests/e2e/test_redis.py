@@ -175,6 +175,23 @@ def test_replay_422_and_release_across_envoys(fleet, upstream):
     assert upstream.calls(key) == 1
 
 
+def test_another_bodys_repeats_are_422_every_time_on_the_envoy_that_read_the_answer_back(fleet, upstream):
+    """The answer cache keeps a completed record an Envoy reads back from Redis only for the
+    request whose payload matched: another body with the key is 422 every time on the Envoy that
+    did not write it. Kept under that body's fingerprint, its second attempt would be answered
+    from the copy with the first body's answer (every other 422 test sends the other body once)."""
+    a, b = fleet
+    key = new_key("reused")
+    first = post(a, "/r/key", key, {"sku": "A", "qty": 1})
+    assert_upstream_answer(first, key=key, n=1)
+    for attempt in range(3):
+        r = post(b, "/r/key", key, {"sku": "B", "qty": 2})
+        assert r.status == 422, "attempt %d with another body: %s" % (attempt + 1, describe(r))
+        assert_local(r, 422, "IDEMPOTENCY_KEY_REUSED")
+    assert_replay_of(post(b, "/r/key", key, {"sku": "A", "qty": 1}), first)
+    assert upstream.calls(key) == 1
+
+
 @pytest.mark.parametrize("body_bytes", [0, 20000])
 def test_a_retry_after_the_answer_is_always_replayed_on_the_other_envoy(fleet, upstream, body_bytes):
     """The first's answer is held until its completion is in Redis, so a retry sent as soon as the
@@ -540,6 +557,46 @@ def test_a_repeat_is_answered_from_the_envoys_own_copy_while_webdis_is_down(make
     rs.webdis.start()
     wait_for(lambda: post(b, "/r/key", key).status == 200, 15, interval=0.2, what="the replay on the other Envoy")
     assert_replay_of(post(b, "/r/key", key), first)
+    assert upstream.calls(key) == 1
+
+
+@pytest.mark.parametrize("write", ["completion", "unknown_outcome"])
+def test_a_write_refused_once_is_what_the_next_retry_meets_once_written(make_fleet, own_redis_stack, upstream,
+                                                                        write):
+    """With `answer_cache = "0s"` nothing of an answer is kept in the Envoy, only the mark that
+    says a record is still being written (a retry meanwhile gets 409, never a run). The write's
+    first attempt times out (Webdis frozen), its retry lands once Webdis wakes: the mark must go
+    with it — the client's next retry reaches Redis and meets the record (the replay; the held
+    unknown outcome's 409), not 409 REQUEST_IN_PROGRESS until the write's deadline (a day)."""
+    rs = own_redis_stack
+    no_copy = policy("reject").replace('on_store_error = "reject"', 'on_store_error = "reject"\nanswer_cache = "0s"')
+    (env,) = make_fleet(no_copy, ROUTES, rs.webdis.port, n=1)
+    key = new_key("refused-once")
+    before = counters(env, "r-key")
+    # A completion: the answer comes at 0.8 s. An unknown outcome: the client leaves at 0.8 s.
+    delay, client_timeout = ("800", 20) if write == "completion" else ("5000", 0.8)
+    with ThreadPoolExecutor(1) as pool:
+        first_f = pool.submit(post, env, "/r/key", key, None, {"x-demo-delay-ms": delay}, None, client_timeout)
+        wait_for(lambda: upstream.calls(key) == 1, 5, what="the claim and the upstream call")
+        os.kill(rs.webdis.proc.pid, signal.SIGSTOP)  # the write's first attempt times out (1 s)
+        try:
+            wait_for(lambda: delta(before, counters(env, "r-key")).get("write_retried", 0) >= 1, 10,
+                     what="the write's first attempt to be refused")
+        finally:
+            os.kill(rs.webdis.proc.pid, signal.SIGCONT)
+        if write == "completion":
+            first = first_f.result()
+            assert_upstream_answer(first, key=key, n=1)
+        else:
+            with pytest.raises(OSError):
+                first_f.result()
+    done = "stored" if write == "completion" else "held"
+    wait_for(lambda: delta(before, counters(env, "r-key")).get(done) == 1, 15, what="the write's retry")
+    again = post(env, "/r/key", key)
+    if write == "completion":
+        assert_replay_of(again, first)
+    else:
+        assert_outcome_unknown(again)
     assert upstream.calls(key) == 1
 
 
