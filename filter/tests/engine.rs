@@ -423,10 +423,12 @@ fn wait_mode_takes_over_when_the_first_fails() {
     let (host, e) = wait_setup();
     let req = Req::post("/api/wait").key("k").body("{}");
     let first = decide(&host, &e, &req);
-    let (prepared, deadline) = held(&decide(&host, &e, &req));
+    let hold = decide(&host, &e, &req);
+    assert_eq!(hold.outcome, Outcome::Waited, "a held duplicate is counted waited, once");
+    let (prepared, deadline) = held(&hold);
     e.finish_shared(&host, nth(&e, 0), &ticket(&first), ok(500, "boom"));
     let v = e.run_shared(&host, &prepared, Some(deadline), None);
-    assert_eq!(v.outcome, Outcome::Waited);
+    assert_eq!((v.outcome, v.cause.as_str()), (Outcome::Forwarded, "took_over_after_wait"));
     ticket(&v);
     // Exactly one waiter takes over: the next one keeps waiting.
     held(&e.run_shared(&host, &prepared, Some(deadline), None));

@@ -544,7 +544,9 @@ fn a_poll_that_finds_the_key_free_gives_it_to_one_held_duplicate() {
     let acts = answer_root(&host, &w, token, 200, br#"{"SET":null}"#);
     let resumed = resumed_requests(&acts);
     assert_eq!(resumed, vec![11], "the oldest held request takes the key over; {acts:?}");
-    assert_eq!(count(&host, "r", "waited"), 1);
+    assert_eq!(count(&host, "r", "waited"), 3, "each held duplicate, once");
+    assert_eq!(count(&host, "r", "in_flight"), 0, "none was answered 409");
+    assert_eq!(count(&host, "r", "forwarded"), 2, "the first request and the one that took over");
 }
 
 #[test]
@@ -718,7 +720,10 @@ fn held_duplicates_on_the_shared_store_share_one_look_and_one_takes_a_freed_key(
         assert_eq!(r.len(), 1, "ctx {ctx}: {acts:?}");
         assert_eq!((r[0].0, r[0].1["order"].as_i64()), (201, Some(1)), "ctx {ctx}: the new owner's answer");
     }
-    assert_eq!(count(&host, "s", "forwarded") + count(&host, "s", "waited"), 2, "two runs: the failed one, one retry");
+    assert_eq!(count(&host, "s", "forwarded"), 2, "two runs: the failed one, one retry");
+    assert_eq!(count(&host, "s", "waited"), 3, "each held duplicate, once");
+    assert_eq!(count(&host, "s", "replayed"), 2, "the two that went on waiting, replayed");
+    assert_eq!(count(&host, "s", "in_flight"), 0);
 }
 
 #[test]
@@ -1550,6 +1555,13 @@ fn a_request_no_policy_matches_passes_with_a_warning_once_per_path() {
         assert_eq!(s.on_request_headers(&host, true), Flow::Continue, "unmatched passes by default");
     }
     assert_eq!(warnings(), 2, "once for /refunds, once for /refunds/<n>: {:?}", host.logs());
+    // A safe method needs no policy: it passes without advice that does not apply to it.
+    for (ctx, method) in [(20, "GET"), (21, "HEAD"), (22, "OPTIONS")] {
+        host.open(ctx, FakeStream::request(method, "/reports/today", &[], b""));
+        let mut s = Stream::new(Rc::clone(&w), ctx);
+        assert_eq!(s.on_request_headers(&host, true), Flow::Continue);
+    }
+    assert_eq!(warnings(), 2, "no warning for a safe method: {:?}", host.logs());
     let line = host.logs().into_iter().find(|(_, l)| l.contains("no policy matches")).unwrap();
     assert!(
         line.1.contains("POST /refunds on Envoy route \"refunds\"") && line.1.contains("unmatched = \"reject\""),
@@ -1601,4 +1613,14 @@ fn a_gateway_of_another_store_shape_in_the_namespace_refuses_to_load() {
     assert!(line.contains("2 buckets × 8 entries") && line.contains("asks for 2 × 64"), "{line}");
     assert_eq!(snapshot(&host), before, "the first store's keys untouched");
     assert!(Worker::configure(&host, &host, ROOT, gateway(8).as_bytes()).is_ok(), "the same shape loads");
+}
+
+#[test]
+fn the_load_line_says_which_instance_loaded_how_many_routes() {
+    let (host, _w) = setup_unprobed("[[route]]\nname = \"r\"\nmatch = { method = \"POST\", path = \"/r\" }\n");
+    let (echo_host, _) = setup_unprobed("role = \"echo\"\n");
+    let line = host.logs().into_iter().find(|(_, l)| l.contains("route policies")).unwrap().1;
+    assert!(line.contains("(gateway) loaded 1 route policies"), "{line}");
+    let echo = echo_host.logs().into_iter().find(|(_, l)| l.contains("route policies")).unwrap().1;
+    assert!(echo.contains("(echo) loaded 0 route policies"), "an echo instance says so: {echo}");
 }

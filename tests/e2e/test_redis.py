@@ -257,6 +257,9 @@ def test_wait_mode_answers_every_waiter_with_the_first_response(fleet, upstream,
     assert upstream.calls(key) == 1
     got = [delta(b, counters(e, route)) for b, e in zip(before, fleet)]
     assert sum(g.get("replayed", 0) for g in got) == 20, got
+    # Held then replayed: `waited` once each, never `in_flight` (which is a 409).
+    assert sum(g.get("waited", 0) for g in got) == 20, got
+    assert sum(g.get("in_flight", 0) for g in got) == 0, got
 
 
 @pytest.mark.parametrize("store", ["redis", "shared"])
@@ -282,7 +285,11 @@ def test_wait_mode_one_waiter_takes_over_after_a_5xx(fleet, upstream, store):
             assert_replay_of(r, took_over)
     assert upstream.calls(key) == 2
     got = [delta(b, counters(e, route)) for b, e in zip(before, fleet)]
-    assert sum(g.get("waited", 0) for g in got) == 1, got
+    # Each of the 10 held once (`waited`); the one that took over forwarded, the others replayed.
+    assert sum(g.get("waited", 0) for g in got) == 10, got
+    assert sum(g.get("forwarded", 0) for g in got) == 2, got
+    assert sum(g.get("replayed", 0) for g in got) == 9, got
+    assert sum(g.get("in_flight", 0) for g in got) == 0, got
     assert any("took_over_after_wait" in e.log_text() for e in fleet), "no took_over_after_wait log line"
 
 

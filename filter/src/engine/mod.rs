@@ -93,8 +93,7 @@ impl Engine {
     /// The answer to a request on a filter-enabled route that no policy matches: `None` to let
     /// it pass (`unmatched = "pass"`, or a safe method), else 400 `IDEMPOTENCY_NO_POLICY`.
     pub fn unmatched(&self, method: &str) -> Option<LocalReply> {
-        let safe = ["GET", "HEAD", "OPTIONS", "TRACE"].iter().any(|m| m.eq_ignore_ascii_case(method));
-        if self.bundle.unmatched == Unmatched::Pass || safe {
+        if self.bundle.unmatched == Unmatched::Pass || is_safe_method(method) {
             return None;
         }
         Some(crate::replies::error(
@@ -242,8 +241,10 @@ impl Engine {
         };
         let waited = waiting_until.is_some();
         match claim {
+            // A held duplicate that takes the key over is forwarded: it was counted `waited` when
+            // it was held, and each request's ending is counted once.
             Claim::Claimed(ticket) => Verdict {
-                outcome: if waited { Outcome::Waited } else { Outcome::Forwarded },
+                outcome: Outcome::Forwarded,
                 action: Action::Forward(Some(Ticket::Claim(ticket))),
                 cause: if waited { "took_over_after_wait".into() } else { "first".into() },
                 key: k,
@@ -276,7 +277,7 @@ impl Engine {
             // (the cache is looked at every tick), anything else gets 409 now.
             Claim::Unwritten { first_seen_ms } => match waiting_until {
                 Some(deadline) if now < deadline => Verdict {
-                    outcome: Outcome::InFlight,
+                    outcome: Outcome::Waited,
                     action: Action::Wait { prepared: Box::new(p.clone()), deadline_ms: deadline },
                     cause: "in_flight_waiting".into(),
                     key: k,
@@ -291,7 +292,7 @@ impl Engine {
                 let deadline = waiting_until.unwrap_or(now.saturating_add(policy.key.wait_timeout.millis));
                 if wait && now < deadline {
                     return Verdict {
-                        outcome: Outcome::InFlight,
+                        outcome: Outcome::Waited,
                         action: Action::Wait { prepared: Box::new(p.clone()), deadline_ms: deadline },
                         cause: "in_flight_waiting".into(),
                         key: k,
@@ -407,4 +408,10 @@ pub(super) fn shadowed(
             key,
         },
     }
+}
+
+/// A method that changes nothing (RFC 9110 §9.2.1): GET, HEAD, OPTIONS, TRACE. Such requests
+/// need no policy: they are never refused or warned about as unmatched.
+pub fn is_safe_method(method: &str) -> bool {
+    ["GET", "HEAD", "OPTIONS", "TRACE"].iter().any(|m| m.eq_ignore_ascii_case(method))
 }

@@ -721,7 +721,10 @@ impl Stream {
         if w.engine.bundle.unmatched == Unmatched::Pass {
             // The cheap common case: one counter, and a warning the first time a path is seen.
             w.metrics.count_unmatched(host, false);
-            w.warn_unmatched(host, &self.request.method, &self.request.path);
+            // A safe method needs no policy: nothing to warn about.
+            if !crate::engine::is_safe_method(&self.request.method) {
+                w.warn_unmatched(host, &self.request.method, &self.request.path);
+            }
             return Flow::Continue;
         }
         let method = &self.request.method;

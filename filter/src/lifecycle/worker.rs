@@ -123,10 +123,20 @@ impl Worker {
             Role::Admin | Role::Echo => 0,
             _ => engine.initialise(host).map_err(|e| format!("idem: cannot initialise the shared store: {e}"))?,
         };
+        // Which instance this is: Envoy runs one per listener that has the filter (the gateway,
+        // the echo of gRPC replays, the operator's listener), and "0 route policies" is right for
+        // two of them.
+        let plugin = super::stream::text(host.property(&["plugin_name"]));
+        let role = match engine.bundle.role {
+            Role::Gateway => "gateway",
+            Role::Echo => "echo",
+            Role::Admin => "admin",
+        };
         host.log(
             Level::Info,
             &format!(
-                "idem: loaded {} route policies; shared store {} buckets × {} entries ({} created) in namespace {}",
+                "idem: plugin {plugin:?} ({role}) loaded {} route policies; shared store {} buckets × {} entries \
+                 ({} created) in namespace {}",
                 engine.bundle.routes.len(),
                 engine.bundle.shared.buckets,
                 engine.bundle.shared.entries_per_bucket,
