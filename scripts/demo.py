@@ -173,16 +173,32 @@ class Demo:
             bold("stack up:"), self.gw, self.envoy.admin_port, self.upstream.port))
         print(dim("  envoy log: %s" % self.envoy.proc.log_path))
 
-    def policies_config(self, ports):
-        """`idem-lint envoy POLICIES --upstream <the demo upstream>`: what a user runs for theirs."""
+    def policies_config(self, ports, update=False):
+        """`idem-lint envoy POLICIES --upstream <the demo upstream>`: what a user runs for theirs.
+        `update`: rewrite only the listeners file the running Envoy watches (a policy edit,
+        applied without a restart: the embedded store keeps its keys)."""
         lint = os.environ.get("IDEM_LINT") or str(stack.REPO / "target" / "debug" / "idem-lint")
         argv = [lint, "envoy", *self.policies, "--upstream", "127.0.0.1:%d" % ports["upstream"],
-                "--listen", str(ports["listen"]), "--admin", str(ports["admin"]), "--wasm", str(stack.WASM)]
+                "--listen", str(ports["listen"]), "--admin", str(ports["admin"]), "--wasm", str(stack.WASM),
+                "--listeners", str(self.workdir / "idem-listeners.json")] + (["--update"] if update else [])
         done = subprocess.run(argv, capture_output=True, text=True, cwd=str(stack.REPO))
         if done.returncode != 0:
             raise stack.StackError("idem-lint envoy refused the policies:\n%s" % done.stderr.strip())
         print(dim("  envoy config from: %s" % " ".join(argv[1:])))
+        self.ports = ports
         return done.stdout
+
+    def policy_files(self):
+        """The policy files served, and when each last changed."""
+        out = {}
+        for p in self.policies:
+            path = Path(p)
+            for f in sorted(path.glob("*.toml")) if path.is_dir() else [path]:
+                try:
+                    out[str(f)] = f.stat().st_mtime_ns
+                except OSError:
+                    pass
+        return out
 
     def stop(self):
         for p in reversed(self.procs):
@@ -409,10 +425,20 @@ class Demo:
             print(try_it(*self.try_it_addresses()))
         print("Upstream knobs (request headers): x-demo-delay-ms, x-demo-status, x-demo-fail-first, "
               "x-demo-set-cookie,\nx-demo-body-bytes.  Envoy log: %s\n\nPress Ctrl-C to stop." % self.envoy.proc.log_path)
+        if self.policies:
+            print("Edit a policy file: it is applied within a second, without a restart (the keys are kept).")
+        seen = self.policy_files() if self.policies else {}
         while True:
             for p in self.procs:
                 if not p.proc.alive():
                     raise stack.StackError("%s exited:\n%s" % (p.proc.name, p.proc.log_tail()))
+            if self.policies and self.policy_files() != seen:
+                seen = self.policy_files()
+                try:
+                    self.policies_config(self.ports, update=True)
+                    print(bold("policies changed: applied (the keys are kept)"))
+                except stack.StackError as e:
+                    print("not applied, Envoy keeps the previous policies: %s" % e, file=sys.stderr)
             time.sleep(1.0)
 
 

@@ -3,7 +3,7 @@
 //! `idem-lint policies <SPEC>... -o DIR [--force]`.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -161,9 +161,69 @@ struct EnvoyArgs {
     /// The admin port (on 127.0.0.1: /stats, /stats/prometheus).
     #[arg(long, value_name = "PORT", default_value_t = 9901)]
     admin: u16,
-    /// The filter's .wasm.
-    #[arg(long, value_name = "PATH", default_value = "target/wasm32-wasip1/release/idem_filter.wasm")]
-    wasm: String,
+    /// The filter's .wasm (written into the bootstrap as an absolute path, so Envoy finds it
+    /// from any directory). Default: the one built in this idem-lint's repository
+    /// (`target/wasm32-wasip1/release/idem_filter.wasm`), else in the current directory's.
+    #[arg(long, value_name = "PATH")]
+    wasm: Option<String>,
+    /// The listeners file the bootstrap loads its listeners (and the policies) from, and that
+    /// Envoy watches: written beside the bootstrap, named in it by absolute path.
+    #[arg(long, value_name = "PATH", default_value = "idem-listeners.json")]
+    listeners: String,
+    /// Rewrite only the listeners file (print no bootstrap): a running Envoy started from this
+    /// command's bootstrap applies the policy edit within a second, without a restart — the
+    /// embedded store's keys are kept (a restart forgets them).
+    #[arg(long)]
+    update: bool,
+}
+
+/// Replaces `path` with `text` by a rename in its directory: Envoy's watched directory sees one
+/// move, never a half-written file.
+fn replace_file(path: &Path, text: &str) -> Result<(), FatalError> {
+    let name = path.to_string_lossy().into_owned();
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    ));
+    std::fs::write(&tmp, text).map_err(|e| FatalError::whole_file(&name, format!("cannot write: {e}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| FatalError::whole_file(&name, format!("cannot replace: {e}")))
+}
+
+/// Where a repository builds the filter.
+const BUILT_WASM: &str = "target/wasm32-wasip1/release/idem_filter.wasm";
+
+/// The filter's .wasm for the bootstrap, absolute: `--wasm`, else the one built beside this
+/// idem-lint (`target/release/idem-lint` → `target/wasm32-wasip1/…`), else in the current
+/// directory's repository. It must exist: Envoy otherwise exits with "Invalid path".
+fn filter_wasm(given: Option<&str>) -> Result<String, FatalError> {
+    let candidates: Vec<PathBuf> = match given {
+        Some(path) => vec![PathBuf::from(path)],
+        None => {
+            let beside_exe = std::env::current_exe().ok().and_then(|exe| {
+                exe.parent().and_then(Path::parent).map(|target| target.join("wasm32-wasip1/release/idem_filter.wasm"))
+            });
+            beside_exe.into_iter().chain([PathBuf::from(BUILT_WASM)]).collect()
+        }
+    };
+    for c in &candidates {
+        if c.is_file() {
+            let abs = std::path::absolute(c).unwrap_or_else(|_| c.clone());
+            return Ok(abs.to_string_lossy().into_owned());
+        }
+    }
+    let tried: Vec<String> = candidates
+        .iter()
+        .map(|c| std::path::absolute(c).unwrap_or_else(|_| c.clone()).to_string_lossy().into_owned())
+        .collect();
+    Err(FatalError::whole_file(
+        "--wasm",
+        format!(
+            "the filter is not built ({} does not exist): build it in the idem repository with \
+             `make build-filter` (or `cargo build --release --target wasm32-wasip1 -p idem-filter`), \
+             or give its path with --wasm PATH",
+            tried.join(", ")
+        ),
+    ))
 }
 
 /// `host:port` of a flag.
@@ -249,19 +309,38 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
             )
             .into());
         }
+        let wasm = filter_wasm(e.wasm.as_deref())?;
+        let listeners = std::path::absolute(&e.listeners).map_err(|err| {
+            FatalError::whole_file("--listeners", format!("{:?} is not a usable path: {err}", e.listeners))
+        })?;
+        let listeners_path = listeners.to_string_lossy().into_owned();
         let b = idem_lint::policy::Bootstrap {
             bundle: &bundle,
-            wasm: &e.wasm,
+            wasm: &wasm,
             upstream: host_port("--upstream", &e.upstream)?,
             webdis: e.webdis.as_deref().map(|w| host_port("--webdis", w)).transpose()?,
             listen: e.listen,
             admin: e.admin,
+            listeners: &listeners_path,
         };
-        let (text, skipped) = idem_lint::policy::bootstrap(&b, &routes, redis.as_deref());
-        for name in skipped {
+        let written = idem_lint::policy::bootstrap(&b, &routes, redis.as_deref());
+        for name in &written.skipped {
             eprintln!("idem-lint: note: route {name:?} matches an Envoy route by name: add that route yourself");
         }
-        print(&text);
+        if e.update && !listeners.is_file() {
+            return Err(FatalError::whole_file(
+                &listeners_path,
+                "no listeners file to update: start Envoy from `idem-lint envoy …` without --update first",
+            )
+            .into());
+        }
+        replace_file(&listeners, &written.listeners)?;
+        if e.update {
+            eprintln!("idem-lint: {listeners_path} updated: Envoy applies the policies within a second, keys kept");
+        } else {
+            eprintln!("idem-lint: listeners in {listeners_path} (edit the policies, then rerun with --update)");
+            print(&written.bootstrap);
+        }
         return Ok(0);
     }
     if let Some(Command::Bundle(b)) = &cli.command {

@@ -598,3 +598,44 @@ fn every_policy_error_of_a_run_is_reported() {
     assert!(lines[2].contains("b-typo.toml") && lines[2].contains("unknown field `lock_tll`"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_envoy_bootstrap_names_the_filter_by_absolute_path_and_says_how_to_build_a_missing_one() {
+    let outside = std::env::temp_dir().join(format!("idem-lint-envoy-{}", std::process::id()));
+    std::fs::create_dir_all(&outside).unwrap();
+    let policy = repo().join("policies/create-order.toml");
+    let policy = policy.to_str().unwrap();
+    // Run from outside the repository: the default is the .wasm built beside this idem-lint.
+    let built = repo().join("target/wasm32-wasip1/release/idem_filter.wasm");
+    assert!(built.is_file(), "build the filter first: `make build-filter` (make check and make unit do)");
+    let built = built.canonicalize().unwrap();
+    let o = run_in(&outside, &["envoy", policy, "--upstream", "127.0.0.1:8080"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The bootstrap loads its listeners from the file it names (absolute), which Envoy watches.
+    let bootstrap = String::from_utf8_lossy(&o.stdout).into_owned();
+    let listeners = outside.join("idem-listeners.json");
+    assert!(bootstrap.contains(&format!("\"path\": \"{}\"", listeners.display())), "{bootstrap}");
+    let text = std::fs::read_to_string(&listeners).unwrap();
+    assert!(text.contains(&format!("\"filename\": \"{}\"", built.display())), "absolute path: {text}");
+    assert!(text.contains("%FILTER_STATE(wasm.idem:PLAIN)%"), "an access log with idem's fields");
+    // --update rewrites only the listeners file.
+    let o = run_in(&outside, &["envoy", policy, "--upstream", "127.0.0.1:8080", "--update"]);
+    assert!(o.status.success() && o.stdout.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A path that does not exist: refused, with the command that builds it.
+    let o = run_in(&outside, &["envoy", policy, "--upstream", "127.0.0.1:8080", "--wasm", "nowhere/idem_filter.wasm"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(err.contains(&format!("{}/nowhere/idem_filter.wasm does not exist", outside.display())), "{err}");
+    assert!(err.contains("make build-filter") && err.contains("--wasm PATH"), "{err}");
+    // A relative --wasm that exists is written absolute.
+    std::fs::write(outside.join("f.wasm"), b"\0asm").unwrap();
+    let o = run_in(&outside, &["envoy", policy, "--upstream", "127.0.0.1:8080", "--wasm", "f.wasm"]);
+    assert!(o.status.success());
+    let text = std::fs::read_to_string(&listeners).unwrap();
+    assert!(text.contains(&format!("\"filename\": \"{}/f.wasm\"", outside.display())), "{text}");
+    // --update without a listeners file to update says how to start.
+    std::fs::remove_file(&listeners).unwrap();
+    let o = run_in(&outside, &["envoy", policy, "--upstream", "127.0.0.1:8080", "--update"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without --update first"));
+}

@@ -9,6 +9,7 @@ already has), or $IDEM_LINT; a missing binary is a failure, never a skip.
 import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,8 @@ def generated_envoy(workdir, paths, upstream_port, webdis_port=None):
     """`idem-lint envoy PATHS --upstream … [--webdis …]` as printed, run by a real Envoy."""
     def config(lp, ap):
         argv = [str(IDEM_LINT), "envoy", *[str(p) for p in paths], "--upstream", "127.0.0.1:%d" % upstream_port,
-                "--listen", str(lp), "--admin", str(ap), "--wasm", str(stack.WASM)]
+                "--listen", str(lp), "--admin", str(ap), "--wasm", str(stack.WASM),
+                "--listeners", str(workdir / ("idem-listeners-%d.json" % lp))]
         if webdis_port:
             argv += ["--webdis", "127.0.0.1:%d" % webdis_port]
         r = subprocess.run(argv, cwd=str(stack.REPO), capture_output=True, text=True, timeout=60)
@@ -223,3 +225,45 @@ def test_idem_lint_envoy_runs_a_new_users_policy_the_shipped_ones_and_a_redis_bu
         assert_runs(env, upstream, "/payouts", key)
         assert upstream.calls(key) == 1
         assert env.counter("idem.create-payout.stored") >= 1
+
+
+@pytest.mark.parametrize("store", ["shared", "redis"])
+def test_a_policy_edit_applied_with_update_keeps_every_key(workdir, upstream, request, store, tmp_path):
+    """`idem-lint envoy … --update` rewrites the listeners file the bootstrap watches: Envoy applies
+    the edit (a new route, a longer ttl) without a restart, so a key claimed before it is replayed
+    after it — a restart would have forgotten the embedded store's keys (issue 54)."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    head = stack.redis_table(prefix="idem-update-%s:" % uuid.uuid4().hex[:6]) if store == "redis" else ""
+    route = '[[route]]\nname = "%s"\nmatch = { method = "POST", path = "%s" }\n' + (
+        'store = "redis"\n' if store == "redis" else "") + '[route.key]\nttl = "%s"\n'
+    (policies / "create-refund.toml").write_text(head + route % ("create-refund", "/refunds", "24h"))
+    listeners = tmp_path / "listeners.json"
+    argv = [str(IDEM_LINT), "envoy", str(policies), "--upstream", "127.0.0.1:%d" % upstream.port,
+            "--wasm", str(stack.WASM), "--listeners", str(listeners)]
+    if store == "redis":
+        argv += ["--webdis", "127.0.0.1:%d" % request.getfixturevalue("redis_stack").webdis.port]
+
+    def config(lp, ap):
+        r = subprocess.run(argv + ["--listen", str(lp), "--admin", str(ap)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    with envoy_from_yaml(workdir, "envoy-update", config) as env:
+        key = new_key("before-edit")
+        first = post(env, "/refunds", key)
+        assert first.status == 200 and first.header("idempotent-replayed") is None, describe(first)
+        # The edit: a longer ttl, and a second route.
+        (policies / "create-refund.toml").write_text(head + route % ("create-refund", "/refunds", "48h"))
+        (policies / "cancel-refund.toml").write_text(route % ("cancel-refund", "/refunds/cancel", "24h"))
+        before = env.stats("listener_manager.").get("listener_manager.lds.update_success", 0)
+        r = subprocess.run(argv + ["--listen", str(env.listen_port), "--admin", str(env.admin_port), "--update"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout == "" and "updated" in r.stderr, r.stderr
+        wait_for(lambda: env.stats("listener_manager.").get("listener_manager.lds.update_success", 0) > before, 10,
+                 what="Envoy to load the new listeners")
+        # The new listener takes new connections once it is warm; each request here opens one.
+        wait_for(lambda: post(env, "/refunds/cancel", new_key("probe")).header("idempotent-replayed") is None
+                 and "idem.cancel-refund.forwarded" in env.stats("idem.cancel-refund."), 10,
+                 what="the edited policies to serve")
+        assert_replay_of(post(env, "/refunds", key), first)
+        assert upstream.calls(key) == 1, "the key claimed before the edit was kept"

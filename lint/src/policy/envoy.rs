@@ -2,6 +2,7 @@
 
 use idem_filter::policy::{Matcher, RoutePolicy};
 use serde_json::{json, Value};
+use sha2::Digest as _;
 
 /// The Envoy HCM `http_filters` entry for the bundle (YAML), with the per-route switch as a
 /// comment. `configuration` is the bundle text (TOML or JSON).
@@ -80,6 +81,11 @@ pub fn envoy_filter(bundle: &str, wasm: &str, files: &[String], routes: &[&Route
     s
 }
 
+/// The access log line of the bootstrap's listener: the request, its status, and idem's decision
+/// (`idem_route=… idem_outcome=… idem_cause=… idem_key=…`), as examples/envoy.yaml logs it.
+pub const ACCESS_LOG_FORMAT: &str =
+    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%\" %RESPONSE_CODE% %FILTER_STATE(wasm.idem:PLAIN)%\n";
+
 /// Where `idem-lint envoy` points the bootstrap.
 pub struct Bootstrap<'a> {
     pub bundle: &'a str,
@@ -88,6 +94,18 @@ pub struct Bootstrap<'a> {
     pub webdis: Option<(&'a str, u16)>,
     pub listen: u16,
     pub admin: u16,
+    /// The listeners file (absolute) the bootstrap loads its listeners from and watches: writing
+    /// a new one (`idem-lint envoy … --update`) applies a policy edit without a restart.
+    pub listeners: &'a str,
+}
+
+/// What `idem-lint envoy` writes: the bootstrap (printed), and the listeners file it watches.
+pub struct Written {
+    pub bootstrap: String,
+    /// The listeners as an LDS discovery response (JSON), for [`Bootstrap::listeners`].
+    pub listeners: String,
+    /// Policies matched by Envoy route name: not routed here.
+    pub skipped: Vec<String>,
 }
 
 /// A complete Envoy bootstrap (JSON, which Envoy reads as YAML too) for a bundle: a loopback
@@ -96,7 +114,7 @@ pub struct Bootstrap<'a> {
 /// listeners detached requests and gRPC replays need, and the stats tags that give the counters
 /// their `route` and `outcome` labels. Policies matched by Envoy route name cannot be routed from
 /// here: they are returned to be named on stderr.
-pub fn bootstrap(b: &Bootstrap<'_>, routes: &[&RoutePolicy], redis: Option<&str>) -> (String, Vec<String>) {
+pub fn bootstrap(b: &Bootstrap<'_>, routes: &[&RoutePolicy], redis: Option<&str>) -> Written {
     let enable = json!({"idem": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}});
     let mut envoy_routes = vec![json!({"name": "idem-echo", "match": {"prefix": "/.idem/replay"},
         "route": {"cluster": "idem_echo", "timeout": "15s"}, "typed_per_filter_config": enable.clone()})];
@@ -125,11 +143,16 @@ pub fn bootstrap(b: &Bootstrap<'_>, routes: &[&RoutePolicy], redis: Option<&str>
     };
     let router = json!({"name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}});
+    // One line per request with what idem decided (docs/observability.md, "Access log").
+    let access_log = json!([{"name": "envoy.access_loggers.stdout", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+        "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}}]);
     let hcm = |prefix: &str, routes: &Value, filters: Vec<Value>| {
         json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": prefix, "codec_type": "AUTO", "normalize_path": true, "merge_slashes": true,
             "http_protocol_options": {"enable_trailers": true},
+            "access_log": if prefix == "ingress" { access_log.clone() } else { json!([]) },
             "route_config": {"name": format!("{prefix}_routes"), "virtual_hosts": [{"name": prefix, "domains": ["*"], "routes": routes}]},
             "http_filters": filters.into_iter().chain([router.clone()]).collect::<Vec<_>>()}})
     };
@@ -156,29 +179,38 @@ pub fn bootstrap(b: &Bootstrap<'_>, routes: &[&RoutePolicy], redis: Option<&str>
     if let (Some(name), Some((host, port))) = (redis, b.webdis) {
         clusters.push(cluster(name, host, port));
     }
+    let listener = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    let listeners = json!([
+        {"@type": listener, "name": "ingress",
+         "address": {"socket_address": {"address": "127.0.0.1", "port_value": b.listen}},
+         "filter_chains": [{"filters": [hcm("ingress", &routes_value, vec![wasm_filter(b.bundle, true)])]}]},
+        // Detached requests re-enter here: the same routes, without idem.
+        {"@type": listener, "name": "idem_reentry", "internal_listener": {},
+         "filter_chains": [{"filters": [hcm("reentry", &routes_value, vec![])]}]},
+        // gRPC replays are answered here by idem with role = "echo".
+        {"@type": listener, "name": "idem_echo", "internal_listener": {}, "per_connection_buffer_limit_bytes": 16 << 20,
+         "filter_chains": [{"filters": [hcm("echo", &echo_routes, vec![wasm_filter("role = \"echo\"\n", false)])]}]}
+    ]);
+    // The listeners come from a file Envoy watches: a new file (moved into its directory) is a
+    // listener update, which keeps the process and its shared data — the embedded store's keys.
+    let dir = std::path::Path::new(b.listeners).parent().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
     let config = json!({
+        // Envoy reads listeners from a file only with a node identity.
+        "node": {"id": "idem-gateway", "cluster": "idem"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": b.admin}}},
         "stats_config": {"stats_tags": [
             {"tag_name": "route", "regex": "(route=\\.=(.+?);\\.;)"},
             {"tag_name": "outcome", "regex": "(outcome=\\.=(.+?);\\.;)"}]},
         "bootstrap_extensions": [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}],
-        "static_resources": {
-            "listeners": [
-                {"name": "ingress", "address": {"socket_address": {"address": "127.0.0.1", "port_value": b.listen}},
-                 "filter_chains": [{"filters": [hcm("ingress", &routes_value, vec![wasm_filter(b.bundle, true)])]}]},
-                // Detached requests re-enter here: the same routes, without idem.
-                {"name": "idem_reentry", "internal_listener": {},
-                 "filter_chains": [{"filters": [hcm("reentry", &routes_value, vec![])]}]},
-                // gRPC replays are answered here by idem with role = "echo".
-                {"name": "idem_echo", "internal_listener": {}, "per_connection_buffer_limit_bytes": 16 << 20,
-                 "filter_chains": [{"filters": [hcm("echo", &echo_routes, vec![wasm_filter("role = \"echo\"\n", false)])]}]}
-            ],
-            "clusters": clusters
-        }
+        "dynamic_resources": {"lds_config": {"resource_api_version": "V3", "path_config_source": {
+            "path": b.listeners, "watched_directory": {"path": dir}}}},
+        "static_resources": {"clusters": clusters}
     });
-    let text = serde_json::to_string_pretty(&config).unwrap_or_default();
-    (format!("{text}\n"), skipped)
+    let version = format!("{:x}", sha2::Sha256::digest(listeners.to_string().as_bytes()));
+    let lds = json!({"version_info": version.get(..16).unwrap_or_default(), "resources": listeners});
+    let text = |v: &Value| format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default());
+    Written { bootstrap: text(&config), listeners: text(&lds), skipped }
 }
 
 /// A YAML scalar: plain when that is unambiguous, else double-quoted (JSON escaping is valid YAML).
