@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use idem_lint::config::{Config, FailOn, Severity};
 use idem_lint::crosscheck::{lint_specs, Linted};
-use idem_lint::generate::{generate, write_all, Action, Planned};
+use idem_lint::generate::{generate, write_all, Action};
 use idem_lint::loader::Workspace;
 use idem_lint::policy::{envoy_filter, PolicySet};
 use idem_lint::report::{render, Format, Run};
@@ -474,24 +474,20 @@ fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalErrors> 
     let workspaces = specs.iter().map(|s| Workspace::load(s)).collect::<Result<Vec<_>, _>>()?;
     let (generated, skipped) = generate(&workspaces, config);
     let (plan, stale) = write_all(Path::new(&p.out), &generated, p.force)?;
-    let refused: Vec<&Planned> = plan.iter().filter(|f| matches!(f.action, Action::Refuse(_))).collect();
-    if !refused.is_empty() {
-        for f in &refused {
-            if let Action::Refuse(why) = &f.action {
-                eprintln!(
-                    "idem-lint: error: {}: {why}; not overwritten (use --force to overwrite it)",
-                    f.path.display()
-                );
-            }
-        }
-        eprintln!("idem-lint: error: nothing written: {} file(s) refused", refused.len());
-        return Ok(2);
-    }
     let mut out = String::new();
     for f in &plan {
         out.push_str(&format!("{:<9} {} ({})\n", f.action.verb(), f.path.display(), f.generated.operation));
     }
     print(&out);
+    for f in &plan {
+        if let Action::Keep(why, changes) = &f.action {
+            let what = match changes.is_empty() {
+                true => "the run would have changed nothing in its policy".to_string(),
+                false => format!("the run would have changed:\n    {}", changes.join("\n    ")),
+            };
+            eprintln!("idem-lint: note: {} kept: {why}; {what}\n  (--force overwrites it)", f.path.display());
+        }
+    }
     for s in &skipped {
         eprintln!("idem-lint: skipped {} ({}): {}", s.operation, s.place, s.reason);
     }

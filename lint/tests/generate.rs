@@ -52,7 +52,7 @@ fn snapshot(dir: &Path) -> Vec<(String, String)> {
 }
 
 #[test]
-fn generate_lint_regenerate_edit_refuse_force() {
+fn generate_lint_regenerate_edit_keep_force() {
     let dir = temp_dir("round-trip");
     let out = dir.to_str().unwrap();
     let (shop, knife4j) = (fx("shop.yaml"), fx("knife4j.json"));
@@ -84,14 +84,26 @@ fn generate_lint_regenerate_edit_refuse_force() {
     assert_eq!(
         body,
         "[[route]]\nname = \"create-order\"\nmatch = { method = \"POST\", path = \"/orders\" }\nmode = \"key\"\n\n\
-         [route.key]\nfrom = \"header\"\nname = \"Idempotency-Key\"\nttl = \"24h\"\non_completed = \"reject\"\n\n\
+         [route.key]\nfrom = \"header\"\nname = \"Idempotency-Key\"\nttl = \"24h\"\non_completed = \"reject\"\n\
+         # no security declared: keys are global to the route, so any caller sending a key gets the first answer \
+         under it; declare the operation's security (or x-idempotency.scope) if callers must be kept apart\n\
+         scope = []\n\n\
          [route.duplicate]\nstatus = 409\ncode = \"DUPLICATE_REQUEST\"\n"
     );
     // A remark in brackets is not a location: the key is found in the body schema; `7 天` is 7d;
     // a 200 duplicate replays the first answer.
     let notify = text("post-pay-notify.toml");
+    // A provider's notify without security: global keys, a canonical-JSON fingerprint, only a 2xx
+    // remembered, a repeat waits for the first, and the run survives the sender giving up.
     for want in [
         "from = \"body\"\nname = \"/out_trade_no\"\nttl = \"7d\"\non_completed = \"replay\"",
+        "# no security declared on a delivery: keys are global to the route (the sender signs its calls; verify \
+         the signature in front of idem)\nscope = []",
+        "fingerprint_body = \"canonical-json\"",
+        "remember = [\"2xx\"]",
+        "on_in_flight = \"wait\"",
+        "# a delivery: its run finishes even when the sender gives up waiting, and the next delivery gets its \
+         answer\nforward = \"detached\"",
         "status = 200\ncode = \"SUCCESS\"",
     ] {
         assert!(notify.contains(want), "{want} in {notify}");
@@ -127,8 +139,8 @@ fn generate_lint_regenerate_edit_refuse_force() {
     assert_eq!(stdout(&o).lines().filter(|l| l.starts_with("unchanged ")).count(), 6, "{}", stdout(&o));
     assert_eq!(snapshot(&dir), files);
 
-    // 4. a hand edit is never overwritten silently: refused, named, nothing written at all —
-    //    not even the file a spec change would update.
+    // 4. a hand edit is the user's: kept, named with what the run would have changed there, and
+    //    every other file still written (the spec change reaches post-pay-notify).
     let edited_path = dir.join("create-order.toml");
     let edited = order.replace("on_completed = \"reject\"", "on_completed = \"replay\"");
     std::fs::write(&edited_path, &edited).unwrap();
@@ -136,25 +148,26 @@ fn generate_lint_regenerate_edit_refuse_force() {
     std::fs::write(&changed_spec, std::fs::read_to_string(&shop).unwrap().replace("有效期：7 天", "有效期：3 天"))
         .unwrap();
     let o = run(&["policies", changed_spec.to_str().unwrap(), &knife4j, "-o", out]);
-    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
-    assert_eq!(stdout(&o), "");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains(&format!("kept      {out}/create-order.toml (POST /orders)")), "{s}");
+    assert!(s.contains(&format!("updated   {out}/post-pay-notify.toml (POST /pay/notify)")), "{s}");
     assert_eq!(
         stderr(&o),
         format!(
-            "idem-lint: error: {out}/create-order.toml: edited by hand since idem-lint generated it (its content no longer matches the sha256 in its `# idem-lint-generated` line); not overwritten (use --force to overwrite it)\n\
-             idem-lint: error: nothing written: 1 file(s) refused\n"
+            "idem-lint: note: {out}/create-order.toml kept: edited by hand since idem-lint generated it (its content no longer matches the sha256 in its `# idem-lint-generated` line); the run would have changed:\n    \
+             - on_completed = \"replay\"\n    + on_completed = \"reject\"\n  (--force overwrites it)\n"
         )
     );
     assert_eq!(std::fs::read_to_string(&edited_path).unwrap(), edited);
-    assert_eq!(std::fs::read_to_string(dir.join("post-pay-notify.toml")).unwrap(), notify);
+    assert!(std::fs::read_to_string(dir.join("post-pay-notify.toml")).unwrap().contains("ttl = \"3d\""));
 
     // 5. --force overwrites it; the other changes are written too.
     let o = run(&["policies", changed_spec.to_str().unwrap(), &knife4j, "-o", out, "--force"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = stdout(&o);
     assert!(s.contains(&format!("overwritten (--force) {out}/create-order.toml (POST /orders)")), "{s}");
-    assert!(s.contains(&format!("updated   {out}/post-pay-notify.toml (POST /pay/notify)")), "{s}");
-    assert!(std::fs::read_to_string(dir.join("post-pay-notify.toml")).unwrap().contains("ttl = \"3d\""));
+    assert!(s.contains(&format!("unchanged {out}/post-pay-notify.toml (POST /pay/notify)")), "{s}");
     assert!(std::fs::read_to_string(&edited_path).unwrap().contains("on_completed = \"reject\""));
     std::fs::remove_file(&changed_spec).unwrap();
 
@@ -165,10 +178,10 @@ fn generate_lint_regenerate_edit_refuse_force() {
     )
     .unwrap();
     let o = run(&["policies", &shop, &knife4j, "-o", out]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(0));
     assert!(
         stderr(&o).contains(&format!(
-            "{out}/create-order.toml: not written by `idem-lint policies` (it has no `# idem-lint-generated` line); not overwritten (use --force to overwrite it)"
+            "{out}/create-order.toml kept: not written by `idem-lint policies` (it has no `# idem-lint-generated` line); the run would have changed:"
         )),
         "{}",
         stderr(&o)
@@ -281,5 +294,75 @@ fn a_composite_key_keeps_each_parts_location_and_the_cross_check_agrees() {
     let o = run(&[spec, "--policies", out, "--color", "never"]);
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("IDEM103"), "{}", stdout(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The refunds spec a payments engineer starts from (issue 54): the whole operation decides what
+/// its policy says — the caller from its security (a JWT's subject, an API key header, nobody on a
+/// provider's notify), a delivery's canonical-JSON fingerprint, 2xx-only memory and wait, the
+/// spec's own lookup — each choice with the comment naming where it came from; `x-idempotency`
+/// fields replace what was inferred; and the spec and its policies then agree.
+#[test]
+fn the_whole_operation_decides_its_policy_and_says_why() {
+    let dir = temp_dir("whole-operation");
+    let out = dir.to_str().unwrap();
+    let spec = fx("refunds.yaml");
+    let o = run(&["policies", &spec, "-o", out]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let files = snapshot(&dir);
+    let body = |name: &str| {
+        let t = files.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap_or_else(|| panic!("{name}"));
+        t.split_once("# idem-lint-generated sha256:").unwrap().1.split_once('\n').unwrap().1.to_string()
+    };
+    let create = body("create-refund.toml");
+    assert!(
+        create.contains(
+            "# `bearerAuth` in the operation's security is a token: its verified subject (Envoy's jwt_authn with \
+             payload_in_metadata: jwt_payload), which a token refresh between retries keeps\n\
+             scope = [\"metadata:envoy.filters.http.jwt_authn/jwt_payload/sub\"]"
+        ),
+        "{create}"
+    );
+    let cancel = body("cancel-refund.toml");
+    for want in [
+        "# the caller is the API key header of `partnerKey` in the operation's security\nscope = [\"header:x-partner-key\"]",
+        "# x-idempotency.lock_ttl in the spec\nlock_ttl = \"10s\"",
+    ] {
+        assert!(cancel.contains(want), "{want} in {cancel}");
+    }
+    let notify = body("refund-notify.toml");
+    for want in [
+        "# no security declared on a delivery: keys are global to the route",
+        "scope = []\n",
+        "fingerprint_body = \"canonical-json\"",
+        "remember = [\"2xx\"]",
+        "on_in_flight = \"wait\"",
+        "[route.reconcile]\n# the spec's GET /refunds/{…} says whether a first attempt with no answer ran\nlookup = \"/refunds/{key}\"",
+    ] {
+        assert!(notify.contains(want), "{want} in {notify}");
+    }
+    assert!(!notify.contains("forward"), "a lookup, not detached forwarding: {notify}");
+    let merchant = body("merchant-notify.toml");
+    for want in [
+        "# x-idempotency.forward in the spec\nforward = \"inline\"",
+        "# x-idempotency.scope in the spec\nscope = [\"body:/mchid\"]",
+        "# x-idempotency.remember in the spec\nremember = [\"2xx\", 409]",
+    ] {
+        assert!(merchant.contains(want), "{want} in {merchant}");
+    }
+    assert!(!merchant.contains("detached") && !merchant.contains("remember = [\"2xx\"]\n"), "{merchant}");
+    // The filter loads them, and the spec and its policies agree.
+    let o = run(&[&spec, "--policies", out]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    // An x-idempotency field the generator cannot write is named.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, std::fs::read_to_string(&spec).unwrap().replace("lock_ttl: 10s", "lock_tll: 10s")).unwrap();
+    let o = run(&["policies", bad.to_str().unwrap(), "-o", dir.join("bad-out").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("x-idempotency.lock_tll is not a field it can set (one of idempotent, key,"),
+        "{}",
+        stderr(&o)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

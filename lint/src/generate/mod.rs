@@ -22,8 +22,12 @@
 //!
 //! Every file is checked with the filter's parser before anything is written ([`write`]).
 
+mod infer;
 mod write;
 
+use infer::{Choice, Table};
+
+pub use infer::POLICY_FIELDS;
 pub use write::{write_all, Action, Planned};
 
 use crate::config::Config;
@@ -128,14 +132,25 @@ struct Policy {
     ttl: Option<String>,
     on_completed: Option<&'static str>,
     duplicate: Option<(u16, Option<String>)>,
+    /// What the rest of the operation says (its security, a delivery, its lookup) and its
+    /// `x-idempotency` fields, each with where it came from (see `infer`).
+    choices: Vec<Choice>,
 }
 
 impl Policy {
     fn toml(&self) -> String {
         let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let lines = |table: Table| {
+            let mut out = String::new();
+            for c in self.choices.iter().filter(|c| c.table == table) {
+                out.push_str(&format!("# {}\n{}\n", c.why, c.line));
+            }
+            out
+        };
         let mut t = String::from("[[route]]\n");
         t.push_str(&format!("name = {}\n", q(&self.name)));
         t.push_str(&format!("match = {{ method = {}, path = {} }}\n", q(&self.method), q(&self.path)));
+        t.push_str(&lines(Table::Route));
         match &self.token {
             Some(issue) => {
                 t.push_str("mode = \"token\"\n\n[route.token]\n");
@@ -158,7 +173,12 @@ impl Policy {
                 if let Some(c) = self.on_completed {
                     t.push_str(&format!("on_completed = {}\n", q(c)));
                 }
+                t.push_str(&lines(Table::Key));
             }
+        }
+        let reconcile = lines(Table::Reconcile);
+        if !reconcile.is_empty() {
+            t.push_str(&format!("\n[route.reconcile]\n{reconcile}"));
         }
         if let Some((status, code)) = &self.duplicate {
             t.push_str(&format!("\n[route.duplicate]\nstatus = {status}\n"));
@@ -224,6 +244,18 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
         (None, Some(_)) => Some("replay"),
         _ => None,
     };
+    // A token route has no [route.key]: what the rest of the spec says about keys does not apply.
+    let choices = match &token {
+        Some(_) => Vec::new(),
+        None => {
+            let inferred = infer::choices(ws, ops, op, &sources, on_completed == Some("replay"));
+            let overrides = infer::overrides(op).map_err(|why| {
+                let at = op.at.node.get("x-idempotency").map_or(op.key_offset, |n| n.start);
+                (Loc { file: op.at.file, offset: at, pointer: format!("{}/x-idempotency", op.pointer) }, why)
+            })?;
+            infer::merged(inferred, overrides)
+        }
+    };
     Ok(Policy {
         name: String::new(),
         method: op.method.to_ascii_uppercase(),
@@ -233,6 +265,7 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
         ttl,
         on_completed,
         duplicate,
+        choices,
     })
 }
 

@@ -54,7 +54,8 @@ pub static RULE: Rule = Rule {
     check: super::Check::Operation(check),
 };
 
-/// The fields of `x-idempotency`.
+/// The statement's fields of `x-idempotency`; the policy fields `idem-lint policies` writes
+/// (`crate::generate::POLICY_FIELDS`) are known too.
 const EXTENSION_FIELDS: [&str; 4] = ["idempotent", "key", "duplicate", "expiry"];
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
@@ -97,7 +98,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     }
     if let Some(entry) = op.at.node.entry("x-idempotency") {
         for e in entry.value.as_map().into_iter().flatten() {
-            if EXTENSION_FIELDS.contains(&e.key.as_str()) {
+            if EXTENSION_FIELDS.contains(&e.key.as_str()) || crate::generate::POLICY_FIELDS.contains(&e.key.as_str()) {
                 continue;
             }
             let loc = Loc {
