@@ -19,6 +19,7 @@ pub mod policy;
 pub mod report;
 pub mod rules;
 pub mod section;
+pub mod security;
 pub mod source;
 pub mod statement;
 pub mod value;

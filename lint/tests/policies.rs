@@ -78,7 +78,7 @@ fn every_policy_rule_fires_on_its_bad_fixtures_at_the_expected_places() {
     let rules: Vec<_> = RULES.iter().filter(|r| r.checks_policies()).collect();
     assert_eq!(
         rules.iter().map(|r| r.code).collect::<Vec<_>>(),
-        ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106"]
+        ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106", "IDEM107", "IDEM108"]
     );
     for rule in rules {
         let bad = cases(rule.code, "bad");
@@ -115,7 +115,7 @@ fn every_policy_rule_stays_quiet_on_its_good_twin() {
 fn policy_rules_are_listed_and_explained() {
     let o = run_in(&root(), &["rules"]);
     let out = stdout(&o);
-    for code in ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106"] {
+    for code in ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106", "IDEM107", "IDEM108"] {
         assert!(out.lines().any(|l| l.starts_with(code)), "{code} not listed:\n{out}");
         let doc = stdout(&run_in(&root(), &["--explain", code]));
         assert!(doc.starts_with(code), "{doc}");

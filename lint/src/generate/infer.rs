@@ -6,15 +6,17 @@
 //! stays a hand edit of the file, which regeneration keeps.) Each choice carries the comment the generated file
 //! writes above it, naming the part of the spec it came from.
 
-use crate::loader::{At, Workspace};
+use crate::loader::Workspace;
 use crate::model::Operation;
 use crate::node::Node;
+use crate::security::{caller, Caller};
 use idem_filter::policy::Source;
 
 /// One line the generated policy writes, with the comment that says where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
-    /// The route's own fields (before `[route.key]`), `[route.key]`, or `[route.reconcile]`.
+    /// The route's own fields (before `[route.key]`), `[route.key]`, `[route.token]`, or
+    /// `[route.reconcile]`.
     pub table: Table,
     /// `scope = []`
     pub line: String,
@@ -26,6 +28,8 @@ pub struct Choice {
 pub enum Table {
     Route,
     Key,
+    /// `[route.token]` of a token route: only the caller (`scope`) applies there.
+    Token,
     Reconcile,
 }
 
@@ -61,51 +65,6 @@ fn table_of(field: &str) -> Table {
         Table::Route
     } else {
         Table::Key
-    }
-}
-
-/// The caller identity an operation's `security` declares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Caller {
-    /// No security requirement (absent, `[]`, or only `{}`).
-    Nobody,
-    /// A credential in a header: an API key header, or HTTP basic (`authorization`).
-    Header(String, String),
-    /// A token whose verified subject names the caller: HTTP bearer, OAuth2, OpenID Connect.
-    Bearer(String),
-    /// Something else (an API key in the query or a cookie, mutual TLS): the default scope.
-    Other,
-}
-
-/// The operation's effective security: its own `security`, else the document's.
-fn caller(ws: &Workspace, op: &Operation<'_>) -> Caller {
-    let root = ws.root();
-    let requirements = op.at.node.get("security").or_else(|| root.node.get("security"));
-    let Some(list) = requirements.and_then(Node::as_seq) else {
-        return Caller::Nobody;
-    };
-    let names: Vec<&str> = list.iter().filter_map(Node::as_map).flatten().map(|e| e.key.as_str()).collect();
-    let Some(name) = names.first() else {
-        return Caller::Nobody;
-    };
-    let schemes = root
-        .node
-        .get("components")
-        .and_then(|c| c.get("securitySchemes"))
-        .or_else(|| root.node.get("securityDefinitions"));
-    let Some(scheme) = schemes.and_then(|s| s.get(name)) else {
-        return Caller::Other;
-    };
-    let scheme = ws.resolve(At { file: 0, node: scheme }).map_or(scheme, |a| a.node);
-    let field = |k: &str| scheme.get(k).and_then(Node::as_str).unwrap_or_default().to_ascii_lowercase();
-    match (field("type").as_str(), field("scheme").as_str(), field("in").as_str()) {
-        ("apikey", _, "header") => {
-            let header = scheme.get("name").and_then(Node::as_str).unwrap_or_default().to_ascii_lowercase();
-            Caller::Header(header, format!("API key header of `{name}`"))
-        }
-        ("http", "basic", _) | ("basic", _, _) => Caller::Header("authorization".into(), format!("basic `{name}`")),
-        ("http", "bearer", _) | ("oauth2", _, _) | ("openidconnect", _, _) => Caller::Bearer(name.to_string()),
-        _ => Caller::Other,
     }
 }
 
@@ -184,12 +143,12 @@ pub fn choices(
                     .into(),
             )),
         },
-        Caller::Header(header, what) if header != "authorization" => out.push(choice(
+        Caller::Header(header, name) if header != "authorization" => out.push(choice(
             Table::Key,
             format!("scope = [{}]", quoted(&format!("header:{header}"))),
-            format!("the caller is the {what} in the operation's security"),
+            format!("the caller is the API key header of `{name}` in the operation's security"),
         )),
-        Caller::Bearer(name) => out.push(choice(
+        Caller::Token(name) => out.push(choice(
             Table::Key,
             "scope = [\"metadata:envoy.filters.http.jwt_authn/jwt_payload/sub\"]".into(),
             format!(

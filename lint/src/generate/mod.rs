@@ -163,6 +163,7 @@ impl Policy {
                 if let Some(ttl) = &self.ttl {
                     t.push_str(&format!("ttl = {}\n", q(ttl)));
                 }
+                t.push_str(&lines(Table::Token));
             }
             None => {
                 t.push_str("mode = \"key\"\n\n[route.key]\n");
@@ -244,9 +245,13 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
         (None, Some(_)) => Some("replay"),
         _ => None,
     };
-    // A token route has no [route.key]: what the rest of the spec says about keys does not apply.
+    // A token route has no [route.key]: of what the rest of the spec says, only the caller applies.
     let choices = match &token {
-        Some(_) => Vec::new(),
+        Some(_) => infer::choices(ws, ops, op, &sources, false)
+            .into_iter()
+            .filter(|c| c.line.starts_with("scope = "))
+            .map(|c| Choice { table: Table::Token, ..c })
+            .collect(),
         None => {
             let inferred = infer::choices(ws, ops, op, &sources, on_completed == Some("replay"));
             let overrides = infer::overrides(op).map_err(|why| {

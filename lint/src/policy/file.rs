@@ -34,6 +34,7 @@ pub struct RouteSpans {
     pub key_from: Option<Range<usize>>,
     pub key_name: Option<Range<usize>>,
     pub key_parts: Option<Range<usize>>,
+    pub key_scope: Option<Range<usize>>,
     pub on_completed: Option<Range<usize>>,
     pub token: Option<Range<usize>>,
     pub token_header: Option<Range<usize>>,
@@ -75,6 +76,7 @@ struct MirrorKey {
     from: Option<Spanned<String>>,
     name: Option<Spanned<String>>,
     parts: Option<Spanned<toml::Value>>,
+    scope: Option<Spanned<toml::Value>>,
     on_completed: Option<Spanned<String>>,
 }
 
@@ -109,6 +111,7 @@ fn spans_of(r: &MirrorRoute) -> RouteSpans {
         key_from: k.and_then(|k| span(&k.from)),
         key_name: k.and_then(|k| span(&k.name)),
         key_parts: k.and_then(|k| span(&k.parts)),
+        key_scope: k.and_then(|k| span(&k.scope)),
         on_completed: k.and_then(|k| span(&k.on_completed)),
         token: span(&r.token),
         token_header: t.and_then(|t| span(&t.header)),

@@ -33,6 +33,8 @@ pub mod idem103_key_mismatch;
 pub mod idem104_duplicate_mismatch;
 pub mod idem105_token_undocumented;
 pub mod idem106_policy_on_non_idempotent;
+pub mod idem107_scope_undeclared;
+pub mod idem108_token_scoped_on_whole_header;
 
 /// One finding before severities and suppressions are applied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -168,7 +170,7 @@ impl Rule {
     }
 }
 
-pub static RULES: [&Rule; 18] = [
+pub static RULES: [&Rule; 20] = [
     &idem001_missing_statement::RULE,
     &idem002_idempotent_unstated::RULE,
     &idem003_missing_key::RULE,
@@ -187,6 +189,8 @@ pub static RULES: [&Rule; 18] = [
     &idem104_duplicate_mismatch::RULE,
     &idem105_token_undocumented::RULE,
     &idem106_policy_on_non_idempotent::RULE,
+    &idem107_scope_undeclared::RULE,
+    &idem108_token_scoped_on_whole_header::RULE,
 ];
 
 pub fn find(code: &str) -> Option<&'static Rule> {
