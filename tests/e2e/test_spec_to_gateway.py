@@ -1,0 +1,139 @@
+"""From the spec to a gateway that is right the first time (issue 54), as a payments engineer
+follows the README: an OpenAPI 3.0 refunds spec → `idem-lint policies` → `idem-lint envoy` → a
+real Envoy. The provider's refund notification declares no security and sends no Authorization,
+re-serializes its JSON between deliveries (members in another order, `500` then `500.0`): every
+delivery is answered 2xx and the refund ran once. A create retried across a policy edit, applied
+with `--update` (no restart), runs once. A policy file tuned by hand is kept while another one
+regenerates."""
+
+import subprocess
+import uuid
+
+
+import stack
+from conftest import envoy_from_yaml
+from idemtest import describe, post, wait_for
+
+IDEM_LINT = stack.REPO / "target" / "debug" / "idem-lint"
+
+SPEC = """openapi: 3.0.3
+info: { title: refunds, version: "1" }
+components:
+  securitySchemes:
+    merchantToken: { type: http, scheme: bearer }
+paths:
+  /refunds:
+    post:
+      operationId: createRefund
+      security: [{ merchantToken: [] }]
+      description: |
+        ### 幂等性说明
+        - 是否幂等：是
+        - 幂等键：Idempotency-Key（header）
+        - 重复请求：409 DUPLICATE_REQUEST
+        - 有效期：%(expiry)s
+      parameters:
+        - { name: Idempotency-Key, in: header, required: true, schema: { type: string } }
+      responses:
+        '200': { description: the refund }
+        '409': { description: DUPLICATE_REQUEST }
+  /refunds/{refund_id}/cancel:
+    post:
+      operationId: cancelRefund
+      security: [{ merchantToken: [] }]
+      description: |
+        ### 幂等性说明
+        - 是否幂等：是
+        - 幂等键：refund_id（path）
+        - 重复请求：409 DUPLICATE_REQUEST
+      parameters:
+        - { name: refund_id, in: path, required: true, schema: { type: string } }
+      responses:
+        '200': { description: cancelled }
+        '409': { description: DUPLICATE_REQUEST }
+  /refunds/notify:
+    post:
+      operationId: refundNotify
+      summary: 退款结果通知
+      security: []
+      description: |
+        ### 幂等性说明
+        - 是否幂等：是
+        - 幂等键：out_refund_no（body）
+        - 重复请求：200 SUCCESS
+      requestBody:
+        content:
+          application/json:
+            schema:
+              type: object
+              properties:
+                out_refund_no: { type: string }
+                transaction_id: { type: string }
+                amount: { type: number }
+      responses:
+        '200': { description: SUCCESS }
+"""
+
+
+def lint(*args):
+    assert IDEM_LINT.is_file(), "%s is missing: build it with `cargo build -p idem-lint`" % IDEM_LINT
+    return subprocess.run([str(IDEM_LINT), *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def test_a_refunds_spec_becomes_a_gateway_that_is_right_the_first_time(workdir, upstream, tmp_path):
+    spec, policies, listeners = tmp_path / "refunds.yaml", tmp_path / "policies", tmp_path / "listeners.json"
+    spec.write_text(SPEC % {"expiry": "24h"})
+    made = lint("policies", spec, "-o", policies)
+    assert made.returncode == 0, made.stdout + made.stderr
+    checked = lint(spec, "--policies", policies)
+    assert checked.returncode == 0 and "no findings" in checked.stdout, checked.stdout
+
+    envoy_args = ["envoy", policies, "--upstream", "127.0.0.1:%d" % upstream.port, "--listeners", listeners]
+
+    def bootstrap(lp, ap):
+        r = lint(*envoy_args, "--listen", lp, "--admin", ap)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    with envoy_from_yaml(workdir, "envoy-refunds", bootstrap) as env:
+        # The provider: no Authorization, its JSON re-serialized between deliveries.
+        refund = "rf-" + uuid.uuid4().hex[:10]
+        deliveries = [
+            '{"out_refund_no":"%s","transaction_id":"%s","amount":500}' % (refund, refund),
+            '{"amount":500.0,"transaction_id":"%s","out_refund_no":"%s"}' % (refund, refund),
+            '{"transaction_id":"%s","out_refund_no":"%s","amount":5e2}' % (refund, refund),
+        ]
+        answers = [env.request("POST", "/refunds/notify", body=d, anonymous=True,
+                               headers={"content-type": "application/json"}) for d in deliveries]
+        assert all(200 <= a.status < 300 for a in answers), [describe(a) for a in answers]
+        assert [a.header("idempotent-replayed") for a in answers] == [None, "true", "true"], \
+            [describe(a) for a in answers]
+        assert upstream.calls(transaction_id=refund) == 1, "the refund notification ran once"
+
+        # The merchant creates a refund; the spec changes; the edit is applied without a restart.
+        key = "create-" + uuid.uuid4().hex[:10]
+        first = post(env, "/refunds", key, auth="Bearer merchant-7")
+        assert first.status == 200 and first.header("idempotent-replayed") is None, describe(first)
+        # Meanwhile someone tunes the cancel policy by hand: it is theirs from now on.
+        cancel = policies / "cancel-refund.toml"
+        tuned = cancel.read_text().replace('name = "refund_id"', 'name = "refund_id"\nlock_ttl = "10s"')
+        assert tuned != cancel.read_text()
+        cancel.write_text(tuned)
+        spec.write_text(SPEC % {"expiry": "48h"})
+        again = lint("policies", spec, "-o", policies)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "updated   %s" % (policies / "create-refund.toml") in again.stdout, again.stdout
+        assert "kept      %s" % cancel in again.stdout, again.stdout
+        assert "would have changed" in again.stderr and '- lock_ttl = "10s"' in again.stderr, again.stderr
+        assert cancel.read_text() == tuned
+        assert 'ttl = "48h"' in (policies / "create-refund.toml").read_text()
+        before = env.stats("listener_manager.").get("listener_manager.lds.update_success", 0)
+        update = lint(*envoy_args, "--listen", env.listen_port, "--admin", env.admin_port, "--update")
+        assert update.returncode == 0, update.stderr
+        wait_for(lambda: env.stats("listener_manager.").get("listener_manager.lds.update_success", 0) > before, 10,
+                 what="Envoy to load the edited policies")
+        # The spec documents a repeat's answer as 409 DUPLICATE_REQUEST: that is what it gets.
+        retry = post(env, "/refunds", key, auth="Bearer merchant-7")
+        assert (retry.status, retry.code) == (409, "DUPLICATE_REQUEST"), describe(retry)
+        assert upstream.calls(key) == 1, "the create retried across the policy edit ran once"
+        counts = env.stats("idem.refund-notify.")
+        assert counts.get("idem.refund-notify.replayed") == 2, counts
