@@ -9,7 +9,6 @@ regenerates."""
 import subprocess
 import uuid
 
-
 import stack
 from conftest import envoy_from_yaml
 from idemtest import describe, post, wait_for
