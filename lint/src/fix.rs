@@ -41,7 +41,9 @@ pub fn fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
         };
         let text = &ws.file(responses.file).text;
         let json = *json_files.entry(responses.file).or_insert_with(|| is_json(text));
-        if let Some(edit) = insertion(text, json, responses, &missing) {
+        // The description in the statement's language: a Chinese statement gets Chinese text.
+        let chinese = merged.as_ref().is_some_and(|m| m.origin == crate::statement::Origin::Section && !m.english);
+        if let Some(edit) = insertion(text, json, responses, &missing, chinese) {
             if !out.contains(&edit) {
                 out.push(edit);
             }
@@ -59,7 +61,13 @@ fn inside(inner: &At<'_>, outer: &At<'_>) -> bool {
 /// The new `responses` entry, in the map's own style: a JSON or YAML flow map gets `, "409": {…}`
 /// after its last entry (on a line of its own when the map spans lines); a YAML block map gets a
 /// line at its entries' indentation after the last one.
-fn insertion(text: &str, json_file: bool, responses: At<'_>, missing: &MissingStatus<'_>) -> Option<Edit> {
+fn insertion(
+    text: &str,
+    json_file: bool,
+    responses: At<'_>,
+    missing: &MissingStatus<'_>,
+    chinese: bool,
+) -> Option<Edit> {
     let map = responses.node;
     let entries = map.as_map()?;
     let (start, end) = (map.start as usize, map.end as usize);
@@ -67,9 +75,11 @@ fn insertion(text: &str, json_file: bool, responses: At<'_>, missing: &MissingSt
         entries.iter().filter(|e| (e.key_start as usize) >= start && (e.key_start as usize) < end).collect();
     let last = own.iter().max_by_key(|e| e.value.end)?;
     let first = own.iter().min_by_key(|e| e.key_start)?;
-    let description = match &missing.code {
-        Some(code) => format!("{code}: a repeat of a request already processed"),
-        None => "a repeat of a request already processed".to_string(),
+    let description = match (&missing.code, chinese) {
+        (Some(code), false) => format!("{code}: a repeat of a request already processed"),
+        (None, false) => "a repeat of a request already processed".to_string(),
+        (Some(code), true) => format!("{code}：重复请求（该请求已处理过）"),
+        (None, true) => "重复请求（该请求已处理过）".to_string(),
     };
     let flow = text.as_bytes().get(start) == Some(&b'{');
     let json = flow && text.as_bytes().get(first.key_start as usize) == Some(&b'"') && json_file;

@@ -55,7 +55,7 @@ fn yaml_block_map_with_comments_and_anchors() {
     let after = fixed("block", "openapi.yaml", &text);
     let want = text.replace(
         "        # more answers later\n",
-        "        # more answers later\n        '409': { description: \"DUPLICATE_REQUEST: a repeat of a request already processed\" }\n",
+        "        # more answers later\n        '409': { description: \"DUPLICATE_REQUEST：重复请求（该请求已处理过）\" }\n",
     );
     assert_eq!(after, want);
 }
@@ -67,7 +67,7 @@ fn yaml_flow_map() {
     );
     let after = fixed("flow", "openapi.yaml", &text);
     assert!(after.contains(
-        "responses: { '201': { description: created }, '409': { description: \"DUPLICATE_REQUEST: a repeat of a request already processed\" } }"
+        "responses: { '201': { description: created }, '409': { description: \"DUPLICATE_REQUEST：重复请求（该请求已处理过）\" } }"
     ), "{after}");
 }
 
@@ -78,7 +78,7 @@ fn minified_and_pretty_json() {
         r#"{{"openapi":"3.0.3","info":{{"title":"t","version":"1"}},"paths":{{"/orders":{{"post":{{"description":"{statement}","parameters":[{{"name":"Idempotency-Key","in":"header","schema":{{"type":"string"}}}}],"responses":{{"201":{{"description":"created"}}}}}}}}}}}}"#
     );
     let after = fixed("min", "openapi.json", &min);
-    assert!(after.contains(r#""responses":{"201":{"description":"created"},"409":{"description": "DUPLICATE_REQUEST: a repeat of a request already processed"}}"#), "{after}");
+    assert!(after.contains(r#""responses":{"201":{"description":"created"},"409":{"description": "DUPLICATE_REQUEST：重复请求（该请求已处理过）"}}"#), "{after}");
     assert_eq!(after.lines().count(), 1, "still one line");
     let pretty = serde_json::to_string_pretty(&serde_json::from_str::<serde_json::Value>(&min).unwrap()).unwrap();
     let after = fixed("pretty", "openapi.json", &pretty);
@@ -99,4 +99,18 @@ fn shared_responses_and_missing_statements_are_left_alone() {
     assert_eq!(o.status.code(), Some(1), "the findings stay");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--fix` writes in the statement's language: an English statement gets English text, a
+/// Chinese one Chinese (above).
+#[test]
+fn an_english_statement_gets_an_english_description() {
+    let text = "openapi: 3.0.3\ninfo: { title: t, version: \"1\" }\npaths:\n  /orders:\n    post:\n      description: \
+                \"### Idempotency\\n- Idempotent: yes\\n- Key: Idempotency-Key (header)\\n- Duplicate: 409 DUPLICATE_REQUEST\\n\"\n      \
+                parameters: [{ name: Idempotency-Key, in: header, schema: { type: string } }]\n      responses: { '201': { description: created } }\n";
+    let after = fixed("english", "openapi.yaml", text);
+    assert!(
+        after.contains("'409': { description: \"DUPLICATE_REQUEST: a repeat of a request already processed\" }"),
+        "{after}"
+    );
 }

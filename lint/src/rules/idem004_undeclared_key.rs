@@ -86,17 +86,32 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             }
         };
         if !found {
-            let what = match &part.location {
-                Some(KeyIn::Header) => "a header parameter",
-                Some(KeyIn::Query) => "a query parameter",
-                Some(KeyIn::Path) => "a path parameter",
-                Some(KeyIn::Body) => "a property of the request body schema",
-                _ => "a parameter or a request body property",
+            let param = |location: &str| {
+                format!(
+                    "declare it: `- {{ name: {name}, in: {location}, required: true, schema: {{ type: string }} }}`"
+                )
+            };
+            let (what, write) = match &part.location {
+                Some(KeyIn::Header) => ("a header parameter", param("header")),
+                Some(KeyIn::Query) => ("a query parameter", param("query")),
+                Some(KeyIn::Path) => {
+                    ("a path parameter", format!("put `{{{name}}}` in the path and {}", param("path")))
+                }
+                Some(KeyIn::Body) => (
+                    "a property of the request body schema",
+                    format!("add `{name}` to the request body schema's `properties`"),
+                ),
+                _ => (
+                    "a parameter or a request body property",
+                    "declare it where clients send it (a parameter, or a property of the request body schema), \
+                     and name that place in the statement"
+                        .to_string(),
+                ),
             };
             out.push(ctx.at(
                 &RULE,
                 &key.loc,
-                format!("idempotency key \"{name}\" is not declared by {}: it is not {what}", ctx.label()),
+                format!("idempotency key \"{name}\" is not declared by {}: it is not {what}; {write}", ctx.label()),
             ));
         }
     }

@@ -61,7 +61,12 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
         Some(f) if f.value.status.is_none() && f.value.class.is_none() => out.push(ctx.at(
             &RULE,
             &f.loc,
-            format!("the duplicate response of {} (\"{}\") names no HTTP status", ctx.label(), f.raw),
+            format!(
+                "the duplicate response of {} (\"{}\") names no HTTP status: {}",
+                ctx.label(),
+                f.raw,
+                st.hint("duplicate").replacen("add e.g.", "write the status before the code, e.g.", 1)
+            ),
         )),
         Some(_) => {}
     }
