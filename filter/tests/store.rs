@@ -123,25 +123,34 @@ fn a_store_of_another_shape_in_the_namespace_refuses_to_load() {
 /// first's read and its write. Both must end with one secret — with two, one key would land in
 /// two buckets and be claimed twice. (Envoy's shared data inserts an absent key whatever CAS is
 /// passed, so "set if absent" alone would let the first overwrite the second's.)
-#[test]
-fn workers_starting_together_agree_on_one_secret() {
-    let host = Arc::new(FakeHost::new(1_700_000_000_000));
-    let cfg = SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 1, namespace: None };
+const SECRET_KEY: &str = "idem:v1:default:secret";
+
+/// A first worker initialising its store while a second one runs all the way through just before
+/// the first's next write of the secret: the first worker's store, and the secret the second kept.
+fn second_worker_before_the_next_secret_write(host: &Arc<FakeHost>, cfg: &SharedConfig) -> (SharedStore, [u8; 16]) {
     let seen_by_second = Arc::new(std::sync::Mutex::new(None));
-    let (h, seen, c) = (Arc::clone(&host), Arc::clone(&seen_by_second), cfg.clone());
+    let (h, seen, c) = (Arc::clone(host), Arc::clone(&seen_by_second), cfg.clone());
     host.before_next_set(
-        "idem:v1:default:secret",
+        SECRET_KEY,
         Box::new(move || {
             let mut second = SharedStore::new(&c);
             second.initialise(&*h).unwrap();
             *seen.lock().unwrap() = Some(second.secret());
         }),
     );
-    let mut first = SharedStore::new(&cfg);
-    first.initialise(&*host).unwrap();
-    let second = seen_by_second.lock().unwrap().expect("the second worker started in between");
+    let mut first = SharedStore::new(cfg);
+    first.initialise(&**host).unwrap();
+    let second = seen_by_second.lock().unwrap().expect("the second worker ran before the first's write");
+    (first, second)
+}
+
+#[test]
+fn workers_starting_together_agree_on_one_secret() {
+    let host = Arc::new(FakeHost::new(1_700_000_000_000));
+    let cfg = SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 1, namespace: None };
+    let (first, second) = second_worker_before_the_next_secret_write(&host, &cfg);
     assert_eq!(first.secret(), second, "two secrets in one namespace");
-    assert_eq!(host.shared_get("idem:v1:default:secret").unwrap().map(|(v, _)| v), Some(second.to_vec()));
+    assert_eq!(host.shared_get(SECRET_KEY).unwrap().map(|(v, _)| v), Some(second.to_vec()));
     let mut third = SharedStore::new(&cfg);
     third.initialise(&*host).unwrap();
     assert_eq!(third.secret(), second, "a later worker reads the same secret");
@@ -810,23 +819,11 @@ mod replay_slots {
 fn a_worker_that_swaps_in_its_secret_after_another_did_reads_the_others() {
     for stored in [&b"-"[..], &b"short"[..]] {
         let host = Arc::new(FakeHost::new(1_700_000_000_000));
-        host.shared_set("idem:v1:default:secret", stored, None).unwrap();
+        host.shared_set(SECRET_KEY, stored, None).unwrap();
         let cfg = SharedConfig { buckets: 64, entries_per_bucket: 8, max_response_bytes: 1, namespace: None };
-        let seen_by_second = Arc::new(std::sync::Mutex::new(None));
-        let (h, seen, c) = (Arc::clone(&host), Arc::clone(&seen_by_second), cfg.clone());
-        host.before_next_set(
-            "idem:v1:default:secret",
-            Box::new(move || {
-                let mut second = SharedStore::new(&c);
-                second.initialise(&*h).unwrap();
-                *seen.lock().unwrap() = Some(second.secret());
-            }),
-        );
-        let mut first = SharedStore::new(&cfg);
-        first.initialise(&*host).unwrap();
-        let second = seen_by_second.lock().unwrap().expect("the second worker ran before the first's swap");
+        let (first, second) = second_worker_before_the_next_secret_write(&host, &cfg);
         assert_eq!(first.secret(), second, "two secrets in one namespace (stored {stored:?})");
-        let kept = host.shared_get("idem:v1:default:secret").unwrap().map(|(v, _)| v);
+        let kept = host.shared_get(SECRET_KEY).unwrap().map(|(v, _)| v);
         assert_eq!(kept, Some(second.to_vec()), "the second's secret is the one stored");
     }
 }

@@ -131,3 +131,12 @@ pub fn answers_with_duplicate(r: &RoutePolicy, spec_status: u16) -> bool {
         },
     }
 }
+
+/// The caller scope a route keys on: `[route.token] scope` for a token route, else
+/// `[route.key] scope` (IDEM107, IDEM108).
+pub fn route_scope(r: &RoutePolicy) -> &[idem_filter::policy::Source] {
+    match r.mode {
+        Mode::Token => &r.token.scope,
+        Mode::Key | Mode::Shadow => &r.key.scope,
+    }
+}

@@ -37,10 +37,10 @@
 //! (or the header) the callers really send. `idem-lint policies` writes the scope from the
 //! operation's security.
 
-use super::cross::{CrossFinding, PolicyCtx};
+use super::cross::{route_scope, CrossFinding, PolicyCtx};
 use super::{Rule, Severity};
 use crate::security::{caller, Caller};
-use idem_filter::policy::{Mode, Source};
+use idem_filter::policy::Source;
 
 /// IDEM107 scope-undeclared: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {
@@ -64,10 +64,7 @@ pub(super) fn scope_header(s: &Source) -> Option<String> {
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
         let route = ctx.routes[ri].route;
-        let scope = match route.mode {
-            Mode::Token => &route.token.scope,
-            Mode::Key | Mode::Shadow => &route.key.scope,
-        };
+        let scope = route_scope(route);
         let s = ctx.spans(ri);
         for &oi in matched {
             let op = &ctx.ops[oi];

@@ -29,10 +29,10 @@
 //! scope = ["metadata:envoy.filters.http.jwt_authn/jwt_payload/sub"]
 //! ```
 
-use super::cross::{CrossFinding, PolicyCtx};
+use super::cross::{route_scope, CrossFinding, PolicyCtx};
 use super::{Rule, Severity};
 use crate::security::{caller, Caller};
-use idem_filter::policy::{Mode, Source};
+use idem_filter::policy::Source;
 
 /// IDEM108 token-scoped-on-whole-header: its code, name, default severity and documentation (this file's `//!` comment).
 pub static RULE: Rule = Rule {
@@ -47,10 +47,7 @@ pub static RULE: Rule = Rule {
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
         let route = ctx.routes[ri].route;
-        let scope = match route.mode {
-            Mode::Token => &route.token.scope,
-            Mode::Key | Mode::Shadow => &route.key.scope,
-        };
+        let scope = route_scope(route);
         let whole = scope.iter().any(|p| matches!(p, Source::Header(h) if h.eq_ignore_ascii_case("authorization")));
         if !whole {
             continue;
