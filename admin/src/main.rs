@@ -15,6 +15,7 @@ mod http;
 mod on_redis;
 mod on_shared;
 mod resp;
+mod show;
 
 use clap::{Parser, Subcommand};
 use idem_filter::response::{rfc3339, StoredResponse};
@@ -25,7 +26,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "idem-admin", version, about = "List, release or resolve the unknown outcomes idem holds")]
+#[command(
+    name = "idem-admin",
+    version,
+    about = "Show what idem holds for a key; list, release or resolve the unknown outcomes it holds"
+)]
 struct Cli {
     /// The shared store: the filter's admin listener, http://host:port (its bearer secret in
     /// IDEM_ADMIN_SECRET). Without it, the Redis store (--redis).
@@ -47,6 +52,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// What the store holds for one client key: absent, claimed, completed (its status), or an
+    /// unknown outcome (held until when), with when it was first seen and its owner. The key's
+    /// identity is computed as the filter computes it, from the route's policy and what the
+    /// caller sends (its scope: the `Authorization` header by default).
+    Show {
+        /// The policy files (or directories of them) the route is in.
+        #[arg(long = "policy", value_name = "PATH", required = true)]
+        policies: Vec<std::path::PathBuf>,
+        /// The route's name.
+        #[arg(long)]
+        route: String,
+        /// The client's key (`Idempotency-Key`, the body field, …).
+        #[arg(long)]
+        key: String,
+        /// A header the caller sends, `name: value` (repeatable): the route's `header:` scope
+        /// parts, `Authorization` by default.
+        #[arg(long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// A value an Envoy filter verified, `filter/field/…=value` (a `metadata:` scope part).
+        #[arg(long = "metadata", value_name = "PATH=VALUE")]
+        metadata: Vec<String>,
+        /// The request's path (a `path:` scope part).
+        #[arg(long, default_value = "/")]
+        path: String,
+        /// The request's body (a `body:` or `form:` scope part).
+        #[arg(long)]
+        body_file: Option<std::path::PathBuf>,
+    },
     /// The unknown outcomes held now, oldest first (route, key prefix, when the first attempt
     /// was seen, when the hold ends, the store key, the owner that fences it).
     List,
@@ -140,6 +173,24 @@ impl Store {
         }
     }
 
+    /// What the store holds for the scoped id `id` (the admin listener's JSON, on either store).
+    fn show(&mut self, id: &[u8; 32]) -> Result<serde_json::Value, String> {
+        let hex = show::hex(id);
+        match self {
+            Store::Redis { con, url, prefix } => {
+                let store_key = format!("{prefix}k:{hex}");
+                let reply = con.call(&["GET", &store_key]).map_err(|e| format!("Redis at {}: {e}", redacted(url)))?;
+                let state = match reply.text() {
+                    None => operator::KeyState::Absent,
+                    Some(record) => operator::KeyState::of_record(&record, now_ms())
+                        .ok_or_else(|| format!("{store_key} holds a record that is not a claim: {record:.40}"))?,
+                };
+                Ok(state.to_json(&store_key))
+            }
+            Store::Shared(listener) => listener.show(&hex),
+        }
+    }
+
     fn change(&mut self, key: &str, owner: Option<&str>, answer: Option<&StoredResponse>) -> Result<Outcome, String> {
         let done = if answer.is_some() { "resolved" } else { "released" };
         match self {
@@ -162,8 +213,25 @@ impl Store {
 
 fn run(cli: &Cli) -> Result<ExitCode, String> {
     // Checked before connecting: a malformed key or answer is the operator's typo.
+    if let Command::Show { policies, route, key, headers, metadata, path, body_file } = &cli.command {
+        let policy = show::route(policies, route)?;
+        let caller = show::Caller {
+            method: "POST".into(),
+            path: path.clone(),
+            headers: show::headers(headers)?,
+            body: show::read_body(body_file.as_deref())?,
+            metadata: show::metadata(metadata)?,
+        };
+        let id = show::scoped_id(&policy, key, &caller)?;
+        let mut state = open(cli)?.show(&id)?;
+        state["route"] = route.as_str().into();
+        state["key"] = key.as_str().into();
+        state["scoped_id"] = show::hex(&id).into();
+        print_show(&state, cli.json);
+        return Ok(ExitCode::SUCCESS);
+    }
     let key = match &cli.command {
-        Command::List => None,
+        Command::Show { .. } | Command::List => None,
         Command::Release { store_key, .. } | Command::Resolve { store_key, .. } => Some(store_key),
     };
     if let Some(key) = key {
@@ -175,6 +243,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
     };
     let mut store = open(cli)?;
     match &cli.command {
+        Command::Show { .. } => Ok(ExitCode::SUCCESS),
         Command::List => {
             print_list(&store.list()?, cli.json);
             Ok(ExitCode::SUCCESS)
@@ -296,6 +365,45 @@ fn print_list(rows: &[Row], as_json: bool) {
         );
     }
     println!("{} unknown outcome{} held", rows.len(), if rows.len() == 1 { "" } else { "s" });
+}
+
+/// Prints what `show` found: the JSON, or one line per fact for people.
+fn print_show(state: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{state}");
+        return;
+    }
+    let text = |f: &str| state.get(f).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    // The key comes from the operator: shown escaped, as keys are in `list`.
+    println!("route {}, key {:?}", text("route"), text("key"));
+    let what = match text("state").as_str() {
+        "absent" => "absent: nothing held (never claimed, released, expired or evicted)".to_string(),
+        "claimed" => {
+            format!("claimed: a request holds it, its outcome not in yet (lease until {})", text("lease_ends_at"))
+        }
+        "completed" => {
+            let kept = if state.get("answer_kept").and_then(|v| v.as_bool()) == Some(true) {
+                "its answer stored"
+            } else {
+                "its status only (a tombstone: the answer was too large to keep)"
+            };
+            format!("completed: {} — {kept}", state.get("status").map(ToString::to_string).unwrap_or_default())
+        }
+        "unknown_outcome" => {
+            let asking = if state.get("looking_up").and_then(|v| v.as_bool()) == Some(true) {
+                "; a lookup is asking the service now"
+            } else {
+                ""
+            };
+            format!("unknown outcome: forwarded, no answer; held until {}{asking}", text("held_until"))
+        }
+        other => other.to_string(),
+    };
+    println!("  {what}");
+    if !text("first_seen_at").is_empty() {
+        println!("  first seen {}, owner {}", text("first_seen_at"), text("owner"));
+    }
+    println!("  store key {}  (scoped id {})", text("store_key"), text("scoped_id"));
 }
 
 /// Prints what a release or resolve did; exit 0 if it changed the key, 1 if not.

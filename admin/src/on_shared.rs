@@ -33,6 +33,11 @@ impl Listener {
             .collect())
     }
 
+    /// What the store holds for a scoped id (`GET /keys/<id>`).
+    pub fn show(&self, id_hex: &str) -> Result<Value, String> {
+        Ok(self.call("GET", &format!("/keys/{id_hex}"), None)?.1)
+    }
+
     pub fn release(&self, store_key: &str, owner: Option<&str>) -> Result<Outcome, String> {
         self.change(store_key, "release", owner, None)
     }

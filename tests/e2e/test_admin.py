@@ -337,3 +337,65 @@ def test_shared_malformed_calls_get_a_clear_answer(gw, method, path, body, statu
 def test_shared_the_cli_refuses_a_malformed_key_before_calling(gw):
     done = shared_admin(gw, "release", "s:1:../../etc")
     assert done.returncode == 2 and "is not a shared-store key" in done.stderr, done
+
+
+@pytest.mark.parametrize("store", ["redis", "shared"])
+def test_show_says_what_the_store_holds_for_a_clients_key(request, store, tmp_path):
+    """`idem-admin show --policy … --route R --key K --header 'Authorization: …'`: the operator's
+    question "what happened to this key?" — absent, claimed while the request runs, completed with
+    its status, an unknown outcome with its hold — computed from the route's policy and the
+    caller, on either store; another caller's same key is another key (issue 54)."""
+    policy = tmp_path / "policies.toml"
+    if store == "redis":
+        redis_stack = request.getfixturevalue("redis_stack")
+        env = request.getfixturevalue("fleet")[0]
+        policy.write_text(POLICY)
+        run = lambda *args: admin(redis_stack, *args)  # noqa: E731
+    else:
+        env = request.getfixturevalue("gw")
+        policy.write_text(SHARED_POLICY)
+        run = lambda *args: shared_admin(env, *args)  # noqa: E731
+
+    def show(key, route="a-order", auth=AUTH):
+        done = run("show", "--json", "--policy", str(policy), "--route", route, "--key", key,
+                   "--header", "Authorization: %s" % auth)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    fresh = new_key("show")
+    assert show(fresh)["state"] == "absent"
+    done = order(env, fresh)
+    assert done.status == 200, describe(done)
+    got = show(fresh)
+    assert (got["state"], got.get("status"), got.get("answer_kept")) == ("completed", 200, True), got
+    assert got["first_seen_at"].endswith("Z") and got["key"] == fresh and len(got["scoped_id"]) == 64, got
+    assert show(fresh, auth="Bearer another-merchant")["state"] == "absent", "another caller's key is another key"
+
+    # While the request runs: claimed, with its lease.
+    running = new_key("show-run")
+    t = threading.Thread(target=lambda: order(env, running, headers={"x-demo-delay-ms": "2000"}, path="/a/short"))
+    t.start()
+    try:
+        wait_for(lambda: show(running, route="a-short")["state"] == "claimed", 5, what="the claim")
+        got = show(running, route="a-short")
+        assert got["lease_ends_at"] > got["first_seen_at"] and len(got["owner"]) == 16, got
+    finally:
+        t.join(10)
+    wait_for(lambda: show(running, route="a-short")["state"] == "completed", 5, what="the completion")
+
+    # A first attempt that timed out at the gateway after it reached the service: held.
+    unknown = new_key("show-unknown")
+    first = order(env, unknown, headers={"x-demo-delay-ms": "1500"})
+    assert first.status == 504, describe(first)
+    wait_for(lambda: show(unknown)["state"] == "unknown_outcome", 5, what="the unknown outcome")
+    got = show(unknown)
+    assert got["held_until"] > got["first_seen_at"] and got["looking_up"] is False, got
+    assert got["store_key"] == store_key_of(env, unknown, store), "the store key the unknown_outcome line names"
+
+    # For people: one line per fact.
+    text = run("show", "--policy", str(policy), "--route", "a-order", "--key", fresh,
+               "--header", "Authorization: %s" % AUTH)
+    assert text.returncode == 0 and "completed: 200 — its answer stored" in text.stdout, text.stdout
+    # A caller the route needs and the operator did not give: the reason, not a guess.
+    bare = run("show", "--policy", str(policy), "--route", "a-order", "--key", fresh)
+    assert bare.returncode == 2 and "keeps keys per caller" in bare.stderr and "--header" in bare.stderr, bare.stderr

@@ -7,6 +7,7 @@
 //! | `GET /unknown` | 200, a JSON array: `store_key`, `route`, `key_prefix`, `owner`, `first_seen_at`, `held_until`, `looking_up` |
 //! | `POST /unknown/<store_key>/release[?owner=<hex>]` | 200 `released`; 404 `absent`; 409 `unchanged` |
 //! | `POST /unknown/<store_key>/resolve[?owner=<hex>]` with `{"status":201,"headers":[["n","v"]],"body":"…"}` | 200 `resolved`; 404; 409 |
+//! | `GET /keys/<scoped id, 64 hex>` | 200, what the key holds: `state` (`absent`, `claimed`, `completed`, `unknown_outcome`), `store_key`, `owner`, `first_seen_at`, and `lease_ends_at`, `status` and `answer_kept`, or `held_until` and `looking_up` |
 //!
 //! Malformed calls get 400 with what is wrong; a missing or wrong secret 401.
 
@@ -23,6 +24,34 @@ use serde_json::json;
 
 /// The largest resolve body read (an answer and its headers).
 pub(super) const MAX_ADMIN_BODY: usize = 1 << 20;
+
+/// `GET /keys/<id>`: what the store holds for a scoped id (`idem-admin show` computes it).
+fn inspect(host: &dyn Host, store: &SharedStore, method: &[u8], hex: &str) -> LocalReply {
+    if method != b"GET" {
+        return json_reply(405, "METHOD_NOT_ALLOWED", "GET /keys/<id> shows a key", &[]);
+    }
+    let mut id = [0u8; 32];
+    let parsed = hex.len() == 64
+        && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && id.iter_mut().enumerate().all(|(i, byte)| {
+            let pair = hex.get(2 * i..2 * i + 2).and_then(|p| u8::from_str_radix(p, 16).ok());
+            pair.map(|v| *byte = v).is_some()
+        });
+    if !parsed {
+        return json_reply(
+            400,
+            "BAD_ID",
+            "expected the key's scoped id: 64 lowercase hex digits (`idem-admin show` computes it)",
+            &[],
+        );
+    }
+    match store.inspect(host, &id) {
+        Ok((state, store_key)) => {
+            LocalReply::new(200, "application/json", state.to_json(&store_key).to_string().into_bytes())
+        }
+        Err(e) => json_reply(503, "STORE_ERROR", &format!("{e}"), &[]),
+    }
+}
 
 /// Answers one call of the admin listener: `head` holds the request's headers, `body` its body.
 pub(super) fn answer(host: &dyn Host, cfg: &AdminConfig, shared: &SharedConfig, head: &Headers, body: &[u8]) {
@@ -82,11 +111,14 @@ fn decide(host: &dyn Host, cfg: &AdminConfig, shared: &SharedConfig, head: &Head
             Err(e) => json_reply(503, "STORE_ERROR", &format!("{e}"), &[]),
         };
     }
+    if let Some(hex) = path.strip_prefix("/keys/") {
+        return inspect(host, &store, method, hex);
+    }
     let Some(rest) = path.strip_prefix("/unknown/") else {
         return json_reply(
             404,
             "NOT_FOUND",
-            "the admin listener serves GET /unknown and POST /unknown/<store_key>/release|resolve",
+            "the admin listener serves GET /unknown, POST /unknown/<store_key>/release|resolve and GET /keys/<id>",
             &[],
         );
     };

@@ -197,6 +197,32 @@ mod tests {
     }
 
     #[test]
+    fn a_records_state_is_what_the_operator_sees() {
+        let fp = [7u8; 32];
+        let state = |r: &str| KeyState::of_record(r, 1_700_000_000_500);
+        assert_eq!(
+            state(&format!("I|00000000000000ab|{}|1700000000000|1700000030000", fp_field(&fp))),
+            Some(KeyState::Claimed {
+                owner: "00000000000000ab".into(),
+                first_seen_ms: 1_700_000_000_000,
+                lease_ends_ms: 1_700_000_030_000
+            })
+        );
+        assert!(matches!(
+            state(&format!("T|00000000000000ab|{}|1700000000000|201", fp_field(&fp))),
+            Some(KeyState::Completed { status: 201, whole: false, .. })
+        ));
+        assert!(matches!(
+            state(&unknown(&fp)),
+            Some(KeyState::Unknown { held_until_ms: 1_700_086_400_000, looking_up: false, .. })
+        ));
+        let looking = format!("{}|1700000001000|", unknown(&fp));
+        assert!(matches!(state(&looking), Some(KeyState::Unknown { looking_up: true, .. })), "a lookup's lease runs");
+        assert_eq!(state("garbage"), None);
+        assert_eq!(KeyState::Absent.to_json("k")["state"], "absent");
+    }
+
+    #[test]
     fn an_unknown_record_is_read_and_nothing_else_is() {
         let fp = [7u8; 32];
         let held = held(&unknown(&fp)).unwrap();
@@ -263,6 +289,71 @@ mod tests {
             "idem:k:../x".into(),
         ] {
             assert!(!is_claim_key("idem:", &bad), "{bad}");
+        }
+    }
+}
+
+/// What a key holds, as an operator asks about one key (`idem-admin show`, the admin listener's
+/// `GET /keys/<id>`), on either store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// Nothing: never claimed, released, expired, or evicted.
+    Absent,
+    /// A request holds it and its outcome is not in yet.
+    Claimed { owner: String, first_seen_ms: u64, lease_ends_ms: u64 },
+    /// An answer is stored (`whole`: the answer itself; else only its status, a tombstone).
+    Completed { owner: String, first_seen_ms: u64, status: u16, whole: bool },
+    /// Forwarded with no answer: held until `held_until_ms`; `looking_up`: a lookup asks now.
+    Unknown { owner: String, first_seen_ms: u64, held_until_ms: u64, looking_up: bool },
+}
+
+impl KeyState {
+    /// A Redis claim record's state at `now_ms` (`None` for an unreadable one).
+    pub fn of_record(record: &str, now_ms: u64) -> Option<KeyState> {
+        let f: Vec<&str> = record.splitn(7, '|').collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+        let owner = f.get(1)?.to_string();
+        Some(match *f.first()? {
+            "I" => KeyState::Claimed { owner, first_seen_ms: num(3)?, lease_ends_ms: num(4)? },
+            "C" | "T" => KeyState::Completed {
+                owner,
+                first_seen_ms: num(3)?,
+                status: u16::try_from(num(4)?).ok()?,
+                whole: f[0] == "C",
+            },
+            "U" => {
+                let held = held(record)?;
+                let looking_up = held.lookup_lease_ms.is_some_and(|lease| lease > now_ms);
+                KeyState::Unknown {
+                    owner,
+                    first_seen_ms: held.first_seen_ms,
+                    held_until_ms: held.held_until_ms,
+                    looking_up,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// The state as the admin listener answers it (times in RFC 3339).
+    pub fn to_json(&self, store_key: &str) -> serde_json::Value {
+        use crate::response::rfc3339;
+        use serde_json::json;
+        match self {
+            KeyState::Absent => json!({"store_key": store_key, "state": "absent"}),
+            KeyState::Claimed { owner, first_seen_ms, lease_ends_ms } => json!({
+                "store_key": store_key, "state": "claimed", "owner": owner,
+                "first_seen_at": rfc3339(*first_seen_ms), "lease_ends_at": rfc3339(*lease_ends_ms),
+            }),
+            KeyState::Completed { owner, first_seen_ms, status, whole } => json!({
+                "store_key": store_key, "state": "completed", "owner": owner, "status": status,
+                "first_seen_at": rfc3339(*first_seen_ms), "answer_kept": whole,
+            }),
+            KeyState::Unknown { owner, first_seen_ms, held_until_ms, looking_up } => json!({
+                "store_key": store_key, "state": "unknown_outcome", "owner": owner,
+                "first_seen_at": rfc3339(*first_seen_ms), "held_until": rfc3339(*held_until_ms),
+                "looking_up": looking_up,
+            }),
         }
     }
 }

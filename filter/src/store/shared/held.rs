@@ -7,7 +7,7 @@
 use super::{lookup_out, Edit, Entry, SharedStore, State, ENTRY_LEN, SLOT_ANSWER};
 use crate::host::Host;
 use crate::response::StoredResponse;
-use crate::store::operator::{Change, HeldNote, RecordKind};
+use crate::store::operator::{Change, HeldNote, KeyState, RecordKind};
 use crate::store::text::{push_decimal, push_hex};
 use crate::store::StoreError;
 
@@ -114,6 +114,50 @@ impl SharedStore {
             Some((key, note)) if *key == store_key(b, id) => Ok(HeldNote::decode(note)),
             _ => Ok(None),
         }
+    }
+
+    /// What the store holds for the scoped id `id` now (read only), and the entry's store key
+    /// (`s:<bucket>:<id>`, the bucket the id falls in when absent).
+    pub fn inspect(&self, host: &dyn Host, id: &[u8; 32]) -> Result<(KeyState, String), StoreError> {
+        // An attached store knows the shape, not the secret a key's bucket depends on: read it.
+        let mut secret = [0u8; 16];
+        match host.shared_get(&self.secret_key())? {
+            Some((v, _)) if v.len() == 16 => secret.copy_from_slice(&v),
+            _ => return Err(StoreError::Missing(self.secret_key())),
+        }
+        let located = SharedStore { buckets: self.buckets, entries: self.entries, prefix: self.prefix.clone(), secret };
+        let (b, short) = located.locate(id);
+        let now = host.now_ms();
+        let (entries, _) = self.read(host, b)?;
+        for (i, e) in entries.iter().enumerate() {
+            if e.id != short || e.state == State::Empty {
+                continue;
+            }
+            let (seen, _) = self.settled(host, b, i, e)?;
+            if !seen.live(now) {
+                continue;
+            }
+            let owner = format!("{:016x}", seen.owner);
+            let first_seen_ms = seen.first_seen_ms;
+            let state = match seen.state {
+                State::InFlight => KeyState::Claimed { owner, first_seen_ms, lease_ends_ms: seen.lease_end_ms },
+                State::Completed | State::Tombstone => KeyState::Completed {
+                    owner,
+                    first_seen_ms,
+                    status: seen.status,
+                    whole: seen.state == State::Completed,
+                },
+                State::Unknown => KeyState::Unknown {
+                    owner,
+                    first_seen_ms,
+                    held_until_ms: seen.until_ms,
+                    looking_up: lookup_out(seen.status, now),
+                },
+                State::Issued | State::Used | State::Empty => continue,
+            };
+            return Ok((state, store_key(b, &short)));
+        }
+        Ok((KeyState::Absent, store_key(b, &short)))
     }
 
     /// Every unknown outcome held now, oldest first.
