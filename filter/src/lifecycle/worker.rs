@@ -274,8 +274,13 @@ impl Worker {
     /// Counts and logs a verdict (one log line per interception).
     pub(super) fn record(&self, host: &dyn Host, route: RouteId, v: &Verdict) {
         self.count(host, route, v.outcome);
-        let quiet = matches!(v.outcome, Outcome::Forwarded | Outcome::TokenConsumed | Outcome::TokenIssued)
-            || matches!(v.action, Action::Wait { .. });
+        // The common case is quiet (a first request, a token): a held duplicate taking the key
+        // over is forwarded too, and worth a line.
+        let quiet = match v.outcome {
+            Outcome::Forwarded => v.cause == "first",
+            Outcome::TokenConsumed | Outcome::TokenIssued => true,
+            _ => matches!(v.action, Action::Wait { .. }),
+        };
         let level = if quiet { Level::Debug } else { Level::Info };
         if !self.enabled(level) {
             return;
