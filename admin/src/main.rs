@@ -227,6 +227,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
         state["route"] = route.as_str().into();
         state["key"] = key.as_str().into();
         state["scoped_id"] = show::hex(&id).into();
+        state["key_digest"] = idem_filter::key::key_digest(route, key).into();
         print_show(&state, cli.json);
         return Ok(ExitCode::SUCCESS);
     }
@@ -404,6 +405,7 @@ fn print_show(state: &serde_json::Value, as_json: bool) {
         println!("  first seen {}, owner {}", text("first_seen_at"), text("owner"));
     }
     println!("  store key {}  (scoped id {})", text("store_key"), text("scoped_id"));
+    println!("  its log lines: key_digest={}", text("key_digest"));
 }
 
 /// Prints what a release or resolve did; exit 0 if it changed the key, 1 if not.

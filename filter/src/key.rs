@@ -194,6 +194,17 @@ fn body_key(body: Option<&[u8]>, pointer: &str) -> Result<Option<String>, KeyErr
     }
 }
 
+/// A digest of a route's key for log lines (12 hex digits): a line and a key an operator holds
+/// (`idem-admin show` prints the same) can be matched without the line holding the whole key.
+/// The caller's scope is not in it: the same key of two callers has one digest.
+pub fn key_digest(route: &str, key: &str) -> String {
+    let mut h = Sha256::new();
+    put(&mut h, b"idem-log-digest");
+    put(&mut h, route.as_bytes());
+    put(&mut h, key.as_bytes());
+    h.finalize().iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
 /// The stored identity of a claim: SHA-256 over the route, the caller scope and the key.
 /// Raw keys never reach the store, and the same key from another caller is another claim.
 ///

@@ -549,6 +549,8 @@ fn a_poll_that_finds_the_key_free_gives_it_to_one_held_duplicate() {
     assert_eq!(count(&host, "r", "forwarded"), 2, "the first request and the one that took over");
     let line = host.logs().into_iter().find(|(_, l)| l.contains("cause=took_over_after_wait"));
     assert!(matches!(line, Some((idem_filter::host::Level::Info, _))), "a takeover is logged at info: {line:?}");
+    let digest = idem_filter::key::key_digest("r", "k1");
+    assert!(line.unwrap().1.ends_with(&format!("key=k1 cause=took_over_after_wait key_digest={digest}")));
 }
 
 #[test]

@@ -391,6 +391,11 @@ def test_show_says_what_the_store_holds_for_a_clients_key(request, store, tmp_pa
     got = show(unknown)
     assert got["held_until"] > got["first_seen_at"] and got["looking_up"] is False, got
     assert got["store_key"] == store_key_of(env, unknown, store), "the store key the unknown_outcome line names"
+    # The gateway's log lines carry the key's digest, which show prints: a line and a key are
+    # matched without the line holding the whole key.
+    digest = got["key_digest"]
+    assert len(digest) == 12 and unknown not in env.log_text(), "the whole key is never logged"
+    assert "key_digest=%s" % digest in env.log_text(), "the held line of the key names its digest"
 
     # For people: one line per fact.
     text = run("show", "--policy", str(policy), "--route", "a-order", "--key", fresh,

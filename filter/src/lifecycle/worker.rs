@@ -285,9 +285,21 @@ impl Worker {
         if !self.enabled(level) {
             return;
         }
-        let key = v.key.as_deref().map(truncated).unwrap_or_else(|| "-".into());
-        let line = format!("idem: {} route={} key={} cause={}", v.outcome.name(), self.route_name(route), key, v.cause);
-        host.log(level, &line);
+        host.log(level, &self.decision_line(v.outcome, route, v.key.as_deref(), &v.cause));
+    }
+
+    /// `idem: <outcome> route=… key=<first 8 characters>… cause=… key_digest=…`: one line per
+    /// decision or finish. The digest ([`crate::key::key_digest`], which `idem-admin show` prints)
+    /// matches a line to a key without the line holding the whole key.
+    fn decision_line(&self, outcome: Outcome, route: RouteId, key: Option<&str>, cause: &str) -> String {
+        let name = self.route_name(route);
+        let shown = key.map(truncated).unwrap_or_else(|| "-".into());
+        let mut line = format!("idem: {} route={name} key={shown} cause={cause}", outcome.name());
+        if let Some(k) = key {
+            line.push_str(" key_digest=");
+            line.push_str(&crate::key::key_digest(name, k));
+        }
+        line
     }
 
     /// The decision for Envoy's access log: one filter state, `wasm.idem` (one host call where a
@@ -326,8 +338,7 @@ impl Worker {
             Outcome::WriteRetried | Outcome::LeaseLost => Level::Warn,
             _ => Level::Info,
         };
-        let key = key.map(truncated).unwrap_or_else(|| "-".into());
-        host.log(level, &format!("idem: {} route={} key={} cause={}", o.name(), self.route_name(route), key, cause));
+        host.log(level, &self.decision_line(o, route, key, cause));
     }
 
     // ---- the store

@@ -246,6 +246,7 @@ impl Worker {
         let mut line = serde_json::Map::new();
         line.insert("route".into(), self.route_name(route).into());
         line.insert("key_prefix".into(), key.map(crate::key::truncated).into());
+        line.insert("key_digest".into(), key.map(|k| crate::key::key_digest(self.route_name(route), k)).into());
         line.insert("store".into(), store.into());
         line.insert("store_key".into(), store_key.into());
         line.insert("first_seen_at".into(), crate::response::rfc3339(first_seen_ms).into());
