@@ -5,43 +5,13 @@
 //! `Authorization` of a default scope —, a body field, verified token metadata), then looked up.
 
 use idem_filter::policy::{parse_bundle_all, Bundle, RoutePolicy};
-use idem_filter::request::RequestView;
 use std::path::{Path, PathBuf};
 
 /// A value an Envoy filter verified: its metadata path (`filter/field/…`) and the value.
 pub type Verified = (Vec<String>, Vec<u8>);
 
 /// The request a client sends, as far as the key's identity goes.
-pub struct Caller {
-    pub method: String,
-    pub path: String,
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Option<Vec<u8>>,
-    /// `filter/field/…` → value: what an Envoy filter verified (`metadata:` scopes).
-    pub metadata: Vec<Verified>,
-}
-
-impl RequestView for Caller {
-    fn method(&self) -> &str {
-        &self.method
-    }
-    fn path(&self) -> &str {
-        &self.path
-    }
-    fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice()).collect()
-    }
-    fn body(&self) -> Option<&[u8]> {
-        self.body.as_deref()
-    }
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        let rest = path.strip_prefix(&["metadata", "filter_metadata"])?;
-        self.metadata
-            .iter()
-            .find(|(p, _)| p.iter().map(String::as_str).eq(rest.iter().copied()))
-            .map(|(_, v)| v.clone())
-    }
-}
+pub type Caller = idem_filter::request::PlainRequest;
 
 /// The policy files of `paths` (a directory: its `*.toml`, sorted), each parsed as the filter
 /// does; a route file that leaves `[redis]` to another file is read with a stand-in table (the

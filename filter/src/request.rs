@@ -37,6 +37,63 @@ pub trait RequestView {
     }
 }
 
+/// A request held as plain parts: what a client sends, as far as keys and scopes go. The
+/// operator's tool computes a key's identity from one (`idem-admin show`), and the core's tests
+/// build their requests with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlainRequest {
+    pub method: String,
+    pub path: String,
+    /// Names in lower case, values as bytes.
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Option<Vec<u8>>,
+    /// Values an Envoy filter verified, by metadata path (`filter`, `field`, …).
+    pub metadata: Vec<(Vec<String>, Vec<u8>)>,
+}
+
+impl PlainRequest {
+    /// A `POST` of `path`, without headers or body.
+    pub fn post(path: &str) -> Self {
+        PlainRequest { method: "POST".into(), path: path.into(), ..Default::default() }
+    }
+    pub fn header(self, name: &str, value: &str) -> Self {
+        self.raw_header(name, value.as_bytes())
+    }
+    /// A header value as bytes, not necessarily UTF-8 (what Envoy hands over).
+    pub fn raw_header(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.to_vec()));
+        self
+    }
+    /// The `Idempotency-Key` header.
+    pub fn key(self, key: &str) -> Self {
+        self.header("idempotency-key", key)
+    }
+    pub fn body(mut self, body: &str) -> Self {
+        self.body = Some(body.as_bytes().to_vec());
+        self
+    }
+}
+
+impl RequestView for PlainRequest {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice()).collect()
+    }
+    fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref()
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        let rest = path.strip_prefix(&["metadata", "filter_metadata"])?;
+        let found = self.metadata.iter().find(|(p, _)| p.iter().map(String::as_str).eq(rest.iter().copied()));
+        found.map(|(_, v)| v.clone())
+    }
+}
+
 /// An Item-typed header (the IETF `Idempotency-Key`, our token header): sent once, UTF-8, a
 /// bare token or an sf-string. Two values are ambiguous — the gateway and the upstream
 /// framework could each pick another one — so they are refused, as is a comma-joined list.

@@ -1,53 +1,10 @@
 //! Shared test helpers: a request the core can read.
 #![allow(dead_code)]
 
-use idem_filter::key::RequestView;
-
 pub mod webdis;
 
-#[derive(Clone, Default)]
-pub struct Req {
-    pub method: String,
-    pub path: String,
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Option<Vec<u8>>,
-}
-
-impl Req {
-    pub fn post(path: &str) -> Self {
-        Req { method: "POST".into(), path: path.into(), ..Default::default() }
-    }
-    pub fn header(self, name: &str, value: &str) -> Self {
-        self.raw_header(name, value.as_bytes())
-    }
-    /// A header value as bytes, not necessarily UTF-8 (what Envoy hands over).
-    pub fn raw_header(mut self, name: &str, value: &[u8]) -> Self {
-        self.headers.push((name.to_ascii_lowercase(), value.to_vec()));
-        self
-    }
-    pub fn key(self, key: &str) -> Self {
-        self.header("idempotency-key", key)
-    }
-    pub fn body(mut self, body: &str) -> Self {
-        self.body = Some(body.as_bytes().to_vec());
-        self
-    }
-}
-
-impl RequestView for Req {
-    fn method(&self) -> &str {
-        &self.method
-    }
-    fn path(&self) -> &str {
-        &self.path
-    }
-    fn header_values(&self, name: &str) -> Vec<&[u8]> {
-        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice()).collect()
-    }
-    fn body(&self) -> Option<&[u8]> {
-        self.body.as_deref()
-    }
-}
+/// A request the core can read (the filter's own plain request, with its builder).
+pub type Req = idem_filter::request::PlainRequest;
 
 /// Decodes a Webdis command (`CMD/arg/…`, each argument percent-encoded) for reading in asserts.
 pub fn percent_decode(s: &str) -> String {
