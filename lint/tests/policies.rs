@@ -78,7 +78,7 @@ fn every_policy_rule_fires_on_its_bad_fixtures_at_the_expected_places() {
     let rules: Vec<_> = RULES.iter().filter(|r| r.checks_policies()).collect();
     assert_eq!(
         rules.iter().map(|r| r.code).collect::<Vec<_>>(),
-        ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106", "IDEM107", "IDEM108"]
+        ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106", "IDEM107", "IDEM108", "IDEM109"]
     );
     for rule in rules {
         let bad = cases(rule.code, "bad");
@@ -105,7 +105,12 @@ fn every_policy_rule_stays_quiet_on_its_good_twin() {
         let good = cases(rule.code, "good");
         assert!(!good.is_empty(), "{}: no good fixture", rule.code);
         for case in good {
-            let got = findings_in(&case, None);
+            // A twin is about its own rule; the gateway's own answers (IDEM109) are documented
+            // only in IDEM109's twins.
+            let got: Vec<String> = findings_in(&case, None)
+                .into_iter()
+                .filter(|f| rule.code == "IDEM109" || !f.starts_with("IDEM109 "))
+                .collect();
             assert!(got.is_empty(), "{}: {got:#?}", case.display());
         }
     }
@@ -115,7 +120,7 @@ fn every_policy_rule_stays_quiet_on_its_good_twin() {
 fn policy_rules_are_listed_and_explained() {
     let o = run_in(&root(), &["rules"]);
     let out = stdout(&o);
-    for code in ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106", "IDEM107", "IDEM108"] {
+    for code in ["IDEM101", "IDEM102", "IDEM103", "IDEM104", "IDEM105", "IDEM106", "IDEM107", "IDEM108", "IDEM109"] {
         assert!(out.lines().any(|l| l.starts_with(code)), "{code} not listed:\n{out}");
         let doc = stdout(&run_in(&root(), &["--explain", code]));
         assert!(doc.starts_with(code), "{doc}");

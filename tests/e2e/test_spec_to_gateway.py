@@ -35,7 +35,9 @@ paths:
         - { name: Idempotency-Key, in: header, required: true, schema: { type: string } }
       responses:
         '200': { description: the refund }
-        '409': { description: DUPLICATE_REQUEST }
+        '400': { description: "IDEMPOTENCY_KEY_MISSING / IDEMPOTENCY_SCOPE_MISSING" }
+        '409': { description: "DUPLICATE_REQUEST / REQUEST_IN_PROGRESS / IDEMPOTENCY_OUTCOME_UNKNOWN" }
+        '422': { description: IDEMPOTENCY_KEY_REUSED }
   /refunds/{refund_id}/cancel:
     post:
       operationId: cancelRefund
@@ -49,7 +51,9 @@ paths:
         - { name: refund_id, in: path, required: true, schema: { type: string } }
       responses:
         '200': { description: cancelled }
-        '409': { description: DUPLICATE_REQUEST }
+        '400': { description: "IDEMPOTENCY_KEY_MISSING / IDEMPOTENCY_SCOPE_MISSING" }
+        '409': { description: "DUPLICATE_REQUEST / REQUEST_IN_PROGRESS / IDEMPOTENCY_OUTCOME_UNKNOWN" }
+        '422': { description: IDEMPOTENCY_KEY_REUSED }
   /refunds/notify:
     post:
       operationId: refundNotify
@@ -71,6 +75,9 @@ paths:
                 amount: { type: number }
       responses:
         '200': { description: SUCCESS }
+        '400': { description: IDEMPOTENCY_KEY_MISSING }
+        '409': { description: "REQUEST_IN_PROGRESS / IDEMPOTENCY_OUTCOME_UNKNOWN" }
+        '422': { description: IDEMPOTENCY_KEY_REUSED }
 """
 
 

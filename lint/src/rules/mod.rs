@@ -35,6 +35,7 @@ pub mod idem105_token_undocumented;
 pub mod idem106_policy_on_non_idempotent;
 pub mod idem107_scope_undeclared;
 pub mod idem108_token_scoped_on_whole_header;
+pub mod idem109_gateway_answers_undocumented;
 
 /// One finding before severities and suppressions are applied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -170,7 +171,7 @@ impl Rule {
     }
 }
 
-pub static RULES: [&Rule; 20] = [
+pub static RULES: [&Rule; 21] = [
     &idem001_missing_statement::RULE,
     &idem002_idempotent_unstated::RULE,
     &idem003_missing_key::RULE,
@@ -191,6 +192,7 @@ pub static RULES: [&Rule; 20] = [
     &idem106_policy_on_non_idempotent::RULE,
     &idem107_scope_undeclared::RULE,
     &idem108_token_scoped_on_whole_header::RULE,
+    &idem109_gateway_answers_undocumented::RULE,
 ];
 
 pub fn find(code: &str) -> Option<&'static Rule> {
