@@ -1,13 +1,15 @@
 //! `idem-lint --fix`: mechanical repairs only, as text insertions that keep the file's
-//! formatting and comments. Today one: a duplicate status the statement names but the
-//! operation's `responses` lacks (IDEM006) is added as a one-line entry whose description names
-//! the duplicate code. Nothing is invented: an operation without a statement stays IDEM001, a
-//! code missing from an existing response stays a finding.
+//! formatting and comments, in the statement's language. A duplicate status the statement names
+//! but the operation's `responses` lacks (IDEM006) is added as a one-line entry whose description
+//! names the duplicate code; with `--policies`, so are the statuses of the gateway's own answers
+//! the policy gives on the operation (IDEM109), one entry per status naming its codes. Nothing is
+//! invented: an operation without a statement stays IDEM001, a code missing from an existing
+//! response stays a finding.
 
 use crate::config::Config;
 use crate::loader::{At, Workspace};
 use crate::model::operations;
-use crate::rules::idem006_duplicate_not_in_responses::{missing_status, MissingStatus};
+use crate::rules::idem006_duplicate_not_in_responses::missing_status;
 use crate::rules::Ctx;
 use crate::statement::statements;
 
@@ -43,7 +45,8 @@ pub fn fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
         let json = *json_files.entry(responses.file).or_insert_with(|| is_json(text));
         // The description in the statement's language: a Chinese statement gets Chinese text.
         let chinese = merged.as_ref().is_some_and(|m| m.origin == crate::statement::Origin::Section && !m.english);
-        if let Some(edit) = insertion(text, json, responses, &missing, chinese) {
+        let description = duplicate_text(missing.code.as_deref(), chinese);
+        if let Some(edit) = insertion(text, json, responses, missing.status, &description) {
             if !out.contains(&edit) {
                 out.push(edit);
             }
@@ -51,6 +54,122 @@ pub fn fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
     }
     out.sort_by_key(|e| (e.file, e.at));
     out
+}
+
+/// With `--policies`: the responses the gateway's own answers need on each operation a key-mode
+/// policy protects (IDEM109) and that its `responses` lack altogether, added with the codes in
+/// the statement's language. A status that is there without the code is left as it is (its
+/// description is the author's): it stays a finding. Where IDEM006 adds the duplicate status to
+/// the same map, the entry is written here once, with both ([`merge_gateway_answers`] drops
+/// IDEM006's edit at the same place).
+pub fn gateway_answer_fixes(ctx: &crate::rules::cross::PolicyCtx<'_>, cfg: &Config) -> Vec<Edit> {
+    use crate::rules::idem109_gateway_answers_undocumented::missing_answers;
+    let mut out: Vec<Edit> = Vec::new();
+    if cfg.severity("IDEM109").is_none() {
+        return out;
+    }
+    for (ri, matched) in ctx.matches.iter().enumerate() {
+        let route = ctx.routes[ri].route;
+        for &oi in matched {
+            let op = &ctx.ops[oi];
+            let ws = &ctx.workspaces[op.ws];
+            let Some(responses) = op.op.responses.filter(|r| inside(r, &op.op.at)) else {
+                continue;
+            };
+            let present =
+                |status: u16| responses.node.as_map().is_some_and(|m| m.iter().any(|e| e.key == status.to_string()));
+            let mut by_status: Vec<(u16, Vec<&str>)> = Vec::new();
+            for (status, code) in missing_answers(ws, &op.op, route) {
+                if present(status) {
+                    continue;
+                }
+                match by_status.iter_mut().find(|(s, _)| *s == status) {
+                    Some((_, codes)) => codes.push(code),
+                    None => by_status.push((status, vec![code])),
+                }
+            }
+            if by_status.is_empty() {
+                continue;
+            }
+            let st = statements(ws, &op.op, &cfg.section_titles, true);
+            let statement = st.merged();
+            let chinese =
+                statement.as_ref().is_some_and(|m| m.origin == crate::statement::Origin::Section && !m.english);
+            // The duplicate status IDEM006 would add to this same map: written here, once.
+            let c = Ctx { ws, op: &op.op, statements: &st, merged: statement.as_ref() };
+            let duplicate = missing_status(&c)
+                .filter(|m| m.responses.is_some_and(|r| r.node.start == responses.node.start) && !present(m.status));
+            if let Some(d) = &duplicate {
+                if !by_status.iter().any(|(s, _)| *s == d.status) {
+                    by_status.push((d.status, Vec::new()));
+                }
+            }
+            let text = &ws.file(responses.file).text;
+            let json = is_json(text);
+            let mut merged: Option<Edit> = None;
+            for (status, codes) in by_status {
+                let described: Vec<String> = codes.iter().map(|c| gateway_answer_text(c, chinese)).collect();
+                let lead = if chinese { "网关应答：" } else { "The gateway's answer: " };
+                let answers = format!("{lead}{}", described.join(" / "));
+                let description = match &duplicate {
+                    Some(d) if d.status == status && codes.is_empty() => duplicate_text(d.code.as_deref(), chinese),
+                    Some(d) if d.status == status => {
+                        let sep = if chinese { "；" } else { "; " };
+                        format!("{}{sep}{answers}", duplicate_text(d.code.as_deref(), chinese))
+                    }
+                    _ => answers,
+                };
+                let Some(edit) = insertion(text, json, responses, status, &description) else {
+                    continue;
+                };
+                merged = Some(match merged {
+                    Some(m) if m.at == edit.at => Edit { text: m.text + &edit.text, ..m },
+                    Some(m) => {
+                        out.push(m);
+                        edit
+                    }
+                    None => edit,
+                });
+            }
+            out.extend(merged.filter(|e| !out.contains(e)));
+        }
+    }
+    out.sort_by_key(|e| (e.file, e.at));
+    out
+}
+
+/// The description of an added duplicate response (IDEM006).
+fn duplicate_text(code: Option<&str>, chinese: bool) -> String {
+    match (code, chinese) {
+        (Some(code), false) => format!("{code}: a repeat of a request already processed"),
+        (None, false) => "a repeat of a request already processed".to_string(),
+        (Some(code), true) => format!("{code}：重复请求（该请求已处理过）"),
+        (None, true) => "重复请求（该请求已处理过）".to_string(),
+    }
+}
+
+/// One of the gateway's answers, for a client reading the spec.
+fn gateway_answer_text(code: &str, chinese: bool) -> String {
+    let what = match (code, chinese) {
+        ("REQUEST_IN_PROGRESS", false) => "the first request with this key is still running; retry shortly",
+        ("REQUEST_IN_PROGRESS", true) => "同一幂等键的首次请求仍在处理中，稍后重试",
+        ("IDEMPOTENCY_OUTCOME_UNKNOWN", false) => {
+            "the first request's outcome is unknown; check it before sending new work"
+        }
+        ("IDEMPOTENCY_OUTCOME_UNKNOWN", true) => "首次请求已转发但结果未知，先核实，切勿换新键重试",
+        ("IDEMPOTENCY_KEY_REUSED", false) => "the key was used with another request",
+        ("IDEMPOTENCY_KEY_REUSED", true) => "同一幂等键用于不同的请求",
+        ("IDEMPOTENCY_KEY_MISSING", false) => "no idempotency key",
+        ("IDEMPOTENCY_KEY_MISSING", true) => "缺少幂等键",
+        ("IDEMPOTENCY_SCOPE_MISSING", false) => "no caller identity",
+        ("IDEMPOTENCY_SCOPE_MISSING", true) => "缺少调用方身份",
+        _ => "",
+    };
+    if chinese {
+        format!("{code}（{what}）")
+    } else {
+        format!("{code} ({what})")
+    }
 }
 
 /// Whether `inner` is written within `outer`'s text (not pulled in by reference or alias).
@@ -61,13 +180,7 @@ fn inside(inner: &At<'_>, outer: &At<'_>) -> bool {
 /// The new `responses` entry, in the map's own style: a JSON or YAML flow map gets `, "409": {…}`
 /// after its last entry (on a line of its own when the map spans lines); a YAML block map gets a
 /// line at its entries' indentation after the last one.
-fn insertion(
-    text: &str,
-    json_file: bool,
-    responses: At<'_>,
-    missing: &MissingStatus<'_>,
-    chinese: bool,
-) -> Option<Edit> {
+fn insertion(text: &str, json_file: bool, responses: At<'_>, status: u16, description: &str) -> Option<Edit> {
     let map = responses.node;
     let entries = map.as_map()?;
     let (start, end) = (map.start as usize, map.end as usize);
@@ -75,12 +188,6 @@ fn insertion(
         entries.iter().filter(|e| (e.key_start as usize) >= start && (e.key_start as usize) < end).collect();
     let last = own.iter().max_by_key(|e| e.value.end)?;
     let first = own.iter().min_by_key(|e| e.key_start)?;
-    let description = match (&missing.code, chinese) {
-        (Some(code), false) => format!("{code}: a repeat of a request already processed"),
-        (None, false) => "a repeat of a request already processed".to_string(),
-        (Some(code), true) => format!("{code}：重复请求（该请求已处理过）"),
-        (None, true) => "重复请求（该请求已处理过）".to_string(),
-    };
     let flow = text.as_bytes().get(start) == Some(&b'{');
     let json = flow && text.as_bytes().get(first.key_start as usize) == Some(&b'"') && json_file;
     let quote = match text.as_bytes().get(first.key_start as usize) {
@@ -88,11 +195,11 @@ fn insertion(
         Some(b'\'') => "'",
         _ => "",
     };
-    let key = format!("{quote}{}{quote}", missing.status);
+    let key = format!("{quote}{status}{quote}");
     let value = if json {
-        format!("{{\"description\": {}}}", json_string(&description))
+        format!("{{\"description\": {}}}", json_string(description))
     } else {
-        format!("{{ description: {} }}", json_string(&description))
+        format!("{{ description: {} }}", json_string(description))
     };
     // A span may end past the whitespace that follows its value.
     let at = text.get(..last.value.end as usize).map_or(last.value.end as usize, |t| t.trim_end().len());
@@ -159,4 +266,13 @@ pub fn unified_diff(name: &str, old: &str, new: &str) -> String {
         .context_radius(3)
         .header(&format!("a/{name}"), &format!("b/{name}"))
         .to_string()
+}
+
+/// `--fix` with `--policies`: the IDEM006 edits and the gateway's answers (IDEM109), an IDEM006
+/// edit dropped where a gateway edit writes the same map's new entries (it carries the duplicate).
+pub fn merge_gateway_answers(mut edits: Vec<Edit>, gateway: Vec<Edit>) -> Vec<Edit> {
+    edits.retain(|e| !gateway.iter().any(|g| g.file == e.file && g.at == e.at));
+    edits.extend(gateway);
+    edits.sort_by_key(|e| (e.file, e.at));
+    edits
 }

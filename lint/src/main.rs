@@ -414,14 +414,14 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         Some(FailOnArg::Never) => FailOn::Never,
         None => config.fail_on.unwrap_or_default(),
     };
+    // Policy errors are fatal before any spec is read: the same message the filter gives.
+    let policies = if cli.policies.is_empty() { None } else { Some(PolicySet::load(&cli.policies)?) };
     if cli.fix {
-        let changed = fix_specs(&specs, &config, cli.diff)?;
+        let changed = fix_specs(&specs, policies.as_ref(), &cli.policies, &config, cli.diff)?;
         if cli.diff {
             return Ok(u8::from(changed));
         }
     }
-    // Policy errors are fatal before any spec is read: the same message the filter gives.
-    let policies = if cli.policies.is_empty() { None } else { Some(PolicySet::load(&cli.policies)?) };
     let Linted { findings, errors } = lint_specs(&specs, policies.as_ref(), &cli.policies, &config);
     let color = match cli.color {
         ColorArg::Always => true,
@@ -445,13 +445,25 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
 }
 
 /// `--fix`: the edits of every spec, written (or printed as a diff). Whether anything changes.
-fn fix_specs(specs: &[String], config: &Config, diff: bool) -> Result<bool, FatalError> {
+/// With `--policies`, the gateway's own answers the spec lacks are added too (IDEM109).
+fn fix_specs(
+    specs: &[String],
+    policies: Option<&PolicySet>,
+    policy_args: &[String],
+    config: &Config,
+    diff: bool,
+) -> Result<bool, FatalError> {
     let mut changed = false;
     for spec in specs {
         let Ok(ws) = Workspace::load(spec) else {
             continue; // reported by the lint that follows
         };
-        let edits = idem_lint::fix::fixes(&ws, config);
+        let mut edits = idem_lint::fix::fixes(&ws, config);
+        if let Some(set) = policies {
+            let workspaces = std::slice::from_ref(&ws);
+            let ctx = idem_lint::crosscheck::context(workspaces, set, policy_args, config);
+            edits = idem_lint::fix::merge_gateway_answers(edits, idem_lint::fix::gateway_answer_fixes(&ctx, config));
+        }
         for (name, old, new) in idem_lint::fix::changed_files(&ws, &edits) {
             changed = true;
             if diff {
@@ -459,10 +471,13 @@ fn fix_specs(specs: &[String], config: &Config, diff: bool) -> Result<bool, Fata
             } else {
                 std::fs::write(&name, new)
                     .map_err(|e| FatalError::whole_file(&name, format!("cannot write the fix: {e}")))?;
-                eprintln!(
-                    "idem-lint: fixed {name} ({} duplicate response(s) added)",
-                    edits.iter().filter(|e| ws.file(e.file).name == name).count()
-                );
+                // An edit may add several entries to one map: count the entries.
+                let added: usize = edits
+                    .iter()
+                    .filter(|e| ws.file(e.file).name == name)
+                    .map(|e| e.text.matches("description").count())
+                    .sum();
+                eprintln!("idem-lint: fixed {name} ({added} response(s) added)");
             }
         }
     }

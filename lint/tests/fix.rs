@@ -114,3 +114,81 @@ fn an_english_statement_gets_an_english_description() {
         "{after}"
     );
 }
+
+/// With `--policies`, `--fix` adds the gateway's own answers the responses lack altogether
+/// (IDEM109), in the statement's language; a second run has nothing left to add and the spec then
+/// lints clean against its policies.
+#[test]
+fn the_gateways_answers_are_added_in_the_statements_language() {
+    let policy =
+        "[[route]]\nname = \"o\"\nmatch = { method = \"POST\", path = \"/orders\" }\n\n[route.key]\nscope = []\n";
+    for (name, statement, want) in [
+        (
+            "zh",
+            "### 幂等性说明\\n- 是否幂等：是\\n- 幂等键：Idempotency-Key（header）\\n- 重复请求：200 SUCCESS\\n",
+            "'409': { description: \"网关应答：REQUEST_IN_PROGRESS（同一幂等键的首次请求仍在处理中，稍后重试） / \
+             IDEMPOTENCY_OUTCOME_UNKNOWN（首次请求已转发但结果未知，先核实，切勿换新键重试）\" }",
+        ),
+        (
+            "en",
+            "### Idempotency\\n- Idempotent: yes\\n- Key: Idempotency-Key (header)\\n- Duplicate: 200 SUCCESS\\n",
+            "'409': { description: \"The gateway's answer: REQUEST_IN_PROGRESS (the first request with this key is \
+             still running; retry shortly) / IDEMPOTENCY_OUTCOME_UNKNOWN (the first request's outcome is unknown; \
+             check it before sending new work)\" }",
+        ),
+    ] {
+        let text = format!(
+            "openapi: 3.0.3\ninfo: {{ title: t, version: \"1\" }}\npaths:\n  /orders:\n    post:\n      description: \
+             \"{statement}\"\n      parameters: [{{ name: Idempotency-Key, in: header, schema: {{ type: string }} }}]\n      \
+             responses:\n        '200':\n          description: SUCCESS\n"
+        );
+        let (dir, path) = temp(&format!("gateway-{name}"), "openapi.yaml", &text);
+        std::fs::write(dir.join("o.toml"), policy).unwrap();
+        let lint = |extra: &[&str]| {
+            let mut args = vec!["--color", "never", "openapi.yaml", "--policies", "o.toml"];
+            args.extend_from_slice(extra);
+            run(&dir, &args)
+        };
+        let before = lint(&[]);
+        assert!(stdout(&before).contains("warning[IDEM109]"), "{}", stdout(&before));
+        let o = lint(&["--fix"]);
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+        let after = std::fs::read_to_string(&path).unwrap();
+        assert!(after.contains(want), "{name}: {after}");
+        assert!(after.contains("'400': { description:") && after.contains("IDEMPOTENCY_KEY_MISSING"), "{after}");
+        assert!(after.contains("'422': { description:") && after.contains("IDEMPOTENCY_KEY_REUSED"), "{after}");
+        assert!(stdout(&lint(&[])).contains("no findings"), "{}", stdout(&lint(&[])));
+        let again = lint(&["--fix", "--diff"]);
+        assert_eq!(again.status.code(), Some(0), "nothing left to fix: {}", stdout(&again));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A duplicate status the statement names (IDEM006) and the gateway's answers on that same status
+/// (IDEM109) make one entry, never two keys `409` in one map.
+#[test]
+fn the_duplicate_and_the_gateways_answers_share_one_entry() {
+    let text = "openapi: 3.0.3\ninfo: { title: t, version: \"1\" }\npaths:\n  /orders:\n    post:\n      description: \
+                \"### 幂等性说明\\n- 是否幂等：是\\n- 幂等键：Idempotency-Key（header）\\n- 重复请求：409 DUPLICATE_REQUEST\\n\"\n      \
+                parameters: [{ name: Idempotency-Key, in: header, schema: { type: string } }]\n      responses:\n        \
+                '201':\n          description: created\n";
+    let (dir, path) = temp("shared-409", "openapi.yaml", text);
+    std::fs::write(
+        dir.join("o.toml"),
+        "[[route]]\nname = \"o\"\nmatch = { method = \"POST\", path = \"/orders\" }\n\n[route.key]\n\
+         scope = []\non_completed = \"reject\"\n\n[route.duplicate]\nstatus = 409\ncode = \"DUPLICATE_REQUEST\"\n",
+    )
+    .unwrap();
+    let o = run(&dir, &["--fix", "openapi.yaml", "--policies", "o.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+    let after = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(after.matches("'409':").count(), 1, "{after}");
+    assert!(
+        after.contains(
+            "'409': { description: \"DUPLICATE_REQUEST：重复请求（该请求已处理过）；网关应答：REQUEST_IN_PROGRESS"
+        ),
+        "{after}"
+    );
+    assert!(stdout(&run(&dir, &["--color", "never", "openapi.yaml", "--policies", "o.toml"])).contains("no findings"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -30,8 +30,9 @@
 //!
 //! ## Fix
 //!
-//! Document each answer with its status and code (`--fix` does not add them: which apply
-//! depends on the policy):
+//! Document each answer with its status and code. `idem-lint SPEC --policies DIR --fix` adds
+//! the statuses that are missing altogether, naming the codes in the statement's language; a
+//! status that is there without the code is the author's to complete:
 //!
 //! ```text
 //! responses:
@@ -97,21 +98,29 @@ fn documents(ws: &Workspace, responses: At<'_>, status: u16, code: &str) -> bool
     })
 }
 
+/// The gateway's answers on `op` (protected by `route`) that its `responses` do not document.
+pub fn missing_answers(
+    ws: &Workspace,
+    op: &crate::model::Operation<'_>,
+    route: &RoutePolicy,
+) -> Vec<(u16, &'static str)> {
+    if route.mode != Mode::Key {
+        return Vec::new();
+    }
+    gateway_answers(route)
+        .into_iter()
+        .filter(|(status, code)| !op.responses.is_some_and(|r| documents(ws, r, *status, code)))
+        .collect()
+}
+
 pub fn check(ctx: &PolicyCtx<'_>, out: &mut Vec<CrossFinding>) {
     for (ri, matched) in ctx.matches.iter().enumerate() {
         let route = ctx.routes[ri].route;
-        if route.mode != Mode::Key {
-            continue;
-        }
-        let answers = gateway_answers(route);
         for &oi in matched {
             let op = &ctx.ops[oi];
             let ws = &ctx.workspaces[op.ws];
-            let missing: Vec<String> = answers
-                .iter()
-                .filter(|(status, code)| !op.op.responses.is_some_and(|r| documents(ws, r, *status, code)))
-                .map(|(status, code)| format!("{status} {code}"))
-                .collect();
+            let missing: Vec<String> =
+                missing_answers(ws, &op.op, route).iter().map(|(status, code)| format!("{status} {code}")).collect();
             if missing.is_empty() {
                 continue;
             }
