@@ -267,6 +267,7 @@ class Demo:
         path = "/api/order/create"
 
         self.step(1, "First request: the key is claimed and the request goes upstream")
+        self.first_request = (path, key, order)
         first = self.send("POST", path, key, order)
         self.check(first.status == 200 and (first.json() or {}).get("n") == 1
                    and first.header("idempotent-replayed") is None, "forwarded, upstream ran once")
@@ -385,6 +386,26 @@ class Demo:
                    "409 DUPLICATE_REQUEST, never used (no first_seen_at)")
         self.check(self.upstream.calls("short-%s" % run) == 0, "nothing reached the upstream")
 
+    def restart_forgets(self):
+        """The embedded store lives in the Envoy process: a restart forgets every key, and a
+        client's retry after it runs again. What to do instead is printed."""
+        print("\n%s %s" % (bold("Last."), bold("Envoy restarts: the embedded store forgets every key")))
+        path, key, order = self.first_request
+        old = self.envoy
+        old.stop()
+        env = stack.Envoy(old.config_path, self.workdir, listen_port=old.listen_port, admin_port=old.admin_port,
+                          cwd=str(stack.REPO), name="envoy-demo")
+        env.wait_ready()
+        self.procs[self.procs.index(old)] = env
+        self.envoys = [env]
+        self.envoy = env
+        again = self.send("POST", path, key, order)
+        self.check(again.status == 200 and again.header("idempotent-replayed") is None
+                   and self.upstream.calls(key) == 2, "step 1's request, retried after the restart, ran again")
+        print("  " + dim("Apply policy edits without a restart: `idem-lint envoy … --update` (`make run POLICIES=…` "
+                         "does it when you save); keys that must outlive restarts and be shared by replicas: "
+                         "store = \"redis\" (`make demo-redis`)."))
+
     def report(self):
         for env in self.envoys:
             # As Prometheus sees them (the example's stats_tags make one labelled family).
@@ -464,6 +485,7 @@ def main():
             demo.serve()
         else:
             demo.walkthrough()
+            demo.restart_forgets()
     except KeyboardInterrupt:
         print("\nstopping")
         return 0 if args.serve else 130
