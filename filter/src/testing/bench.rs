@@ -49,8 +49,11 @@ pub fn drive(fake: &FakeHost, host: &dyn Host, entered: &dyn Fn(), w: &Rc<Worker
     s.on_request_body(host, BODY.len(), true);
     if redis && fake.take_acts().iter().any(|a| matches!(a, Act::Dispatch { .. })) {
         fake.deliver(200, br#"{"SET":null}"#);
+        // Delivered: the call is over (Envoy's, and the fake host's, record of it goes).
+        let token = s.call_out().unwrap_or(0);
+        fake.take_callout(token);
         entered();
-        s.on_call_response(host, s.call_out().unwrap_or(0), 1, 12);
+        s.on_call_response(host, token, 1, 12);
     }
     entered();
     s.on_response_headers(host, false);
@@ -62,6 +65,7 @@ pub fn drive(fake: &FakeHost, host: &dyn Host, entered: &dyn Fn(), w: &Rc<Worker
         w.on_queue_ready(host);
         for a in fake.take_acts() {
             if let Act::Dispatch { token, .. } = a {
+                fake.take_callout(token);
                 fake.deliver(200, br#"{"EVAL":1}"#);
                 entered();
                 w.on_call_response(host, token, 1, 10);
