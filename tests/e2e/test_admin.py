@@ -89,17 +89,22 @@ def order(env, key, headers=None, body=None, path="/a/order"):
     return post(env, path, key, auth=AUTH, headers=headers, body=body or {"sku": "A1", "amount": "100.00"}, timeout=20)
 
 
-def store_key_of(env, key, store="redis"):
-    """The store key the filter's unknown_outcome line names for `key` (what an operator starts from)."""
+def unknown_outcome_record(env, key, store="redis"):
+    """The filter's unknown_outcome line for `key`, as JSON (what an operator starts from)."""
     def found():
         for line in env.log_text().splitlines():
             if "idem: unknown_outcome " in line:
                 record = json.loads(line.split("idem: unknown_outcome ", 1)[1])
                 if record["key_prefix"] == key[:8] + "…" and record["store"] == store:
-                    return record["store_key"]
+                    return record
         return None
     wait_for(lambda: found() is not None, 5, what="the unknown_outcome log line of %s" % key)
     return found()
+
+
+def store_key_of(env, key, store="redis"):
+    """The store key the filter's unknown_outcome line names for `key`."""
+    return unknown_outcome_record(env, key, store)["store_key"]
 
 
 def listed(redis_stack, run=admin):
@@ -396,6 +401,7 @@ def test_show_says_what_the_store_holds_for_a_clients_key(request, store, tmp_pa
     digest = got["key_digest"]
     assert len(digest) == 12 and unknown not in env.log_text(), "the whole key is never logged"
     assert "key_digest=%s" % digest in env.log_text(), "the held line of the key names its digest"
+    assert unknown_outcome_record(env, unknown, store)["key_digest"] == digest, "so does its unknown_outcome record"
 
     # For people: one line per fact.
     text = run("show", "--policy", str(policy), "--route", "a-order", "--key", fresh,
