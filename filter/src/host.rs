@@ -106,3 +106,23 @@ pub trait Setup {
     /// Envoy's log level for the `wasm` component, as [`Level`]'s number.
     fn log_level(&self) -> u32;
 }
+
+/// Owner ids need to be unique across workers, not secret: SplitMix64 over a per-thread state
+/// seeded once from the system's randomness (`seed`), instead of a host call per claim.
+pub fn owner_id(seed: impl FnOnce() -> Result<u64, HostError>) -> Result<u64, HostError> {
+    thread_local! {
+        static STATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    STATE.with(|state| {
+        let mut s = state.get();
+        if s == 0 {
+            s = seed()? | 1;
+        }
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        state.set(s);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Ok(z ^ (z >> 31))
+    })
+}

@@ -29,6 +29,7 @@ pub mod policy;
 pub mod replies;
 pub mod request;
 pub mod response;
+pub mod shared_data;
 pub mod store;
 #[cfg(any(test, feature = "fake-host"))]
 pub mod testing;

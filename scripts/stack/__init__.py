@@ -20,11 +20,12 @@ scripts/ on sys.path) and `stack.X` are all a caller needs:
     examples      examples/*.yaml with their ports rewritten
 """
 
-from .common import BUILD_HINT, ENVOY, REPO, SETUP_HINT, WASM, StackError, shipped_policies
+from .common import (ARTIFACT, BUILD_HINT, ENVOY, NATIVE, NATIVE_MODULE, REPO, SETUP_HINT, WASM, StackError,
+                     shipped_policies)
 from .envoy import Envoy, require_envoy, require_wasm, start_fast_upstream, start_fleet, start_idem_envoy
 from .envoy_config import (DEFAULT_ROUTES, ECHO, ECHO_PATH, ENABLE_IDEM, INTERNAL_LISTENER_EXTENSION, REENTRY,
                            cluster, direct_response_config, echo_cluster, echo_listener, echo_route, idem_config,
-                           listener, reentry_cluster, reentry_listener, route_entry, routes_from_policy, wasm_filter)
+                           listener, reentry_cluster, reentry_listener, native_filter, route_entry, routes_from_policy, wasm_filter)
 from .examples import (EXAMPLE_GRPC_SERVICE, EXAMPLE_GRPC_YAML, EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM,
                        EXAMPLE_YAML, example_config_text, example_grpc_config_text, example_redis_config_text,
                        rewrite_example)

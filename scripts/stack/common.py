@@ -9,9 +9,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ENVOY = Path(os.environ.get("IDEM_ENVOY", REPO / ".venv" / "bin" / "envoy"))
 WASM = Path(os.environ.get("IDEM_WASM", REPO / "target" / "wasm32-wasip1" / "release" / "idem_filter.wasm"))
+# The native build (an Envoy dynamic module): Envoy finds lib<name>.so in
+# ENVOY_DYNAMIC_MODULES_SEARCH_PATH, which every Envoy the stack starts is given.
+NATIVE_MODULE = "idem_native"
+NATIVE = Path(os.environ.get("IDEM_NATIVE", REPO / "target" / "native" / ("lib%s.so" % NATIVE_MODULE)))
+# Which artifact the configs load: `wasm` (the default) or `native` (`make test` runs the guarantee
+# suites on both; `make demo ARTIFACT=native`).
+ARTIFACT = os.environ.get("IDEM_ARTIFACT", "wasm")
+if ARTIFACT not in ("wasm", "native"):
+    raise SystemExit("IDEM_ARTIFACT must be `wasm` or `native`, not %r" % ARTIFACT)
 
 SETUP_HINT = "run `make setup` (or `scripts/setup.sh`) to install it"
-BUILD_HINT = ("build it with `make build` (or `cargo build --release --target wasm32-wasip1 -p idem-filter`)")
+BUILD_HINT = ("build it with `make build` (or `cargo build --release --target wasm32-wasip1 -p idem-filter`, "
+              "and `cargo build --profile native -p idem-native` for the native module)")
 
 
 def shipped_policies():

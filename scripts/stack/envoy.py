@@ -9,7 +9,7 @@ import socket
 import urllib.parse
 from pathlib import Path
 
-from .common import BUILD_HINT, ENVOY, SETUP_HINT, WASM, StackError
+from .common import ARTIFACT, BUILD_HINT, ENVOY, NATIVE, SETUP_HINT, WASM, StackError
 from .envoy_config import direct_response_config, idem_config
 from .http import DEFAULT_AUTH, free_port, request
 from .procs import Proc, next_seq, wait_until
@@ -24,6 +24,11 @@ def require_envoy():
 
 
 def require_wasm():
+    """The built artifact the configs load (the .wasm, or the .so with IDEM_ARTIFACT=native)."""
+    if ARTIFACT == "native":
+        if not NATIVE.is_file():
+            raise StackError("the native module %s does not exist; %s" % (NATIVE, BUILD_HINT))
+        return NATIVE
     if not WASM.is_file():
         raise StackError("the filter %s does not exist; %s" % (WASM, BUILD_HINT))
     return WASM
@@ -32,11 +37,23 @@ def require_wasm():
 _TAG = re.compile(r"(\w+)=\.=(.+?);\.;")
 
 
+_NATIVE_REQUESTS = re.compile(r"^dynamicmodulescustom\.idem_requests_total\.route\.(.+)\.outcome\.(\w+)$")
+_NATIVE_UNMATCHED = re.compile(r"^dynamicmodulescustom\.idem_unmatched_total\.outcome\.(\w+)$")
+
+
 def dotted_stat(name):
     """`route=.=r;.;outcome=.=o;.;idem_requests_total` -> `idem.r.o` (and the unmatched family);
-    any other name as it is, without `wasmcustom.`."""
-    if name.startswith("wasmcustom."):
-        name = name[len("wasmcustom."):]
+    the native build's `dynamicmodulescustom.idem_requests_total.route.r.outcome.o` the same; any
+    other name as it is, without `wasmcustom.` or `dynamicmodulescustom.`."""
+    native = _NATIVE_REQUESTS.match(name)
+    if native:
+        return "idem.%s.%s" % native.groups()
+    native = _NATIVE_UNMATCHED.match(name)
+    if native:
+        return "idem._unmatched.%s" % native.group(1)
+    for prefix in ("wasmcustom.", "dynamicmodulescustom."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
     tags = dict(_TAG.findall(name))
     family = _TAG.sub("", name)
     if family == "idem_requests_total" and "route" in tags and "outcome" in tags:
@@ -68,9 +85,12 @@ class Envoy:
         self.admin_port = admin_port
         argv = [str(self.envoy), "-c", str(self.config_path), "--disable-hot-restart",
                 "--concurrency", str(concurrency), "-l", log_level,
-                "--component-log-level", "wasm:%s" % wasm_log_level,
+                "--component-log-level", "wasm:%s,dynamic_modules:%s" % (wasm_log_level, wasm_log_level),
                 "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"] + list(extra_args)
-        self.proc = Proc(name, argv, self.workdir / (self.config_path.stem + ".log"), cwd=cwd)
+        # The native build's .so is found here (a config that loads no dynamic module ignores it).
+        env = dict(os.environ)
+        env.setdefault("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", str(NATIVE.parent))
+        self.proc = Proc(name, argv, self.workdir / (self.config_path.stem + ".log"), cwd=cwd, env=env)
 
     # readiness --------------------------------------------------------------
     def wait_ready(self, timeout=60.0):

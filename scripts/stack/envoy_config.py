@@ -2,11 +2,29 @@
 that enable it, loopback listeners and clusters, and the two complete configs the tests, demos and
 bench run (idem in front of one cluster; a bare `direct_response` Envoy)."""
 
-from .common import WASM
+from .common import ARTIFACT, NATIVE_MODULE, WASM
+
+
+def native_filter(policy_toml, name="idem", disabled=True):
+    """The HCM http_filters entry for idem's native build (an Envoy dynamic module): the same policy
+    text, as the config's `filter_config`; `filter_name` is what the .wasm's plugin name is."""
+    return {
+        "name": name,
+        "disabled": disabled,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"name": NATIVE_MODULE},
+            "filter_name": "idem",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": policy_toml},
+        },
+    }
 
 
 def wasm_filter(policy_toml, wasm_path, name="idem", disabled=True):
-    """The HCM http_filters entry for idem. Declared disabled; routes with a policy enable it."""
+    """The HCM http_filters entry for idem. Declared disabled; routes with a policy enable it. With
+    IDEM_ARTIFACT=native, the native build's entry instead (`wasm_path` is then not used)."""
+    if ARTIFACT == "native":
+        return native_filter(policy_toml, name=name, disabled=disabled)
     return {
         "name": name,
         "disabled": disabled,

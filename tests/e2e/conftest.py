@@ -171,6 +171,46 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
+# What the native build refuses at load (native/src/refusal.rs; test_native.py holds each refusal
+# and its reason): a test of these runs on the .wasm only. Under IDEM_ARTIFACT=native such tests
+# are deselected, not skipped, and the session says how many and why.
+REDIS_FIXTURES = {"redis_stack", "own_redis_stack", "make_fleet", "redis_components"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "wasm_only(reason): a behaviour the native build refuses at load")
+
+
+def _wasm_only(item):
+    marker = item.get_closest_marker("wasm_only")
+    if marker is not None:
+        return marker.args[0] if marker.args else "marked wasm_only"
+    if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())) or "redis" in item.name.lower():
+        return "store = \"redis\" (Webdis calls owned by the root)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if stack.ARTIFACT != "native":
+        return
+    keep, dropped = [], {}
+    for item in items:
+        why = _wasm_only(item)
+        if why is None:
+            keep.append(item)
+        else:
+            dropped.setdefault(why, []).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=[i for group in dropped.values() for i in group])
+        items[:] = keep
+        config._idem_native_dropped = {why: len(group) for why, group in dropped.items()}
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for why, n in sorted(getattr(config, "_idem_native_dropped", {}).items()):
+        terminalreporter.write_line("native build: %d test(s) deselected, the build refuses %s at load" % (n, why))
+
+
 def _failed(node):
     return any(getattr(getattr(node, "rep_" + w, None), "failed", False) for w in ("setup", "call"))
 

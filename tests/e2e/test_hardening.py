@@ -228,6 +228,7 @@ def test_anonymous_shared_is_an_explicit_choice(gateway, upstream):
     assert_upstream_answer(named, key=key, n=2)
 
 
+@pytest.mark.wasm_only("a scope nested in metadata (metadata:…/jwt_payload/sub)")
 def test_jwt_subject_scope_survives_a_token_refresh(gateway, upstream):
     key = new_key("jwt")
     now = int(time.time())

@@ -44,21 +44,8 @@ impl Host for Envoy {
             Err(s) => Err(failed("set_shared_data")(s)),
         }
     }
-    /// Owner ids need to be unique across workers, not secret: SplitMix64 seeded once per VM
-    /// from WASI `random_get`, instead of a host call per claim.
     fn random_u64(&self) -> Result<u64, HostError> {
-        OWNER_SEED.with(|seed| {
-            let mut s = seed.get();
-            if s == 0 {
-                s = getrandom::u64().map_err(|e| HostError::Failed(format!("random_get: {e}")))? | 1;
-            }
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            seed.set(s);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            Ok(z ^ (z >> 31))
-        })
+        crate::host::owner_id(|| getrandom::u64().map_err(|e| HostError::Failed(format!("random_get: {e}"))))
     }
     /// Tokens must be unguessable: straight from WASI `random_get` (Envoy: BoringSSL `RAND_bytes`).
     fn random_token(&self) -> Result<[u8; 16], HostError> {
@@ -169,6 +156,3 @@ impl Setup for Envoy {
     }
 }
 
-thread_local! {
-    static OWNER_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}

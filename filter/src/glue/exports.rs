@@ -28,21 +28,6 @@ fn enter<T>(default: T, event: impl FnOnce(&mut Contexts, &Envoy) -> T) -> T {
     })
 }
 
-// Envoy's statuses: headers 0 Continue, 1 StopIteration; data 0 Continue, 1 StopIterationAndBuffer,
-// 2 StopIterationAndWatermark, 3 StopIterationNoBuffer; trailers 0 Continue, 1 StopIteration.
-fn headers_status(flow: Flow) -> u32 {
-    u32::from(flow != Flow::Continue)
-}
-
-fn data_status(flow: Flow) -> u32 {
-    match flow {
-        Flow::Continue => 0,
-        Flow::Pause => 1,
-        Flow::Hold => 2,
-        Flow::Discard => 3,
-    }
-}
-
 fn on_stream(
     id: u32,
     status: fn(Flow) -> u32,
@@ -116,32 +101,32 @@ pub extern "C" fn proxy_on_queue_ready(context_id: u32, queue_id: u32) {
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(context_id: u32, _num_headers: u32, end_of_stream: u32) -> u32 {
-    on_stream(context_id, headers_status, |s, host| s.on_request_headers(host, end_of_stream != 0))
+    on_stream(context_id, Flow::headers_status, |s, host| s.on_request_headers(host, end_of_stream != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_body(context_id: u32, body_size: u32, end_of_stream: u32) -> u32 {
-    on_stream(context_id, data_status, |s, host| s.on_request_body(host, body_size as usize, end_of_stream != 0))
+    on_stream(context_id, Flow::data_status, |s, host| s.on_request_body(host, body_size as usize, end_of_stream != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_trailers(context_id: u32, _num_trailers: u32) -> u32 {
-    on_stream(context_id, headers_status, |s, host| s.on_request_trailers(host))
+    on_stream(context_id, Flow::headers_status, |s, host| s.on_request_trailers(host))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_headers(context_id: u32, _num_headers: u32, end_of_stream: u32) -> u32 {
-    on_stream(context_id, headers_status, |s, host| s.on_response_headers(host, end_of_stream != 0))
+    on_stream(context_id, Flow::headers_status, |s, host| s.on_response_headers(host, end_of_stream != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: u32, end_of_stream: u32) -> u32 {
-    on_stream(context_id, data_status, |s, host| s.on_response_body(host, body_size as usize, end_of_stream != 0))
+    on_stream(context_id, Flow::data_status, |s, host| s.on_response_body(host, body_size as usize, end_of_stream != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(context_id: u32, _num_trailers: u32) -> u32 {
-    on_stream(context_id, headers_status, |s, host| s.on_response_trailers(host))
+    on_stream(context_id, Flow::headers_status, |s, host| s.on_response_trailers(host))
 }
 
 #[no_mangle]

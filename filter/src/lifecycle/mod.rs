@@ -97,6 +97,25 @@ pub enum Flow {
     Discard,
 }
 
+impl Flow {
+    /// Envoy's `FilterHeadersStatus` (0 Continue, 1 StopIteration), for headers and trailers:
+    /// the number proxy-wasm and dynamic modules both return.
+    pub fn headers_status(self) -> u32 {
+        u32::from(self != Flow::Continue)
+    }
+
+    /// Envoy's `FilterDataStatus` (0 Continue, 1 StopIterationAndBuffer, 2
+    /// StopIterationAndWatermark, 3 StopIterationNoBuffer), for body chunks.
+    pub fn data_status(self) -> u32 {
+        match self {
+            Flow::Continue => 0,
+            Flow::Pause => 1,
+            Flow::Hold => 2,
+            Flow::Discard => 3,
+        }
+    }
+}
+
 /// How often held duplicates are re-checked and queued writes sent, when any route needs it.
 pub const POLL_MS: u64 = 20;
 

@@ -34,16 +34,10 @@ pub use counting::CountingHost;
 use crate::host::{Host, HostError, Level, Setup};
 use crate::pairs::Pair;
 use crate::response::LocalReply;
+use crate::shared_data::SharedData;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
-
-/// Envoy's map for one vm_id: key → (value, cas), plus the global CAS counter.
-#[derive(Default)]
-struct SharedData {
-    map: HashMap<String, (Vec<u8>, u32)>,
-    next_cas: u32,
-}
 
 /// One stream's data as Envoy holds it.
 #[derive(Debug, Clone, Default)]
@@ -128,7 +122,8 @@ pub enum Act {
 /// In-memory host for tests. `Sync`, so threads can play Envoy's worker VMs against one store.
 #[derive(Default)]
 pub struct FakeHost {
-    data: Mutex<SharedData>,
+    /// Envoy's map for one vm_id, with its rules (`crate::shared_data`).
+    data: SharedData,
     now: AtomicU64,
     rng: AtomicU64,
     /// When set, every shared-data call fails (store outage).
@@ -187,8 +182,7 @@ impl FakeHost {
     }
     /// Number of keys and total bytes held (keys + values), like Envoy's map.
     pub fn footprint(&self) -> (usize, usize) {
-        let g = lock(&self.data);
-        (g.map.len(), g.map.iter().map(|(k, (v, _))| k.len() + v.len()).sum())
+        self.data.footprint()
     }
     fn check(&self) -> Result<(), HostError> {
         if self.failing.load(Ordering::SeqCst) {
@@ -320,9 +314,7 @@ impl FakeHost {
     /// A counter's value, by the name it was defined with.
     /// Every shared-data key, sorted (tests that reach into the store's layout).
     pub fn shared_keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = lock(&self.data).map.keys().cloned().collect();
-        keys.sort();
-        keys
+        self.data.keys()
     }
 
     /// Whether a counter of this name was defined (exported, at zero or more).
@@ -346,7 +338,7 @@ impl Host for FakeHost {
     }
     fn shared_get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
         self.check()?;
-        Ok(lock(&self.data).map.get(key).cloned())
+        Ok(self.data.get(key))
     }
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
         self.check()?;
@@ -363,22 +355,7 @@ impl Host for FakeHost {
         if let Some(run) = hook {
             run();
         }
-        let mut g = lock(&self.data);
-        let SharedData { map, next_cas: counter } = &mut *g;
-        if let Some((_, stored)) = map.get(key) {
-            if let Some(c) = cas {
-                if c != 0 && c != *stored {
-                    return Err(HostError::CasMismatch);
-                }
-            }
-        }
-        // Envoy: an absent key is inserted whatever CAS was passed.
-        *counter = counter.wrapping_add(1);
-        if *counter == 0 {
-            *counter = 1;
-        }
-        map.insert(key.to_string(), (value.to_vec(), *counter));
-        Ok(())
+        self.data.set(key, value, cas)
     }
     fn random_u64(&self) -> Result<u64, HostError> {
         // Distinct, non-zero, and not sequential-looking.

@@ -1,0 +1,92 @@
+//! The process' ticker: one thread that commits a tick, at each worker's period, to the scheduler
+//! of one live stream of that worker (Envoy then runs `on_http_filter_scheduled` on the worker's
+//! own thread). It stands in for proxy-wasm's per-worker `set_tick_period`, which dynamic modules
+//! lack in Envoy 1.40.
+//!
+//! A slot per worker thread holds its period and, while the worker has a live stream carrying
+//! the ticks, that stream's scheduler. The lock is held while committing and while a worker
+//! detaches (and deletes) a scheduler, so no commit reaches a deleted one.
+
+use crate::abi::SchedulerPtr;
+use std::sync::{Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+/// The event id of a tick (`on_http_filter_scheduled`).
+pub const TICK: u64 = 1;
+
+#[derive(Default)]
+struct Slot {
+    period: Option<Duration>,
+    scheduler: Option<SchedulerPtr>,
+    next: Option<Instant>,
+}
+
+static SLOTS: Mutex<Vec<Slot>> = Mutex::new(Vec::new());
+static START: Once = Once::new();
+
+/// The finest period the thread sleeps for when no worker needs sooner.
+const IDLE: Duration = Duration::from_millis(50);
+
+fn slots() -> MutexGuard<'static, Vec<Slot>> {
+    SLOTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A slot for a new worker thread; starts the ticker thread the first time.
+pub fn new_slot() -> usize {
+    START.call_once(|| {
+        let _ = std::thread::Builder::new().name("idem-ticker".into()).spawn(run);
+    });
+    let mut all = slots();
+    all.push(Slot::default());
+    all.len() - 1
+}
+
+/// A worker's period: the shortest its roots asked for.
+pub fn set_period(slot: usize, period_ms: u64) {
+    if let Some(s) = slots().get_mut(slot) {
+        let period = Duration::from_millis(period_ms.max(1));
+        s.period = Some(s.period.map_or(period, |p| p.min(period)));
+    }
+}
+
+/// A live stream of the worker carries its ticks from now on.
+pub fn attach(slot: usize, scheduler: SchedulerPtr) {
+    if let Some(s) = slots().get_mut(slot) {
+        s.scheduler = Some(scheduler);
+    }
+}
+
+/// The stream carrying the worker's ticks ends: its scheduler is deleted under the lock.
+pub fn detach(slot: usize, scheduler: SchedulerPtr) {
+    let mut all = slots();
+    if let Some(s) = all.get_mut(slot) {
+        if s.scheduler == Some(scheduler) {
+            s.scheduler = None;
+        }
+    }
+    scheduler.delete();
+}
+
+fn run() {
+    loop {
+        let now = Instant::now();
+        let mut sleep = IDLE;
+        {
+            let mut all = slots();
+            for s in all.iter_mut() {
+                let (Some(period), Some(scheduler)) = (s.period, s.scheduler) else {
+                    continue;
+                };
+                let next = *s.next.get_or_insert(now + period);
+                if next <= now {
+                    scheduler.commit(TICK);
+                    s.next = Some(now + period);
+                    sleep = sleep.min(period);
+                } else {
+                    sleep = sleep.min(next - now);
+                }
+            }
+        }
+        std::thread::sleep(sleep);
+    }
+}

@@ -1,0 +1,294 @@
+//! What one Envoy worker thread holds: the core's [`Contexts`] (a root per filter config, a
+//! stream per filter), which Envoy filter each stream context is, the callouts out, the actions
+//! waiting for the core to return, and this worker's share of the ticker.
+//!
+//! On Wasm, Envoy gives each worker a VM with root contexts, a timer and a queue; a dynamic
+//! module gets none of these, only streams. The same model is rebuilt here, per thread:
+//! - **roots**: made on a worker's first stream of a config, with the policy the config carried;
+//! - **effective context**: a root acting on a held stream addresses its filter pointer;
+//! - **deferred actions**: Envoy runs a local reply (and a resume) synchronously, calling our
+//!   response hooks before `send_response` returns — on Wasm they are deferred until the callback
+//!   returns. Replies and resumes are queued while the core runs and sent once it has returned,
+//!   so a hook never re-enters the core mid-event;
+//! - **ticks**: one process thread ([`crate::ticker`]) commits a tick to a scheduler made on one
+//!   live stream of each worker (Envoy 1.40 has no per-worker timer for modules; a stream's
+//!   scheduler runs its event on that stream's worker). When that stream ends, another live
+//!   stream of the worker takes over; a worker with no live stream has nothing to tick for on
+//!   the embedded store;
+//! - **wake-ups**: `enqueue` runs the root's queue handler once the current hook's event is done.
+
+use crate::abi::{FilterPtr, SchedulerPtr};
+use crate::config::{Config, Series};
+use crate::host::Native;
+use crate::ticker;
+use idem_filter::host::{Host, Level};
+use idem_filter::lifecycle::{Contexts, Flow, Stream};
+use idem_filter::response::LocalReply;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An action on a stream, sent to Envoy after the core's event returned.
+pub enum Deferred {
+    Reply(FilterPtr, Box<LocalReply>),
+    Resume(FilterPtr),
+    ResumeResponse(FilterPtr),
+}
+
+/// A root context of this worker: its config and timer period.
+struct Root {
+    config: Arc<Config>,
+    id: u32,
+    /// It accepted its policy (the main thread checked it; only a store that cannot start fails).
+    configured: bool,
+    /// `None`: the policy needs no timer, or the root refused its policy.
+    tick_ms: Option<u64>,
+    last_tick_ms: Cell<u64>,
+    /// The root's queue was signalled during the current hook.
+    woken: Cell<bool>,
+}
+
+#[derive(Default)]
+pub struct WorkerThread {
+    contexts: RefCell<Contexts>,
+    next_id: Cell<u32>,
+    roots: RefCell<Vec<Root>>,
+    /// Live stream contexts: their Envoy filter and root.
+    streams: RefCell<HashMap<u32, (FilterPtr, u32)>>,
+    /// Callouts out: (stream context, Envoy's callout id) → the token the core knows.
+    callouts: RefCell<HashMap<(u32, u64), u32>>,
+    next_token: Cell<u32>,
+    deferred: RefCell<Vec<Deferred>>,
+    /// Series by the handle the core was given ([`Host::define_counter`]).
+    series: RefCell<Vec<(Arc<Config>, Series)>>,
+    /// The stream whose scheduler ticks this worker, and that scheduler.
+    ticker: RefCell<Option<(u32, SchedulerPtr)>>,
+    ticker_slot: Cell<Option<usize>>,
+}
+
+thread_local! {
+    static WORKER: WorkerThread = WorkerThread::default();
+}
+
+/// Runs `f` on this thread's worker state.
+pub fn with<T>(f: impl FnOnce(&WorkerThread) -> T) -> T {
+    WORKER.with(f)
+}
+
+impl WorkerThread {
+    fn next_context(&self) -> u32 {
+        let id = self.next_id.get().wrapping_add(1).max(1);
+        self.next_id.set(id);
+        id
+    }
+
+    /// Runs one event on the core's contexts with `host`, then what it deferred. If the contexts
+    /// are busy (a hook re-entered while the core runs: never expected, since replies and resumes
+    /// are deferred), the event is skipped with `default`, logged.
+    pub fn enter<T>(&self, host: &Native, default: T, event: impl FnOnce(&mut Contexts, &Native) -> T) -> T {
+        let out = match self.contexts.try_borrow_mut() {
+            Ok(mut contexts) => event(&mut contexts, host),
+            Err(_) => {
+                host.log(Level::Critical, "idem: a hook arrived while another was running; it continues untouched");
+                return default;
+            }
+        };
+        self.after_event(host);
+        out
+    }
+
+    /// What the event left for after it: roots to wake, then replies and resumes (which may
+    /// run our own hooks again, each with its own event).
+    fn after_event(&self, host: &Native) {
+        loop {
+            let woken: Vec<u32> = self.roots.borrow().iter().filter(|r| r.woken.replace(false)).map(|r| r.id).collect();
+            for root in woken {
+                let root_host = host.for_root();
+                if let Ok(contexts) = self.contexts.try_borrow() {
+                    contexts.on_queue_ready(&root_host, root);
+                }
+            }
+            let actions = std::mem::take(&mut *self.deferred.borrow_mut());
+            if actions.is_empty() {
+                return;
+            }
+            for action in actions {
+                match action {
+                    Deferred::Reply(filter, reply) => send_reply(filter, &reply),
+                    Deferred::Resume(filter) => filter.continue_decoding(),
+                    Deferred::ResumeResponse(filter) => filter.continue_encoding(),
+                }
+            }
+        }
+    }
+
+    pub fn defer(&self, action: Deferred) {
+        self.deferred.borrow_mut().push(action);
+    }
+
+    // ---- roots and streams
+
+    /// This worker's root for `config`, made and configured on first use (`None` if it refused
+    /// its policy, which the main thread already checked, so only on a store that cannot start).
+    fn root_for(&self, config: &Arc<Config>) -> Option<u32> {
+        if let Some(r) = self.roots.borrow().iter().find(|r| Arc::ptr_eq(&r.config, config)) {
+            return r.configured.then_some(r.id);
+        }
+        let id = self.next_context();
+        let host = Native::new(Arc::clone(config), None);
+        let setup = crate::host::Setup { host: &host, root: id, tick_ms: Cell::new(None) };
+        let ok = {
+            let mut contexts = self.contexts.borrow_mut();
+            contexts.create(id, 0);
+            contexts.configure(&setup, &host, id, &config.policy)
+        };
+        let tick_ms = setup.tick_ms.get().filter(|_| ok);
+        let now = host.now_ms();
+        self.roots.borrow_mut().push(Root {
+            config: Arc::clone(config),
+            id,
+            configured: ok,
+            tick_ms,
+            last_tick_ms: Cell::new(now),
+            woken: Cell::new(false),
+        });
+        if let Some(ms) = tick_ms {
+            let slot = self.ticker_slot.get().unwrap_or_else(ticker::new_slot);
+            self.ticker_slot.set(Some(slot));
+            ticker::set_period(slot, ms);
+        }
+        ok.then_some(id)
+    }
+
+    /// A new stream of `config` on this worker: its context id (0 when it is not ours: its root
+    /// refused the policy, and every hook lets it through).
+    pub fn new_stream(&self, config: &Arc<Config>, filter: FilterPtr) -> u32 {
+        let Some(root) = self.root_for(config) else {
+            return 0;
+        };
+        let id = self.next_context();
+        self.contexts.borrow_mut().create(id, root);
+        self.streams.borrow_mut().insert(id, (filter, root));
+        id
+    }
+
+    /// The filter of a live stream context.
+    pub fn filter_of(&self, context: u32) -> Option<FilterPtr> {
+        self.streams.borrow().get(&context).map(|(f, _)| *f)
+    }
+
+    /// A stream's first hook: if this worker needs ticks and none of its streams carries them,
+    /// this one does.
+    pub fn carry_ticks(&self, context: u32, filter: FilterPtr) {
+        let Some(slot) = self.ticker_slot.get() else {
+            return;
+        };
+        if self.ticker.borrow().is_some() {
+            return;
+        }
+        if let Some(scheduler) = filter.scheduler() {
+            *self.ticker.borrow_mut() = Some((context, scheduler));
+            ticker::attach(slot, scheduler);
+        }
+    }
+
+    /// Envoy destroyed a stream's filter: the context goes, and if it carried the ticks another
+    /// live stream takes them over.
+    pub fn end_stream(&self, context: u32) {
+        self.streams.borrow_mut().remove(&context);
+        self.callouts.borrow_mut().retain(|(c, _), _| *c != context);
+        if let Ok(mut contexts) = self.contexts.try_borrow_mut() {
+            contexts.delete(context);
+        }
+        let carried = matches!(*self.ticker.borrow(), Some((c, _)) if c == context);
+        if carried {
+            if let (Some(slot), Some((_, scheduler))) = (self.ticker_slot.get(), self.ticker.borrow_mut().take()) {
+                ticker::detach(slot, scheduler);
+            }
+            let next = self.streams.borrow().iter().next().map(|(c, (f, _))| (*c, *f));
+            if let Some((c, f)) = next {
+                self.carry_ticks(c, f);
+            }
+        }
+    }
+
+    /// A tick from the ticker: each root whose period has passed runs its timer.
+    pub fn tick(&self, host: &Native) {
+        let now = host.now_ms();
+        let due: Vec<u32> = self
+            .roots
+            .borrow()
+            .iter()
+            .filter(|r| r.tick_ms.is_some_and(|ms| now.saturating_sub(r.last_tick_ms.get()) + 2 >= ms))
+            .map(|r| {
+                r.last_tick_ms.set(now);
+                r.id
+            })
+            .collect();
+        for root in due {
+            let root_host = host.for_root();
+            self.enter(&root_host, (), |c, h| c.on_tick(h, root));
+        }
+    }
+
+    /// Marks a root's queue signalled (by its queue id, which is its context id here).
+    pub fn wake(&self, queue: u32) {
+        if let Some(r) = self.roots.borrow().iter().find(|r| r.id == queue) {
+            r.woken.set(true);
+        }
+    }
+
+    // ---- callouts
+
+    /// A callout sent by a stream: the token the core will know it by.
+    pub fn callout_sent(&self, context: u32, callout_id: u64) -> u32 {
+        let token = self.next_token.get().wrapping_add(1).max(1);
+        self.next_token.set(token);
+        self.callouts.borrow_mut().insert((context, callout_id), token);
+        token
+    }
+
+    /// The token of a stream's callout that was answered.
+    pub fn callout_answered(&self, context: u32, callout_id: u64) -> Option<u32> {
+        self.callouts.borrow_mut().remove(&(context, callout_id))
+    }
+
+    // ---- metrics
+
+    /// A handle for a core metric name (defined on this worker's first use).
+    pub fn series_handle(&self, config: &Arc<Config>, name: &str) -> Option<u32> {
+        let series = config.series(name)?;
+        let mut all = self.series.borrow_mut();
+        if let Some(at) = all.iter().position(|(c, s)| Arc::ptr_eq(c, config) && *s == series) {
+            return u32::try_from(at).ok();
+        }
+        // A series exists in Envoy once added to: at zero, as the core defines it.
+        config.add(&series, 0);
+        all.push((Arc::clone(config), series));
+        u32::try_from(all.len() - 1).ok()
+    }
+
+    pub fn add_to_series(&self, handle: u32, value: u64) {
+        if let Some((config, series)) = self.series.borrow().get(handle as usize) {
+            config.add(series, value);
+        }
+    }
+}
+
+/// A stream's event on this worker, `Continue` for a stream that is not ours.
+pub fn on_stream(host: &Native, context: u32, event: impl FnOnce(&mut Stream, &Native) -> Flow) -> Flow {
+    with(|w| w.enter(host, Flow::Continue, |c, h| c.on_stream(context, |s| event(s, h))))
+}
+
+/// Sends a local reply: the core's headers as bytes; a gRPC trailers-only answer carries its
+/// `grpc-status` (and the message) in the headers, since the ABI's `send_response` has no
+/// gRPC status of its own.
+fn send_reply(filter: FilterPtr, reply: &LocalReply) {
+    let mut headers: Vec<(&[u8], &[u8])> = reply.headers.iter().map(|(n, v)| (n.as_bytes(), v.as_slice())).collect();
+    let status_text;
+    if let Some(code) = reply.grpc_status {
+        status_text = code.to_string();
+        headers.push((b"grpc-status", status_text.as_bytes()));
+    }
+    filter.send_response(reply.status, &headers, &reply.body, "idem");
+}
