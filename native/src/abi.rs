@@ -83,7 +83,12 @@ struct ModuleHeader {
 
 impl ModuleHeader {
     fn of(name: &[u8], value: &[u8]) -> Self {
-        ModuleHeader { key_ptr: name.as_ptr(), key_length: name.len(), value_ptr: value.as_ptr(), value_length: value.len() }
+        ModuleHeader {
+            key_ptr: name.as_ptr(),
+            key_length: name.len(),
+            value_ptr: value.as_ptr(),
+            value_length: value.len(),
+        }
     }
 }
 
@@ -262,7 +267,9 @@ pub unsafe fn copy_headers(headers: *const EnvoyHeader, count: usize) -> Vec<(Ve
     let all = unsafe { std::slice::from_raw_parts(headers, count) };
     all.iter()
         // SAFETY: each header's pointers are Envoy's, valid for the hook.
-        .map(|h| unsafe { (envoy_bytes(h.key_ptr, h.key_length).to_vec(), envoy_bytes(h.value_ptr, h.value_length).to_vec()) })
+        .map(|h| unsafe {
+            (envoy_bytes(h.key_ptr, h.key_length).to_vec(), envoy_bytes(h.value_ptr, h.value_length).to_vec())
+        })
         .collect()
 }
 
@@ -349,7 +356,9 @@ impl FilterPtr {
     pub fn remove_header(self, header_type: u32, name: &str) -> bool {
         let none = ModuleBuffer { ptr: null(), length: 0 };
         // SAFETY: a live key; a null value is the documented "remove".
-        unsafe { envoy_dynamic_module_callback_http_set_header(self.0, header_type, ModuleBuffer::of(name.as_bytes()), none) }
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(self.0, header_type, ModuleBuffer::of(name.as_bytes()), none)
+        }
     }
 
     pub fn add_header(self, header_type: u32, name: &str, value: &[u8]) -> bool {
@@ -439,7 +448,8 @@ impl FilterPtr {
     pub fn attribute_string(self, attribute: u32) -> Option<Vec<u8>> {
         let mut out = EMPTY_BUFFER;
         // SAFETY: an out-pointer to a local.
-        let found = unsafe { envoy_dynamic_module_callback_http_filter_get_attribute_string(self.0, attribute, &mut out) };
+        let found =
+            unsafe { envoy_dynamic_module_callback_http_filter_get_attribute_string(self.0, attribute, &mut out) };
         // SAFETY: Envoy's buffer for this hook, copied at once.
         found.then(|| unsafe { envoy_bytes(out.ptr, out.length) }.to_vec())
     }
@@ -447,7 +457,8 @@ impl FilterPtr {
     pub fn attribute_int(self, attribute: u32) -> Option<u64> {
         let mut out = 0u64;
         // SAFETY: an out-pointer to a local.
-        unsafe { envoy_dynamic_module_callback_http_filter_get_attribute_int(self.0, attribute, &mut out) }.then_some(out)
+        unsafe { envoy_dynamic_module_callback_http_filter_get_attribute_int(self.0, attribute, &mut out) }
+            .then_some(out)
     }
 
     /// An HTTP call through a cluster, kept on this stream (Envoy cancels it when the stream
@@ -522,7 +533,8 @@ impl ConfigPtr {
     /// per label the metric was defined with. Needs no stream: callable from any worker.
     pub fn add(self, id: MetricId, labels: &[&[u8]], value: u64, histogram: bool) -> bool {
         let mut values: Vec<ModuleBuffer> = labels.iter().map(|l| ModuleBuffer::of(l)).collect();
-        let (ptr, len) = if values.is_empty() { (std::ptr::null_mut(), 0) } else { (values.as_mut_ptr(), values.len()) };
+        let (ptr, len) =
+            if values.is_empty() { (std::ptr::null_mut(), 0) } else { (values.as_mut_ptr(), values.len()) };
         let add = if histogram {
             envoy_dynamic_module_callback_http_filter_config_record_histogram_value
         } else {
@@ -530,5 +542,60 @@ impl ConfigPtr {
         };
         // SAFETY: live slices for the call.
         unsafe { add(self.0, id.0, ptr, len, value) == METRICS_SUCCESS }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_or_empty_envoy_pair_reads_as_empty() {
+        // SAFETY: null with any length, and a live pointer with length 0, read nothing.
+        unsafe {
+            assert_eq!(envoy_bytes(null(), 5), b"");
+            assert_eq!(envoy_bytes(b"abc".as_ptr(), 0), b"");
+            assert_eq!(envoy_bytes(b"abc".as_ptr(), 2), b"ab");
+        }
+    }
+
+    #[test]
+    fn headers_are_copied_as_bytes_and_a_null_array_is_none() {
+        let (k, v) = (b"x-a".to_vec(), vec![0xff, b'b']);
+        let arr = [
+            EnvoyHeader { key_ptr: k.as_ptr(), key_length: k.len(), value_ptr: v.as_ptr(), value_length: v.len() },
+            EMPTY_HEADER,
+        ];
+        // SAFETY: a live array of two headers; the second's pointers are null.
+        let copied = unsafe { copy_headers(arr.as_ptr(), arr.len()) };
+        assert_eq!(copied, vec![(k.clone(), v.clone()), (vec![], vec![])]);
+        // SAFETY: a null array.
+        assert!(unsafe { copy_headers(null(), 3) }.is_empty());
+    }
+
+    #[test]
+    fn chunks_are_appended_in_order() {
+        let (a, b) = (b"hello ".to_vec(), b"world".to_vec());
+        let arr = [
+            EnvoyBuffer { ptr: a.as_ptr(), length: a.len() },
+            EMPTY_BUFFER,
+            EnvoyBuffer { ptr: b.as_ptr(), length: b.len() },
+        ];
+        let mut out = b">".to_vec();
+        // SAFETY: a live array of three buffers.
+        unsafe { copy_chunks(arr.as_ptr(), arr.len(), &mut out) };
+        assert_eq!(out, b">hello world");
+        // SAFETY: a null array.
+        unsafe { copy_chunks(null(), 2, &mut out) };
+        assert_eq!(out, b">hello world");
+    }
+
+    #[test]
+    fn module_buffers_point_at_the_bytes_they_were_made_of() {
+        let bytes = b"policy".to_vec();
+        let m = ModuleBuffer::of(&bytes);
+        assert_eq!((m.ptr, m.length), (bytes.as_ptr(), 6));
+        let h = ModuleHeader::of(b"k", b"vv");
+        assert_eq!((h.key_length, h.value_length), (1, 2));
     }
 }

@@ -168,7 +168,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(filter: *mut c_void, module: *const c_void) -> u32 {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    filter: *mut c_void,
+    module: *const c_void,
+) -> u32 {
     on_stream(filter, module, Flow::headers_status, |s, h| s.on_request_trailers(h))
 }
 
@@ -198,7 +201,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(filter: *mut c_void, module: *const c_void) -> u32 {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    filter: *mut c_void,
+    module: *const c_void,
+) -> u32 {
     on_stream(filter, module, Flow::headers_status, |s, h| s.on_response_trailers(h))
 }
 
@@ -266,7 +272,11 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
 
 /// A tick the ticker committed to this stream's scheduler: the worker's roots run their timers.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(filter: *mut c_void, module: *const c_void, event_id: u64) {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    filter: *mut c_void,
+    module: *const c_void,
+    event_id: u64,
+) {
     guarded((), || {
         // SAFETY: Envoy's module pointer for this stream.
         let Some(s) = (unsafe { stream(module) }) else {

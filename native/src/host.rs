@@ -109,7 +109,13 @@ impl core::Host for Native {
     fn record(&self, histogram: u32, value: u64) {
         worker::with(|w| w.add_to_series(histogram, value));
     }
-    fn dispatch(&self, cluster: &str, headers: &[(String, String)], body: &[u8], timeout_ms: u64) -> Result<u32, HostError> {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
         let (context, filter) = self.current.get().ok_or_else(|| {
             HostError::Failed(
                 "the native build keeps a callout only on a stream (Envoy 1.40's \

@@ -20,7 +20,10 @@ pub fn refusals(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
     for r in &bundle.routes {
         if r.store == StoreKind::Redis {
-            out.push(format!("route {:?}: store = \"redis\" (Webdis: group commit, queued writes, renewals) {NO_ROOT_CALLS}", r.name));
+            out.push(format!(
+                "route {:?}: store = \"redis\" (Webdis: group commit, queued writes, renewals) {NO_ROOT_CALLS}",
+                r.name
+            ));
         }
         if r.forward == Forward::Detached {
             out.push(format!("route {:?}: forward = \"detached\" {NO_ROOT_CALLS}", r.name));

@@ -155,4 +155,3 @@ impl Setup for Envoy {
         abi::log_level().unwrap_or(0)
     }
 }
-

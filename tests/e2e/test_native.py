@@ -1,0 +1,119 @@
+"""The native build (target/native/libidem_native.so, an Envoy dynamic module) in a real Envoy
+1.40, whatever IDEM_ARTIFACT says: what it refuses at load and why (never a silent difference
+from the .wasm), its metrics as Envoy exports a module's, and the embedded store shared by all
+workers of the process. The guarantee suites themselves run on it in `make test`
+(IDEM_ARTIFACT=native, Makefile E2E_NATIVE)."""
+
+import re
+import threading
+
+import pytest
+
+import stack
+from conftest import TEST_POLICY, TEST_ROUTES, new_key
+from idemtest import counters, post, wait_for
+
+CREATE = "/api/order/create"
+
+
+@pytest.fixture
+def native(monkeypatch):
+    """Configs made in this test load the native module."""
+    stack.require_envoy()
+    if not stack.NATIVE.is_file():
+        pytest.fail("the native module %s does not exist; %s" % (stack.NATIVE, stack.BUILD_HINT), pytrace=False)
+    monkeypatch.setattr(stack.envoy_config, "ARTIFACT", "native")
+
+
+ROUTE = """
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+"""
+
+# case -> (policy, what the refusal must name: the route, the feature, the ABI call that is missing)
+REFUSED = {
+    "redis": (stack.redis_table() + ROUTE + 'store = "redis"\n',
+              ['route "create-order"', 'store = "redis"', "envoy_dynamic_module_callback_http_filter_http_callout",
+               "use the .wasm"]),
+    "detached": (ROUTE + 'forward = "detached"\n',
+                 ['route "create-order"', 'forward = "detached"', "outlive the request"]),
+    "nested-metadata-scope": (ROUTE + '[route.key]\nscope = ["metadata:envoy.filters.http.jwt_authn/jwt_payload/sub"]\n',
+                              ['route "create-order"', "jwt_payload/sub",
+                               "envoy_dynamic_module_callback_http_get_metadata_string"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_the_abi_cannot_do_is_refused_at_load_with_the_reason(case, native, workdir, upstream):
+    policy, reasons = REFUSED[case]
+    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False)
+    try:
+        stack.wait_until(lambda: not env.proc.alive(), 30)
+        assert not env.proc.alive(), "Envoy runs with a policy the native build cannot honour:\n%s" % env.log_tail(20)
+        assert env.proc.p.returncode != 0
+        lines = [l for l in env.log_text().splitlines() if "idem: invalid policy for the native build" in l]
+        assert lines, "no refusal line in Envoy's log:\n%s" % env.log_tail(30)
+        for reason in reasons:
+            assert reason in lines[0], "the refusal does not name %r:\n%s" % (reason, lines[0])
+    finally:
+        env.stop()
+
+
+def test_a_top_level_metadata_scope_is_read_natively(native, make_envoy, upstream):
+    """What the refusal above leaves: a scope at the top of a metadata namespace, set here by Envoy's
+    own header_to_metadata filter, keeps callers apart on the native build."""
+    policy = ROUTE + '[route.key]\nscope = ["metadata:tenants/id"]\n'
+    header_to_metadata = {
+        "name": "envoy.filters.http.header_to_metadata",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
+            "request_rules": [{"header": "x-tenant", "remove": True,
+                               "on_header_present": {"metadata_namespace": "tenants", "key": "id", "type": "STRING"}}],
+        },
+    }
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), pre_filters=[header_to_metadata])
+    key = new_key()
+    a1 = post(env, CREATE, key, headers={"x-tenant": "a"})
+    a2 = post(env, CREATE, key, headers={"x-tenant": "a"})
+    b1 = post(env, CREATE, key, headers={"x-tenant": "b"})
+    assert a1.status == 200 and a2.status == 200 and b1.status == 200, (a1, a2, b1)
+    assert upstream.calls(key) == 2, "tenants a and b share one key's record, or a's repeat ran again"
+    anonymous = post(env, CREATE, key)
+    assert anonymous.status == 400 and b"IDEMPOTENCY_SCOPE_MISSING" in anonymous.body, anonymous
+
+
+def test_metrics_are_the_labelled_families_envoy_exports_for_a_module(native, make_envoy):
+    env = make_envoy(TEST_POLICY, routes=TEST_ROUTES)
+    key = new_key()
+    for _ in range(3):
+        post(env, CREATE, key)
+    assert counters(env, "create-order").get("replayed") == 2, counters(env, "create-order")
+    prom = env.admin("/stats/prometheus").body.decode()
+    # Envoy 1.40 prefixes a module's metrics with `envoy_<metrics_namespace>_` (it strips only
+    # `wasmcustom`): the family and its labels are the .wasm's.
+    assert re.search(r'^envoy_dynamicmodulescustom_idem_requests_total\{route="create-order",outcome="replayed"\} 2$',
+                     prom, re.M), "\n".join(l for l in prom.splitlines() if "idem" in l)[:2000]
+    assert "# TYPE envoy_dynamicmodulescustom_idem_requests_total counter" in prom
+
+
+def test_one_key_sent_at_once_on_every_worker_runs_once(native, make_envoy, upstream):
+    """The embedded store natively is process memory: a claim is atomic across Envoy's workers."""
+    env = make_envoy(TEST_POLICY, routes=TEST_ROUTES, concurrency=4)
+    for _ in range(5):
+        key = new_key()
+        answers = []
+        barrier = threading.Barrier(16)
+
+        def send():
+            barrier.wait()
+            answers.append(post(env, CREATE, key, headers={"x-demo-delay-ms": "200"}, timeout=20))
+        threads = [threading.Thread(target=send) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert upstream.calls(key) == 1, "a key sent 16 times at once ran %d times" % upstream.calls(key)
+        statuses = sorted(a.status for a in answers)
+        assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}, statuses
+    wait_for(lambda: counters(env, "create-order").get("forwarded") == 5, 5, what="5 forwarded")
