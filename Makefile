@@ -106,11 +106,11 @@ test: setup fmt-check clippy unit e2e lint-corpora
 dist: setup
 	.venv/bin/maturin build --release -o target/wheels
 
-bench: setup build
+bench: setup build build-native
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
 	CARGO_TARGET_DIR=target/native-floor $(CARGO) build --release --manifest-path bench/floor-native/Cargo.toml
 	$(PY) scripts/bench.py
-	$(PY) scripts/breakdown.py --envoy --envoy-cases a,b,c0,c0-native,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k
+	$(PY) scripts/breakdown.py --envoy --envoy-cases a,b,c0,c0-native,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k,c-native,d-native,c16k-native
 	bash scripts/bench-lint.sh
 
 # The filter as OCI images for Istio / Envoy Gateway, in the OCI layout target/oci/idem: tag `oci`

@@ -65,7 +65,9 @@ import stack  # noqa: E402
 
 # The measured routes, in the files the host-call budget test reads too (filter/src/testing/bench.rs).
 SCENARIO = stack.REPO / "bench" / "scenario"
-POLICY = (SCENARIO / "shared.toml").read_text() + """
+# The native build refuses `forward = "detached"` (docs/deploy.md): its Envoy gets the shared routes only.
+SHARED_POLICY = (SCENARIO / "shared.toml").read_text()
+POLICY = SHARED_POLICY + """
 [[route]]
 name = "bench-detached"
 match = { method = "POST", path = "/api/order/detached" }
@@ -107,6 +109,10 @@ CASES = [
      "unique_keys.lua", "unique", None, {}),
     ("c", "key mode, unique keys", "idem", "/api/order/create", "unique_keys.lua", "unique", 0.80, {}),
     ("d", "key mode, replays (same key)", "idem", "/api/order/create", "same_key.lua", "same", 0.90, {}),
+    # idem's native build (the same core as an Envoy dynamic module, target/native): no Wasm VM.
+    ("c-native", "(c) on the native build", "idem-native", "/api/order/create", "unique_keys.lua", "unique", 0.90,
+     {}),
+    ("d-native", "(d) on the native build", "idem-native", "/api/order/create", "same_key.lua", "same", None, {}),
     ("g", "key mode, forward = detached, unique keys", "idem", "/api/order/detached", "unique_keys.lua", "unique",
      None, {}),
     ("e0", "floor of (e): no-op filter + the same two Webdis calls", "floor-redis", "/api/order/create",
@@ -122,6 +128,8 @@ CASES = [
     ("c0-16k", "(c0) with 16 KB orders", "floor", "/api/order/create", "unique_keys.lua", "unique", None,
      {"body": 16384}),
     ("c16k", "(c) with 16 KB orders", "idem", "/api/order/create", "unique_keys.lua", "unique", None, {"body": 16384}),
+    ("c16k-native", "(c-native) with 16 KB orders", "idem-native", "/api/order/create", "unique_keys.lua", "unique",
+     None, {"body": 16384}),
     ("a256k", "(a) with 256 KB orders", "plain", "/api/order/create", "plain_post.lua", None, None, {"body": 262144}),
     ("c0-256k", "(c0) with 256 KB orders", "floor", "/api/order/create", "unique_keys.lua", "unique", None,
      {"body": 262144}),
@@ -232,6 +240,22 @@ def report_native_floor(by_case):
           "the Wasm VM costs (c0) %.1f us/req over the same work done natively" % (
               nat["ratio"], nat["cpu_us_per_req"] - a["cpu_us_per_req"], c0["ratio"],
               c0["cpu_us_per_req"] - a["cpu_us_per_req"], c0["cpu_us_per_req"] - nat["cpu_us_per_req"]))
+
+
+def report_native_build(by_case):
+    """idem's native build (c-native) against plain Envoy (a), the .wasm (c) and the native floor."""
+    if not all(k in by_case for k in ("a", "c", "c-native")):
+        return
+    a, c, nat = by_case["a"], by_case["c"], by_case["c-native"]
+    line = ("native build: (c-native) %.2f of plain Envoy's req/s (target >= 0.90), %+.1f %% CPU/req over (a) "
+            "(target within 15 %%); (c) on the .wasm %.2f, %+.1f %%" % (
+                nat["ratio"], 100.0 * (nat["cpu_us_per_req"] / a["cpu_us_per_req"] - 1), c["ratio"],
+                100.0 * (c["cpu_us_per_req"] / a["cpu_us_per_req"] - 1)))
+    if "c0-native" in by_case:
+        floor = by_case["c0-native"]
+        line += "; (c-native) %+.1f us CPU/req over its floor (c0-native)" % (
+            nat["cpu_us_per_req"] - floor["cpu_us_per_req"])
+    print(line)
 
 
 def report_body_sizes(by_case):
@@ -396,6 +420,16 @@ def main():
                                              name="envoy-floor-redis")
         procs.append(floor_redis)
         envoys = {"plain": plain, "idem": idem, "floor": floor, "floor-redis": floor_redis, "redis": redis_env, "cluster": cluster_env}
+        if any(c[2] == "idem-native" for c in cases):
+            # The same policy and routes as (c), on the native build.
+            stack.envoy_config.ARTIFACT = "native"
+            try:
+                envoys["idem-native"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED_POLICY,
+                                                               routes=ROUTES,
+                                                               concurrency=args.workers, name="envoy-idem-native")
+            finally:
+                stack.envoy_config.ARTIFACT = stack.ARTIFACT
+            procs.append(envoys["idem-native"])
         if any(c[0] == "c0-native" for c in cases):
             floor_native, probe_seen, abi_lines = start_native_floor(workdir, fast.listen_port, args.workers)
             procs.append(floor_native)
@@ -531,6 +565,7 @@ def main():
         by_case = {r["case"]: r for r in table}
         report_floor(by_case)
         report_native_floor(by_case)
+        report_native_build(by_case)
         report_body_sizes(by_case)
         report_redis_floor(by_case)
         report_fleet(by_case)

@@ -142,7 +142,10 @@ def order_of(size):
 
 def envoy_case(case, n, tmp):
     """(instructions per request, of which the module's JIT code) for `case` in a real Envoy.
-    `c0-16k` and `c16k` are (c0) and (c) with 16 KB orders."""
+    `c0-16k` and `c16k` are (c0) and (c) with 16 KB orders; `c-native`, `d-native` and
+    `c16k-native` are (c), (d) and (c16k) on idem's native build (target/native/libidem_native.so)."""
+    native = case.endswith("-native") and case != "c0-native"
+    case = case.removesuffix("-native") if native else case
     body = order_of(16384) if case.endswith("16k") else order_of(0)
     case = {"c16k": "c"}.get(case, case.removesuffix("-16k"))
     import stack
@@ -160,6 +163,8 @@ def envoy_case(case, n, tmp):
     # The floor's configuration (bench/floor): (c0s) adds a fresh key's shared-data calls, (c0sh)
     # the scoped id's SHA-256 and the body's xxh3 too.
     floor_mode = {"c0": "", "c0s": "store", "c0sh": "store sha256 xxh3"}
+    if native:
+        module = stack.NATIVE
     if module is not None and not Path(module).is_file():
         raise SystemExit("error: (%s) needs %s; see scripts/bench.py" % (case, module))
     fast = stack.start_fast_upstream(tmp)
@@ -170,9 +175,13 @@ def envoy_case(case, n, tmp):
         cfg = native_floor_config(listen, admin, fast.listen_port, routes)
         env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(NATIVE_FLOOR.parent))
     else:
+        stack.envoy_config.ARTIFACT = "native" if native else "wasm"
         cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
                           policy_toml=floor_mode.get(case, policy), routes=routes,
                           wasm_path=str(module) if module else None, with_filter=module is not None)
+        stack.envoy_config.ARTIFACT = stack.ARTIFACT
+        if native:
+            env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(stack.NATIVE.parent))
     cfg_path = Path(tmp) / ("envoy-%s.json" % case)
     cfg_path.write_text(json.dumps(cfg))
     out = Path(tmp) / ("envoy-%s.cg" % case)
@@ -235,7 +244,8 @@ def envoy_case(case, n, tmp):
         raise SystemExit("error: callgrind wrote no dump for (%s)" % case)
     costs = self_costs(dumps[-1])
     total = sum(costs.values())
-    jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn) or obj.endswith("/" + NATIVE_FLOOR.name))
+    modules = ("/" + NATIVE_FLOOR.name, "/" + stack.NATIVE.name)
+    jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn) or obj.endswith(modules))
     return total / n, jit / n
 
 
@@ -251,7 +261,8 @@ def report_envoy(n, cases):
             print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
                   % (case, " " * (3 - len(case)), total, jit, total - jit, over))
     for c, c0 in [("c", "c0"), ("c16k", "c0-16k"), ("c0sh", "c0"), ("c0sh-16k", "c0-16k"), ("c", "c0sh"),
-                  ("c16k", "c0sh-16k")]:
+                  ("c16k", "c0sh-16k"), ("c-native", "a"), ("c16k-native", "a"), ("d-native", "a"),
+                  ("c-native", "c0-native"), ("c-native", "c")]:
         if c in results and c0 in results:
             ours, floor = results[c], results[c0]
             print("(%s) against its floor (%s): %+.1f %% (%+.0f instructions/req)"
@@ -274,7 +285,8 @@ def main():
     ap.add_argument("--envoy-requests", type=int, default=300, help="requests per Envoy case (default 300)")
     ap.add_argument("--envoy-cases", default="a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k",
                     help="the Envoy cases to count (default a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k; also "
-                         "c0-native, the floor as a native dynamic module, once bench/floor-native is built). "
+                         "c0-native, the floor as a native dynamic module, once bench/floor-native is built; "
+                         "c-native, d-native, c16k-native: idem's native build, target/native). "
                          "(c0s) is the floor plus a fresh key's shared-data calls, clock and counters; (c0sh) "
                          "also hashes the scoped id (SHA-256) and the body (xxh3): what any shared-data "
                          "idempotency filter with those digests costs before its own logic")

@@ -161,8 +161,8 @@ class Demo:
         if self.policies:
             cfg.write_text(self.policies_config(ports))
         else:
-            cfg.write_text(with_token_routes(stack.example_config_text(ports["listen"], ports["admin"],
-                                                                       ports["upstream"])))
+            text = with_token_routes(stack.example_config_text(ports["listen"], ports["admin"], ports["upstream"]))
+            cfg.write_text(stack.as_native(text) if stack.ARTIFACT == "native" else text)
         self.envoy = stack.Envoy(cfg, self.workdir, listen_port=ports["listen"], admin_port=ports["admin"],
                                  cwd=str(stack.REPO), name="envoy-demo")
         self.procs.append(self.envoy)
@@ -172,6 +172,9 @@ class Demo:
         print("%s gateway %s  admin http://127.0.0.1:%d  upstream http://127.0.0.1:%d" % (
             bold("stack up:"), self.gw, self.envoy.admin_port, self.upstream.port))
         print(dim("  envoy log: %s" % self.envoy.proc.log_path))
+        if stack.ARTIFACT == "native":
+            print(dim("  native build (%s): pay-callback forwards inline here, since the native build refuses "
+                      "forward = \"detached\" (docs/deploy.md, \"The native build\")" % stack.NATIVE.name))
 
     def policies_config(self, ports, update=False):
         """`idem-lint envoy POLICIES --upstream <the demo upstream>`: what a user runs for theirs.
@@ -413,7 +416,9 @@ class Demo:
                                  % (self.envoy_tag(env), env.admin_port)))
             prom = env.admin("/stats/prometheus").body.decode(errors="replace")
             for line in prom.splitlines():
-                if line.startswith(("idem_requests_total{", "idem_unmatched_total{")) and not line.endswith(" 0"):
+                # (the native build's families are prefixed by Envoy: envoy_dynamicmodulescustom_)
+                family = line.removeprefix("envoy_dynamicmodulescustom_")
+                if family.startswith(("idem_requests_total{", "idem_unmatched_total{")) and not line.endswith(" 0"):
                     print("  " + line)
         total = {}
         for env in self.envoys:
@@ -425,7 +430,8 @@ class Demo:
                    total.get("idem.submit-form.token_consumed", 0) >= 1 and
                    total.get("idem.submit-form.token_rejected", 0) >= 1, "token counters are exported")
         for env in self.envoys:
-            print("\n%s" % bold("interception log lines %s(component wasm):" % self.envoy_tag(env)))
+            component = "dynamic_modules" if stack.ARTIFACT == "native" else "wasm"
+            print("\n%s" % bold("interception log lines %s(component %s):" % (self.envoy_tag(env), component)))
             lines = [l for l in env.log_text().splitlines() if "idem:" in l]
             for l in lines[-8:]:
                 print("  " + dim(l[:200]))

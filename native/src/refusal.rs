@@ -8,12 +8,16 @@ use idem_filter::policy::{parse_bundle_all, Bundle, Forward, Source, StoreKind};
 use std::cell::Cell;
 use std::sync::Arc;
 
-/// Why a root-owned call is impossible here, named by the ABI calls that exist.
-const NO_ROOT_CALLS: &str = "needs HTTP calls that outlive the request that sent them, and Envoy 1.40's \
-     dynamic-module ABI keeps a callout either on a stream, cancelled when it ends \
-     (envoy_dynamic_module_callback_http_filter_http_callout), or on the filter config, answered on \
-     the main thread rather than on the worker that holds the claim \
-     (envoy_dynamic_module_callback_http_filter_config_http_callout); use the .wasm for this route";
+/// Why a root-owned call is not available, named by the ABI calls that exist: Envoy 1.40 has no
+/// callout or scheduler of a worker's own. A stream's callout is cancelled when the stream ends;
+/// a config's callout answers on the main thread, from where the answer could reach the claim's
+/// worker only through the scheduler of one of that worker's live streams (and wait for the next
+/// stream when there is none). That hop is not built; the `.wasm` does this today.
+const NO_ROOT_CALLS: &str = "needs HTTP calls that outlive the request that sent them, which the native build \
+     does not make yet: Envoy 1.40's dynamic-module ABI has no callout of a worker's own, only a stream's \
+     (envoy_dynamic_module_callback_http_filter_http_callout, cancelled when the stream ends) and the filter \
+     config's (envoy_dynamic_module_callback_http_filter_config_http_callout, answered on the main thread); \
+     use the .wasm for this route";
 
 /// Every route the native build must refuse, with the reason, one line each.
 pub fn refusals(bundle: &Bundle) -> Vec<String> {

@@ -26,7 +26,7 @@ from .envoy import Envoy, require_envoy, require_wasm, start_fast_upstream, star
 from .envoy_config import (DEFAULT_ROUTES, ECHO, ECHO_PATH, ENABLE_IDEM, INTERNAL_LISTENER_EXTENSION, REENTRY,
                            cluster, direct_response_config, echo_cluster, echo_listener, echo_route, idem_config,
                            listener, reentry_cluster, reentry_listener, native_filter, route_entry, routes_from_policy, wasm_filter)
-from .examples import (EXAMPLE_GRPC_SERVICE, EXAMPLE_GRPC_YAML, EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM,
+from .examples import (as_native, EXAMPLE_GRPC_SERVICE, EXAMPLE_GRPC_YAML, EXAMPLE_PORTS, EXAMPLE_REDIS_YAML, EXAMPLE_WASM,
                        EXAMPLE_YAML, example_config_text, example_grpc_config_text, example_redis_config_text,
                        rewrite_example)
 from .http import DEFAULT_AUTH, Response, free_port, port_is_free, request
@@ -65,6 +65,6 @@ __all__ = [
     "WRK", "WRK_SCRIPTS", "require_wrk", "parse_wrk", "run_wrk",
     # examples
     "EXAMPLE_YAML", "EXAMPLE_PORTS", "EXAMPLE_WASM", "EXAMPLE_REDIS_YAML", "EXAMPLE_GRPC_YAML",
-    "EXAMPLE_GRPC_SERVICE", "example_config_text", "example_redis_config_text", "example_grpc_config_text",
+    "as_native", "EXAMPLE_GRPC_SERVICE", "example_config_text", "example_redis_config_text", "example_grpc_config_text",
     "rewrite_example",
 ]
