@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import stack
-from conftest import TEST_POLICY, TEST_ROUTES, new_key
+from conftest import TEST_POLICY, TEST_ROUTES, envoy_from_yaml, new_key
 from idemtest import counters, post, wait_for
 
 CREATE = "/api/order/create"
@@ -117,3 +117,23 @@ def test_one_key_sent_at_once_on_every_worker_runs_once(native, make_envoy, upst
         statuses = sorted(a.status for a in answers)
         assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}, statuses
     wait_for(lambda: counters(env, "create-order").get("forwarded") == 5, 5, what="5 forwarded")
+
+
+def test_the_shipped_example_runs_on_the_native_build(native, workdir, upstream):
+    """examples/envoy.yaml with the dynamic module in place of the Wasm filter (what `make demo
+    ARTIFACT=native` starts): it loads, and the callback route replays a re-delivery, forwarded
+    inline (the native build refuses detached, and the rewrite says so in the policy)."""
+    def config(lp, ap):
+        text = stack.as_native(stack.example_config_text(lp, ap, upstream.port))
+        assert "envoy.filters.http.wasm.v3.Wasm" not in text and 'forward = "detached"' not in text
+        return text
+    with envoy_from_yaml(workdir, "envoy-example-native", config) as env:
+        txn = new_key("tx")
+        first = env.request("POST", "/api/pay/callback", headers={"content-type": "application/json"},
+                            body={"transaction_id": txn, "status": "PAID"})
+        again = env.request("POST", "/api/pay/callback", headers={"content-type": "application/json"},
+                            body={"status": "PAID", "transaction_id": txn})
+        assert first.status == 200 and again.status == 200, (first, again)
+        assert again.header("idempotent-replayed") == "true", again
+        assert again.body == first.body
+        assert "dynamic_modules" in env.log_text() and "wasm log" not in env.log_text()
