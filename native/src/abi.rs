@@ -157,6 +157,7 @@ extern "C" {
     ) -> bool;
 
     fn envoy_dynamic_module_callback_http_get_body_chunks_size(filter: *mut c_void, body_type: u32) -> usize;
+    fn envoy_dynamic_module_callback_http_get_body_size(filter: *mut c_void, body_type: u32) -> usize;
     fn envoy_dynamic_module_callback_http_get_body_chunks(
         filter: *mut c_void,
         body_type: u32,
@@ -322,6 +323,36 @@ impl FilterPtr {
         };
         // SAFETY: Envoy's buffer for this hook, copied at once.
         (found && count > 0).then(|| unsafe { envoy_bytes(out.ptr, out.length) }.to_vec())
+    }
+
+    /// `read` over every header of one map, borrowed from Envoy for the call (no copy per header).
+    pub fn with_headers<R>(self, header_type: u32, read: impl FnOnce(&[(&[u8], &[u8])]) -> R) -> R {
+        let mut stack = [EMPTY_HEADER; 32];
+        let mut heap = Vec::new();
+        // SAFETY: a live filter.
+        let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.0, header_type) };
+        let all: &mut [EnvoyHeader] = if n <= stack.len() {
+            &mut stack[..n]
+        } else {
+            heap.resize(n, EMPTY_HEADER);
+            &mut heap[..]
+        };
+        // SAFETY: `all` has room for the `n` headers Envoy just counted.
+        if n == 0 || !unsafe { envoy_dynamic_module_callback_http_get_headers(self.0, header_type, all.as_mut_ptr()) } {
+            return read(&[]);
+        }
+        // SAFETY: Envoy filled `n` headers valid for this hook; the slices do not outlive `read`.
+        let pairs: Vec<(&[u8], &[u8])> = all
+            .iter()
+            .map(|h| unsafe { (envoy_bytes(h.key_ptr, h.key_length), envoy_bytes(h.value_ptr, h.value_length)) })
+            .collect();
+        read(&pairs)
+    }
+
+    /// The size of one body buffer (0 when it is not available).
+    pub fn body_size(self, body_type: u32) -> usize {
+        // SAFETY: a live filter.
+        unsafe { envoy_dynamic_module_callback_http_get_body_size(self.0, body_type) }
     }
 
     /// Every header of one map, copied, in Envoy's order.

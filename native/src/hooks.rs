@@ -149,12 +149,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
 }
 
 /// `body_size`, as proxy-wasm gives it: what Envoy buffered so far plus this chunk.
-fn request_body_size(filter: *mut c_void) -> usize {
+fn body_size(filter: *mut c_void, buffered: u32, received: u32) -> usize {
     let f = FilterPtr(filter);
-    let mut all = Vec::new();
-    f.body(abi::body_type::BUFFERED_REQUEST, &mut all);
-    f.body(abi::body_type::RECEIVED_REQUEST, &mut all);
-    all.len()
+    f.body_size(buffered) + f.body_size(received)
 }
 
 #[no_mangle]
@@ -163,7 +160,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    let size = guarded(0, || request_body_size(filter));
+    let size = guarded(0, || body_size(filter, abi::body_type::BUFFERED_REQUEST, abi::body_type::RECEIVED_REQUEST));
     on_stream(filter, module, Flow::data_status, |s, h| s.on_request_body(h, size, end_of_stream))
 }
 
@@ -190,13 +187,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    let size = guarded(0, || {
-        let f = FilterPtr(filter);
-        let mut all = Vec::new();
-        f.body(abi::body_type::BUFFERED_RESPONSE, &mut all);
-        f.body(abi::body_type::RECEIVED_RESPONSE, &mut all);
-        all.len()
-    });
+    let size = guarded(0, || body_size(filter, abi::body_type::BUFFERED_RESPONSE, abi::body_type::RECEIVED_RESPONSE));
     on_stream(filter, module, Flow::data_status, |s, h| s.on_response_body(h, size, end_of_stream))
 }
 

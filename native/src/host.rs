@@ -142,7 +142,9 @@ impl core::Host for Native {
         self.filter()?.header(header_type::REQUEST, name)
     }
     fn request_headers(&self) -> Headers {
-        self.filter().map(|f| Headers::from_pairs(&f.headers(header_type::REQUEST))).unwrap_or_default()
+        self.filter()
+            .map(|f| f.with_headers(header_type::REQUEST, |pairs| Headers::from_pairs(pairs)))
+            .unwrap_or_default()
     }
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
         self.body(body_type::BUFFERED_REQUEST, body_type::RECEIVED_REQUEST, size)
