@@ -562,6 +562,16 @@ def main():
                                                       for k, v in sorted(counters.items()) if v))
         print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                         for k, v in sorted(redis_counters.items()) if v))
+        if "idem-native" in envoys:
+            native_counters = envoys["idem-native"].stats("idem.bench-key.")
+            print("idem.bench-key counters on the native build: %s" % ", ".join(
+                "%s=%d" % (k.split(".")[-1], v) for k, v in sorted(native_counters.items()) if v))
+            native_requests = sum(r["requests"] for c in cases if c[2] == "idem-native" for r in results[c[0]])
+            counted = native_counters.get("idem.bench-key.forwarded", 0) + native_counters.get(
+                "idem.bench-key.replayed", 0)
+            if counted < native_requests:
+                raise stack.StackError("the native build's route counted %d requests, wrk sent %d: the native cases "
+                                       "missed idem's route" % (counted, native_requests))
         by_case = {r["case"]: r for r in table}
         report_floor(by_case)
         report_native_floor(by_case)
