@@ -32,6 +32,15 @@ pub struct ConfigPtr(pub *mut c_void);
 unsafe impl Send for ConfigPtr {}
 unsafe impl Sync for ConfigPtr {}
 
+/// `envoy_dynamic_module_type_http_filter_config_scheduler_module_ptr`: runs events on the main
+/// thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigScheduler(pub *mut c_void);
+
+// SAFETY: `config_scheduler_commit` is documented safe from any thread.
+unsafe impl Send for ConfigScheduler {}
+unsafe impl Sync for ConfigScheduler {}
+
 /// `envoy_dynamic_module_type_http_filter_scheduler_module_ptr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerPtr(pub *mut c_void);
@@ -89,6 +98,11 @@ impl ModuleHeader {
             value_ptr: value.as_ptr(),
             value_length: value.len(),
         }
+    }
+
+    /// A callout's headers, borrowing the strings for the call.
+    fn all(headers: &[(String, String)]) -> Vec<ModuleHeader> {
+        headers.iter().map(|(n, v)| ModuleHeader::of(n.as_bytes(), v.as_bytes())).collect()
     }
 }
 
@@ -198,8 +212,8 @@ extern "C" {
         result: *mut u64,
     ) -> bool;
 
-    fn envoy_dynamic_module_callback_http_filter_http_callout(
-        filter: *mut c_void,
+    fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: *mut c_void,
         callout_id_out: *mut u64,
         cluster: ModuleBuffer,
         headers: *mut ModuleHeader,
@@ -207,6 +221,9 @@ extern "C" {
         body: ModuleBuffer,
         timeout_ms: u64,
     ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: *mut c_void) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler: *mut c_void, event_id: u64);
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: *mut c_void);
 
     fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: *mut c_void) -> *mut c_void;
     fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: *mut c_void, event_id: u64);
@@ -492,31 +509,6 @@ impl FilterPtr {
             .then_some(out)
     }
 
-    /// An HTTP call through a cluster, kept on this stream (Envoy cancels it when the stream
-    /// ends); the id Envoy gave it, or the init result's number.
-    pub fn callout(self, cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout_ms: u64) -> Result<u64, u32> {
-        let mut h: Vec<ModuleHeader> =
-            headers.iter().map(|(n, v)| ModuleHeader::of(n.as_bytes(), v.as_bytes())).collect();
-        let mut id = 0u64;
-        // SAFETY: live slices for the call (Envoy copies them), an out-pointer to a local.
-        let result = unsafe {
-            envoy_dynamic_module_callback_http_filter_http_callout(
-                self.0,
-                &mut id,
-                ModuleBuffer::of(cluster.as_bytes()),
-                h.as_mut_ptr(),
-                h.len(),
-                ModuleBuffer::of(body),
-                timeout_ms,
-            )
-        };
-        if result == CALLOUT_INIT_SUCCESS {
-            Ok(id)
-        } else {
-            Err(result)
-        }
-    }
-
     /// A scheduler on this stream's worker; freed with [`SchedulerPtr::delete`].
     pub fn scheduler(self) -> Option<SchedulerPtr> {
         // SAFETY: a live filter.
@@ -538,6 +530,19 @@ impl SchedulerPtr {
     }
 }
 
+impl ConfigScheduler {
+    /// Asks Envoy to call `on_http_filter_config_scheduled(event_id)` on the main thread; any thread.
+    pub fn commit(self, event_id: u64) {
+        // SAFETY: a scheduler not yet deleted (deleted only at config destroy, after its streams).
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, event_id) }
+    }
+
+    pub fn delete(self) {
+        // SAFETY: a scheduler Envoy allocated, deleted once.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
+    }
+}
+
 // ---- the filter config's metrics -----------------------------------------------------------
 
 /// One of a config's counters or histograms: its id and how many labels it takes.
@@ -545,6 +550,45 @@ impl SchedulerPtr {
 pub struct MetricId(pub usize);
 
 impl ConfigPtr {
+    /// An HTTP call through a cluster, kept on the filter config (not on any stream: it outlives
+    /// the request that asked for it) and answered on the main thread
+    /// (`on_http_filter_config_http_callout_done`); the id Envoy gave it, or the init result's
+    /// number. Main thread only: the config's async client is the main thread's.
+    pub fn callout(
+        self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u64, u32> {
+        let mut h = ModuleHeader::all(headers);
+        let mut id = 0u64;
+        // SAFETY: live slices for the call (Envoy copies them), an out-pointer to a local.
+        let result = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_http_callout(
+                self.0,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                h.as_mut_ptr(),
+                h.len(),
+                ModuleBuffer::of(body),
+                timeout_ms,
+            )
+        };
+        if result == CALLOUT_INIT_SUCCESS {
+            Ok(id)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// A scheduler whose events run on the main thread; freed with [`ConfigScheduler::delete`].
+    pub fn scheduler(self) -> Option<ConfigScheduler> {
+        // SAFETY: a live config.
+        let s = unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0) };
+        (!s.is_null()).then_some(ConfigScheduler(s))
+    }
+
     /// Defines a counter (`histogram` false) or histogram with these label names, at config creation.
     pub fn define(self, name: &str, labels: &[&str], histogram: bool) -> Option<MetricId> {
         let mut names: Vec<ModuleBuffer> = labels.iter().map(|l| ModuleBuffer::of(l.as_bytes())).collect();

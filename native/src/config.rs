@@ -1,5 +1,6 @@
 //! One `DynamicModuleFilter` config: the policy bundle it carries, checked on Envoy's main thread
-//! before any worker uses it, and its metrics, defined there as labelled families.
+//! before any worker uses it, its metrics, defined there as labelled families, and its calls
+//! (`calls.rs`).
 //!
 //! The core names a counter for proxy-wasm, tags and all
 //! (`route=.=create-order;.;outcome=.=replayed;.;idem_requests_total`). A dynamic module must
@@ -10,6 +11,7 @@
 //! series exists only once counted (or at zero for `[metrics] zero_series`), as on Wasm.
 
 use crate::abi::{ConfigPtr, MetricId};
+use crate::calls::Calls;
 use idem_filter::lifecycle::STRAY_REPLIES_COUNTER;
 
 /// A metric family: its name, label names, kind.
@@ -43,13 +45,17 @@ pub struct Config {
     pub policy: Vec<u8>,
     /// Each family's id, in [`FAMILIES`] order (`None` if Envoy refused to define it).
     families: Vec<Option<MetricId>>,
+    /// The HTTP calls of this config's roots and streams, sent from the main thread.
+    pub calls: Calls,
 }
 
 impl Config {
     /// Defines the metric families on Envoy's main thread.
     pub fn new(envoy: ConfigPtr, name: String, policy: Vec<u8>) -> Config {
         let families = FAMILIES.iter().map(|f| envoy.define(f.name, f.labels, f.histogram)).collect();
-        Config { envoy, name, policy, families }
+        let calls = Calls::default();
+        calls.start(envoy);
+        Config { envoy, name, policy, families, calls }
     }
 
     /// The series a core metric name stands for, or `None` for a name of no family.

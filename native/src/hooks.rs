@@ -6,7 +6,7 @@
 
 use crate::abi::{self, ConfigPtr, EnvoyBuffer, EnvoyHeader, FilterPtr};
 use crate::config::Config;
-use crate::host::{CallAnswer, Native};
+use crate::host::Native;
 use crate::{refusal, ticker, worker};
 use idem_filter::host::{Host, Level};
 use idem_filter::lifecycle::Flow;
@@ -102,7 +102,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *co
     guarded((), || {
         if !config.is_null() {
             // SAFETY: the pointer config_new made with `Arc::into_raw`, released once.
-            drop(unsafe { Arc::from_raw(config.cast::<Config>()) });
+            let config = unsafe { Arc::from_raw(config.cast::<Config>()) };
+            config.calls.stop();
         }
     })
 }
@@ -120,19 +121,29 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_config: *const c_void) {}
 
+/// One more strong count of the config behind config_new's pointer.
+///
+/// # Safety
+/// `config` is null or the pointer config_new returned, not yet destroyed.
+unsafe fn config_arc(config: *const c_void) -> Option<Arc<Config>> {
+    if config.is_null() {
+        return None;
+    }
+    // SAFETY: as the caller promised: `Arc::into_raw`'s pointer, still counted.
+    unsafe {
+        Arc::increment_strong_count(config.cast::<Config>());
+        Some(Arc::from_raw(config.cast::<Config>()))
+    }
+}
+
 // ---- one filter per stream ---------------------------------------------------------------
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_new(config: *const c_void, filter: *mut c_void) -> *const c_void {
     guarded(std::ptr::null(), || {
-        if config.is_null() {
+        // SAFETY: config_new's pointer, alive until config_destroy (after its streams).
+        let Some(config) = (unsafe { config_arc(config) }) else {
             return std::ptr::null();
-        }
-        // SAFETY: config_new's `Arc::into_raw`, alive until config_destroy (after its streams):
-        // one more strong count for this stream.
-        let config = unsafe {
-            Arc::increment_strong_count(config.cast::<Config>());
-            Arc::from_raw(config.cast::<Config>())
         };
         let context = worker::with(|w| w.new_stream(&config, FilterPtr(filter)));
         Box::into_raw(Box::new(StreamFilter { context, config, started: false })) as *const c_void
@@ -225,43 +236,22 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
     })
 }
 
-/// A stream's callout was answered (or failed: no headers). Envoy's headers and body are
-/// copied out before the core reads them.
+/// idem sends no stream callout (every call goes through the config, `calls.rs`).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    filter: *mut c_void,
-    module: *const c_void,
-    callout_id: u64,
-    result: u32,
-    headers: *mut EnvoyHeader,
-    headers_size: usize,
-    body_chunks: *mut EnvoyBuffer,
-    body_chunks_size: usize,
+    _filter: *mut c_void,
+    _module: *const c_void,
+    _callout_id: u64,
+    _result: u32,
+    _headers: *mut EnvoyHeader,
+    _headers_size: usize,
+    _body_chunks: *mut EnvoyBuffer,
+    _body_chunks_size: usize,
 ) {
-    guarded((), || {
-        // SAFETY: Envoy's module pointer for this stream.
-        let Some(s) = (unsafe { stream(module) }) else {
-            return;
-        };
-        let context = s.context;
-        let Some(token) = worker::with(|w| w.callout_answered(context, callout_id)) else {
-            return;
-        };
-        let mut answer = CallAnswer::default();
-        if result == 0 {
-            // SAFETY: Envoy's arrays for this hook (null when empty).
-            answer.headers = unsafe { abi::copy_headers(headers, headers_size) };
-            // SAFETY: as above.
-            unsafe { abi::copy_chunks(body_chunks, body_chunks_size, &mut answer.body) };
-        }
-        let (num_headers, body_size) = (answer.headers.len(), answer.body.len());
-        let host = Native::new(Arc::clone(&s.config), Some((context, FilterPtr(filter))));
-        host.deliver(answer);
-        worker::with(|w| w.enter(&host, (), |c, h| c.on_call_response(h, context, token, num_headers, body_size)));
-    })
 }
 
-/// A tick the ticker committed to this stream's scheduler: the worker's roots run their timers.
+/// A tick the ticker committed to this stream's scheduler (the worker's roots run their timers),
+/// or a wake-up (answers are in the worker's mailbox).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     filter: *mut c_void,
@@ -273,10 +263,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
         let Some(s) = (unsafe { stream(module) }) else {
             return;
         };
-        if event_id == ticker::TICK {
-            let host = Native::new(Arc::clone(&s.config), Some((s.context, FilterPtr(filter))));
-            worker::with(|w| w.tick(&host));
-        }
+        let host = Native::new(Arc::clone(&s.config), Some((s.context, FilterPtr(filter))));
+        worker::with(|w| {
+            w.take_answers();
+            if event_id == ticker::TICK {
+                w.tick(&host);
+            }
+        });
     })
 }
 
@@ -356,23 +349,46 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
 ) {
 }
 
+/// Main thread: calls the workers queued are sent (`calls.rs`).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     _config_envoy: *mut c_void,
-    _config: *const c_void,
+    config: *const c_void,
     _event_id: u64,
 ) {
+    guarded((), || {
+        // SAFETY: config_new's pointer, alive until config_destroy.
+        if let Some(config) = unsafe { config_arc(config) } {
+            config.calls.send_queued(&config);
+        }
+    })
 }
 
+/// Main thread: a call was answered; its answer goes back to its worker (`calls.rs`).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
     _config_envoy: *mut c_void,
-    _config: *const c_void,
-    _callout_id: u64,
-    _result: u32,
-    _headers: *mut EnvoyHeader,
-    _headers_size: usize,
-    _body_chunks: *mut EnvoyBuffer,
-    _body_chunks_size: usize,
+    config: *const c_void,
+    callout_id: u64,
+    result: u32,
+    headers: *mut EnvoyHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
 ) {
+    guarded((), || {
+        // SAFETY: config_new's pointer, alive until config_destroy.
+        if let Some(config) = unsafe { config_arc(config) } {
+            // SAFETY: Envoy's arrays for this hook.
+            unsafe {
+                config.calls.answered(
+                    &config,
+                    callout_id,
+                    result == 0,
+                    (headers, headers_size),
+                    (body_chunks, body_chunks_size),
+                )
+            };
+        }
+    })
 }

@@ -109,6 +109,8 @@ impl core::Host for Native {
     fn record(&self, histogram: u32, value: u64) {
         worker::with(|w| w.add_to_series(histogram, value));
     }
+    /// Sent from the main thread, kept on the filter config, so it outlives the stream that
+    /// asked for it (`calls.rs`).
     fn dispatch(
         &self,
         cluster: &str,
@@ -116,18 +118,7 @@ impl core::Host for Native {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u32, HostError> {
-        let (context, filter) = self.current.get().ok_or_else(|| {
-            HostError::Failed(
-                "the native build keeps a callout only on a stream (Envoy 1.40's \
-                 envoy_dynamic_module_callback_http_filter_http_callout); a root's call has no stream"
-                    .into(),
-            )
-        })?;
-        let pairs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        let id = filter
-            .callout(cluster, &pairs, body, timeout_ms.max(1))
-            .map_err(|code| HostError::Failed(format!("http_callout to cluster {cluster}: init result {code}")))?;
-        Ok(worker::with(|w| w.callout_sent(context, id)))
+        worker::with(|w| w.send_call(&self.config, cluster, headers, body, timeout_ms))
     }
     fn enqueue(&self, queue: u32) {
         worker::with(|w| w.wake(queue));

@@ -10,10 +10,13 @@
 //! - [`worker`]: what one worker thread holds (the core's contexts, its streams' filters,
 //!   callouts out, deferred replies and resumes);
 //! - [`ticker`]: the thread that ticks each worker's roots through a live stream's scheduler;
+//! - [`calls`]: every HTTP call, sent from the main thread so it outlives its request, and its
+//!   answer brought back to the worker;
 //! - [`host`]: the core's `Host` on the ABI, with the embedded store's map in process memory;
 //! - [`refusal`]: what this build refuses at load, and why.
 
 pub mod abi;
+mod calls;
 mod config;
 mod hooks;
 mod host;

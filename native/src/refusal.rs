@@ -4,33 +4,39 @@
 use crate::config::Config;
 use crate::host::{Native, Setup};
 use idem_filter::lifecycle::Worker;
-use idem_filter::policy::{parse_bundle_all, Bundle, Forward, Source, StoreKind};
+use idem_filter::policy::{parse_bundle_all, Bundle, DetachedVia, Forward, Source, StoreKind};
 use std::cell::Cell;
 use std::sync::Arc;
 
-/// Why a root-owned call is not available, named by the ABI calls that exist: Envoy 1.40 has no
-/// callout or scheduler of a worker's own. A stream's callout is cancelled when the stream ends;
-/// a config's callout answers on the main thread, from where the answer could reach the claim's
-/// worker only through the scheduler of one of that worker's live streams (and wait for the next
-/// stream when there is none). That hop is not built; the `.wasm` does this today.
-const NO_ROOT_CALLS: &str = "needs HTTP calls that outlive the request that sent them, which the native build \
-     does not make yet: Envoy 1.40's dynamic-module ABI has no callout of a worker's own, only a stream's \
-     (envoy_dynamic_module_callback_http_filter_http_callout, cancelled when the stream ends) and the filter \
-     config's (envoy_dynamic_module_callback_http_filter_config_http_callout, answered on the main thread); \
-     use the .wasm for this route";
+/// Why root work cannot be promised natively: the calls themselves go through the main thread
+/// (`calls.rs`), but what the root does with their answers and on its timer — retrying a write
+/// Redis refused, releasing the claim of a client that left, finishing a detached call — runs on
+/// the worker, and Envoy 1.40 cannot wake a worker that has no live stream.
+const IDLE_WORKER: &str = "needs the worker to act after its last request ended (retry a write Redis \
+     refused, release the claim of a client that left, finish a call), and Envoy 1.40's dynamic modules \
+     cannot wake a worker with no live stream: no worker timer, and a stream's scheduler \
+     (envoy_dynamic_module_callback_http_filter_scheduler_commit) ends with its stream; it would wait for \
+     that worker's next request. Use the .wasm for this route";
 
 /// Every route the native build must refuse, with the reason, one line each.
 pub fn refusals(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
     for r in &bundle.routes {
         if r.store == StoreKind::Redis {
-            out.push(format!(
-                "route {:?}: store = \"redis\" (Webdis: group commit, queued writes, renewals) {NO_ROOT_CALLS}",
-                r.name
-            ));
+            out.push(format!("route {:?}: store = \"redis\" {IDLE_WORKER}", r.name));
         }
         if r.forward == Forward::Detached {
-            out.push(format!("route {:?}: forward = \"detached\" {NO_ROOT_CALLS}", r.name));
+            out.push(format!("route {:?}: forward = \"detached\" {IDLE_WORKER}", r.name));
+        }
+        if r.forward == Forward::Detached && bundle.detached.via == DetachedVia::Reentry {
+            out.push(format!(
+                "route {:?}: forward = \"detached\" with [detached] via = \"reentry\": the native build sends its \
+                 calls from Envoy's main thread (Envoy 1.40's dynamic modules have no callout of a worker's own: \
+                 envoy_dynamic_module_callback_http_filter_config_http_callout), and an internal listener is \
+                 reachable only from a worker; set [detached] via = \"cluster\" (straight to the route's \
+                 cluster) or use the .wasm",
+                r.name
+            ));
         }
         for source in r.key.sources.iter().chain(&r.key.scope) {
             if let Source::Metadata(path) = source {

@@ -3,8 +3,9 @@
 //! own thread). It stands in for proxy-wasm's per-worker `set_tick_period`, which dynamic modules
 //! lack in Envoy 1.40.
 //!
-//! A slot per worker thread holds its period and, while the worker has a live stream carrying
-//! the ticks, that stream's scheduler. The lock is held while committing and while a worker
+//! A slot per worker thread holds its period (if its roots want ticks) and, while the worker has
+//! a live stream, that stream's scheduler — also what wakes the worker when a call's answer is in
+//! its mailbox (`calls.rs`). The lock is held while committing and while a worker
 //! detaches (and deletes) a scheduler, so no commit reaches a deleted one.
 
 use crate::abi::SchedulerPtr;
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// The event id of a tick (`on_http_filter_scheduled`).
 pub const TICK: u64 = 1;
+/// The event id of a wake-up: answers wait in the worker's mailbox (`calls.rs`).
+pub const WAKE: u64 = 2;
 
 #[derive(Default)]
 struct Slot {
@@ -65,6 +68,14 @@ pub fn detach(slot: usize, scheduler: SchedulerPtr) {
         }
     }
     scheduler.delete();
+}
+
+/// Wakes a worker now, through its live stream's scheduler; a worker with none takes its mail at
+/// its next hook.
+pub fn wake(slot: usize) {
+    if let Some(scheduler) = slots().get(slot).and_then(|s| s.scheduler) {
+        scheduler.commit(WAKE);
+    }
 }
 
 fn run() {

@@ -18,10 +18,11 @@
 //! - **wake-ups**: `enqueue` runs the root's queue handler once the current hook's event is done.
 
 use crate::abi::{FilterPtr, SchedulerPtr};
+use crate::calls::{self, Call};
 use crate::config::{Config, Series};
 use crate::host::Native;
 use crate::ticker;
-use idem_filter::host::{Host, Level};
+use idem_filter::host::{Host, HostError, Level};
 use idem_filter::lifecycle::{Contexts, Flow, Stream};
 use idem_filter::response::LocalReply;
 use std::cell::{Cell, RefCell};
@@ -55,8 +56,7 @@ pub struct WorkerThread {
     roots: RefCell<Vec<Root>>,
     /// Live stream contexts: their Envoy filter and root.
     streams: RefCell<HashMap<u32, (FilterPtr, u32)>>,
-    /// Callouts out: (stream context, Envoy's callout id) → the token the core knows.
-    callouts: RefCell<HashMap<(u32, u64), u32>>,
+    /// The token of the last call sent (the core tells its calls' answers apart by token).
     next_token: Cell<u32>,
     deferred: RefCell<Vec<Deferred>>,
     /// Series by the handle the core was given ([`Host::define_counter`]).
@@ -152,9 +152,9 @@ impl WorkerThread {
             last_tick_ms: Cell::new(now),
             woken: Cell::new(false),
         });
+        let slot = self.ticker_slot.get().unwrap_or_else(ticker::new_slot);
+        self.ticker_slot.set(Some(slot));
         if let Some(ms) = tick_ms {
-            let slot = self.ticker_slot.get().unwrap_or_else(ticker::new_slot);
-            self.ticker_slot.set(Some(slot));
             ticker::set_period(slot, ms);
         }
         ok.then_some(id)
@@ -177,7 +177,7 @@ impl WorkerThread {
         self.streams.borrow().get(&context).map(|(f, _)| *f)
     }
 
-    /// A stream's first hook: if this worker needs ticks and none of its streams carries them,
+    /// A stream's first hook: if none of this worker's streams carries its ticks and wake-ups,
     /// this one does.
     pub fn carry_ticks(&self, context: u32, filter: FilterPtr) {
         let Some(slot) = self.ticker_slot.get() else {
@@ -196,7 +196,6 @@ impl WorkerThread {
     /// live stream takes them over.
     pub fn end_stream(&self, context: u32) {
         self.streams.borrow_mut().remove(&context);
-        self.callouts.borrow_mut().retain(|(c, _), _| *c != context);
         if let Ok(mut contexts) = self.contexts.try_borrow_mut() {
             contexts.delete(context);
         }
@@ -238,19 +237,53 @@ impl WorkerThread {
         }
     }
 
-    // ---- callouts
+    // ---- calls
 
-    /// A callout sent by a stream: the token the core will know it by.
-    pub fn callout_sent(&self, context: u32, callout_id: u64) -> u32 {
+    /// Queues an HTTP call for the main thread (`calls.rs`): the token the core will know its
+    /// answer by.
+    pub fn send_call(
+        &self,
+        config: &Arc<Config>,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        let root = self.roots.borrow().iter().find(|r| Arc::ptr_eq(&r.config, config)).map(|r| r.id);
+        let (Some(root), Some(slot)) = (root, self.ticker_slot.get()) else {
+            return Err(HostError::Failed("a call from a worker with no root for its config".into()));
+        };
         let token = self.next_token.get().wrapping_add(1).max(1);
         self.next_token.set(token);
-        self.callouts.borrow_mut().insert((context, callout_id), token);
-        token
+        let call = Call {
+            slot,
+            root,
+            token,
+            cluster: cluster.to_string(),
+            headers: headers.to_vec(),
+            body: body.to_vec(),
+            timeout_ms: timeout_ms.max(1),
+        };
+        if config.calls.queue(call) {
+            Ok(token)
+        } else {
+            Err(HostError::Failed(format!("call to cluster {cluster}: the filter config is being destroyed")))
+        }
     }
 
-    /// The token of a stream's callout that was answered.
-    pub fn callout_answered(&self, context: u32, callout_id: u64) -> Option<u32> {
-        self.callouts.borrow_mut().remove(&(context, callout_id))
+    /// Hands the answers waiting in this worker's mailbox to the core, each delivered where its
+    /// root is (the core routes it on to the stream that owns it).
+    pub fn take_answers(&self) {
+        let Some(slot) = self.ticker_slot.get() else {
+            return;
+        };
+        for d in calls::take(slot) {
+            let (num_headers, body_size) = (d.answer.headers.len(), d.answer.body.len());
+            let host = Native::new(d.config, None);
+            host.deliver(d.answer);
+            let (root, token) = (d.root, d.token);
+            self.enter(&host, (), |c, h| c.on_call_response(h, root, token, num_headers, body_size));
+        }
     }
 
     // ---- metrics
@@ -275,9 +308,13 @@ impl WorkerThread {
     }
 }
 
-/// A stream's event on this worker, `Continue` for a stream that is not ours.
+/// A stream's event on this worker, `Continue` for a stream that is not ours. Answers waiting in
+/// the mailbox are taken first (a worker that had no live stream to wake takes them here).
 pub fn on_stream(host: &Native, context: u32, event: impl FnOnce(&mut Stream, &Native) -> Flow) -> Flow {
-    with(|w| w.enter(host, Flow::Continue, |c, h| c.on_stream(context, |s| event(s, h))))
+    with(|w| {
+        w.take_answers();
+        w.enter(host, Flow::Continue, |c, h| c.on_stream(context, |s| event(s, h)))
+    })
 }
 
 /// Sends a local reply: the core's headers as bytes; a gRPC trailers-only answer carries its

@@ -50,8 +50,8 @@ WASM_TYPE = '"@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.
 
 def as_native(text):
     """An example config with each idem Wasm filter swapped for the native build's dynamic module
-    (docs/deploy.md): the same policy text (the `value: |` block), `filter_name` idem, except that
-    a `forward = "detached"` route forwards inline, which the native build refuses (docs/deploy.md).
+    (docs/deploy.md): the same policy text (the `value: |` block), `filter_name` idem, except that a
+    `forward = "detached"` route forwards inline, which the native build refuses (docs/deploy.md).
     What `make demo ARTIFACT=native` runs."""
     text = text.replace('forward = "detached"', 'forward = "inline"  # native build: detached is .wasm only')
     lines = text.splitlines(keepends=True)

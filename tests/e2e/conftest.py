@@ -172,8 +172,8 @@ def pytest_runtest_makereport(item, call):
 
 
 # What the native build refuses at load (native/src/refusal.rs; test_native.py holds each refusal
-# and its reason): a test of these runs on the .wasm only. Under IDEM_ARTIFACT=native such tests
-# are deselected, not skipped, and the session says how many and why.
+# and its reason): a test of it (marked wasm_only, or using Redis) runs on the .wasm only. Under
+# IDEM_ARTIFACT=native such tests are deselected, not skipped.
 REDIS_FIXTURES = {"redis_stack", "own_redis_stack", "make_fleet", "redis_components"}
 
 
@@ -186,7 +186,7 @@ def _wasm_only(item):
     if marker is not None:
         return marker.args[0] if marker.args else "marked wasm_only"
     if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())) or "redis" in item.name.lower():
-        return "store = \"redis\" (Webdis calls owned by the root)"
+        return "store = \"redis\""
     return None
 
 

@@ -26,7 +26,7 @@ from idemtest import assert_local, assert_replay_of, assert_upstream_answer, cou
 PREFIX = "idem-hard-%s:" % uuid.uuid4().hex[:6]
 
 
-def policy(store="shared", lock_ttl="30s", timeout="500ms"):
+def _policy(store="shared", lock_ttl="30s", timeout="500ms"):
     # Top-level keys come before the [redis] table (TOML would put them inside it).
     head = 'unmatched = "reject"\n' + (stack.redis_table(timeout=timeout, prefix=PREFIX) if store == "redis" else "")
     return head + """
@@ -78,6 +78,16 @@ name = "h-order-create"
 match = {{ method = "POST", path = "/h/order/create" }}
 store = "{store}"
 """.format(store=store, lock_ttl=lock_ttl)
+
+
+def policy(store="shared", lock_ttl="30s", timeout="500ms"):
+    """The hardening routes; on the native build without h-jwt, whose scope nested in metadata it
+    refuses at load (test_native.py), so the other routes still run there."""
+    text = _policy(store, lock_ttl, timeout)
+    if stack.ARTIFACT == "native":
+        start = text.index('[[route]]\nname = "h-jwt"')
+        text = text[:start] + text[text.index("[[route]]", start + 1):]
+    return text
 
 
 # Envoy's routes, from the policy's, and a catch-all with no filter. /h/order/create is reached

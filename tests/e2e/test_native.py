@@ -1,7 +1,7 @@
 """The native build (target/native/libidem_native.so, an Envoy dynamic module) in a real Envoy
 1.40, whatever IDEM_ARTIFACT says: what it refuses at load and why (never a silent difference
-from the .wasm), its metrics as Envoy exports a module's, and the embedded store shared by all
-workers of the process. The guarantee suites themselves run on it in `make test`
+from the .wasm), its metrics as Envoy exports a module's, the embedded store shared by all
+workers of the process, and a call that outlives its request (sent from the main thread). The guarantee suites themselves run on it in `make test`
 (IDEM_ARTIFACT=native, Makefile E2E_NATIVE)."""
 
 import re
@@ -34,10 +34,11 @@ match = { method = "POST", path = "/api/order/create" }
 # case -> (policy, what the refusal must name: the route, the feature, the ABI call that is missing)
 REFUSED = {
     "redis": (stack.redis_table() + ROUTE + 'store = "redis"\n',
-              ['route "create-order"', 'store = "redis"', "envoy_dynamic_module_callback_http_filter_http_callout",
-               "use the .wasm"]),
+              ['route "create-order"', 'store = "redis"', "no live stream",
+               "envoy_dynamic_module_callback_http_filter_scheduler_commit", "Use the .wasm"]),
     "detached": (ROUTE + 'forward = "detached"\n',
-                 ['route "create-order"', 'forward = "detached"', "outlive the request"]),
+                 ['route "create-order"', 'forward = "detached"', "no live stream", 'via = "reentry"',
+                  "envoy_dynamic_module_callback_http_filter_config_http_callout"]),
     "nested-metadata-scope": (ROUTE + '[route.key]\nscope = ["metadata:envoy.filters.http.jwt_authn/jwt_payload/sub"]\n',
                               ['route "create-order"', "jwt_payload/sub",
                                "envoy_dynamic_module_callback_http_get_metadata_string"]),

@@ -196,7 +196,7 @@ def fast_upstream(workdir):
     env.stop()
 
 
-@pytest.mark.wasm_only("forward = \"detached\" (calls owned by the root)")
+@pytest.mark.wasm_only("forward = \"detached\"")
 def test_clients_leaving_during_detached_calls_never_trap_the_vm(make_envoy, fast_upstream):
     """wrk's 32 connections close at the end of its run while the root's detached calls are out:
     the root must not answer a stream whose client reset it (Envoy still accepts the context for

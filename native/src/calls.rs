@@ -1,0 +1,159 @@
+//! Every HTTP call the core sends (reconcile lookups today; Webdis commands and detached requests
+//! once the build can wake an idle worker, `refusal.rs`), kept where a call can outlive the
+//! request that sent it — as Envoy 1.40 keeps a `.wasm`'s calls on the
+//! root context and still answers them after the stream ended.
+//!
+//! A dynamic module in 1.40 has no worker-level callout: a stream's callout is cancelled when the
+//! stream ends, and a filter config's callout runs on the main thread. So a call goes:
+//! 1. worker: queued on its config with the token the core knows it by, and the config's
+//!    main-thread scheduler committed (`config_scheduler_commit`, any thread);
+//! 2. main thread (`on_http_filter_config_scheduled`): sent as the config's callout;
+//! 3. main thread (`on_http_filter_config_http_callout_done`): the answer copied into the worker's
+//!    mailbox, and the worker woken through the scheduler of one of its live streams
+//!    (`ticker::wake`);
+//! 4. worker (`on_http_filter_scheduled`, or its next hook when it had no live stream to wake):
+//!    the answer handed to the core's `Contexts`, which routes it by token to the root or the
+//!    stream that owns it, as on Wasm.
+//!
+//! The two thread hops cost a few microseconds against a Webdis round trip. What 1.40 cannot do:
+//! wake a worker that has no live stream, so an answer for an idle worker waits for its next
+//! request (a write's answer only updates the worker's own state; the write itself has landed).
+
+use crate::abi::{self, ConfigPtr, ConfigScheduler, EnvoyBuffer, EnvoyHeader};
+use crate::config::Config;
+use crate::host::CallAnswer;
+use crate::ticker;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The config scheduler's event: calls are queued.
+const SEND: u64 = 1;
+
+/// A call a worker asked for, until the main thread sends it.
+pub struct Call {
+    pub slot: usize,
+    pub root: u32,
+    pub token: u32,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// Where an answer goes back to: the worker's mailbox, its root, the core's token.
+#[derive(Clone, Copy)]
+struct ReturnTo {
+    slot: usize,
+    root: u32,
+    token: u32,
+}
+
+/// An answer waiting for its worker.
+pub struct Delivery {
+    pub config: Arc<Config>,
+    pub root: u32,
+    pub token: u32,
+    pub answer: CallAnswer,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One config's calls: queued by workers, sent and answered on the main thread.
+#[derive(Default)]
+pub struct Calls {
+    scheduler: Mutex<Option<ConfigScheduler>>,
+    queued: Mutex<Vec<Call>>,
+    /// Calls out, by Envoy's callout id (main thread only; a mutex because `Config` is shared).
+    out: Mutex<HashMap<u64, ReturnTo>>,
+}
+
+impl Calls {
+    /// Makes the main-thread scheduler (at config creation, on the main thread).
+    pub fn start(&self, config: ConfigPtr) {
+        *lock(&self.scheduler) = config.scheduler();
+    }
+
+    /// Deletes the scheduler (config destroy, main thread): no call is queued after it.
+    pub fn stop(&self) {
+        if let Some(s) = lock(&self.scheduler).take() {
+            s.delete();
+        }
+    }
+
+    /// A worker queues a call; false when the config has no scheduler (it is being destroyed).
+    pub fn queue(&self, call: Call) -> bool {
+        let scheduler = *lock(&self.scheduler);
+        let Some(scheduler) = scheduler else {
+            return false;
+        };
+        lock(&self.queued).push(call);
+        scheduler.commit(SEND);
+        true
+    }
+
+    /// Main thread: sends what workers queued. A call Envoy refuses is answered at once as failed.
+    pub fn send_queued(&self, config: &Arc<Config>) {
+        let calls = std::mem::take(&mut *lock(&self.queued));
+        for call in calls {
+            let back = ReturnTo { slot: call.slot, root: call.root, token: call.token };
+            match config.envoy.callout(&call.cluster, &call.headers, &call.body, call.timeout_ms) {
+                Ok(id) => {
+                    lock(&self.out).insert(id, back);
+                }
+                Err(code) => {
+                    abi::log(
+                        3,
+                        &format!("idem: callout to cluster {} refused by Envoy (init result {code})", call.cluster),
+                    );
+                    deliver(config, back, CallAnswer::default());
+                }
+            }
+        }
+    }
+
+    /// Main thread: a call was answered (no headers when it failed); its answer goes to its worker.
+    ///
+    /// # Safety
+    /// `headers` and `chunks` are Envoy's arrays for this hook (null when empty).
+    pub unsafe fn answered(
+        &self,
+        config: &Arc<Config>,
+        id: u64,
+        success: bool,
+        headers: (*const EnvoyHeader, usize),
+        chunks: (*const EnvoyBuffer, usize),
+    ) {
+        let Some(back) = lock(&self.out).remove(&id) else {
+            return;
+        };
+        let mut answer = CallAnswer::default();
+        if success {
+            // SAFETY: as the caller promised.
+            answer.headers = unsafe { abi::copy_headers(headers.0, headers.1) };
+            // SAFETY: as the caller promised.
+            unsafe { abi::copy_chunks(chunks.0, chunks.1, &mut answer.body) };
+        }
+        deliver(config, back, answer);
+    }
+}
+
+/// Each worker's answers waiting to be taken, by ticker slot.
+static MAILBOXES: Mutex<Vec<Vec<Delivery>>> = Mutex::new(Vec::new());
+
+fn deliver(config: &Arc<Config>, back: ReturnTo, answer: CallAnswer) {
+    {
+        let mut boxes = lock(&MAILBOXES);
+        if boxes.len() <= back.slot {
+            boxes.resize_with(back.slot + 1, Vec::new);
+        }
+        boxes[back.slot].push(Delivery { config: Arc::clone(config), root: back.root, token: back.token, answer });
+    }
+    ticker::wake(back.slot);
+}
+
+/// A worker takes its answers.
+pub fn take(slot: usize) -> Vec<Delivery> {
+    lock(&MAILBOXES).get_mut(slot).map(std::mem::take).unwrap_or_default()
+}
