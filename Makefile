@@ -70,7 +70,6 @@ check: wasm-target fmt-check clippy
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --release --target wasm32-wasip1 -p idem-filter -p idem-floor -- -D warnings
-	$(CARGO) clippy --profile native -p idem-native -- -D warnings
 
 # The module tests load the built .wasm; the linter's tests build and run the debug binary.
 unit: build-filter
@@ -111,6 +110,7 @@ bench: setup build build-native
 	CARGO_TARGET_DIR=target/native-floor $(CARGO) build --release --manifest-path bench/floor-native/Cargo.toml
 	$(PY) scripts/bench.py
 	$(PY) scripts/breakdown.py --envoy --envoy-cases a,b,c0,c0-native,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k,c-native,d-native,c16k-native
+	$(PY) scripts/latency.py
 	bash scripts/bench-lint.sh
 
 # The filter as OCI images for Istio / Envoy Gateway, in the OCI layout target/oci/idem: tag `oci`
