@@ -11,8 +11,8 @@ a `direct_response` Envoy answering at once; everything shares this machine's co
 Cases: (a) plain Envoy; (c) fresh keys on the shared store; (d) one key replayed; (e) fresh keys
 on Redis through Webdis; (c16k) (c) with 16 KB bodies; (c-native) and (d-native) on the native
 build. The key is a query parameter (`?k=…`): oha varies the URL by a regex
-(`--rand-regex-url`, where `.` and `?` are escaped: an unescaped `?` sends every request to
-another route), so every case's requests are checked against idem's own `idem_requests_total`
+(`--rand-regex-url`, where `?` is escaped and `.` is not: oha treats dots as literal, and `\.`
+turns the host into random characters), so every case's requests are checked against idem's own `idem_requests_total`
 and a case that missed its route fails the run.
 
 The ladder: 500, 1000, 2000, 4000 req/s and on until plain Envoy itself stops keeping up (achieves
@@ -101,8 +101,9 @@ def run_oha(oha, port, rate, seconds, fresh, body, run_id):
             "--latency-correction", "-c", str(max(16, min(256, rate // 25))), "-m", "POST",
             "-H", "content-type: application/json", "-H", "authorization: Bearer lat", "-d", body]
     if fresh:
-        # The URL is a regex: escape what is literal (the dots, `?`), then the key's random part.
-        argv += ["--rand-regex-url", base.replace(".", r"\.") + r"\?k=" + run_id + "[a-z0-9]{20}"]
+        # The URL is a regex: `?` is escaped; dots are literal already (oha disables `.` in it, and
+        # an escaped `\.` turns the host into random characters: `--dump-urls` shows it).
+        argv += ["--rand-regex-url", base + r"\?k=" + run_id + "[a-z0-9]{20}"]
     else:
         argv += [base + "?k=replay-" + run_id]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
@@ -189,6 +190,9 @@ def main():
               "load average before %.2f %.2f %.2f" % (version, args.seconds, os.cpu_count(), *load_before))
         results = {c[0]: [] for c in cases}
         run_id = uuid.uuid4().hex[:6]
+        # Warm-up: connection pools, the replay keys' first (stored) answers, caches.
+        for cid, _, which, fresh, size in cases:
+            run_oha(oha, envs[which].listen_port, 500, 2, fresh, body_of(size), run_id + cid.replace("-", ""))
         for rate in rates:
             saturated = False
             for cid, _, which, fresh, size in cases:
