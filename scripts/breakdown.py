@@ -72,18 +72,10 @@ def callgrind(case, n, outdir):
 
 
 def envoy_binary():
-    """The Envoy executable itself: `.venv/bin/envoy` is pip's launcher script, which valgrind
-    would follow no further than its `exec`."""
+    """The Envoy executable itself (valgrind follows pip's launcher script no further than its `exec`)."""
     sys.path.insert(0, str(REPO / "scripts"))
     import stack
-    launcher = stack.require_envoy()
-    with open(launcher, "rb") as f:
-        if f.read(4) == b"\x7fELF":
-            return str(launcher)
-    found = sorted(glob.glob(str(REPO / ".venv" / "lib" / "python*" / "site-packages" / "envoy" / "_bin" / "envoy")))
-    if not found:
-        raise SystemExit("error: the Envoy binary behind %s was not found; run `make setup`" % launcher)
-    return found[0]
+    return str(stack.envoy_executable())
 
 
 def self_costs(path):

@@ -63,6 +63,21 @@ def dotted_stat(name):
     return name
 
 
+def envoy_executable():
+    """The Envoy binary itself: `.venv/bin/envoy` is pip's launcher script (what valgrind and `nm`
+    need is the ELF file it runs)."""
+    launcher = require_envoy()
+    with open(launcher, "rb") as f:
+        if f.read(4) == b"\x7fELF":
+            return Path(launcher)
+    import glob
+    from .common import REPO
+    found = sorted(glob.glob(str(REPO / ".venv" / "lib" / "python*" / "site-packages" / "envoy" / "_bin" / "envoy")))
+    if not found:
+        raise StackError("the Envoy binary behind %s was not found under .venv; %s" % (launcher, SETUP_HINT))
+    return Path(found[-1])
+
+
 class Envoy:
     """One Envoy process. `config` is a dict (written as JSON) or a path to a YAML file."""
 

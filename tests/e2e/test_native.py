@@ -138,3 +138,48 @@ def test_the_shipped_example_runs_on_the_native_build(native, workdir, upstream)
         assert again.header("idempotent-replayed") == "true", again
         assert again.body == first.body
         assert "dynamic_modules" in env.log_text() and "wasm log" not in env.log_text()
+
+
+# The hooks Envoy 1.40's HTTP filter loader resolves as required when a config is created
+# (source/extensions/filters/http/dynamic_modules/filter_config.cc); the config-level ones it
+# resolves when present, and idem uses them (calls from the main thread).
+REQUIRED_HOOKS = {
+    "envoy_dynamic_module_on_program_init",
+    "envoy_dynamic_module_on_http_filter_config_new", "envoy_dynamic_module_on_http_filter_config_destroy",
+    "envoy_dynamic_module_on_http_filter_per_route_config_new",
+    "envoy_dynamic_module_on_http_filter_per_route_config_destroy",
+    "envoy_dynamic_module_on_http_filter_new", "envoy_dynamic_module_on_http_filter_destroy",
+    "envoy_dynamic_module_on_http_filter_request_headers", "envoy_dynamic_module_on_http_filter_request_body",
+    "envoy_dynamic_module_on_http_filter_request_trailers", "envoy_dynamic_module_on_http_filter_response_headers",
+    "envoy_dynamic_module_on_http_filter_response_body", "envoy_dynamic_module_on_http_filter_response_trailers",
+    "envoy_dynamic_module_on_http_filter_stream_complete", "envoy_dynamic_module_on_http_filter_http_callout_done",
+    "envoy_dynamic_module_on_http_filter_http_stream_headers", "envoy_dynamic_module_on_http_filter_http_stream_data",
+    "envoy_dynamic_module_on_http_filter_http_stream_trailers",
+    "envoy_dynamic_module_on_http_filter_http_stream_complete", "envoy_dynamic_module_on_http_filter_http_stream_reset",
+    "envoy_dynamic_module_on_http_filter_scheduled",
+    "envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark",
+    "envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark",
+    "envoy_dynamic_module_on_http_filter_config_scheduled",
+    "envoy_dynamic_module_on_http_filter_config_http_callout_done",
+}
+
+
+def dynamic_symbols(path, which):
+    import subprocess
+    out = subprocess.run(["nm", "-D", "--%s-only" % which, str(path)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+
+
+def test_the_module_exports_every_hook_and_calls_only_what_envoy_exports(native):
+    """The module level, as wasm_module.rs is for the .wasm: every hook Envoy's loader needs is
+    exported (a missing one makes Envoy refuse the config), and every callback the bindings name is
+    one the Envoy 1.40 binary exports (a misspelt binding fails at dlopen, on every request)."""
+    exported = dynamic_symbols(stack.NATIVE, "defined")
+    missing = REQUIRED_HOOKS - exported
+    assert not missing, "hooks the module does not export: %s" % sorted(missing)
+    wanted = {s for s in dynamic_symbols(stack.NATIVE, "undefined") if s.startswith("envoy_")}
+    assert wanted, "the module calls no Envoy callback at all?"
+    envoy = dynamic_symbols(stack.envoy_executable(), "defined")
+    absent = wanted - envoy
+    assert not absent, "callbacks the module needs that Envoy 1.40 does not export: %s" % sorted(absent)
+    assert all(s.startswith("envoy_dynamic_module_callback_") for s in wanted), sorted(wanted)
