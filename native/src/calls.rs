@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::host::CallAnswer;
 use crate::ticker;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The config scheduler's event: calls are queued.
@@ -141,6 +142,9 @@ impl Calls {
 
 /// Each worker's answers waiting to be taken, by ticker slot.
 static MAILBOXES: Mutex<Vec<Vec<Delivery>>> = Mutex::new(Vec::new());
+/// How many answers wait in all mailboxes: every hook looks, and the shared lock is taken only
+/// when one does.
+static WAITING: AtomicUsize = AtomicUsize::new(0);
 
 fn deliver(config: &Arc<Config>, back: ReturnTo, answer: CallAnswer) {
     {
@@ -149,11 +153,17 @@ fn deliver(config: &Arc<Config>, back: ReturnTo, answer: CallAnswer) {
             boxes.resize_with(back.slot + 1, Vec::new);
         }
         boxes[back.slot].push(Delivery { config: Arc::clone(config), root: back.root, token: back.token, answer });
+        WAITING.fetch_add(1, Ordering::Release);
     }
     ticker::wake(back.slot);
 }
 
 /// A worker takes its answers.
 pub fn take(slot: usize) -> Vec<Delivery> {
-    lock(&MAILBOXES).get_mut(slot).map(std::mem::take).unwrap_or_default()
+    if WAITING.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
+    let taken: Vec<Delivery> = lock(&MAILBOXES).get_mut(slot).map(std::mem::take).unwrap_or_default();
+    WAITING.fetch_sub(taken.len(), Ordering::AcqRel);
+    taken
 }
