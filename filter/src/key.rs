@@ -49,6 +49,7 @@ fn missing(source: &Source) -> KeyError {
         Source::CloudEvent(a) => {
             format!("the CloudEvent has no {a} (header ce-{a} in binary mode, member {a} in structured mode)")
         }
+        Source::Proto(_) => format!("the gRPC request message has no {source} (or it is empty)"),
         Source::Capture(..) | Source::Digest(_) => return missing(source.base()),
     };
     KeyError::Missing(what)
@@ -101,6 +102,9 @@ pub fn read(
             }
         },
         Source::CloudEvent(name) => crate::cloudevents::attribute(req, name),
+        Source::Proto(path) => crate::protobuf::field(req.body().unwrap_or_default(), path)
+            .map(|v| v.filter(|v| !v.is_empty()))
+            .map_err(|e| KeyError::Invalid(format!("{source}: {e}"))),
         Source::Capture(inner, pattern) => {
             let value = match inner.as_ref() {
                 // A signed header is a list (`Credential=…, SignedHeaders=…, Signature=…`): read

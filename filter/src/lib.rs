@@ -26,6 +26,7 @@ pub mod key;
 pub mod lifecycle;
 pub mod pairs;
 pub mod policy;
+pub mod protobuf;
 pub mod replies;
 pub mod request;
 pub mod response;

@@ -4,14 +4,16 @@
 use crate::config::Config;
 use crate::host::{Native, Setup};
 use idem_filter::lifecycle::Worker;
-use idem_filter::policy::{parse_bundle_all, Bundle, DetachedVia, Forward, Source, StoreKind};
+use idem_filter::policy::{parse_bundle_all, Bundle, Forward, Source, StoreKind};
 use std::cell::Cell;
 use std::sync::Arc;
 
 /// Why root work cannot be promised natively: the calls themselves go through the main thread
 /// (`calls.rs`), but what the root does with their answers and on its timer — retrying a write
 /// Redis refused, releasing the claim of a client that left, finishing a detached call — runs on
-/// the worker, and Envoy 1.40 cannot wake a worker that has no live stream.
+/// the worker, and Envoy 1.40 cannot wake a worker that has no live stream. (A detached call
+/// through the internal listener, `via = "reentry"`, could not even be sent: the main thread
+/// cannot reach an internal listener.)
 const IDLE_WORKER: &str = "needs the worker to act after its last request ended (retry a write Redis \
      refused, release the claim of a client that left, finish a call), and Envoy 1.40's dynamic modules \
      cannot wake a worker with no live stream: no worker timer, and a stream's scheduler \
@@ -27,16 +29,6 @@ pub fn refusals(bundle: &Bundle) -> Vec<String> {
         }
         if r.forward == Forward::Detached {
             out.push(format!("route {:?}: forward = \"detached\" {IDLE_WORKER}", r.name));
-        }
-        if r.forward == Forward::Detached && bundle.detached.via == DetachedVia::Reentry {
-            out.push(format!(
-                "route {:?}: forward = \"detached\" with [detached] via = \"reentry\": the native build sends its \
-                 calls from Envoy's main thread (Envoy 1.40's dynamic modules have no callout of a worker's own: \
-                 envoy_dynamic_module_callback_http_filter_config_http_callout), and an internal listener is \
-                 reachable only from a worker; set [detached] via = \"cluster\" (straight to the route's \
-                 cluster) or use the .wasm",
-                r.name
-            ));
         }
         for source in r.key.sources.iter().chain(&r.key.scope) {
             if let Source::Metadata(path) = source {

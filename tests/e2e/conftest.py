@@ -185,7 +185,14 @@ def _wasm_only(item):
     marker = item.get_closest_marker("wasm_only")
     if marker is not None:
         return marker.args[0] if marker.args else "marked wasm_only"
-    if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())) or "redis" in item.name.lower():
+    # A test run on both stores (`[shared]` / `[redis]`) keeps its shared run; any other test that
+    # reaches Redis through its fixtures is a Redis test.
+    if "redis" in item.name.lower():
+        return "store = \"redis\""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "shared" in params.values():
+        return None
+    if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
         return "store = \"redis\""
     return None
 

@@ -15,6 +15,9 @@ import pytest
 import stack
 from idemtest import assert_local, assert_replay_of, describe, wait_for
 
+# The native build refuses this module's policy at load.
+pytestmark = pytest.mark.wasm_only("forward = \"detached\" (policies/cloudevents-push.toml)")
+
 sys.path.insert(0, str(stack.REPO / "tests" / "e2e" / "sdk"))
 
 from cloudevents.core.bindings.http import to_binary, to_structured  # noqa: E402

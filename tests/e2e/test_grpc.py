@@ -27,15 +27,30 @@ import stack
 from conftest import envoy_from_yaml
 from idemtest import counters, delta, wait_for
 
+# gRPC replays on the native build are a known gap (docs/deploy.md): a replay through the echo
+# listener comes back without its body there, so its trailers are never added.
+pytestmark = pytest.mark.wasm_only("gRPC replays (a known gap of the native build)")
+
 METHOD = "/shop.Orders/Create"
 ROUTES = [
     {"name": "grpc", "match": {"prefix": "/shop.Orders/Create"}, "idem": True, "timeout": "30s"},
     {"name": "grpc-reconciled", "match": {"prefix": "/shop.Orders/CreateReconciled"}, "idem": True, "timeout": "30s"},
     {"name": "grpc-detached", "match": {"prefix": "/shop.Orders/CreateDetached"}, "idem": True, "timeout": "30s"},
+    {"name": "grpc-request-id", "match": {"prefix": "/shop.Orders/GetOperation"}, "idem": True, "timeout": "30s"},
 ]
 
 
 def policy(store, prefix):
+    """The gRPC routes; on the native build without create-detached, which it refuses at load
+    (test_native.py), so the other routes still run there."""
+    text = _policy(store, prefix)
+    if stack.ARTIFACT == "native":
+        start = text.index('[[route]]\nname = "create-detached"')
+        text = text[:start] + text[text.index("[[route]]", start + 1):]
+    return text
+
+
+def _policy(store, prefix):
     head = stack.redis_table(prefix=prefix) if store == "redis" else ""
     return head + """
 [[route]]
@@ -44,6 +59,17 @@ match = {{ method = "POST", path = "/shop.Orders/Create" }}
 store = "{store}"
 
 [route.key]
+scope = ["header:authorization"]
+
+# AIP-155: the key is a field of the request message (here GetOperationRequest.name, field 1,
+# nested: Operation.error.message would be proto:4.2), no metadata needed.
+[[route]]
+name = "get-operation"
+match = {{ method = "POST", path = "/shop.Orders/GetOperation" }}
+store = "{store}"
+
+[route.key]
+parts = ["proto:1"]
 scope = ["header:authorization"]
 
 [[route]]
@@ -99,7 +125,8 @@ class Service:
                     "CreateDetached": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateReconciled": grpc.unary_unary_rpc_method_handler(self.create),
                     "CreateReconciledAtHeaders": grpc.unary_unary_rpc_method_handler(self.create),
-                    "CreateBatch": grpc.stream_unary_rpc_method_handler(self.create_batch)}
+                    "CreateBatch": grpc.stream_unary_rpc_method_handler(self.create_batch),
+                    "GetOperation": grpc.unary_unary_rpc_method_handler(self.get_operation)}
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("shop.Orders", handlers),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -153,6 +180,15 @@ class Service:
         with self.lock:
             self.replies.setdefault(bid, reply)
         return reply
+
+    def get_operation(self, request, context):
+        """A generated message's request (google.longrunning GetOperationRequest): one run per name."""
+        from google.longrunning import operations_pb2
+        name = operations_pb2.GetOperationRequest.FromString(request).name
+        with self.lock:
+            n = self.runs.get(name, 0) + 1
+            self.runs[name] = n
+        return operations_pb2.Operation(name=name, done=True, metadata=None).SerializeToString()
 
     def create_batch(self, requests, context):
         """Client streaming: one run per call, over every message."""
@@ -376,6 +412,7 @@ def test_a_gzip_compressed_repeat_is_the_same_request(gateway, service):
     assert service.calls(bid) == 1
 
 
+@pytest.mark.wasm_only("forward = \"detached\"")
 def test_a_detached_grpc_call_succeeds_and_its_repeat_is_replayed(gateway, service):
     key, bid = "k-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex[:8]
     msg, trailing, _ = call(gateway, key, "key=%s" % bid, method="/shop.Orders/CreateDetached")
@@ -480,3 +517,37 @@ def test_a_repeat_decided_at_its_metadata_and_answered_from_the_lookup_never_run
     assert not isinstance(ran, grpc.RpcError) and ran[0] == ("order:%s:2" % absent).encode(), ran
     time.sleep(0.3)
     assert service.calls(absent) == 2, "the first run and the repeat the lookup let through, nothing else"
+
+
+def test_a_key_read_from_the_request_message_runs_the_call_once(gateway, service):
+    """AIP-155: the client puts the request id in the message (a generated protobuf class here,
+    google.longrunning's GetOperationRequest, its field 1) and retries with the same message; no
+    metadata carries a key. A compressed message is refused with the reason, not guessed at."""
+    from google.longrunning import operations_pb2
+    rid = "op-" + uuid.uuid4().hex
+    message = operations_pb2.GetOperationRequest(name=rid).SerializeToString()
+
+    def send():
+        with channel(gateway) as ch:
+            stub = ch.unary_unary("/shop.Orders/GetOperation")
+            reply, c = stub.with_call(message, timeout=10, metadata=(("authorization", "Bearer grpc-client"),))
+            return reply, dict(c.initial_metadata())
+    first, _ = send()
+    again, initial = send()
+    assert operations_pb2.Operation.FromString(first).name == rid
+    assert again == first and initial.get("idempotent-replayed") == "true", initial
+    assert service.calls(rid) == 1
+    # The same message gzip-compressed, framed by hand (grpcio leaves a small message uncompressed
+    # whatever it is asked), over HTTP/2 as a gRPC client sends it.
+    import gzip
+    import httpx
+    packed = gzip.compress(message)
+    frame = b"\x01" + len(packed).to_bytes(4, "big") + packed
+    with httpx.Client(http1=False, http2=True, timeout=10) as client:
+        r = client.post("http://127.0.0.1:%d/shop.Orders/GetOperation" % gateway.listen_port, content=frame,
+                        headers={"content-type": "application/grpc", "te": "trailers", "grpc-encoding": "gzip",
+                                 "authorization": "Bearer grpc-client"})
+    status, details = r.headers.get("grpc-status"), unquote(r.headers.get("grpc-message", ""))
+    assert status == "3", (r.status_code, dict(r.headers))  # INVALID_ARGUMENT, trailers-only
+    assert details.startswith("IDEMPOTENCY_KEY_INVALID: ") and "compressed" in details and "proto:1" in details, details
+    assert service.calls(rid) == 1

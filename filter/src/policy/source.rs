@@ -41,6 +41,10 @@ pub enum Source {
     /// binary mode, the member of the JSON body in structured mode (`cloudevent:id`,
     /// `cloudevent:source`); `cloudevent:data` is the event's data in either mode.
     CloudEvent(String),
+    /// A field of a unary gRPC call's request message, by field numbers from the top message down
+    /// (`proto:2`, `proto:4.1`): AIP-155's `request_id`, read without the schema
+    /// ([`crate::protobuf`]).
+    Proto(Vec<u32>),
     /// Part of another source's value: the capture group of a pattern found once in it.
     Capture(Box<Source>, Pattern),
     /// Another source's value by its SHA-256 (lower-case hex).
@@ -117,7 +121,10 @@ impl Source {
     pub fn reads_body(&self) -> bool {
         match self {
             Source::Capture(inner, _) | Source::Digest(inner) => inner.reads_body(),
-            _ => matches!(self, Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::CloudEvent(_)),
+            _ => matches!(
+                self,
+                Source::Body(_) | Source::Form(_) | Source::Xml(_) | Source::CloudEvent(_) | Source::Proto(_)
+            ),
         }
     }
 
@@ -179,6 +186,13 @@ impl Source {
                 Ok(Source::CloudEvent(arg.to_string()))
             }
             "cloudevent" => Err(bad("a CloudEvents attribute name is lower-case letters and digits, like `id`")),
+            "proto" => arg
+                .split('.')
+                .map(|n| n.parse::<u32>().ok().filter(|n| (1..=536_870_911).contains(n)))
+                .collect::<Option<Vec<u32>>>()
+                .filter(|path| path.len() <= 16)
+                .map(Source::Proto)
+                .ok_or_else(|| bad("a message field is its field numbers, 1 to 536870911, dotted into nested messages, like `proto:2` or `proto:4.1`")),
             "metadata" => {
                 let path: Vec<String> = arg.split('/').map(str::to_string).collect();
                 if path.len() < 2 || path.iter().any(String::is_empty) {
@@ -193,7 +207,7 @@ impl Source {
 
 const EXPECTED: &str =
     "header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, \
-form:<field>, xml:/<element>[/…] or path:<template parameter>; part of one: `<source> ~ <regex with one group>`, \
+form:<field>, xml:/<element>[/…], path:<template parameter>, cloudevent:<attribute> or proto:<field>[.<field>…]; part of one: `<source> ~ <regex with one group>`, \
 sigv4:access_key_id or wechatpay:mchid; by digest: sha256:<source>";
 
 /// `/xml/transaction_id` → `["xml", "transaction_id"]`: element names (XML `Name`s without a
@@ -264,6 +278,10 @@ impl fmt::Display for Source {
             Source::Xml(path) => write!(f, "xml:/{}", path.join("/")),
             Source::Path(p) => write!(f, "path:{p}"),
             Source::CloudEvent(a) => write!(f, "cloudevent:{a}"),
+            Source::Proto(path) => {
+                let numbers: Vec<String> = path.iter().map(u32::to_string).collect();
+                write!(f, "proto:{}", numbers.join("."))
+            }
             Source::Capture(inner, p) => {
                 match EXTRACTORS.iter().find(|(_, b, pat)| *pat == p.as_str() && inner.to_string() == *b) {
                     Some((name, _, _)) => write!(f, "{name}"),
@@ -289,9 +307,9 @@ impl schemars::JsonSchema for Source {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter> or cloudevent:<attribute>; part of a value: `<source> ~ <regex with one capture group>`, sigv4:access_key_id, wechatpay:mchid; a value by its SHA-256: sha256:<source>.",
+            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter>, cloudevent:<attribute> or proto:<field>[.<field>…] (a gRPC request message's field); part of a value: `<source> ~ <regex with one capture group>`, sigv4:access_key_id, wechatpay:mchid; a value by its SHA-256: sha256:<source>.",
             "type": "string",
-            "pattern": "^(sha256:)?((header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)( ~ .+)?|sigv4:access_key_id|wechatpay:mchid)$"
+            "pattern": "^(sha256:)?((header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)( ~ .+)?|proto:[0-9]+([.][0-9]+)*|sigv4:access_key_id|wechatpay:mchid)$"
         })
     }
 }
