@@ -187,6 +187,7 @@ extern "C" {
         details: ModuleBuffer,
     );
     fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: *mut c_void);
+    fn envoy_dynamic_module_callback_http_clear_route_cache(filter: *mut c_void);
     fn envoy_dynamic_module_callback_http_filter_continue_encoding(filter: *mut c_void);
 
     fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
@@ -453,6 +454,14 @@ impl FilterPtr {
                 ModuleBuffer::of(details.as_bytes()),
             )
         }
+    }
+
+    /// Makes Envoy pick the route again from the (changed) request headers, as proxy-wasm's header
+    /// calls do by themselves: without it a request whose `:path` was rewritten still goes to the
+    /// route chosen before.
+    pub fn clear_route_cache(self) {
+        // SAFETY: a live filter.
+        unsafe { envoy_dynamic_module_callback_http_clear_route_cache(self.0) }
     }
 
     pub fn continue_decoding(self) {

@@ -190,12 +190,18 @@ impl core::Host for Native {
         worker::with(|w| w.defer(Deferred::Resume(filter)));
         Ok(())
     }
+    /// A changed request header re-picks the route (as proxy-wasm's `replace_header_map_value` does
+    /// in Envoy): a gRPC replay rewrites `:path` to the echo listener's route.
     fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
-        let ok = self.stream("set_header")?.set_header(header_type::REQUEST, name, value);
+        let filter = self.stream("set_header")?;
+        let ok = filter.set_header(header_type::REQUEST, name, value);
+        filter.clear_route_cache();
         ok.then_some(()).ok_or_else(|| HostError::Failed(format!("set_header {name}: refused")))
     }
     fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
-        self.stream("set_header")?.remove_header(header_type::REQUEST, name);
+        let filter = self.stream("set_header")?;
+        filter.remove_header(header_type::REQUEST, name);
+        filter.clear_route_cache();
         Ok(())
     }
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {

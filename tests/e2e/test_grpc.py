@@ -27,9 +27,10 @@ import stack
 from conftest import envoy_from_yaml
 from idemtest import counters, delta, wait_for
 
-# gRPC replays on the native build are a known gap (docs/deploy.md): a replay through the echo
-# listener comes back without its body there, so its trailers are never added.
+# gRPC replays on the native build are a known gap (docs/deploy.md): the replayed answer's
+# trailers (grpc-status) cannot be added there, so the client gets an error, not the first answer.
 pytestmark = pytest.mark.wasm_only("gRPC replays (a known gap of the native build)")
+
 
 METHOD = "/shop.Orders/Create"
 ROUTES = [
