@@ -93,6 +93,13 @@ pub trait Host {
     /// callback (`end_of_stream`).
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError>;
     fn resume_response(&self) -> Result<(), HostError>;
+    /// Whether a local reply can carry trailers ([`LocalReply::trailers`]). proxy-wasm's cannot,
+    /// so a replayed gRPC answer's trailers are added by the gateway as the echo's answer ends;
+    /// a dynamic module's echo sends them itself (Envoy 1.40 gives it no way to add trailers to
+    /// an answer that has none).
+    fn local_reply_trailers(&self) -> bool {
+        false
+    }
 }
 
 /// What the root context sets up when the plugin configures: counters, the wake-up queue and

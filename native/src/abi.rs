@@ -186,6 +186,18 @@ extern "C" {
         body: ModuleBuffer,
         details: ModuleBuffer,
     );
+    fn envoy_dynamic_module_callback_http_send_response_headers(
+        filter: *mut c_void,
+        headers: *mut ModuleHeader,
+        headers_size: usize,
+        end_stream: bool,
+    );
+    fn envoy_dynamic_module_callback_http_send_response_data(filter: *mut c_void, data: ModuleBuffer, end_stream: bool);
+    fn envoy_dynamic_module_callback_http_send_response_trailers(
+        filter: *mut c_void,
+        trailers: *mut ModuleHeader,
+        trailers_size: usize,
+    );
     fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: *mut c_void);
     fn envoy_dynamic_module_callback_http_clear_route_cache(filter: *mut c_void);
     fn envoy_dynamic_module_callback_http_filter_continue_encoding(filter: *mut c_void);
@@ -462,6 +474,20 @@ impl FilterPtr {
     pub fn clear_route_cache(self) {
         // SAFETY: a live filter.
         unsafe { envoy_dynamic_module_callback_http_clear_route_cache(self.0) }
+    }
+
+    /// An answer sent as headers (with `:status`), body and trailers — what a local reply cannot
+    /// carry (a gRPC answer's `grpc-status` trailer). Like `send_response`, it runs the encoder
+    /// filters, ours included, before it returns.
+    pub fn send_with_trailers(self, headers: &[(&[u8], &[u8])], body: &[u8], trailers: &[(&[u8], &[u8])]) {
+        let mut h: Vec<ModuleHeader> = headers.iter().map(|(n, v)| ModuleHeader::of(n, v)).collect();
+        let mut t: Vec<ModuleHeader> = trailers.iter().map(|(n, v)| ModuleHeader::of(n, v)).collect();
+        // SAFETY: live slices for each call; Envoy copies them.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response_headers(self.0, h.as_mut_ptr(), h.len(), false);
+            envoy_dynamic_module_callback_http_send_response_data(self.0, ModuleBuffer::of(body), false);
+            envoy_dynamic_module_callback_http_send_response_trailers(self.0, t.as_mut_ptr(), t.len());
+        }
     }
 
     pub fn continue_decoding(self) {

@@ -213,6 +213,10 @@ impl core::Host for Native {
         worker::with(|w| w.defer(Deferred::ResumeResponse(filter)));
         Ok(())
     }
+    /// The echo sends a replayed gRPC answer's trailers itself (`send_response_trailers`).
+    fn local_reply_trailers(&self) -> bool {
+        true
+    }
 }
 
 /// What a root asks for when it configures: its timer's period (the ticker carries it), its

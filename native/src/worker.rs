@@ -319,9 +319,17 @@ pub fn on_stream(host: &Native, context: u32, event: impl FnOnce(&mut Stream, &N
 
 /// Sends a local reply: the core's headers as bytes; a gRPC trailers-only answer carries its
 /// `grpc-status` (and the message) in the headers, since the ABI's `send_response` has no
-/// gRPC status of its own.
+/// gRPC status of its own; an answer with trailers is sent in its three parts.
 fn send_reply(filter: FilterPtr, reply: &LocalReply) {
     let mut headers: Vec<(&[u8], &[u8])> = reply.headers.iter().map(|(n, v)| (n.as_bytes(), v.as_slice())).collect();
+    if !reply.trailers.is_empty() {
+        // A replayed gRPC answer from the echo instance: headers, message, then its trailers.
+        let status = reply.status.to_string();
+        headers.insert(0, (b":status", status.as_bytes()));
+        let trailers: Vec<(&[u8], &[u8])> = reply.trailers.iter().map(|(n, v)| (n.as_bytes(), v.as_slice())).collect();
+        filter.send_with_trailers(&headers, &reply.body, &trailers);
+        return;
+    }
     let status_text;
     if let Some(code) = reply.grpc_status {
         status_text = code.to_string();

@@ -27,10 +27,6 @@ import stack
 from conftest import envoy_from_yaml
 from idemtest import counters, delta, wait_for
 
-# gRPC replays on the native build are a known gap (docs/deploy.md): the replayed answer's
-# trailers (grpc-status) cannot be added there, so the client gets an error, not the first answer.
-pytestmark = pytest.mark.wasm_only("gRPC replays (a known gap of the native build)")
-
 
 METHOD = "/shop.Orders/Create"
 ROUTES = [

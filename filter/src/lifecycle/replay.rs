@@ -71,11 +71,14 @@ impl Worker {
     }
 
     fn to_echo(&self, host: &dyn Host, ctx: u32, reply: &LocalReply) -> Result<(), StoreError> {
+        // The trailers go with the answer when the echo's reply can carry them; else this stream
+        // adds them as the echo's answer ends.
+        let echo_sends_trailers = host.local_reply_trailers();
         let answer = StoredResponse {
             status: reply.status,
             headers: reply.headers.clone(),
             body: reply.body.clone(),
-            trailers: Vec::new(),
+            trailers: if echo_sends_trailers { reply.trailers.clone() } else { Vec::new() },
         };
         let token = self.replay_slots.put(host, &answer)?;
         let path = self.engine.bundle.grpc.echo_path.as_bytes();
@@ -85,7 +88,9 @@ impl Worker {
         set(":path", path)?;
         set(REPLAY_HEADER, token.as_bytes())?;
         // The body the client sent goes on (the echo reads nothing of it): its length stays.
-        self.replays.trailers.borrow_mut().insert(ctx, reply.trailers.clone());
+        if !echo_sends_trailers {
+            self.replays.trailers.borrow_mut().insert(ctx, reply.trailers.clone());
+        }
         Ok(())
     }
 
@@ -99,7 +104,13 @@ impl Worker {
     pub(super) fn echo(&self, host: &dyn Host, ctx: u32, token: Option<&[u8]>) {
         let answer = token.and_then(|t| std::str::from_utf8(t).ok()).and_then(|t| self.replay_slots.take(host, t));
         let reply = match answer {
-            Some(a) => LocalReply { status: a.status, headers: a.headers, body: a.body, ..Default::default() },
+            Some(a) => LocalReply {
+                status: a.status,
+                headers: a.headers,
+                body: a.body,
+                trailers: a.trailers,
+                ..Default::default()
+            },
             None => crate::replies::plain_error(ErrorCode::ReplayGone, "no replay waits under this token"),
         };
         self.reply(host, ctx, &reply);
