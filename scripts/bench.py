@@ -422,13 +422,9 @@ def main():
         envoys = {"plain": plain, "idem": idem, "floor": floor, "floor-redis": floor_redis, "redis": redis_env, "cluster": cluster_env}
         if any(c[2] == "idem-native" for c in cases):
             # The same policy and routes as (c), on the native build.
-            stack.envoy_config.ARTIFACT = "native"
-            try:
-                envoys["idem-native"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED_POLICY,
-                                                               routes=ROUTES,
-                                                               concurrency=args.workers, name="envoy-idem-native")
-            finally:
-                stack.envoy_config.ARTIFACT = stack.ARTIFACT
+            envoys["idem-native"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED_POLICY, routes=ROUTES,
+                                                           concurrency=args.workers, wasm_path=stack.NATIVE,
+                                                           name="envoy-idem-native")
             procs.append(envoys["idem-native"])
         if any(c[0] == "c0-native" for c in cases):
             floor_native, probe_seen, abi_lines = start_native_floor(workdir, fast.listen_port, args.workers)

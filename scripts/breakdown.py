@@ -167,11 +167,9 @@ def envoy_case(case, n, tmp):
         cfg = native_floor_config(listen, admin, fast.listen_port, routes)
         env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(NATIVE_FLOOR.parent))
     else:
-        stack.envoy_config.ARTIFACT = "native" if native else "wasm"
         cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
                           policy_toml=floor_mode.get(case, policy), routes=routes,
                           wasm_path=str(module) if module else None, with_filter=module is not None)
-        stack.envoy_config.ARTIFACT = stack.ARTIFACT
         if native:
             env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(stack.NATIVE.parent))
     cfg_path = Path(tmp) / ("envoy-%s.json" % case)

@@ -179,12 +179,8 @@ def main():
                                                    extra_clusters=[stack.webdis_cluster(webdis.port)],
                                                    name="envoy-idem-redis")
         if any(c[2] == "native" for c in cases):
-            stack.envoy_config.ARTIFACT = "native"
-            try:
-                envs["native"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED, routes=ROUTES,
-                                                        concurrency=1, name="envoy-idem-native")
-            finally:
-                stack.envoy_config.ARTIFACT = stack.ARTIFACT
+            envs["native"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED, routes=ROUTES, concurrency=1,
+                                                    wasm_path=stack.NATIVE, name="envoy-idem-native")
         procs += list(envs.values())
         print("oha %s, open loop with latency correction, %d s per rate, one Envoy worker each; %d cores, "
               "load average before %.2f %.2f %.2f" % (version, args.seconds, os.cpu_count(), *load_before))

@@ -387,18 +387,7 @@ impl FilterPtr {
 
     /// Every header of one map, copied, in Envoy's order.
     pub fn headers(self, header_type: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
-        // SAFETY: a live filter.
-        let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.0, header_type) };
-        if n == 0 {
-            return Vec::new();
-        }
-        let mut all = vec![EMPTY_HEADER; n];
-        // SAFETY: `all` has room for the `n` headers Envoy just counted.
-        if !unsafe { envoy_dynamic_module_callback_http_get_headers(self.0, header_type, all.as_mut_ptr()) } {
-            return Vec::new();
-        }
-        // SAFETY: Envoy filled `n` headers valid for this hook.
-        unsafe { copy_headers(all.as_ptr(), n) }
+        self.with_headers(header_type, |pairs| pairs.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect())
     }
 
     pub fn set_header(self, header_type: u32, name: &str, value: &[u8]) -> bool {

@@ -2,7 +2,11 @@
 that enable it, loopback listeners and clusters, and the two complete configs the tests, demos and
 bench run (idem in front of one cluster; a bare `direct_response` Envoy)."""
 
-from .common import ARTIFACT, NATIVE_MODULE, WASM
+from .common import ARTIFACT, NATIVE, NATIVE_MODULE, WASM
+
+# What the configs load unless told otherwise: the .wasm, or the native build's .so with
+# IDEM_ARTIFACT=native. A config loads either by its path (`wasm_path=stack.NATIVE`).
+DEFAULT_ARTIFACT = NATIVE if ARTIFACT == "native" else WASM
 
 
 def native_filter(policy_toml, name="idem", disabled=True):
@@ -21,9 +25,9 @@ def native_filter(policy_toml, name="idem", disabled=True):
 
 
 def wasm_filter(policy_toml, wasm_path, name="idem", disabled=True):
-    """The HCM http_filters entry for idem. Declared disabled; routes with a policy enable it. With
-    IDEM_ARTIFACT=native, the native build's entry instead (`wasm_path` is then not used)."""
-    if ARTIFACT == "native":
+    """The HCM http_filters entry for idem. Declared disabled; routes with a policy enable it. A `.so`
+    path is the native build: its dynamic-module entry instead."""
+    if str(wasm_path).endswith(".so"):
         return native_filter(policy_toml, name=name, disabled=disabled)
     return {
         "name": name,
@@ -251,7 +255,7 @@ def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=N
     jwt_authn, whose verified claims a scope can name), `post_filters` after it (on both listeners).
     `idem_admin = (port, secret)` adds the operator's listener."""
     routes = DEFAULT_ROUTES if routes is None else routes
-    filters = list(pre_filters) + ([wasm_filter(policy_toml, wasm_path or WASM)] if with_filter else [])
+    filters = list(pre_filters) + ([wasm_filter(policy_toml, wasm_path or DEFAULT_ARTIFACT)] if with_filter else [])
     if not with_filter:
         routes = [dict(r, idem=False) for r in routes]
     entries = [route_entry(r) for r in routes]
@@ -260,10 +264,10 @@ def idem_config(*, listen_port, admin_port, upstream_port, policy_toml, routes=N
                  reentry_listener(entries, post_filters)]
     clusters = [cluster("demo_upstream", upstream_port, http2=upstream_http2), reentry_cluster()]
     if with_filter:
-        listeners.append(echo_listener(wasm_path or WASM))
+        listeners.append(echo_listener(wasm_path or DEFAULT_ARTIFACT))
         clusters.append(echo_cluster())
     if idem_admin:
-        listeners.append(idem_admin_listener(wasm_path or WASM, *idem_admin))
+        listeners.append(idem_admin_listener(wasm_path or DEFAULT_ARTIFACT, *idem_admin))
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": STATS_CONFIG,

@@ -17,12 +17,11 @@ CREATE = "/api/order/create"
 
 
 @pytest.fixture
-def native(monkeypatch):
-    """Configs made in this test load the native module."""
+def native():
+    """The native module, built (its Envoys name it: `wasm_path=stack.NATIVE`)."""
     stack.require_envoy()
     if not stack.NATIVE.is_file():
         pytest.fail("the native module %s does not exist; %s" % (stack.NATIVE, stack.BUILD_HINT), pytrace=False)
-    monkeypatch.setattr(stack.envoy_config, "ARTIFACT", "native")
 
 
 ROUTE = """
@@ -48,7 +47,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_what_the_abi_cannot_do_is_refused_at_load_with_the_reason(case, native, workdir, upstream):
     policy, reasons = REFUSED[case]
-    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False)
+    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False, wasm_path=stack.NATIVE)
     try:
         stack.wait_until(lambda: not env.proc.alive(), 30)
         assert not env.proc.alive(), "Envoy runs with a policy the native build cannot honour:\n%s" % env.log_tail(20)
@@ -73,7 +72,8 @@ def test_a_top_level_metadata_scope_is_read_natively(native, make_envoy, upstrea
                                "on_header_present": {"metadata_namespace": "tenants", "key": "id", "type": "STRING"}}],
         },
     }
-    env = make_envoy(policy, routes=stack.routes_from_policy(policy), pre_filters=[header_to_metadata])
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), pre_filters=[header_to_metadata],
+                     wasm_path=stack.NATIVE)
     key = new_key()
     a1 = post(env, CREATE, key, headers={"x-tenant": "a"})
     a2 = post(env, CREATE, key, headers={"x-tenant": "a"})
@@ -85,7 +85,7 @@ def test_a_top_level_metadata_scope_is_read_natively(native, make_envoy, upstrea
 
 
 def test_metrics_are_the_labelled_families_envoy_exports_for_a_module(native, make_envoy):
-    env = make_envoy(TEST_POLICY, routes=TEST_ROUTES)
+    env = make_envoy(TEST_POLICY, routes=TEST_ROUTES, wasm_path=stack.NATIVE)
     key = new_key()
     for _ in range(3):
         post(env, CREATE, key)
@@ -100,7 +100,7 @@ def test_metrics_are_the_labelled_families_envoy_exports_for_a_module(native, ma
 
 def test_one_key_sent_at_once_on_every_worker_runs_once(native, make_envoy, upstream):
     """The embedded store natively is process memory: a claim is atomic across Envoy's workers."""
-    env = make_envoy(TEST_POLICY, routes=TEST_ROUTES, concurrency=4)
+    env = make_envoy(TEST_POLICY, routes=TEST_ROUTES, concurrency=4, wasm_path=stack.NATIVE)
     for _ in range(5):
         key = new_key()
         answers = []
