@@ -90,7 +90,7 @@ E2E_NATIVE := tests/e2e/test_retries.py tests/e2e/test_tokens.py tests/e2e/test_
 	tests/e2e/test_outcomes.py tests/e2e/test_in_flight.py tests/e2e/test_reconcile.py \
 	tests/e2e/test_answered_never_forwarded.py tests/e2e/test_sidecar.py tests/e2e/test_admin.py \
 	tests/e2e/test_memory.py tests/e2e/test_config.py tests/e2e/test_hygiene.py tests/e2e/test_bundle.py \
-	tests/e2e/test_grpc.py tests/e2e/test_native.py
+	tests/e2e/test_grpc.py tests/e2e/test_repeatable.py tests/e2e/test_native.py
 e2e: setup build-filter build-native
 	$(CARGO) build -p idem-lint -p idem-admin
 	.venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder $(E2E_SLOW_FIRST) tests/e2e

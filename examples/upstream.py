@@ -3,7 +3,7 @@
 
 Stdlib only. Listens on loopback. Every request to a non-``/__`` path is one
 *execution* of the business operation; the server counts executions per
-``Idempotency-Key`` header value (or ``?key=`` / ``?idempotency_key=`` query
+``Idempotency-Key`` (or ``Repeatability-Request-ID``) header value (or ``?key=`` / ``?idempotency_key=`` query
 parameter when there is no header) and per JSON body ``transaction_id``, so a
 test can prove that a request ran exactly once behind the gateway.
 
@@ -213,7 +213,8 @@ class Handler(BaseHTTPRequestHandler):
         return self._send_json(200, found)
 
     def _business(self, url, query, body):
-        key = self.headers.get("idempotency-key")
+        # Azure's SDKs (OASIS Repeatable Requests) name the request by Repeatability-Request-ID.
+        key = self.headers.get("idempotency-key") or self.headers.get("repeatability-request-id")
         if key is None:
             for name in ("key", "idempotency_key"):
                 if name in query:
@@ -258,7 +259,8 @@ class Handler(BaseHTTPRequestHandler):
                                                     "path": url.path})
             return self._drop_connection()
 
-        status = _int_header(self.headers, "x-demo-status", 200)
+        # A created room is 201, as Azure's Rooms service answers (its client accepts nothing else).
+        status = _int_header(self.headers, "x-demo-status", 201 if url.path == "/rooms" else 200)
         if self.headers.get("x-demo-fail-first") and n == 1:
             status = 500
         answer = {
@@ -273,6 +275,10 @@ class Handler(BaseHTTPRequestHandler):
         }
         if txn is not None:
             answer["transaction_id"] = txn
+        if url.path == "/rooms":
+            # What Azure's Rooms client reads from a created room (CommunicationRoom).
+            answer.update(id=answer["order_id"], createdAt="2026-12-06T00:00:00Z", validFrom="2026-12-06T00:00:00Z",
+                          validUntil="2027-01-06T00:00:00Z", pstnDialOutEnabled=False)
         if url.path.endswith("/pay/callback"):
             answer = dict(code="SUCCESS", message="OK", **answer)
         if status >= 500:

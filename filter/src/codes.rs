@@ -27,6 +27,7 @@ pub enum ErrorCode {
     TokenRouteRequired,
     TokenMethodNotAllowed,
     ReplayGone,
+    RepeatabilityExpired,
 }
 
 /// One row of the table.
@@ -45,7 +46,7 @@ struct Row {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::RequestInProgress,
         ErrorCode::OutcomeUnknown,
         ErrorCode::KeyReused,
@@ -64,6 +65,7 @@ impl ErrorCode {
         ErrorCode::TokenRouteRequired,
         ErrorCode::TokenMethodNotAllowed,
         ErrorCode::ReplayGone,
+        ErrorCode::RepeatabilityExpired,
     ];
 
     const fn row(self) -> Row {
@@ -229,6 +231,15 @@ impl ErrorCode {
                 false,
                 false,
                 "the echo listener asked for a gRPC replay it no longer holds (internal)",
+            ),
+            ErrorCode::RepeatabilityExpired => (
+                "REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW",
+                412,
+                "Repeatability-First-Sent outside the window",
+                grpc::FAILED_PRECONDITION,
+                false,
+                true,
+                "a Repeatable Requests route's `Repeatability-First-Sent` before its window (`key.ttl`) or too far ahead",
             ),
         };
         Row { code, status, title, grpc, retryable, shaped, when }

@@ -89,6 +89,9 @@ pub trait Host {
     /// the call at the echo listener.
     fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError>;
     fn remove_request_header(&self, name: &str) -> Result<(), HostError>;
+    /// Sets a header of the current stream's response, in its response-headers callback (a
+    /// Repeatable Requests route's `Repeatability-Result`).
+    fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostError>;
     /// Adds a response trailer; Envoy creates the trailers only in the last response body
     /// callback (`end_of_stream`).
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError>;

@@ -27,6 +27,7 @@ pub mod lifecycle;
 pub mod pairs;
 pub mod policy;
 pub mod protobuf;
+pub mod repeatability;
 pub mod replies;
 pub mod request;
 pub mod response;

@@ -85,13 +85,13 @@ pub fn outcome_unknown(answers: &Answers, first_seen_ms: u64, held_until_ms: u64
 
 /// One of the gateway's errors, in the route's shape: its status and retryability from the table.
 pub fn error(answers: &Answers, code: ErrorCode, message: &str) -> LocalReply {
-    answers.render(&Answer {
-        status: code.status(),
-        code: code.as_str(),
-        message,
-        retryable: code.retryable(),
-        ..Default::default()
-    })
+    error_with_status(answers, code, code.status(), message)
+}
+
+/// [`error`] with another status than the code's own: a protocol that fixes its own (OASIS
+/// Repeatable Requests answers a reused id with 400, not 422).
+pub fn error_with_status(answers: &Answers, code: ErrorCode, status: u16, message: &str) -> LocalReply {
+    answers.render(&Answer { status, code: code.as_str(), message, retryable: code.retryable(), ..Default::default() })
 }
 
 /// One of the token and replay endpoints' plain JSON answers (`{"code","message"}`).

@@ -42,9 +42,11 @@ fn the_docs_guarantee_table_says_what_the_error_table_says() {
         let quoted = format!("`{}`", code.as_str());
         let mine: Vec<&(String, String)> = rows.iter().filter(|(_, c)| c.starts_with(&quoted)).collect();
         assert!(!mine.is_empty(), "policies/README.md's guarantee table has no row for {}", code.as_str());
-        for (status, _) in mine {
+        for (status, cell) in mine {
+            // A protocol that fixes its own status for a code says so in the row.
+            let route_dependent = cell.contains("depends on the route");
             assert!(
-                status.starts_with(&code.status().to_string()),
+                status.starts_with(&code.status().to_string()) || route_dependent,
                 "policies/README.md says {} for {}; the error table says {}",
                 status,
                 code.as_str(),

@@ -78,7 +78,7 @@ fn route(e: &Engine, req: &Req) -> RouteId {
 
 fn decide(host: &FakeHost, e: &Engine, req: &Req) -> Verdict {
     let r = route(e, req);
-    if let Some(v) = e.precheck(r, req) {
+    if let Some(v) = e.precheck(r, req, || host.now_ms()) {
         return v;
     }
     e.decide_shared(host, r, req).unwrap()
@@ -176,7 +176,7 @@ fn missing_and_invalid_keys_are_400() {
     );
     // Answered from headers alone, before any body is buffered.
     let headers_only = Req::post("/api/order/create");
-    assert!(e.precheck(nth(&e, 0), &headers_only).is_some());
+    assert!(e.precheck(nth(&e, 0), &headers_only, || 0).is_some());
 }
 
 #[test]
@@ -621,7 +621,7 @@ fn arbitrary_header_bytes_always_get_a_decision() {
         }
         req = req.raw_header("cookie", &rng.bytes());
         let r = route(&e, &req);
-        let v = match e.precheck(r, &req) {
+        let v = match e.precheck(r, &req, || 0) {
             Some(v) => v,
             None => e.decide_shared(&host, r, &req).unwrap(),
         };

@@ -204,6 +204,10 @@ impl core::Host for Native {
         filter.clear_route_cache();
         Ok(())
     }
+    fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        let ok = self.stream("set_header")?.set_header(header_type::RESPONSE, name, value);
+        ok.then_some(()).ok_or_else(|| HostError::Failed(format!("set_header response {name}: refused")))
+    }
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
         let ok = self.stream("add_header")?.add_header(header_type::RESPONSE_TRAILER, name, value);
         ok.then_some(()).ok_or_else(|| HostError::Failed(format!("add_header trailer {name}: no trailers")))

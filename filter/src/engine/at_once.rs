@@ -12,7 +12,7 @@ use crate::store::{Step, Store, StoreError};
 impl Engine {
     /// The whole decision on the shared store, at once (tests drive the engine with it).
     pub fn decide_shared(&self, host: &dyn Host, route: RouteId, req: &dyn RequestView) -> Option<Verdict> {
-        match self.begin(route, req)? {
+        match self.begin(route, req, host.now_ms())? {
             Begin::Done(v) => Some(v),
             Begin::Store(p) => Some(self.run_shared(host, &p, None, Some(req))),
         }

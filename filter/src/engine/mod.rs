@@ -31,6 +31,7 @@ use crate::host::Host;
 use crate::key::{self, KeyError, RequestView};
 use crate::policy::RouteId;
 use crate::policy::{Bundle, Forward, Mode, OnCompleted, OnInFlight, OnStoreError, RoutePolicy, StoreKind, Unmatched};
+use crate::repeatability;
 use crate::response::LocalReply;
 use crate::store::remote::Remote;
 use crate::store::shared::SharedStore;
@@ -115,10 +116,16 @@ impl Engine {
 
     /// Before buffering a body: answers a header or query key that is missing or malformed, so
     /// such a request is refused without waiting for its body. Cheap: reads the key, hashes nothing.
-    pub fn precheck(&self, route: RouteId, req: &dyn RequestView) -> Option<Verdict> {
+    /// `now_ms` is asked only on a route whose headers carry a time (Repeatable Requests).
+    pub fn precheck(&self, route: RouteId, req: &dyn RequestView, now_ms: impl FnOnce() -> u64) -> Option<Verdict> {
         let policy = self.policy(route);
         if policy.mode == Mode::Token || policy.key.key_reads_body() {
             return None;
+        }
+        if repeatability::speaks(policy) {
+            if let Some(refused) = repeatability_refusal(policy, req, now_ms()) {
+                return Some(refused);
+            }
         }
         key::extract(&policy.key, policy.template(), req).err().map(|e| key_error(policy, e))
     }
@@ -148,7 +155,7 @@ impl Engine {
     }
 
     /// Reads the key (or token) and prepares the store operation.
-    pub fn begin(&self, route: RouteId, req: &dyn RequestView) -> Option<Begin> {
+    pub fn begin(&self, route: RouteId, req: &dyn RequestView, now_ms: u64) -> Option<Begin> {
         let policy = self.policy(route);
         if policy.mode == Mode::Token {
             let token = match key::single_header(req, &policy.token.header) {
@@ -190,6 +197,9 @@ impl Engine {
                 Err(e) => return Some(Begin::Done(key_error(policy, e))),
             };
             return Some(Begin::Store(Prepared { route, op: StoreOp::UseToken { id }, key: token }));
+        }
+        if let Some(refused) = repeatability_refusal(policy, req, now_ms) {
+            return Some(Begin::Done(refused));
         }
         let template = policy.template();
         let client_key = match key::extract(&policy.key, template, req) {
@@ -252,11 +262,16 @@ impl Engine {
             Claim::InFlight { payload, .. } | Claim::Completed { payload, .. } | Claim::Unknown { payload, .. }
                 if !payload.is_same() =>
             {
-                let reply = crate::replies::error(
-                    &policy.answers,
-                    ErrorCode::KeyReused,
-                    "this idempotency key was already used with a different request",
-                );
+                // OASIS Repeatable Requests answers an id reused with another request with 400.
+                let (status, message) = if repeatability::speaks(policy) {
+                    (
+                        repeatability::KEY_REUSED_STATUS,
+                        "this Repeatability-Request-ID was already used with a different request",
+                    )
+                } else {
+                    (ErrorCode::KeyReused.status(), "this idempotency key was already used with a different request")
+                };
+                let reply = crate::replies::error_with_status(&policy.answers, ErrorCode::KeyReused, status, message);
                 shadowed(policy, Outcome::KeyReused, reply, "fingerprint_mismatch".into(), k)
             }
             Claim::Unknown { first_seen_ms, held_until_ms, held, .. } => {
@@ -354,6 +369,20 @@ impl Engine {
         }
         shadowed(policy, Outcome::StoreError, store_unavailable(&policy.answers), e.to_string(), key)
     }
+}
+
+/// A Repeatable Requests route's refusal of malformed headers or a First-Sent outside its window.
+fn repeatability_refusal(policy: &RoutePolicy, req: &dyn RequestView, now_ms: u64) -> Option<Verdict> {
+    if !repeatability::speaks(policy) {
+        return None;
+    }
+    let refusal = repeatability::check(policy, req, now_ms).err()?;
+    let reply = crate::replies::error(&policy.answers, refusal.code(), refusal.message());
+    let (outcome, cause) = match refusal {
+        repeatability::Refusal::Malformed(_) => (Outcome::InvalidKey, "repeatability_headers_invalid"),
+        repeatability::Refusal::OutsideWindow(_) => (Outcome::InvalidKey, "first_sent_outside_window"),
+    };
+    Some(shadowed(policy, outcome, reply, cause.into(), None))
 }
 
 pub(super) fn verdict(outcome: Outcome, reply: LocalReply, cause: &str, key: Option<String>) -> Verdict {

@@ -130,6 +130,9 @@ impl Host for Envoy {
     fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
         abi::remove_header(abi::map::REQUEST_HEADERS, name).map_err(failed("remove_header_map_value"))
     }
+    fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        abi::replace_header(abi::map::RESPONSE_HEADERS, name, value).map_err(failed("replace_header_map_value"))
+    }
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
         abi::add_header(abi::map::RESPONSE_TRAILERS, name, value).map_err(failed("add_header_map_value"))
     }

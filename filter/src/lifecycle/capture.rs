@@ -12,6 +12,7 @@ use crate::engine::{Body, Ending, Ticket};
 use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::RouteId;
+use crate::repeatability;
 use crate::response::Header;
 use std::rc::Rc;
 
@@ -84,6 +85,12 @@ impl Stream {
         };
         let pairs = host.response_headers();
         let status = status_of(&pairs);
+        if repeatability::speaks(self.worker.engine.policy(route)) {
+            // The first execution's own answer (its replays are marked where they are made).
+            if let Err(e) = host.set_response_header(repeatability::RESULT, b"accepted") {
+                host.log(Level::Warn, &format!("idem: cannot set {}: {e:?}", repeatability::RESULT));
+            }
+        }
         // Whether Envoy answered itself (and why): for gRPC, its answers are 200s too.
         let grpc = self.request.grpc;
         let details =

@@ -13,6 +13,7 @@ use crate::engine::Outcome;
 use crate::host::{Host, Level};
 use crate::policy::GrpcReplay;
 use crate::policy::RouteId;
+use crate::repeatability;
 use crate::response::{Header, LocalReply, StoredResponse};
 use crate::store::StoreError;
 
@@ -38,7 +39,17 @@ pub(super) struct Replays {
 
 impl Worker {
     /// Answers the current stream (its own callback, or the root acting on it) with `reply`.
-    pub(super) fn answer(&self, host: &dyn Host, ctx: u32, route: RouteId, reply: LocalReply, grpc: bool) -> Answered {
+    pub(super) fn answer(
+        &self,
+        host: &dyn Host,
+        ctx: u32,
+        route: RouteId,
+        mut reply: LocalReply,
+        grpc: bool,
+    ) -> Answered {
+        if repeatability::speaks(self.engine.policy(route)) {
+            repeatability::mark(&mut reply);
+        }
         if !grpc {
             self.send_when_read(host, ctx, reply);
             return Answered::Replied;

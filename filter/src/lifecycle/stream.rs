@@ -251,7 +251,7 @@ impl Stream {
         let needs_body = w.engine.policy(route).needs_body();
         if needs_body && !end_of_stream {
             // Refuse a missing or malformed key now, not after the body arrived.
-            if let Some(v) = w.engine.precheck(route, &WithHost { req: &self.request, host }) {
+            if let Some(v) = w.engine.precheck(route, &WithHost { req: &self.request, host }, || host.now_ms()) {
                 return self.apply(host, route, v, false);
             }
             // With allow_on_headers_stop_iteration, the body still reaches on_request_body;
@@ -582,14 +582,14 @@ impl Stream {
         let w = Rc::clone(&self.worker);
         self.phase = Phase::Idle;
         let view = WithHost { req: &self.request, host };
-        let Some(begin) = w.engine.begin(route, &view) else {
+        let now = host.now_ms();
+        let Some(begin) = w.engine.begin(route, &view, now) else {
             return Flow::Continue;
         };
         let prepared = match begin {
             Begin::Done(v) => return self.apply(host, route, v, false),
             Begin::Store(p) => p,
         };
-        let now = host.now_ms();
         let store = w.engine.store(route);
         match prepared.op {
             StoreOp::Claim { id, fingerprint } => {

@@ -335,6 +335,27 @@ pub enum KeySource {
     Cloudevent,
 }
 
+/// The header that is the key of a Repeatable Requests route.
+pub const REPEATABILITY_REQUEST_ID: &str = "Repeatability-Request-ID";
+/// The shortest window (`key.ttl`) of a Repeatable Requests route: Microsoft's REST guidelines
+/// say the tracked window "MUST be at least 5 minutes".
+pub const MIN_REPEATABILITY_WINDOW: Duration = Duration::from_secs(300);
+
+/// `key.protocol`: the retry protocol the route's callers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyProtocol {
+    /// A key where `key.from`/`key.name`/`key.parts` say (Stripe's and the IETF draft's
+    /// `Idempotency-Key` by default).
+    #[default]
+    IdempotencyKey,
+    /// OASIS Repeatable Requests 1.0 (Microsoft's REST guidelines, Azure's SDKs): the key is
+    /// `Repeatability-Request-ID`, `Repeatability-First-Sent` is checked against `key.ttl`, and
+    /// answers carry `Repeatability-Result` ([`crate::repeatability`]).
+    RepeatableRequests,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
@@ -390,6 +411,12 @@ pub enum Anonymous {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct KeyPolicy {
+    /// The retry protocol (`idempotency-key`, or `repeatable-requests`: OASIS, the key and the
+    /// window from its headers).
+    pub protocol: KeyProtocol,
+    /// Repeatable Requests: how far ahead of this gateway's clock a `Repeatability-First-Sent`
+    /// may be (a client whose clock runs ahead) before the request is refused with 412.
+    pub first_sent_skew: Duration,
     /// Where a one-part key is (default `header`); not with `parts`.
     pub from: Option<KeySource>,
     /// Which header, parameter, pointer, field, element or path parameter (default
@@ -403,6 +430,13 @@ pub struct KeyPolicy {
     #[serde(skip)]
     #[cfg_attr(feature = "schema", schemars(skip))]
     pub sources: Vec<Source>,
+    /// `required` as written: unset, it is `true`, and `false` for Repeatable Requests (a request
+    /// without its headers is an ordinary one, OASIS §5).
+    #[serde(rename = "required")]
+    pub required_as_written: Option<bool>,
+    /// Whether a request without the key is refused (resolved from `required`).
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
     pub required: bool,
     pub scope: Vec<Source>,
     pub anonymous: Anonymous,
@@ -466,10 +500,13 @@ impl Default for TokenPolicy {
 impl Default for KeyPolicy {
     fn default() -> Self {
         KeyPolicy {
+            protocol: KeyProtocol::IdempotencyKey,
+            first_sent_skew: Duration::from_secs(300),
             from: None,
             name: None,
             parts: Vec::new(),
             sources: vec![Source::Header("Idempotency-Key".to_string())],
+            required_as_written: None,
             required: true,
             scope: vec![Source::Header("authorization".to_string())],
             anonymous: Anonymous::Reject,

@@ -4,8 +4,8 @@
 use super::answers::Answers;
 use super::{
     AdminConfig, Bundle, DetachedConfig, DuplicateResponse, Duration, FingerprintPart, Forward, GrpcConfig, KeyPolicy,
-    KeySource, Matcher, MetricsConfig, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig, Source,
-    StoreKind, TokenPolicy, TokensConfig, Unmatched, MIN_TOKEN_SECRET,
+    KeyProtocol, KeySource, Matcher, MetricsConfig, Mode, PathTemplate, RedisConfig, Role, RoutePolicy, SharedConfig,
+    Source, StoreKind, TokenPolicy, TokensConfig, Unmatched, MIN_TOKEN_SECRET,
 };
 use serde::{de, Deserialize, Deserializer};
 use std::fmt;
@@ -396,6 +396,15 @@ impl RawBundle {
         }
         let mut key = r.key.unwrap_or_default();
         key.sources = key_sources(&key).map_err(|m| format!("route {name:?}: {m}"))?;
+        let repeatable = key.protocol == KeyProtocol::RepeatableRequests;
+        key.required = key.required_as_written.unwrap_or(!repeatable);
+        if repeatable && key.ttl < super::MIN_REPEATABILITY_WINDOW {
+            return Err(format!(
+                "route {name:?}: key.ttl is the window Repeatability-First-Sent is checked against, and it is {} s; \
+                 Microsoft's REST guidelines require a window of at least 5 minutes (\"5m\")",
+                key.ttl.millis / 1000
+            ));
+        }
         let token = r.token.unwrap_or_default();
         let template = match &matcher {
             Matcher::Request { path, .. } => Some(path),
@@ -540,6 +549,16 @@ fn key_sources(key: &KeyPolicy) -> Result<Vec<Source>, String> {
 
 /// The key's parts: `key.parts`, or the one `key.from` + `key.name` name.
 fn key_sources_as_named(key: &KeyPolicy) -> Result<Vec<Source>, String> {
+    if key.protocol == KeyProtocol::RepeatableRequests {
+        if key.from.is_some() || key.name.is_some() || !key.parts.is_empty() {
+            return Err(format!(
+                "key.protocol = \"repeatable-requests\" reads the key from the {} header: drop key.from, \
+                 key.name and key.parts",
+                super::REPEATABILITY_REQUEST_ID
+            ));
+        }
+        return Ok(vec![Source::Header(super::REPEATABILITY_REQUEST_ID.to_string())]);
+    }
     if !key.parts.is_empty() {
         if key.from.is_some() || key.name.is_some() {
             return Err("key.parts names every part of the key: drop key.from and key.name".into());

@@ -8,7 +8,7 @@
 //! - `<source> ~ <regex>`: the regex's one capture group, found exactly once in the value
 //!   (`header:authorization ~ Credential=([A-Z0-9]+)/`: a SigV4 caller's access key id, stable
 //!   across the retries it signs anew). Named extractors for the common schemes:
-//!   `sigv4:access_key_id` and `wechatpay:mchid`.
+//!   `sigv4:access_key_id`, `wechatpay:mchid` and `azurehmac:credential`.
 //! - `sha256:<source>`: the value's SHA-256 (hex) stands for it, so a stable value of any length
 //!   can identify a request (WeChat Pay v2's encrypted `req_info`, 1 KB and more).
 
@@ -114,6 +114,9 @@ const EXTRACTORS: &[(&str, &str, &str)] = &[
     ("sigv4:access_key_id", "header:authorization", r"\bCredential=([A-Za-z0-9]+)/"),
     // WeChat Pay API v3: `Authorization: WECHATPAY2-SHA256-RSA2048 mchid="1900000001",nonce_str=…`
     ("wechatpay:mchid", "header:authorization", r#"\bmchid="([0-9A-Za-z_-]+)""#),
+    // Azure's HMAC (App Configuration and the services that follow it):
+    // `Authorization: HMAC-SHA256 Credential=<access key id>&SignedHeaders=x-ms-date;host;x-ms-content-sha256&Signature=…`
+    ("azurehmac:credential", "header:authorization", r"\bCredential=([^&\s,;]+)&"),
 ];
 
 impl Source {
@@ -208,7 +211,7 @@ impl Source {
 const EXPECTED: &str =
     "header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, \
 form:<field>, xml:/<element>[/…], path:<template parameter>, cloudevent:<attribute> or proto:<field>[.<field>…]; part of one: `<source> ~ <regex with one group>`, \
-sigv4:access_key_id or wechatpay:mchid; by digest: sha256:<source>";
+sigv4:access_key_id, wechatpay:mchid or azurehmac:credential; by digest: sha256:<source>";
 
 /// `/xml/transaction_id` → `["xml", "transaction_id"]`: element names (XML `Name`s without a
 /// namespace prefix), from the root.
@@ -307,9 +310,9 @@ impl schemars::JsonSchema for Source {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter>, cloudevent:<attribute> or proto:<field>[.<field>…] (a gRPC request message's field); part of a value: `<source> ~ <regex with one capture group>`, sigv4:access_key_id, wechatpay:mchid; a value by its SHA-256: sha256:<source>.",
+            "description": "Where a value of the request comes from: header:<name>, query:<name>, cookie:<name>, metadata:<filter>/<field>[/…], body:/<JSON pointer>, form:<field>, xml:/<element>[/…], path:<template parameter>, cloudevent:<attribute> or proto:<field>[.<field>…] (a gRPC request message's field); part of a value: `<source> ~ <regex with one capture group>`, sigv4:access_key_id, wechatpay:mchid, azurehmac:credential; a value by its SHA-256: sha256:<source>.",
             "type": "string",
-            "pattern": "^(sha256:)?((header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)( ~ .+)?|proto:[0-9]+([.][0-9]+)*|sigv4:access_key_id|wechatpay:mchid)$"
+            "pattern": "^(sha256:)?((header:.+|query:.+|cookie:.+|form:.+|metadata:[^/]+(/[^/]+)+|body:/.*|xml:(/[^/]+)+|path:[A-Za-z0-9_.-]+|cloudevent:[a-z0-9]+)( ~ .+)?|proto:[0-9]+([.][0-9]+)*|sigv4:access_key_id|wechatpay:mchid|azurehmac:credential)$"
         })
     }
 }

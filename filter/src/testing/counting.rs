@@ -163,6 +163,10 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("remove_header_map_value", name.len());
         self.inner.remove_request_header(name)
     }
+    fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        self.add("replace_header_map_value", name.len() + value.len());
+        self.inner.set_response_header(name, value)
+    }
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
         self.add("add_header_map_value", name.len() + value.len());
         self.inner.add_response_trailer(name, value)

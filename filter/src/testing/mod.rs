@@ -114,6 +114,12 @@ pub enum Act {
         name: String,
         value: Vec<u8>,
     },
+    /// A header set on the stream's (upstream) response.
+    ResponseHeader {
+        context: u32,
+        name: String,
+        value: Vec<u8>,
+    },
     Enqueue {
         queue: u32,
     },
@@ -477,6 +483,11 @@ impl Host for FakeHost {
         if let Some(st) = lock(&self.streams).get_mut(&ctx) {
             st.request_headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name.as_bytes()));
         }
+        Ok(())
+    }
+    fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
+        let ctx = self.current();
+        self.act(Act::ResponseHeader { context: ctx, name: name.into(), value: value.to_vec() });
         Ok(())
     }
     fn add_response_trailer(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
