@@ -70,12 +70,16 @@ pub fn check(policy: &RoutePolicy, req: &dyn RequestView, now_ms: u64) -> Result
     })?;
     let sent = match (id_sent, first_sent) {
         (false, None) => return Ok(()),
-        (true, None) => return Err(Refusal::Malformed(format!(
+        (true, None) => {
+            return Err(Refusal::Malformed(format!(
             "{REQUEST_ID} came without {FIRST_SENT}; a repeatable request carries both (OASIS Repeatable Requests §5)"
-        ))),
-        (false, Some(_)) => return Err(Refusal::Malformed(format!(
+        )))
+        }
+        (false, Some(_)) => {
+            return Err(Refusal::Malformed(format!(
             "{FIRST_SENT} came without {REQUEST_ID}; a repeatable request carries both (OASIS Repeatable Requests §5)"
-        ))),
+        )))
+        }
         (true, Some(sent)) => sent,
     };
     let at = httpdate::parse_http_date(sent.trim()).map_err(|_| {

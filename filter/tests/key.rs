@@ -537,6 +537,20 @@ fn a_signed_callers_stable_id_is_read_out_of_a_header_signed_anew_per_request() 
     };
     assert_eq!(read(&wx, None, &req(&sign("a"))).unwrap().as_deref(), Some("1900000001"));
     assert_eq!(read(&wx, None, &req(&sign("a"))).unwrap(), read(&wx, None, &req(&sign("b"))).unwrap());
+    // Azure's HMAC (App Configuration's form): the credential stays, the signature does not; a
+    // SigV4 header is not read as one (its Credential= ends with `/`, not `&`).
+    let az = Source::parse("azurehmac:credential").unwrap();
+    let hmac = |sig: &str| {
+        format!(
+            "HMAC-SHA256 Credential=1rAa-l9-s0:7Vzs&SignedHeaders=x-ms-date;host;x-ms-content-sha256&Signature={sig}"
+        )
+    };
+    assert_eq!(read(&az, None, &req(&hmac("a+b/c="))).unwrap().as_deref(), Some("1rAa-l9-s0:7Vzs"));
+    assert_eq!(read(&az, None, &req(&hmac("a"))).unwrap(), read(&az, None, &req(&hmac("b"))).unwrap());
+    assert!(matches!(read(&az, None, &req(SIGV4)), Err(KeyError::Invalid(m)) if m.contains("does not match")));
+    // Azure Communication Services' HMAC names no credential at all: nothing to scope on in it.
+    let acs = "HMAC-SHA256 SignedHeaders=x-ms-date;host;x-ms-content-sha256&Signature=abc";
+    assert!(matches!(read(&az, None, &req(acs)), Err(KeyError::Invalid(_))));
 }
 
 #[test]
