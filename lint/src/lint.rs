@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use crate::config::{Config, Severity};
 use crate::loader::{At, Workspace};
-use crate::model::{operations, Operation};
+use crate::model::{deliveries, operations, Operation};
 use crate::node::{split_pointer, Node, Value};
-use crate::rules::{Ctx, RawFinding, RULES};
+use crate::rules::{Ctx, RawFinding, DELIVERY_RULES, RULES};
 use crate::source::{char_width, FatalError, Position, SourceFile};
 use crate::statement::statements;
 
@@ -74,7 +74,8 @@ pub fn lint_text(name: &str, text: &str, cfg: &Config) -> Result<Vec<Finding>, F
 }
 
 pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
-    let ops = operations(ws, &cfg.methods);
+    let mut ops = operations(ws, &cfg.methods);
+    ops.extend(deliveries(ws, &cfg.methods));
     let enabled: Vec<_> = RULES.iter().filter_map(|r| cfg.severity(r.code).map(|s| (r, s))).collect();
     let mut raw: Vec<(RawFinding, Severity)> = Vec::new();
     // A finding on a node shared by several operations (IDEM010 on the root's
@@ -86,6 +87,9 @@ pub fn lint_workspace(ws: &Workspace, cfg: &Config) -> Vec<Finding> {
         let ctx = Ctx { ws, op, statements: &st, merged: merged.as_ref() };
         let mut found = Vec::new();
         for (rule, _) in &enabled {
+            if op.is_delivery() && !DELIVERY_RULES.contains(&rule.code) {
+                continue;
+            }
             if let crate::rules::Check::Operation(check) = rule.check {
                 check(&ctx, &mut found);
             }

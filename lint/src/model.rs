@@ -16,7 +16,7 @@
 //! URL, is not prepended (the cross-check compares policies with these paths).
 
 use crate::loader::{At, FileId, Version, Workspace};
-use crate::node::{pointer, Node};
+use crate::node::{pointer, split_pointer, Node};
 
 /// HTTP methods a path item can hold (Swagger 2.0 has all but `trace`), in the order the spec
 /// lists them.
@@ -30,10 +30,25 @@ pub struct Param<'a> {
     pub at: At<'a>,
 }
 
+/// What an operation is: a request clients send to the API, or a delivery the API sends to its
+/// receivers (a webhook, a callback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Under `paths`.
+    Request,
+    /// Under `webhooks` (OpenAPI 3.1) or `x-webhooks` (the 3.0 extension Redoc reads): `path` is
+    /// the webhook's name.
+    Webhook,
+    /// Under an operation's `callbacks`: `path` is the callback URL's expression.
+    Callback,
+}
+
 #[derive(Debug, Clone)]
 pub struct Operation<'a> {
+    pub kind: Kind,
     /// Lower-case method as written in the spec (`post`).
     pub method: &'a str,
+    /// The `paths` key; a webhook's name; a callback's URL expression.
     pub path: &'a str,
     /// The operation object (after resolving a path-item `$ref`).
     pub at: At<'a>,
@@ -47,6 +62,8 @@ pub struct Operation<'a> {
     pub params: Vec<Param<'a>>,
     /// Nodes from the root down to the operation, for `x-idem-lint-ignore` lookups.
     pub ancestors: Vec<At<'a>>,
+    /// The pointer of each of `ancestors`.
+    pub ancestor_pointers: Vec<String>,
     /// What the request body declares.
     pub body: Body<'a>,
     /// The `responses` object (after `$ref` resolution), when there is one.
@@ -73,7 +90,16 @@ pub struct Body<'a> {
 
 impl Operation<'_> {
     pub fn label(&self) -> String {
-        format!("{} {}", self.method.to_ascii_uppercase(), self.path)
+        match self.kind {
+            Kind::Request => format!("{} {}", self.method.to_ascii_uppercase(), self.path),
+            Kind::Webhook => format!("webhook {} ({})", self.path, self.method.to_ascii_uppercase()),
+            Kind::Callback => format!("callback {} {}", self.method.to_ascii_uppercase(), self.path),
+        }
+    }
+
+    /// A webhook or a callback: the API sends it, its receivers deduplicate it.
+    pub fn is_delivery(&self) -> bool {
+        self.kind != Kind::Request
     }
 }
 
@@ -84,52 +110,124 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
     let Some(paths) = root.node.get("paths") else {
         return out;
     };
-    let Some(paths_map) = paths.as_map() else {
-        return out;
-    };
     let paths_at = At { file: 0, node: paths };
-    for pe in paths_map {
-        let Some(item) = ws.resolve(At { file: 0, node: &pe.value }) else {
+    for pe in paths.as_map().into_iter().flatten() {
+        let pointer = vec!["paths".to_string(), pe.key.clone()];
+        let above = vec![(root, String::new()), (paths_at, "/paths".to_string())];
+        let place = Place { kind: Kind::Request, name: &pe.key, pointer, above };
+        item_operations(ws, At { file: 0, node: &pe.value }, &place, methods, &mut out);
+    }
+    out
+}
+
+/// The deliveries the API sends, whose method is in `methods`: the operations of its `webhooks`
+/// (OpenAPI 3.1) and `x-webhooks`, then of every operation's `callbacks`, in document order.
+pub fn deliveries<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a>> {
+    let root = ws.root();
+    let mut out = Vec::new();
+    for table in ["webhooks", "x-webhooks"] {
+        let Some(hooks) = root.node.get(table) else {
             continue;
         };
-        let Some(item_map) = item.node.as_map() else {
+        let hooks_at = At { file: 0, node: hooks };
+        for he in hooks.as_map().into_iter().flatten() {
+            let pointer = vec![table.to_string(), he.key.clone()];
+            let above = vec![(root, String::new()), (hooks_at, format!("/{table}"))];
+            let place = Place { kind: Kind::Webhook, name: &he.key, pointer, above };
+            item_operations(ws, At { file: 0, node: &he.value }, &place, methods, &mut out);
+        }
+    }
+    let every: Vec<String> = METHODS.iter().map(|m| m.to_string()).collect();
+    for op in operations(ws, &every) {
+        let Some(callbacks) = op.at.node.get("callbacks").and_then(Node::as_map) else {
             continue;
         };
-        let path_params = resolve_params(ws, item, item.node.get("parameters"));
-        for oe in item_map {
-            if !METHODS.contains(&oe.key.as_str()) || !methods.contains(&oe.key) {
-                continue;
-            }
-            let Some(op) = ws.resolve(At { file: item.file, node: &oe.value }) else {
+        for ce in callbacks {
+            let Some(callback) = ws.resolve(At { file: op.at.file, node: &ce.value }) else {
                 continue;
             };
-            if op.node.as_map().is_none() {
-                continue;
+            let mut callback_pointer = split_pointer(&op.pointer).unwrap_or_default();
+            callback_pointer.extend(["callbacks".to_string(), ce.key.clone()]);
+            for ue in callback.node.as_map().into_iter().flatten() {
+                let mut pointer = callback_pointer.clone();
+                pointer.push(ue.key.clone());
+                let mut above: Vec<(At<'_>, String)> =
+                    op.ancestors.iter().copied().zip(op.ancestor_pointers.iter().cloned()).collect();
+                above.push((callback, crate::node::pointer(&callback_pointer)));
+                let place = Place { kind: Kind::Callback, name: &ue.key, pointer, above };
+                item_operations(ws, At { file: callback.file, node: &ue.value }, &place, methods, &mut out);
             }
-            let own = resolve_params(ws, op, op.node.get("parameters"));
-            let mut params: Vec<Param<'_>> =
-                path_params.iter().filter(|p| !own.iter().any(|o| same_param(o, p))).copied().collect();
-            params.extend(own);
-            let body = match ws.version {
-                Version::OpenApi3 => body_v3(ws, op),
-                Version::Swagger2 => body_v2(ws, op, &params),
-            };
-            let responses = op.node.get("responses").and_then(|r| ws.resolve(At { file: op.file, node: r }));
-            out.push(Operation {
-                method: oe.key.as_str(),
-                path: pe.key.as_str(),
-                at: op,
-                key_file: item.file,
-                key_offset: oe.key_start,
-                pointer: pointer(["paths", pe.key.as_str(), oe.key.as_str()]),
-                params,
-                ancestors: vec![root, paths_at, item, op],
-                body,
-                responses,
-            });
         }
     }
     out
+}
+
+/// Where a path item sits: what its operations are, their `path`, the pointer to the item, and
+/// the nodes above it.
+struct Place<'a> {
+    kind: Kind,
+    name: &'a str,
+    /// The item's pointer, segment by segment (unescaped).
+    pointer: Vec<String>,
+    /// The nodes above the item, with their pointers.
+    above: Vec<(At<'a>, String)>,
+}
+
+/// The operations of one path item (a `paths` entry, a webhook, a callback expression).
+fn item_operations<'a>(
+    ws: &'a Workspace,
+    item: At<'a>,
+    place: &Place<'a>,
+    methods: &[String],
+    out: &mut Vec<Operation<'a>>,
+) {
+    let Some(item) = ws.resolve(item) else {
+        return;
+    };
+    let Some(item_map) = item.node.as_map() else {
+        return;
+    };
+    let path_params = resolve_params(ws, item, item.node.get("parameters"));
+    for oe in item_map {
+        if !METHODS.contains(&oe.key.as_str()) || !methods.contains(&oe.key) {
+            continue;
+        }
+        let Some(op) = ws.resolve(At { file: item.file, node: &oe.value }) else {
+            continue;
+        };
+        if op.node.as_map().is_none() {
+            continue;
+        }
+        let own = resolve_params(ws, op, op.node.get("parameters"));
+        let mut params: Vec<Param<'_>> =
+            path_params.iter().filter(|p| !own.iter().any(|o| same_param(o, p))).copied().collect();
+        params.extend(own);
+        let body = match ws.version {
+            Version::OpenApi3 => body_v3(ws, op),
+            Version::Swagger2 => body_v2(ws, op, &params),
+        };
+        let responses = op.node.get("responses").and_then(|r| ws.resolve(At { file: op.file, node: r }));
+        let mut segments = place.pointer.clone();
+        segments.push(oe.key.clone());
+        let op_pointer = pointer(segments.iter().map(String::as_str));
+        let (mut ancestors, mut ancestor_pointers): (Vec<At<'a>>, Vec<String>) = place.above.iter().cloned().unzip();
+        ancestors.extend([item, op]);
+        ancestor_pointers.extend([pointer(&place.pointer), op_pointer.clone()]);
+        out.push(Operation {
+            kind: place.kind,
+            method: oe.key.as_str(),
+            path: place.name,
+            at: op,
+            key_file: item.file,
+            key_offset: oe.key_start,
+            pointer: op_pointer,
+            params,
+            ancestors,
+            ancestor_pointers,
+            body,
+            responses,
+        });
+    }
 }
 
 /// OpenAPI 3: `requestBody.content.*.schema`.

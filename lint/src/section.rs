@@ -28,6 +28,8 @@ pub enum Label {
     Key,
     Duplicate,
     Expiry,
+    /// A delivery's promise: at least once (webhooks, callbacks).
+    Delivery,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -356,6 +358,10 @@ fn strip_numbering(t: &str) -> Option<&str> {
 /// `重复…` is "starts with 重复" and `…幂等键…` is "contains 幂等键". Printed in
 /// `lint/README.md` ("Item labels"); a test checks that the two agree.
 const LABEL_FORMS: &[(&str, Label)] = &[
+    ("投递…", Label::Delivery),
+    ("重复投递…", Label::Delivery),
+    ("delivery…", Label::Delivery),
+    ("redelivery…", Label::Delivery),
     ("重复…", Label::Duplicate),
     ("duplicate…", Label::Duplicate),
     ("…有效期…", Label::Expiry),

@@ -5,7 +5,10 @@ use crate::loader::{FileId, Workspace};
 use crate::model::Operation;
 use crate::node::{Node, Value};
 use crate::section::{find_section, unrecognised_title, Label};
-use crate::value::{parse_bool, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Tri};
+use crate::value::{parse_bool, parse_delivery, parse_duplicate, parse_key, Duplicate, KeyIn, KeySpec, Tri};
+
+/// The statement's own fields of `x-idempotency` (what [`statements`] reads).
+pub const EXTENSION_FIELDS: [&str; 5] = ["idempotent", "key", "duplicate", "expiry", "delivery"];
 
 /// Where a finding points: file, byte offset, logical JSON pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +50,8 @@ pub struct Statement {
     pub key: Option<Field<KeySpec>>,
     pub duplicate: Option<Field<Duplicate>>,
     pub expiry: Option<Field<String>>,
+    /// A delivery's (webhook's, callback's) promise to its receivers: may it come again?
+    pub delivery: Option<Field<Tri>>,
     /// The section is written in English (its title has no CJK characters): hints follow it.
     pub english: bool,
 }
@@ -57,6 +62,12 @@ impl Statement {
         match (self.origin, self.english, field) {
             (Origin::Extension, _, "idempotent") => "add `idempotent: true` or `idempotent: false`",
             (Origin::Extension, _, "key") => "add e.g. `key: { in: header, name: Idempotency-Key }`",
+            (Origin::Extension, _, "delivery") => "add `delivery: at-least-once`",
+            (Origin::Extension, _, "event-key") => "add e.g. `key: { in: header, name: webhook-id }`",
+            (Origin::Section, false, "event-key") => "add e.g. `幂等键：webhook-id（header）`",
+            (Origin::Section, true, "event-key") => "add e.g. `Key: webhook-id (header)`",
+            (Origin::Section, false, "delivery") => "add `投递：至少一次`",
+            (Origin::Section, true, "delivery") => "add `Delivery: at least once`",
             (Origin::Extension, _, _) => "add e.g. `duplicate: { status: 409, code: DUPLICATE_REQUEST }`",
             (Origin::Section, false, "idempotent") => "add `是否幂等：是` or `是否幂等：否`",
             (Origin::Section, false, "key") => "add e.g. `幂等键：Idempotency-Key（header）`",
@@ -115,6 +126,7 @@ impl Statements {
                 key: e.key.clone().or_else(|| s.key.clone()),
                 duplicate: e.duplicate.clone().or_else(|| s.duplicate.clone()),
                 expiry: e.expiry.clone().or_else(|| s.expiry.clone()),
+                delivery: e.delivery.clone().or_else(|| s.delivery.clone()),
                 english: false,
             }),
         }
@@ -157,6 +169,7 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                         key: None,
                         duplicate: None,
                         expiry: None,
+                        delivery: None,
                         english: is_english(sec.title),
                     };
                     // Items of one table row (a label row over a value row) share their line.
@@ -184,6 +197,9 @@ pub fn statements(ws: &Workspace, op: &Operation<'_>, extra_titles: &[String], w
                             }
                             Label::Expiry if st.expiry.is_none() => {
                                 st.expiry = Some(Field { value: item.value.to_string(), loc, raw });
+                            }
+                            Label::Delivery if st.delivery.is_none() => {
+                                st.delivery = Some(Field { value: parse_delivery(item.value), loc, raw });
                             }
                             _ => {}
                         }
@@ -215,6 +231,7 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
         key: None,
         duplicate: None,
         expiry: None,
+        delivery: None,
         english: false,
     };
     match &node.value {
@@ -275,6 +292,13 @@ fn extension(op: &Operation<'_>, file: FileId, key_start: u32, node: &Node) -> S
             _ => Duplicate::new(None, None),
         };
         st.duplicate = Some(Field { value, loc: loc_at(n, "duplicate"), raw: n.scalar_text().unwrap_or_default() });
+    }
+    if let Some(n) = node.get("delivery") {
+        st.delivery = Some(Field {
+            value: n.scalar_text().map_or(Tri::Unknown("?".into()), |t| parse_delivery(&t)),
+            loc: loc_at(n, "delivery"),
+            raw: n.scalar_text().unwrap_or_default(),
+        });
     }
     if let Some(n) = node.get("expiry") {
         st.expiry = Some(Field {

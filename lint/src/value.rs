@@ -37,6 +37,38 @@ pub fn parse_bool(v: &str) -> Tri {
     Tri::Unknown(v.trim().to_string())
 }
 
+/// Whether a delivery (a webhook, a callback) may reach its receiver more than once: `Yes` for
+/// "at least once" (`至少一次`, `可能重复投递`, `会重试`, `at least once`, `may repeat`,
+/// `retried`), `No` for a promise of one delivery (`仅一次`, `exactly once`, `no`), which no
+/// sender over HTTP can keep. Read as [`parse_bool`] reads yes/no: the first clause, whole.
+pub fn parse_delivery(v: &str) -> Tri {
+    let plain = without_remarks(v).replace('`', "").to_lowercase();
+    let clause = plain.split(['，', ',', '；', ';', '。', '、', '—']).next().unwrap_or("").trim().trim_end_matches(['.', '!', '！']);
+    let clause = clause.trim().replace(['-', '_'], " ");
+    const REPEATS: [&str; 12] = [
+        "至少一次",
+        "可能重复",
+        "可能重复投递",
+        "会重复投递",
+        "会重试",
+        "重试投递",
+        "at least once",
+        "may repeat",
+        "may be repeated",
+        "repeated",
+        "retried",
+        "yes",
+    ];
+    const ONCE: [&str; 6] = ["仅一次", "只投递一次", "exactly once", "once", "no", "否"];
+    if REPEATS.contains(&clause.as_str()) || clause.starts_with("at least once") || clause == "是" {
+        return Tri::Yes;
+    }
+    if ONCE.contains(&clause.as_str()) {
+        return Tri::No;
+    }
+    Tri::Unknown(v.trim().to_string())
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyIn {
     Header,

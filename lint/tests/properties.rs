@@ -5,7 +5,7 @@
 use idem_lint::config::Config;
 use idem_lint::node::{Entry, Node, Value};
 use idem_lint::section::{find_section, Label};
-use idem_lint::value::{duration_secs, parse_bool, parse_duplicate, parse_key};
+use idem_lint::value::{duration_secs, parse_bool, parse_delivery, parse_duplicate, parse_key};
 use proptest::prelude::*;
 
 /// Markdown-ish lines built from the pieces the parser looks for, in any order.
@@ -77,6 +77,7 @@ proptest! {
                         if let Some(s) = d.status { prop_assert!((100..=599).contains(&s)); }
                     }
                     Label::Expiry => { let _ = duration_secs(item.value); }
+                    Label::Delivery => { let _ = parse_delivery(item.value); }
                 }
             }
         }
@@ -85,6 +86,7 @@ proptest! {
     #[test]
     fn value_parsers_never_panic(s in "\\PC{0,40}") {
         let _ = parse_bool(&s);
+        let _ = parse_delivery(&s);
         let _ = parse_key(&s);
         let _ = parse_duplicate(&s);
         let _ = duration_secs(&s);

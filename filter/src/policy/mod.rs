@@ -431,7 +431,7 @@ pub struct KeyPolicy {
     #[cfg_attr(feature = "schema", schemars(skip))]
     pub sources: Vec<Source>,
     /// `required` as written: unset, it is `true`, and `false` for Repeatable Requests (a request
-    /// without its headers is an ordinary one, OASIS §5).
+    /// without its headers is an ordinary one, OASIS §5). Once parsed, the value in force.
     #[serde(rename = "required")]
     pub required_as_written: Option<bool>,
     /// Whether a request without the key is refused (resolved from `required`).

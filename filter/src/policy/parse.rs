@@ -398,6 +398,8 @@ impl RawBundle {
         key.sources = key_sources(&key).map_err(|m| format!("route {name:?}: {m}"))?;
         let repeatable = key.protocol == KeyProtocol::RepeatableRequests;
         key.required = key.required_as_written.unwrap_or(!repeatable);
+        // Two policies that say the same are equal, whether `required` was written or not.
+        key.required_as_written = Some(key.required);
         if repeatable && key.ttl < super::MIN_REPEATABILITY_WINDOW {
             return Err(format!(
                 "route {name:?}: key.ttl is the window Repeatability-First-Sent is checked against, and it is {} s; \

@@ -41,7 +41,7 @@ const ACCOUNT_FIELDS: [&str; 8] =
 const DELIVERY_WORDS: [&str; 7] = ["notify", "notification", "callback", "webhook", "通知", "回调", "推送"];
 
 /// The statement's own fields of `x-idempotency` (read by `statement`).
-const STATEMENT_FIELDS: [&str; 4] = ["idempotent", "key", "duplicate", "expiry"];
+use crate::statement::EXTENSION_FIELDS as STATEMENT_FIELDS;
 
 /// The policy fields an operation's `x-idempotency` may set beside its statement: what the
 /// statement cannot say (who the caller is, what must match, how the request is forwarded, where

@@ -54,18 +54,16 @@ pub static RULE: Rule = Rule {
     check: super::Check::Operation(check),
 };
 
-/// The statement's fields of `x-idempotency`; the policy fields `idem-lint policies` writes
-/// (`crate::generate::POLICY_FIELDS`) are known too.
-const EXTENSION_FIELDS: [&str; 4] = ["idempotent", "key", "duplicate", "expiry"];
+/// The statement's fields of `x-idempotency` ([`crate::statement::EXTENSION_FIELDS`]); the policy
+/// fields `idem-lint policies` writes (`crate::generate::POLICY_FIELDS`) are known too.
+use crate::statement::EXTENSION_FIELDS;
 
 pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
     let op = ctx.op;
     // The nodes `x-idem-lint-ignore` is read from (`Operation::ancestors`: root, `paths`, path
     // item, operation) with their pointers. Findings on shared nodes repeat for every
     // operation; `lint_workspace` keeps one.
-    let item_pointer = op.pointer.rsplit_once('/').map_or("", |(p, _)| p);
-    let pointers = ["", "/paths", item_pointer, op.pointer.as_str()];
-    for (at, base) in op.ancestors.iter().zip(pointers) {
+    for (at, base) in op.ancestors.iter().zip(op.ancestor_pointers.iter().map(String::as_str)) {
         let Some(entry) = at.node.entry("x-idem-lint-ignore") else {
             continue;
         };

@@ -27,6 +27,7 @@ pub mod idem009_statements_disagree;
 pub mod idem010_unknown_directive;
 pub mod idem011_not_idempotent_with_key;
 pub mod idem012_generated_header_key;
+pub mod idem013_delivery_unstated;
 pub mod idem101_route_without_operation;
 pub mod idem102_operation_without_policy;
 pub mod idem103_key_mismatch;
@@ -36,6 +37,11 @@ pub mod idem106_policy_on_non_idempotent;
 pub mod idem107_scope_undeclared;
 pub mod idem108_token_scoped_on_whole_header;
 pub mod idem109_gateway_answers_undocumented;
+
+/// The rules that check a delivery (a webhook, a callback): what its receivers deduplicate on
+/// and that it may repeat (IDEM013), that the id is declared and stable (IDEM004, IDEM008), and
+/// the suppressions' codes (IDEM010). The others are about requests clients send.
+pub const DELIVERY_RULES: [&str; 4] = ["IDEM004", "IDEM008", "IDEM010", "IDEM013"];
 
 /// One finding before severities and suppressions are applied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -171,7 +177,7 @@ impl Rule {
     }
 }
 
-pub static RULES: [&Rule; 21] = [
+pub static RULES: [&Rule; 22] = [
     &idem001_missing_statement::RULE,
     &idem002_idempotent_unstated::RULE,
     &idem003_missing_key::RULE,
@@ -184,6 +190,7 @@ pub static RULES: [&Rule; 21] = [
     &idem010_unknown_directive::RULE,
     &idem011_not_idempotent_with_key::RULE,
     &idem012_generated_header_key::RULE,
+    &idem013_delivery_unstated::RULE,
     &idem101_route_without_operation::RULE,
     &idem102_operation_without_policy::RULE,
     &idem103_key_mismatch::RULE,
