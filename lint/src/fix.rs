@@ -1,5 +1,7 @@
 //! `idem-lint --fix`: mechanical repairs only, as text insertions that keep the file's
-//! formatting and comments, in the statement's language. A duplicate status the statement names
+//! formatting and comments, in the statement's language. A webhook or callback that does not
+//! say it may be delivered again gets that said (IDEM013), with a template for its event id
+//! when it has no statement. A duplicate status the statement names
 //! but the operation's `responses` lacks (IDEM006) is added as a one-line entry whose description
 //! names the duplicate code; with `--policies`, so are the statuses of the gateway's own answers
 //! the policy gives on the operation (IDEM109), one entry per status naming its codes. Nothing is
@@ -8,7 +10,7 @@
 
 use crate::config::Config;
 use crate::loader::{At, Workspace};
-use crate::model::operations;
+use crate::model::{deliveries, operations, Operation};
 use crate::rules::idem006_duplicate_not_in_responses::missing_status;
 use crate::rules::Ctx;
 use crate::statement::statements;
@@ -52,8 +54,106 @@ pub fn fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
             }
         }
     }
+    out.extend(delivery_fixes(ws, cfg));
     out.sort_by_key(|e| (e.file, e.at));
     out
+}
+
+/// IDEM013: a webhook or callback that says nothing gets an `x-idempotency` template — the event
+/// id its one declared id-like header or body field (`webhook-id`, `ce-id`, `event_id`, …), else
+/// a placeholder IDEM004 keeps reporting until it is filled in — and `delivery: at-least-once`.
+/// A statement without its delivery line gets one: `delivery` in `x-idempotency`, or a list line
+/// after the section's last item (`- 投递：至少一次` / `- Delivery: at least once`).
+fn delivery_fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
+    let mut out = Vec::new();
+    if cfg.severity("IDEM013").is_none() {
+        return out;
+    }
+    for op in deliveries(ws, &cfg.methods) {
+        let st = statements(ws, &op, &cfg.section_titles, true);
+        let text = &ws.file(op.at.file).text;
+        let json = is_json(text);
+        let edit = match (&st.extension, &st.section) {
+            (None, None) => {
+                let (location, name) = event_id(&op).unwrap_or(("header", "<event id>"));
+                let value = |json: bool| {
+                    if json {
+                        format!(
+                            "{{\"key\": {{\"in\": \"{location}\", \"name\": {}}}, \"delivery\": \"at-least-once\"}}",
+                            json_string(name)
+                        )
+                    } else {
+                        format!("{{ key: {{ in: {location}, name: {} }}, delivery: at-least-once }}", json_string(name))
+                    }
+                };
+                map_insertion(text, json, op.at, "x-idempotency", value)
+            }
+            (Some(ext), _) if ext.delivery.is_none() => {
+                op.at.node.get("x-idempotency").filter(|n| n.as_map().is_some()).and_then(|n| {
+                    map_insertion(text, json, At { file: op.at.file, node: n }, "delivery", |j| {
+                        if j {
+                            "\"at-least-once\"".into()
+                        } else {
+                            "at-least-once".into()
+                        }
+                    })
+                })
+            }
+            (None, Some(section)) if section.delivery.is_none() => section_line(text, &op, section),
+            _ => None,
+        };
+        out.extend(edit);
+    }
+    out
+}
+
+/// The one header parameter or top-level body property of a delivery that names its event
+/// (`webhook-id`, `ce-id`, `x-…-event-id`, `event_id`, `notify_id`), as (location, name).
+fn event_id<'a>(op: &Operation<'a>) -> Option<(&'static str, &'a str)> {
+    let looks = |n: &str| {
+        let n = n.to_ascii_lowercase().replace('_', "-");
+        ["webhook-id", "ce-id", "event-id", "notify-id", "delivery-id", "message-id"].iter().any(|w| n.ends_with(w))
+    };
+    let headers: Vec<&str> =
+        op.params.iter().filter(|p| p.location == "header" && looks(p.name)).map(|p| p.name).collect();
+    if let [one] = headers.as_slice() {
+        return Some(("header", one));
+    }
+    let fields: Vec<&str> = op
+        .body
+        .schemas
+        .iter()
+        .filter_map(|s| s.node.get("properties").and_then(crate::node::Node::as_map))
+        .flatten()
+        .map(|e| e.key.as_str())
+        .filter(|k| looks(k) || *k == "id")
+        .collect();
+    match fields.as_slice() {
+        [one] => Some(("body", one)),
+        _ => None,
+    }
+}
+
+/// `- 投递：至少一次` after the last item line of a section written in a YAML block scalar
+/// (found verbatim, a list line); nothing for an escaped JSON string or a folded one.
+fn section_line(text: &str, op: &Operation<'_>, st: &crate::statement::Statement) -> Option<Edit> {
+    let desc = op.at.node.get("description")?;
+    let (start, end) = (desc.start as usize, desc.end as usize);
+    let last =
+        [st.key.as_ref().map(|f| &f.loc), st.duplicate.as_ref().map(|f| &f.loc), st.expiry.as_ref().map(|f| &f.loc)]
+            .into_iter()
+            .chain([st.idempotent.as_ref().map(|f| &f.loc)])
+            .flatten()
+            .map(|l| l.offset as usize)
+            .filter(|o| *o > start && *o < end)
+            .max()?;
+    let line_start = text.get(..last)?.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text.get(last..)?.find('\n').map_or(text.len(), |i| last + i);
+    let line = text.get(line_start..line_end)?;
+    let indent = indent_of(text, line_start + line.len() - line.trim_start().len());
+    let marker = ["- ", "* ", "+ "].into_iter().find(|m| line.trim_start().starts_with(m))?;
+    let item = if st.english { "Delivery: at least once" } else { "投递：至少一次" };
+    Some(Edit { file: op.at.file, at: line_end, text: format!("\n{indent}{marker}{item}") })
 }
 
 /// With `--policies`: the responses the gateway's own answers need on each operation a key-mode
@@ -181,6 +281,27 @@ fn inside(inner: &At<'_>, outer: &At<'_>) -> bool {
 /// after its last entry (on a line of its own when the map spans lines); a YAML block map gets a
 /// line at its entries' indentation after the last one.
 fn insertion(text: &str, json_file: bool, responses: At<'_>, status: u16, description: &str) -> Option<Edit> {
+    let value = |json: bool| {
+        if json {
+            format!("{{\"description\": {}}}", json_string(description))
+        } else {
+            format!("{{ description: {} }}", json_string(description))
+        }
+    };
+    map_insertion(text, json_file, responses, &status.to_string(), value)
+}
+
+/// A new entry `key: value` of a map, in the map's own style: a JSON or YAML flow map gets
+/// `, key: value` after its last entry (on a line of its own when the map spans lines); a YAML
+/// block map gets a line at its entries' indentation after the last one. `value(json)` writes the
+/// value as JSON or as YAML flow.
+fn map_insertion(
+    text: &str,
+    json_file: bool,
+    responses: At<'_>,
+    key: &str,
+    value: impl Fn(bool) -> String,
+) -> Option<Edit> {
     let map = responses.node;
     let entries = map.as_map()?;
     let (start, end) = (map.start as usize, map.end as usize);
@@ -195,12 +316,8 @@ fn insertion(text: &str, json_file: bool, responses: At<'_>, status: u16, descri
         Some(b'\'') => "'",
         _ => "",
     };
-    let key = format!("{quote}{status}{quote}");
-    let value = if json {
-        format!("{{\"description\": {}}}", json_string(description))
-    } else {
-        format!("{{ description: {} }}", json_string(description))
-    };
+    let key = format!("{quote}{key}{quote}");
+    let value = value(json);
     // A span may end past the whitespace that follows its value.
     let at = text.get(..last.value.end as usize).map_or(last.value.end as usize, |t| t.trim_end().len());
     if flow {

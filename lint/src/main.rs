@@ -139,6 +139,11 @@ struct PoliciesArgs {
     #[arg(long)]
     force: bool,
 
+    /// Write the receivers' side instead: a policy per webhook or callback the spec sends that
+    /// names its event id, for the gateway in front of a service that receives it.
+    #[arg(long)]
+    receiver: bool,
+
     /// Config file (default: ./idem-lint.toml when it exists): extra section titles.
     #[arg(long, value_name = "FILE")]
     config: Option<String>,
@@ -472,12 +477,18 @@ fn fix_specs(
                 std::fs::write(&name, new)
                     .map_err(|e| FatalError::whole_file(&name, format!("cannot write the fix: {e}")))?;
                 // An edit may add several entries to one map: count the entries.
-                let added: usize = edits
-                    .iter()
-                    .filter(|e| ws.file(e.file).name == name)
-                    .map(|e| e.text.matches("description").count())
-                    .sum();
-                eprintln!("idem-lint: fixed {name} ({added} response(s) added)");
+                let mine = || edits.iter().filter(|e| ws.file(e.file).name == name);
+                let added: usize = mine().map(|e| e.text.matches("description").count()).sum();
+                let deliveries = mine()
+                    .filter(|e| {
+                        e.text.contains("at-least-once") || e.text.contains("投递") || e.text.contains("Delivery:")
+                    })
+                    .count();
+                let what = match deliveries {
+                    0 => format!("{added} response(s) added"),
+                    n => format!("{added} response(s) added, {n} delivery statement(s) completed"),
+                };
+                eprintln!("idem-lint: fixed {name} ({what})");
             }
         }
     }
@@ -487,7 +498,11 @@ fn fix_specs(
 fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalErrors> {
     let specs = idem_lint::loader::expand_specs(&p.specs)?;
     let workspaces = specs.iter().map(|s| Workspace::load(s)).collect::<Result<Vec<_>, _>>()?;
-    let (generated, skipped) = generate(&workspaces, config);
+    let (generated, skipped) = if p.receiver {
+        idem_lint::generate::generate_receivers(&workspaces, config)
+    } else {
+        generate(&workspaces, config)
+    };
     let (plan, stale) = write_all(Path::new(&p.out), &generated, p.force)?;
     let mut out = String::new();
     for f in &plan {
@@ -512,7 +527,8 @@ fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalErrors> 
         );
     }
     if generated.is_empty() && skipped.is_empty() {
-        eprintln!("idem-lint: no operation of {} is documented as idempotent: no policy written", specs.join(", "));
+        let what = if p.receiver { "sends a webhook or callback" } else { "is documented as idempotent" };
+        eprintln!("idem-lint: no operation of {} {what}: no policy written", specs.join(", "));
     }
     Ok(u8::from(!skipped.is_empty()))
 }

@@ -43,7 +43,12 @@ pub fn parse_bool(v: &str) -> Tri {
 /// sender over HTTP can keep. Read as [`parse_bool`] reads yes/no: the first clause, whole.
 pub fn parse_delivery(v: &str) -> Tri {
     let plain = without_remarks(v).replace('`', "").to_lowercase();
-    let clause = plain.split(['，', ',', '；', ';', '。', '、', '—']).next().unwrap_or("").trim().trim_end_matches(['.', '!', '！']);
+    let clause = plain
+        .split(['，', ',', '；', ';', '。', '、', '—'])
+        .next()
+        .unwrap_or("")
+        .trim()
+        .trim_end_matches(['.', '!', '！']);
     let clause = clause.trim().replace(['-', '_'], " ");
     const REPEATS: [&str; 12] = [
         "至少一次",

@@ -192,3 +192,24 @@ fn the_duplicate_and_the_gateways_answers_share_one_entry() {
     assert!(stdout(&run(&dir, &["--color", "never", "openapi.yaml", "--policies", "o.toml"])).contains("no findings"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_delivery_gets_its_event_id_and_at_least_once_and_a_section_its_delivery_line() {
+    let text = "openapi: 3.1.0\ninfo: { title: t, version: \"1\" }\nwebhooks:\n  orderPaid:\n    post:\n      parameters:\n        - { name: webhook-id, in: header, required: true, schema: { type: string } }\n      responses: { '200': { description: ok } }\n  orderShipped:\n    post:\n      parameters:\n        - { name: webhook-id, in: header, required: true, schema: { type: string } }\n      description: |\n        ### 幂等性说明\n        - 幂等键：webhook-id（header）\n      responses: { '200': { description: ok } }\n";
+    let (dir, path) = temp("delivery", "openapi.yaml", text);
+    let before = run(&dir, &["--color", "never", "openapi.yaml"]);
+    assert_eq!(before.status.code(), Some(1));
+    assert_eq!(stdout(&before).matches("error[IDEM013]").count(), 2, "{}", stdout(&before));
+    let o = run(&dir, &["--fix", "--color", "never", "openapi.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2 delivery statement(s) completed"), "{o:?}");
+    let after = std::fs::read_to_string(&path).unwrap();
+    // The one id-like header is the event id; the section gets its line in its own list.
+    assert!(after.contains(
+        "      responses: { '200': { description: ok } }\n      x-idempotency: { key: { in: header, name: \"webhook-id\" }, delivery: at-least-once }\n"
+    ), "{after}");
+    assert!(after.contains("        - 幂等键：webhook-id（header）\n        - 投递：至少一次\n"), "{after}");
+    let again = run(&dir, &["--fix", "--diff", "openapi.yaml"]);
+    assert_eq!((again.status.code(), stdout(&again)), (Some(0), String::new()), "nothing left to fix");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -370,3 +370,32 @@ fn the_whole_operation_decides_its_policy_and_says_why() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--receiver`: a policy per delivery that names its event id (a webhook's, a callback's), each
+/// one the filter loads; a delivery without an id is named with its reason (exit 1).
+#[test]
+fn receivers_get_a_policy_per_delivery_with_an_event_id() {
+    let out = temp_dir("receiver");
+    let spec = root().join("tests/fixtures/IDEM013/good.yaml");
+    let o = run(&["policies", "--receiver", spec.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut names: Vec<String> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["on-event.toml", "order-paid.toml", "refund.toml"]);
+    let paid = std::fs::read_to_string(out.join("order-paid.toml")).unwrap();
+    for line in ["from = \"header\"\nname = \"webhook-id\"", "scope = []", "fingerprint = []", "remember = [\"2xx\"]"] {
+        assert!(paid.contains(line), "{line}: {paid}");
+    }
+    let bundle = idem_filter::policy::parse_bundle(&paid, "order-paid.toml").unwrap();
+    assert_eq!(bundle.routes[0].duplicate.status, 200);
+    let bad = root().join("tests/fixtures/IDEM013/bad.yaml");
+    let o = run(&["policies", "--receiver", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("skipped webhook orderPaid (POST)") && stderr(&o).contains("IDEM013"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

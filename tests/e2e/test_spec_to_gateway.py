@@ -143,3 +143,64 @@ def test_a_refunds_spec_becomes_a_gateway_that_is_right_the_first_time(workdir, 
         assert upstream.calls(key) == 1, "the create retried across the policy edit ran once"
         counts = env.stats("idem.refund-notify.")
         assert counts.get("idem.refund-notify.replayed") == 2, counts
+
+
+SENDER_SPEC = """openapi: 3.1.0
+info: { title: payments (the sender), version: "1" }
+paths: {}
+webhooks:
+  paymentSucceeded:
+    post:
+      description: |
+        A payment succeeded.
+
+        ### 幂等性说明
+        - 幂等键：transaction_id（body）
+        - 投递：至少一次（未收到 2xx 会重投，同一事件的 transaction_id 不变）
+        - 有效期：%(expiry)s
+      parameters:
+        - { name: webhook-signature, in: header, required: true, schema: { type: string } }
+      requestBody:
+        content:
+          application/json:
+            schema: { type: object, properties: { transaction_id: { type: string }, amount: { type: number } } }
+      responses: { '200': { description: received } }
+"""
+
+
+def test_a_senders_webhook_spec_becomes_the_receivers_gateway(workdir, upstream, tmp_path):
+    """The sender documents its webhook (IDEM013 clean); its receiver generates its own gateway
+    policy from that spec (`idem-lint policies --receiver`), points it at its path, and every
+    redelivery — re-signed, re-serialised, one after a failure — is handled as the spec says."""
+    spec, policies, listeners = tmp_path / "payments.yaml", tmp_path / "receiver", tmp_path / "listeners.json"
+    spec.write_text(SENDER_SPEC % {"expiry": "2d"})
+    checked = lint(spec)
+    assert checked.returncode == 0 and "no findings" in checked.stdout, checked.stdout
+    made = lint("policies", "--receiver", spec, "-o", policies)
+    assert made.returncode == 0, made.stdout + made.stderr
+    policy = policies / "payment-succeeded.toml"
+    assert 'name = "/transaction_id"' in policy.read_text() and 'ttl = "2d"' in policy.read_text()
+    # The receiver's own path, the one edit the generated file asks for.
+    policy.write_text(policy.read_text().replace('"/webhooks/payment-succeeded"', '"/hooks/payments"'))
+
+    def bootstrap(lp, ap):
+        r = lint("envoy", policies, "--upstream", "127.0.0.1:%d" % upstream.port, "--listeners", listeners,
+                 "--listen", lp, "--admin", ap)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    with envoy_from_yaml(workdir, "envoy-receiver", bootstrap) as env:
+        def deliver(body, signature, fail=False):
+            headers = {"content-type": "application/json", "webhook-signature": signature}
+            if fail:
+                headers["x-demo-fail-first"] = "1"
+            return env.request("POST", "/hooks/payments", body=body, anonymous=True, headers=headers)
+        txn = "pay-" + uuid.uuid4().hex[:10]
+        first = deliver('{"transaction_id":"%s","amount":500}' % txn, "v1,sig-a", fail=True)
+        assert first.status == 500, describe(first)  # the receiver failed: the id is released
+        bodies = ['{"amount":500.0,"transaction_id":"%s"}', '{"transaction_id":"%s","amount":5e2}',
+                  '{"transaction_id": "%s", "amount": 500}']
+        answers = [deliver(b % txn, "v1,sig-%d" % i) for i, b in enumerate(bodies)]
+        assert [a.status for a in answers] == [200, 200, 200], [describe(a) for a in answers]
+        assert [a.header("idempotent-replayed") for a in answers] == [None, "true", "true"], \
+            [describe(a) for a in answers]
+        assert upstream.calls(transaction_id=txn) == 2, "once failed, once handled, never again"

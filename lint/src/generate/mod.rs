@@ -23,11 +23,13 @@
 //! Every file is checked with the filter's parser before anything is written ([`write`]).
 
 mod infer;
+mod receiver;
 mod write;
 
 use infer::{Choice, Table};
 
 pub use infer::POLICY_FIELDS;
+pub use receiver::generate_receivers;
 pub use write::{write_all, Action, Planned};
 
 use crate::config::Config;
@@ -228,14 +230,7 @@ fn route_for(ws: &Workspace, ops: &[Operation<'_>], op: &Operation<'_>, st: &Sta
             },
             None => None,
         };
-    // The expiry as the spec wrote it when the filter reads it so (`24h`), else converted (`24 小时`).
-    let ttl = st.expiry.as_ref().and_then(|e| {
-        let raw = e.value.trim();
-        match idem_filter::policy::parse_duration(raw) {
-            Ok(d) if d.millis > 0 => Some(raw.to_string()),
-            _ => duration_secs(raw).filter(|s| *s > 0).map(duration_text),
-        }
-    });
+    let ttl = statement_ttl(st);
     let token = match sources.as_slice() {
         [Source::Header(name)] if name.to_ascii_lowercase().contains("token") => issue_endpoint(ops, op, name),
         _ => None,
@@ -297,6 +292,18 @@ fn names_path(text: &str, path: &str) -> bool {
     text.match_indices(path).any(|(i, _)| {
         let after = text.get(i + path.len()..).and_then(|r| r.chars().next());
         after.is_none_or(|c| !(c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '{')))
+    })
+}
+
+/// The statement's expiry as a policy duration: as the spec wrote it when the filter reads it so
+/// (`24h`), else converted (`24 小时` → `1d`).
+fn statement_ttl(st: &Statement) -> Option<String> {
+    st.expiry.as_ref().and_then(|e| {
+        let raw = e.value.trim();
+        match idem_filter::policy::parse_duration(raw) {
+            Ok(d) if d.millis > 0 => Some(raw.to_string()),
+            _ => duration_secs(raw).filter(|s| *s > 0).map(duration_text),
+        }
     })
 }
 

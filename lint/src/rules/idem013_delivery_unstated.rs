@@ -121,7 +121,7 @@ pub fn check(ctx: &Ctx<'_>, out: &mut Vec<RawFinding>) {
             &RULE,
             &f.loc,
             format!(
-                "{}: the delivery line \"{raw}\" says neither at least once nor once; write {}",
+                "{}: the delivery line \"{raw}\" says neither at least once nor once ({})",
                 ctx.label(),
                 st.hint("delivery")
             ),
