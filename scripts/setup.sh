@@ -86,7 +86,7 @@ fi
 # Real SDKs for the e2e tests (tests/e2e/sdk), pinned: a Stainless-generated API client from PyPI
 # and npm (the retry tests), the payment providers' own SDKs (Alipay, WeChat Pay v3 and v2, Stripe:
 # the sender tests sign, encrypt and verify real notifications with them) and CloudEvents.
-if ! .venv/bin/python -c "import orb, alipay.aop.api, wechatpayv3, wechatpy, stripe, cloudevents, grpc, grpc_status, h2, boto3, azure.communication.rooms" 2>/dev/null; then
+if ! .venv/bin/python -c "import orb, alipay.aop.api, wechatpayv3, wechatpy, stripe, cloudevents, grpc, grpc_status, h2, boto3, azure.communication.rooms, google.cloud.storage_control_v2" 2>/dev/null; then
   say "installing the Python SDKs for the e2e tests (tests/e2e/sdk/requirements.txt)"
   .venv/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/sdk/requirements.txt
 fi

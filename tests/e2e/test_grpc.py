@@ -34,6 +34,8 @@ ROUTES = [
     {"name": "grpc-reconciled", "match": {"prefix": "/shop.Orders/CreateReconciled"}, "idem": True, "timeout": "30s"},
     {"name": "grpc-detached", "match": {"prefix": "/shop.Orders/CreateDetached"}, "idem": True, "timeout": "30s"},
     {"name": "grpc-request-id", "match": {"prefix": "/shop.Orders/GetOperation"}, "idem": True, "timeout": "30s"},
+    {"name": "grpc-storage-control", "match": {"prefix": "/google.storage.control.v2.StorageControl/"}, "idem": True,
+     "timeout": "30s"},
 ]
 
 
@@ -67,6 +69,17 @@ store = "{store}"
 
 [route.key]
 parts = ["proto:1"]
+scope = ["header:authorization"]
+
+# A Google generated client (google-cloud-storage-control): CreateFolderRequest.request_id, field 5,
+# which the client fills with a UUID4 itself (AIP-4235) and keeps across its retries.
+[[route]]
+name = "create-folder"
+match = {{ method = "POST", path = "/google.storage.control.v2.StorageControl/CreateFolder" }}
+store = "{store}"
+
+[route.key]
+parts = ["proto:5"]
 scope = ["header:authorization"]
 
 [[route]]
@@ -126,6 +139,9 @@ class Service:
                     "GetOperation": grpc.unary_unary_rpc_method_handler(self.get_operation)}
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("shop.Orders", handlers),))
+        folders = {"CreateFolder": grpc.unary_unary_rpc_method_handler(self.create_folder)}
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("google.storage.control.v2.StorageControl", folders),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
         # The service's HTTP lookup (`[route.reconcile]`), beside it: GET /orders/by-key/<business
@@ -186,6 +202,24 @@ class Service:
             n = self.runs.get(name, 0) + 1
             self.runs[name] = n
         return operations_pb2.Operation(name=name, done=True, metadata=None).SerializeToString()
+
+    def create_folder(self, request, context):
+        """Cloud Storage's CreateFolder, as its generated client sends it: one run per request_id;
+        a folder id in `fail_first` is refused UNAVAILABLE once before any work, one in `slow`
+        takes that long."""
+        from google.cloud import storage_control_v2
+        req = storage_control_v2.CreateFolderRequest.deserialize(request)
+        rid, folder = req.request_id, req.folder_id
+        if folder in self.fail_first:
+            with self.lock:
+                self.fail_first.discard(folder)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "backend warming up")
+        with self.lock:
+            n = self.runs.get(rid, 0) + 1
+            self.runs[rid] = n
+        time.sleep(self.slow.get(folder, 0))
+        name = "%s/folders/%s" % (req.parent, folder)
+        return storage_control_v2.Folder.serialize(storage_control_v2.Folder(name=name, metageneration=n))
 
     def create_batch(self, requests, context):
         """Client streaming: one run per call, over every message."""
@@ -548,3 +582,56 @@ def test_a_key_read_from_the_request_message_runs_the_call_once(gateway, service
     assert status == "3", (r.status_code, dict(r.headers))  # INVALID_ARGUMENT, trailers-only
     assert details.startswith("IDEMPOTENCY_KEY_INVALID: ") and "compressed" in details and "proto:1" in details, details
     assert service.calls(rid) == 1
+
+
+def storage_control(env):
+    """Google's generated Cloud Storage control client, on an insecure channel to the gateway."""
+    from google.cloud import storage_control_v2
+    from google.cloud.storage_control_v2.services.storage_control.transports import StorageControlGrpcTransport
+    # A channel of our own carries no Google credentials: the caller is the authorization metadata.
+    transport = StorageControlGrpcTransport(channel=channel(env))
+    return storage_control_v2.StorageControlClient(transport=transport)
+
+
+def folder_request(folder):
+    from google.cloud import storage_control_v2
+    return storage_control_v2.CreateFolderRequest(parent="projects/_/buckets/idem-test", folder_id=folder)
+
+
+AUTH = (("authorization", "Bearer grpc-client"),)
+
+
+def test_a_google_clients_own_request_id_survives_its_retry_and_a_second_call(gateway, service):
+    """google-cloud-storage-control fills CreateFolderRequest.request_id (field 5) with a UUID4 on
+    the caller's request object and retries UNAVAILABLE with it: the service refuses the first
+    attempt, the client's retry runs once, and the application calling again with the same
+    request object gets that folder back, not a second one."""
+    client, folder = storage_control(gateway), "f-" + uuid.uuid4().hex[:10]
+    service.fail_first.add(folder)
+    req = folder_request(folder)
+    made = client.create_folder(request=req, metadata=AUTH)
+    rid = req.request_id
+    assert uuid.UUID(rid).version == 4, "the client filled request_id itself: %r" % rid
+    assert made.name.endswith("/folders/" + folder) and made.metageneration == 1, made
+    assert service.calls(rid) == 1 and folder not in service.fail_first, "refused once, then run once"
+    again = client.create_folder(request=req, metadata=AUTH)
+    assert again == made and req.request_id == rid
+    assert service.calls(rid) == 1
+
+
+def test_a_google_client_that_gives_up_on_a_slow_call_gets_a_clear_error_and_it_runs_once(gateway, service):
+    """The call outlives its deadline (the client's DEADLINE_EXCEEDED is not retried); the
+    application calls again with the same request: FAILED_PRECONDITION, outcome unknown — the
+    folder was created once, never twice."""
+    from google.api_core import exceptions
+    client, folder = storage_control(gateway), "f-" + uuid.uuid4().hex[:10]
+    service.slow[folder] = 1.5
+    req = folder_request(folder)
+    with pytest.raises(exceptions.DeadlineExceeded):
+        client.create_folder(request=req, metadata=AUTH, timeout=0.5)
+    with pytest.raises(exceptions.FailedPrecondition) as again:
+        client.create_folder(request=req, metadata=AUTH, timeout=5)
+    assert "IDEMPOTENCY_OUTCOME_UNKNOWN" in str(again.value), again.value
+    wait_for(lambda: service.calls(req.request_id) == 1, 5, what="the first run")
+    time.sleep(1.6)  # the first run ends; a second one would have started by now
+    assert service.calls(req.request_id) == 1
