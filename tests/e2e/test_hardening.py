@@ -541,7 +541,12 @@ def test_a_claim_answered_after_its_client_left_is_expected_not_a_stray_reply(re
                              and not k.startswith("http.admin.")) == 0, 5, what="the client's connection to close")
         # Out: the claim, and the orphan release its request's end queued (were the claim
         # cancelled with its stream, only the release would be).
-        wait_for(lambda: webdis_calls_out(env) == 2, 5, what="the claim call and the orphan release to be out")
+        seen = []
+        try:
+            wait_for(lambda: seen.append(webdis_calls_out(env)) or seen[-1] == 2, 5,
+                     what="the claim call and the orphan release to be out")
+        except AssertionError as e:  # which counts it saw, for the next time it fails
+            raise AssertionError("%s; Webdis calls out seen: %s" % (e, sorted(set(seen)))) from None
         time.sleep(0.3)
         assert webdis_calls_out(env) == 2, "the claim call ended with its stream"
     finally:

@@ -384,10 +384,15 @@ def test_tokens_are_never_logged_in_full(tk, upstream):
             assert t[:9] not in line, "more than 8 characters of a token in: %s" % line
 
 
-def test_token_counters_are_exported(tk):
+def test_token_counters_are_exported(tk, upstream):
+    """Each token outcome, caused here (not left to the module's other tests, whose order or
+    selection would decide this one): issued, consumed after a 503 restored it, and rejected."""
     store, envs = tk
     ei, es = envs
-    issue(ei)
+    token, sub = issue(ei), new_sub()
+    assert submit(es, "/tk/a", token, key=sub, headers={"x-demo-status": "503"}).status == 503  # restored
+    assert submit(ei, "/tk/a", token, key=sub).status == 200  # consumed
+    assert submit(es, "/tk/a", token, key=sub).status != 200  # rejected: used
     names = set()
     for e in set(envs):
         names |= set(e.stats("idem.form-a."))
