@@ -263,6 +263,10 @@ fn gateway_answer_text(code: &str, chinese: bool) -> String {
         ("IDEMPOTENCY_KEY_MISSING", true) => "缺少幂等键",
         ("IDEMPOTENCY_SCOPE_MISSING", false) => "no caller identity",
         ("IDEMPOTENCY_SCOPE_MISSING", true) => "缺少调用方身份",
+        ("REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW", false) => {
+            "Repeatability-First-Sent is outside the window: send it as a new request"
+        }
+        ("REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW", true) => "Repeatability-First-Sent 超出时间窗口，请作为新请求发送",
         _ => "",
     };
     if chinese {

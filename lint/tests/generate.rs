@@ -399,3 +399,37 @@ fn receivers_get_a_policy_per_delivery_with_an_event_id() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// An operation keyed on Azure's `Repeatability-Request-ID` gets the protocol, not a bare header
+/// key: its First-Sent window and `Repeatability-Result` come with it; the spec and the policy agree.
+#[test]
+fn an_azure_repeatable_operation_gets_the_repeatable_requests_protocol() {
+    let out = temp_dir("repeatable");
+    std::fs::create_dir_all(&out).unwrap();
+    let spec = out.join("rooms.yaml");
+    std::fs::write(
+        &spec,
+        "openapi: 3.0.3\ninfo: { title: rooms, version: \"1\" }\npaths:\n  /rooms:\n    post:\n      operationId: createRoom\n      description: |\n        ### 幂等性说明\n        - 是否幂等：是\n        - 幂等键：Repeatability-Request-ID（header）\n        - 重复请求：200（重放首次应答）\n        - 有效期：24h\n      parameters:\n        - { name: Repeatability-Request-ID, in: header, schema: { type: string } }\n        - { name: Repeatability-First-Sent, in: header, schema: { type: string } }\n      responses:\n        '200': { description: the room }\n        '201': { description: created }\n        '400': { description: IDEMPOTENCY_KEY_REUSED }\n        '409': { description: REQUEST_IN_PROGRESS / IDEMPOTENCY_OUTCOME_UNKNOWN }\n        '412': { description: REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW }\n",
+    )
+    .unwrap();
+    let dir = out.join("policies");
+    let o = run(&["policies", spec.to_str().unwrap(), "-o", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let policy = std::fs::read_to_string(dir.join("create-room.toml")).unwrap();
+    assert!(policy.contains("protocol = \"repeatable-requests\"\n") && !policy.contains("from = "), "{policy}");
+    let bundle = idem_filter::policy::parse_bundle(&policy, "create-room.toml").unwrap();
+    assert_eq!(bundle.routes[0].key.protocol, idem_filter::policy::KeyProtocol::RepeatableRequests);
+    let o = run(&[spec.to_str().unwrap(), "--policies", dir.to_str().unwrap()]);
+    assert!(stdout(&o).contains("no findings"), "{}{}", stdout(&o), stderr(&o));
+    // The protocol's own answers are the ones the spec must document (IDEM109): 412, and 400 for a reused id.
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(
+        &spec,
+        text.replace("        '412': { description: REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW }\n", ""),
+    )
+    .unwrap();
+    let o = run(&["--color", "never", spec.to_str().unwrap(), "--policies", dir.to_str().unwrap()]);
+    assert!(stdout(&o).contains("412 REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("422"), "{}", stdout(&o));
+    let _ = std::fs::remove_dir_all(&out);
+}

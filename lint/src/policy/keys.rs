@@ -107,6 +107,11 @@ fn body_pointer(name: &str) -> String {
 pub fn key_toml(sources: &[Source]) -> String {
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
     match sources {
+        // Azure's (OASIS Repeatable Requests) header is a protocol, not only a key: its
+        // First-Sent window and its answers come with it.
+        [Source::Header(n)] if n.eq_ignore_ascii_case(idem_filter::policy::REPEATABILITY_REQUEST_ID) => {
+            "protocol = \"repeatable-requests\"\n".to_string()
+        }
         [one] => {
             let (from, name) = match one {
                 Source::Header(n) => ("header", n.clone()),

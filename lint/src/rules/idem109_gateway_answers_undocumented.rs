@@ -60,9 +60,15 @@ pub static RULE: Rule = Rule {
 
 /// The answers a key-mode policy gives itself on its operations: (status, code).
 fn gateway_answers(r: &RoutePolicy) -> Vec<(u16, &'static str)> {
+    use idem_filter::repeatability;
     let mut out = vec![(409, "REQUEST_IN_PROGRESS"), (409, "IDEMPOTENCY_OUTCOME_UNKNOWN")];
+    let repeatable = repeatability::speaks(r);
     if !r.key.fingerprint.is_empty() {
-        out.push((422, "IDEMPOTENCY_KEY_REUSED"));
+        // OASIS Repeatable Requests answers a reused id with 400.
+        out.push((if repeatable { repeatability::KEY_REUSED_STATUS } else { 422 }, "IDEMPOTENCY_KEY_REUSED"));
+    }
+    if repeatable {
+        out.push((412, "REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW"));
     }
     if r.key.required {
         out.push((400, "IDEMPOTENCY_KEY_MISSING"));
