@@ -9,13 +9,17 @@
 //! - neither header: an ordinary request (forwarded unprotected unless `key.required = true`);
 //! - one without the other, or a First-Sent that is not an HTTP-date: `400` + `rejected`;
 //! - First-Sent before the window (a key the gateway may have forgotten, so it cannot say whether
-//!   the request ran): `412` + `rejected`; ahead of the gateway's clock by more than
-//!   `key.first_sent_skew` (the spec is silent; a clock that far ahead would stretch the window):
-//!   `412` + `rejected`;
+//!   the request ran): `412` + `rejected`. The window is `key.ttl - key.first_sent_skew`: a
+//!   client whose clock runs ahead by up to the skew still meets its record;
+//! - ahead of the gateway's clock by more than `key.first_sent_skew` (the spec is silent; a clock
+//!   that far ahead would stretch the window past the record): `412` + `rejected`;
 //! - the same id with another request (method, URI or body): `400` + `rejected` (§5 "SHOULD");
-//! - the first execution's answer, and its replays: `accepted`; every other answer the gateway
-//!   gives itself (in progress, unknown outcome, store unavailable): `rejected` — the request
-//!   was not executed (§3.2.1.2), and the client may send it again.
+//! - an answer that is the request's result — the service's answer to its execution, its
+//!   replays, the route's duplicate answer for a request completed before: `accepted` (§5);
+//!   every other answer the gateway gives itself (in progress, unknown outcome, store
+//!   unavailable, a missing key on a route that requires one): `rejected`, its status saying
+//!   why. An answer Envoy made itself (an upstream reset, a timeout) and one the service marked
+//!   itself are left as they are.
 
 use crate::codes::ErrorCode;
 use crate::policy::{KeyProtocol, RoutePolicy};
@@ -88,7 +92,8 @@ pub fn check(policy: &RoutePolicy, req: &dyn RequestView, now_ms: u64) -> Result
         ))
     })?;
     let sent_ms = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let window = policy.key.ttl.millis;
+    let skew = policy.key.first_sent_skew.millis;
+    let window = policy.key.ttl.millis.saturating_sub(skew);
     if sent_ms.saturating_add(window) < now_ms {
         return Err(Refusal::OutsideWindow(format!(
             "{FIRST_SENT} {sent} is more than {} s ago, before the {} s this gateway remembers requests for: \
@@ -97,7 +102,6 @@ pub fn check(policy: &RoutePolicy, req: &dyn RequestView, now_ms: u64) -> Result
             window / 1000
         )));
     }
-    let skew = policy.key.first_sent_skew.millis;
     if sent_ms > now_ms.saturating_add(skew) {
         return Err(Refusal::OutsideWindow(format!(
             "{FIRST_SENT} {sent} is {} s ahead of this gateway's clock (at most {} s allowed); check the client's clock",
@@ -108,11 +112,12 @@ pub fn check(policy: &RoutePolicy, req: &dyn RequestView, now_ms: u64) -> Result
     Ok(())
 }
 
-/// Marks an answer the gateway gives on a route that speaks the protocol: a replay (or the
-/// first execution's answer the gateway delivers) is `accepted`, the gateway's own answers
-/// `rejected`.
-pub fn mark(reply: &mut LocalReply) {
-    let result: &[u8] = if reply.own.is_some() { b"rejected" } else { b"accepted" };
+/// Marks an answer the gateway gives on a route that speaks the protocol: the request's result
+/// (a replay, the first execution's answer the gateway delivers, the route's duplicate answer)
+/// is `accepted`, the gateway's own refusals `rejected`.
+pub fn mark(policy: &RoutePolicy, reply: &mut LocalReply) {
+    let refused = reply.own.as_ref().is_some_and(|own| own.code != policy.duplicate.code);
+    let result: &[u8] = if refused { b"rejected" } else { b"accepted" };
     reply.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(RESULT));
     reply.headers.push((RESULT.into(), result.to_vec()));
 }

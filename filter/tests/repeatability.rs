@@ -210,3 +210,83 @@ fn a_window_below_five_minutes_or_another_key_source_refuses_to_load() {
     let required = POLICY.replace("first_sent_skew", "required = true\nfirst_sent_skew");
     assert!(parse_bundle(&required, "rooms.toml").unwrap().routes[0].key.required);
 }
+
+#[test]
+fn the_obsolete_http_date_forms_are_read_and_a_first_sent_sent_twice_is_400() {
+    let (host, w) = setup();
+    // RFC 9110 §5.6.7: a recipient reads RFC 850 and asctime dates too.
+    // The other two forms of the fake host's now, written from its IMF-fixdate.
+    let imf = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(NOW_MS));
+    let parts: Vec<&str> = imf.split([' ', ',']).filter(|p| !p.is_empty()).collect();
+    let (day, mday, month, year, time) = (parts[0], parts[1], parts[2], parts[3], parts[4]);
+    let long_day = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+        .into_iter()
+        .find(|d| d.starts_with(day))
+        .unwrap();
+    let rfc850 = format!("{long_day}, {mday}-{month}-{} {time} GMT", &year[2..]);
+    let asctime = format!("{day} {month} {:>2} {time} {year}", mday.trim_start_matches('0'));
+    for (i, form) in [rfc850, asctime].into_iter().enumerate() {
+        let (_, flow, acts) =
+            send(&host, &w, 10 + i as u32, &repeatable(&format!("r-7-{i}"), form.clone(), "a"), b"{}");
+        assert_eq!(flow, Flow::Continue, "{form}: {acts:?}");
+    }
+    let mut twice = repeatable("r-8", date(0), "a");
+    twice.push(("repeatability-first-sent", date(0)));
+    let (_, _, acts) = send(&host, &w, 20, &twice, b"{}");
+    let r = reply(&acts, 20);
+    assert_eq!((r.status, code(&r).as_str()), (400, "IDEMPOTENCY_KEY_INVALID"));
+    assert!(String::from_utf8_lossy(&r.body).contains("2 times"), "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[test]
+fn the_window_is_the_ttl_less_the_skew_so_a_fast_clock_still_meets_its_record() {
+    let (host, w) = setup();
+    // Inside key.ttl (10m) but not inside ttl - skew (9m): a client whose clock ran 1m ahead
+    // could have sent it 11m ago, past its record.
+    let (_, _, acts) = send(&host, &w, 10, &repeatable("r-9", date(-9 * 60 - 30), "a"), b"{}");
+    let r = reply(&acts, 10);
+    assert_eq!((r.status, code(&r).as_str()), (412, "REPEATABILITY_FIRST_SENT_OUTSIDE_WINDOW"));
+    let (_, flow, _) = send(&host, &w, 11, &repeatable("r-9", date(-8 * 60), "a"), b"{}");
+    assert_eq!(flow, Flow::Continue);
+}
+
+#[test]
+fn a_required_key_missing_is_400_rejected_and_a_duplicate_answer_is_accepted() {
+    let policy = POLICY.replace("first_sent_skew", "required = true\non_completed = \"reject\"\nfirst_sent_skew");
+    let host = FakeHost::new(NOW_MS);
+    host.enter(ROOT);
+    let w = Rc::new(Worker::configure(&host, &host, ROOT, policy.as_bytes()).unwrap());
+    host.take_acts();
+    let (_, _, acts) = send(&host, &w, 10, &[("authorization", hmac("a"))], b"{}");
+    let r = reply(&acts, 10);
+    assert_eq!((r.status, code(&r).as_str()), (400, "IDEMPOTENCY_KEY_MISSING"));
+    assert_eq!(header(&r, "repeatability-result"), Some("rejected"));
+    // The route's duplicate answer to a request completed before: the request's result.
+    let (mut s, _, _) = send(&host, &w, 11, &repeatable("r-10", date(0), "a"), b"{}");
+    upstream_answers(&host, &mut s, 11);
+    s.on_log(&host);
+    let (_, _, acts) = send(&host, &w, 12, &repeatable("r-10", date(0), "b"), b"{}");
+    let r = reply(&acts, 12);
+    assert_eq!((r.status, code(&r).as_str()), (409, "DUPLICATE_REQUEST"));
+    assert_eq!(header(&r, "repeatability-result"), Some("accepted"));
+}
+
+#[test]
+fn an_answer_envoy_made_itself_or_the_service_marked_is_left_alone() {
+    let (host, w) = setup();
+    for (ctx, headers, details) in [
+        (10u32, vec![], "upstream_reset_before_response_started{connection_termination}"),
+        (11, vec![("repeatability-result", &b"rejected"[..])], "via_upstream"),
+    ] {
+        let (mut s, flow, _) = send(&host, &w, ctx, &repeatable(&format!("r-11-{ctx}"), date(0), "a"), b"{}");
+        assert_eq!(flow, Flow::Continue);
+        host.update(ctx, |st| {
+            *st = st.clone().with_response(503, &headers, b"{}");
+            st.properties.insert("response.code_details".into(), details.as_bytes().to_vec());
+        });
+        host.enter(ctx);
+        s.on_response_headers(&host, false);
+        let acts = host.take_acts();
+        assert!(!acts.iter().any(|a| matches!(a, Act::ResponseHeader { .. })), "{details}: {acts:?}");
+    }
+}

@@ -148,8 +148,9 @@ fn classify_grpc(policy: &KeyPolicy, ending: &Ending) -> Ended {
     }
 }
 
-/// Envoy's `response.code_details` for a response the upstream itself sent.
-fn is_upstream_answer(details: &str) -> bool {
+/// Whether Envoy's `response.code_details` says the upstream produced the answer (empty: the
+/// host did not say, as for an upstream answer).
+pub fn is_upstream_answer(details: &str) -> bool {
     details.is_empty() || details == "via_upstream"
 }
 

@@ -20,7 +20,7 @@ mod reconcile;
 mod tokens;
 pub mod verdict;
 
-pub use finish::finished;
+pub use finish::{finished, is_upstream_answer};
 pub use outcome::Outcome;
 pub use reconcile::{failed_cause, reconciled_absent, reconciled_ran, LookupAnswer, RECONCILED_HEADER};
 pub use verdict::{Action, Begin, Body, Ending, Finish, Issue, Prepared, StoreOp, StoreTicket, Ticket, Verdict};

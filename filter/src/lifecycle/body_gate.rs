@@ -152,7 +152,11 @@ impl Worker {
         self.on_stream(host, ctx, || {
             self.annotate(host, route, &v);
             match &v.action {
-                Action::Reply(r) => self.reply(host, ctx, r),
+                Action::Reply(r) => {
+                    let mut r = r.clone();
+                    self.mark_repeatability(route, &mut r);
+                    self.reply(host, ctx, &r)
+                }
                 // Shadow mode never blocks: let it through unexamined.
                 _ => {
                     self.body_gate.pass_through(ctx);

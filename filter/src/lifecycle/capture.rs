@@ -85,16 +85,22 @@ impl Stream {
         };
         let pairs = host.response_headers();
         let status = status_of(&pairs);
-        if repeatability::speaks(self.worker.engine.policy(route)) {
-            // The first execution's own answer (its replays are marked where they are made).
+        // Whether Envoy answered itself (and why): for gRPC, its answers are 200s too.
+        let grpc = self.request.grpc;
+        let repeatable = repeatability::speaks(self.worker.engine.policy(route));
+        let details = if status >= 500 || grpc || repeatable {
+            text(host.property(&["response", "code_details"]))
+        } else {
+            String::new()
+        };
+        // The first execution's own answer, from the service (its replays are marked where they
+        // are made); not Envoy's own answer, nor one the service marked itself.
+        let marked = pairs.iter().any(|(n, _)| n.eq_ignore_ascii_case(repeatability::RESULT.as_bytes()));
+        if repeatable && crate::engine::is_upstream_answer(&details) && !marked {
             if let Err(e) = host.set_response_header(repeatability::RESULT, b"accepted") {
                 host.log(Level::Warn, &format!("idem: cannot set {}: {e:?}", repeatability::RESULT));
             }
         }
-        // Whether Envoy answered itself (and why): for gRPC, its answers are 200s too.
-        let grpc = self.request.grpc;
-        let details =
-            if status >= 500 || grpc { text(host.property(&["response", "code_details"])) } else { String::new() };
         let headers = lowercase(pairs);
         let holding = ticket.store_ticket().written_by_call();
         let capture =

@@ -38,6 +38,14 @@ pub(super) struct Replays {
 }
 
 impl Worker {
+    /// `Repeatability-Result` on an answer of a route that speaks OASIS Repeatable Requests.
+    pub(super) fn mark_repeatability(&self, route: RouteId, reply: &mut LocalReply) {
+        let policy = self.engine.policy(route);
+        if repeatability::speaks(policy) {
+            repeatability::mark(policy, reply);
+        }
+    }
+
     /// Answers the current stream (its own callback, or the root acting on it) with `reply`.
     pub(super) fn answer(
         &self,
@@ -47,9 +55,7 @@ impl Worker {
         mut reply: LocalReply,
         grpc: bool,
     ) -> Answered {
-        if repeatability::speaks(self.engine.policy(route)) {
-            repeatability::mark(&mut reply);
-        }
+        self.mark_repeatability(route, &mut reply);
         if !grpc {
             self.send_when_read(host, ctx, reply);
             return Answered::Replied;

@@ -562,7 +562,8 @@ impl Stream {
                 let detached = w.engine.policy(route).forward == Forward::Detached;
                 let outbound = match detached.then(|| self.outbound(host, route)).transpose() {
                     Ok(o) => o,
-                    Err(reply) => {
+                    Err(mut reply) => {
+                        w.mark_repeatability(route, &mut reply);
                         w.send_when_read(host, self.context, reply);
                         self.phase = Phase::Idle;
                         return Flow::Pause;
@@ -766,9 +767,10 @@ impl Stream {
         let first_seen_ms = ticket.first_seen_ms();
         let request = match self.outbound(host, route) {
             Ok(r) => r,
-            Err(reply) => {
+            Err(mut reply) => {
                 let ending = Ending::NoResponse { forwarded: false };
                 let _ = w.finish_ticket(host, route, &ticket, key, ending, After::Nothing);
+                w.mark_repeatability(route, &mut reply);
                 w.send_when_read(host, self.context, reply);
                 self.phase = Phase::Idle;
                 return Flow::Pause;

@@ -400,11 +400,13 @@ impl RawBundle {
         key.required = key.required_as_written.unwrap_or(!repeatable);
         // Two policies that say the same are equal, whether `required` was written or not.
         key.required_as_written = Some(key.required);
-        if repeatable && key.ttl < super::MIN_REPEATABILITY_WINDOW {
+        let window = key.ttl.millis.saturating_sub(key.first_sent_skew.millis);
+        if repeatable && window < super::MIN_REPEATABILITY_WINDOW.millis {
             return Err(format!(
-                "route {name:?}: key.ttl is the window Repeatability-First-Sent is checked against, and it is {} s; \
-                 Microsoft's REST guidelines require a window of at least 5 minutes (\"5m\")",
-                key.ttl.millis / 1000
+                "route {name:?}: key.ttl minus key.first_sent_skew is the window Repeatability-First-Sent is checked \
+                 against, and it is {} s; Microsoft's REST guidelines require a window of at least 5 minutes \
+                 (raise key.ttl)",
+                window / 1000
             ));
         }
         let token = r.token.unwrap_or_default();
