@@ -71,6 +71,14 @@ fn delivery_fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
     }
     for op in deliveries(ws, &cfg.methods) {
         let st = statements(ws, &op, &cfg.section_titles, true);
+        // Only what IDEM013 reports, and not where it is suppressed.
+        let merged = st.merged();
+        let ctx = Ctx { ws, op: &op, statements: &st, merged: merged.as_ref() };
+        let mut found = Vec::new();
+        crate::rules::idem013_delivery_unstated::check(&ctx, &mut found);
+        if found.iter().all(|f| crate::lint::ignored(ws, &op, &f.pointer, f.code)) {
+            continue;
+        }
         let text = &ws.file(op.at.file).text;
         let json = is_json(text);
         let edit = match (&st.extension, &st.section) {
@@ -102,7 +110,7 @@ fn delivery_fixes(ws: &Workspace, cfg: &Config) -> Vec<Edit> {
             (None, Some(section)) if section.delivery.is_none() => section_line(text, &op, section),
             _ => None,
         };
-        out.extend(edit);
+        out.extend(edit.filter(|e| !out.contains(e)));
     }
     out
 }
@@ -134,11 +142,19 @@ fn event_id<'a>(op: &Operation<'a>) -> Option<(&'static str, &'a str)> {
     }
 }
 
-/// `- 投递：至少一次` after the last item line of a section written in a YAML block scalar
-/// (found verbatim, a list line); nothing for an escaped JSON string or a folded one.
+/// `- 投递：至少一次` after the last item line of a section written in a YAML literal block
+/// scalar (`|`, found verbatim, a list line of one line); nothing for a quoted or JSON string,
+/// a folded scalar (`>`), or an item that continues on the next line.
 fn section_line(text: &str, op: &Operation<'_>, st: &crate::statement::Statement) -> Option<Edit> {
-    let desc = op.at.node.get("description")?;
+    let entry = op.at.node.entry("description")?;
+    let desc = &entry.value;
     let (start, end) = (desc.start as usize, desc.end as usize);
+    // `description: |` (`|-`, `|+`, `|2`): the indicator between the key's colon and the text.
+    let head = text.get(entry.key_start as usize..start.max(entry.key_start as usize))?;
+    let after_colon = head.split_once(':').map_or(head, |(_, rest)| rest).trim_start();
+    if !after_colon.starts_with('|') && text.as_bytes().get(start) != Some(&b'|') {
+        return None;
+    }
     let last =
         [st.key.as_ref().map(|f| &f.loc), st.duplicate.as_ref().map(|f| &f.loc), st.expiry.as_ref().map(|f| &f.loc)]
             .into_iter()
@@ -152,6 +168,15 @@ fn section_line(text: &str, op: &Operation<'_>, st: &crate::statement::Statement
     let line = text.get(line_start..line_end)?;
     let indent = indent_of(text, line_start + line.len() - line.trim_start().len());
     let marker = ["- ", "* ", "+ "].into_iter().find(|m| line.trim_start().starts_with(m))?;
+    if line_end >= end.min(text.len()) {
+        return None;
+    }
+    // The next line continues the item when it is indented past the marker.
+    let next = text.get(line_end + 1..)?.lines().next().unwrap_or("");
+    let next_indent = next.len() - next.trim_start().len();
+    if !next.trim().is_empty() && next_indent > indent.len() {
+        return None;
+    }
     let item = if st.english { "Delivery: at least once" } else { "投递：至少一次" };
     Some(Edit { file: op.at.file, at: line_end, text: format!("\n{indent}{marker}{item}") })
 }

@@ -121,8 +121,17 @@ pub fn operations<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a
 }
 
 /// The deliveries the API sends, whose method is in `methods`: the operations of its `webhooks`
-/// (OpenAPI 3.1) and `x-webhooks`, then of every operation's `callbacks`, in document order.
+/// (OpenAPI 3.1) and `x-webhooks`, then of every operation's `callbacks`, in document order. A
+/// delivery written once and referenced from several places (a callback under
+/// `components/callbacks`) is one delivery, at its first place.
 pub fn deliveries<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a>> {
+    let mut out = all_deliveries(ws, methods);
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|op| seen.insert((op.at.file, op.at.node.start)));
+    out
+}
+
+fn all_deliveries<'a>(ws: &'a Workspace, methods: &[String]) -> Vec<Operation<'a>> {
     let root = ws.root();
     let mut out = Vec::new();
     for table in ["webhooks", "x-webhooks"] {

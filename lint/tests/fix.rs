@@ -213,3 +213,17 @@ fn a_delivery_gets_its_event_id_and_at_least_once_and_a_section_its_delivery_lin
     assert_eq!((again.status.code(), stdout(&again)), (Some(0), String::new()), "nothing left to fix");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Where a line cannot be added safely — a quoted description, a folded one, an item that wraps
+/// onto the next line — nothing is written; a callback shared by two operations is one delivery.
+#[test]
+fn a_delivery_line_is_never_forced_into_a_description_it_would_break() {
+    let text = include_str!("fixtures/fix/deliveries_left_alone.yaml");
+    let (dir, path) = temp("delivery-alone", "openapi.yaml", text);
+    let before = run(&dir, &["--color", "never", "openapi.yaml"]);
+    assert_eq!(stdout(&before).matches("error[IDEM013]").count(), 3, "{}", stdout(&before));
+    let o = run(&dir, &["--fix", "--diff", "openapi.yaml"]);
+    assert_eq!((o.status.code(), stdout(&o)), (Some(0), String::new()), "nothing it could add safely");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let _ = std::fs::remove_dir_all(&dir);
+}

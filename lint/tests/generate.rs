@@ -382,7 +382,8 @@ fn receivers_get_a_policy_per_delivery_with_an_event_id() {
     let mut names: Vec<String> =
         std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["on-event.toml", "order-paid.toml", "refund.toml"]);
+    // A callback is named after the operation that registers it and its own name.
+    assert_eq!(names, ["create-subscription-on-event.toml", "order-paid.toml", "refund.toml"]);
     let paid = std::fs::read_to_string(out.join("order-paid.toml")).unwrap();
     for line in ["from = \"header\"\nname = \"webhook-id\"", "scope = []", "fingerprint = []", "remember = [\"2xx\"]"] {
         assert!(paid.contains(line), "{line}: {paid}");

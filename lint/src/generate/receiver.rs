@@ -73,16 +73,23 @@ pub fn generate_receivers(workspaces: &[Workspace], cfg: &Config) -> (Vec<Genera
     (out, skipped)
 }
 
-/// A webhook's name, a callback's `operationId` or name, in kebab-case.
+/// A webhook's name; a callback's `operationId`, else the operation that registers it and the
+/// callback's name (`createSubscription` + `onEvent` → `create-subscription-on-event`); in
+/// kebab-case.
 fn receiver_name(op: &Operation<'_>) -> String {
     if op.at.node.get("operationId").and_then(Node::as_str).is_some() {
         return base_name(op);
     }
     let name = match op.kind {
-        // `…/callbacks/<name>/<expression>/<method>`.
-        Kind::Callback => split_pointer(&op.pointer)
-            .and_then(|s| s.len().checked_sub(3).and_then(|i| s.get(i).cloned()))
-            .unwrap_or_default(),
+        // `…/<parent operation>/callbacks/<name>/<expression>/<method>`; the parent operation is
+        // the fourth of the ancestors (root, `paths`, its path item, it).
+        Kind::Callback => {
+            let callback = split_pointer(&op.pointer)
+                .and_then(|s| s.len().checked_sub(3).and_then(|i| s.get(i).cloned()))
+                .unwrap_or_default();
+            let parent = op.ancestors.get(3).and_then(|p| p.node.get("operationId")).and_then(Node::as_str);
+            parent.map_or(callback.clone(), |p| format!("{p}-{callback}"))
+        }
         _ => op.path.to_string(),
     };
     let name = super::kebab(&name);
@@ -107,6 +114,7 @@ fn receiver_policy(ws: &Workspace, op: &Operation<'_>, st: &Statement, name: &st
     let ttl = super::statement_ttl(st).unwrap_or_else(|| DEFAULT_TTL.to_string());
     let promise = match st.delivery.as_ref().map(|f| &f.value) {
         Some(Tri::Yes) => "delivers at least once",
+        Some(Tri::No) => "promises one delivery, which no HTTP sender can keep (IDEM013)",
         _ => "does not say it delivers again (IDEM013), but every HTTP sender does",
     };
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();

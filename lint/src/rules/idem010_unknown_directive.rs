@@ -3,9 +3,11 @@
 //! An idem-lint directive that idem-lint does not understand, and would otherwise ignore
 //! silently:
 //!
-//! - a code in `x-idem-lint-ignore` (on the root, `paths`, a path item or an operation) that is
-//!   no rule's code (`*` and `all` are fine);
-//! - a field of `x-idempotency` other than `idempotent`, `key`, `duplicate` and `expiry`.
+//! - a code in `x-idem-lint-ignore` (on the root, `paths`, a path item or an operation, and
+//!   for a webhook or callback the nodes above it: `webhooks`, the callback object) that is no
+//!   rule's code (`*` and `all` are fine);
+//! - a field of `x-idempotency` other than `idempotent`, `key`, `duplicate`, `expiry` and
+//!   `delivery` (and the policy fields `idem-lint policies` writes).
 //!
 //! Like unknown keys in `idem-lint.toml`, but a warning: the spec is still linted.
 //!
