@@ -439,8 +439,11 @@ def redis_gateway_one_worker(own_redis_stack, make_fleet):
 
 
 def webdis_calls_out(env):
-    """Callouts to Webdis Envoy has open now (the Webdis cluster's active requests)."""
-    return env.stats("cluster.webdis.upstream_rq_active").get("cluster.webdis.upstream_rq_active", 0)
+    """Callouts to Webdis Envoy has open now: the Webdis cluster's active requests, and those
+    still waiting for a connection (with Webdis stopped, a second call's connection may still be
+    being set up on a loaded machine; the filter has sent it all the same)."""
+    stats = env.stats("cluster.webdis.upstream_rq_")
+    return stats.get("cluster.webdis.upstream_rq_active", 0) + stats.get("cluster.webdis.upstream_rq_pending_active", 0)
 
 
 def upstream_rq_total(env):
