@@ -144,6 +144,11 @@ struct PoliciesArgs {
     #[arg(long)]
     receiver: bool,
 
+    /// With --receiver: the path the receiver takes a delivery on, by its policy's name
+    /// (`--path order-paid=/hooks/orders`); repeat it. Without one, `/webhooks/<name>`.
+    #[arg(long = "path", value_name = "NAME=PATH", requires = "receiver", value_parser = name_path)]
+    paths: Vec<(String, String)>,
+
     /// Config file (default: ./idem-lint.toml when it exists): extra section titles.
     #[arg(long, value_name = "FILE")]
     config: Option<String>,
@@ -499,10 +504,23 @@ fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalErrors> 
     let specs = idem_lint::loader::expand_specs(&p.specs)?;
     let workspaces = specs.iter().map(|s| Workspace::load(s)).collect::<Result<Vec<_>, _>>()?;
     let (generated, skipped) = if p.receiver {
-        idem_lint::generate::generate_receivers(&workspaces, config)
+        idem_lint::generate::generate_receivers(&workspaces, config, &p.paths)
     } else {
         generate(&workspaces, config)
     };
+    let unused: Vec<&str> =
+        p.paths.iter().filter(|(n, _)| !generated.iter().any(|g| g.route == *n)).map(|(n, _)| n.as_str()).collect();
+    if !unused.is_empty() {
+        return Err(FatalError::whole_file(
+            "--path",
+            format!(
+                "no delivery's policy is named {}: the names are {}",
+                unused.join(", "),
+                generated.iter().map(|g| g.route.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        )
+        .into());
+    }
     let (plan, stale) = write_all(Path::new(&p.out), &generated, p.force)?;
     let mut out = String::new();
     for f in &plan {
@@ -531,6 +549,14 @@ fn write_policies(p: &PoliciesArgs, config: &Config) -> Result<u8, FatalErrors> 
         eprintln!("idem-lint: no operation of {} {what}: no policy written", specs.join(", "));
     }
     Ok(u8::from(!skipped.is_empty()))
+}
+
+/// `NAME=PATH` of `--path`: a policy name and a path that starts with `/`.
+fn name_path(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((name, path)) if !name.is_empty() && path.starts_with('/') => Ok((name.to_string(), path.to_string())),
+        _ => Err(format!("{arg:?} is not NAME=PATH (a policy name, then a path starting with /)")),
+    }
 }
 
 fn load_config(path: &str) -> Result<Config, FatalError> {

@@ -390,6 +390,39 @@ fn receivers_get_a_policy_per_delivery_with_an_event_id() {
     }
     let bundle = idem_filter::policy::parse_bundle(&paid, "order-paid.toml").unwrap();
     assert_eq!(bundle.routes[0].duplicate.status, 200);
+    assert!(paid.contains("path = \"/webhooks/order-paid\"") && paid.contains("--path order-paid="), "{paid}");
+    // The receiver's own path by the policy's name; a name no delivery has is an error, and nothing is written.
+    let o = run(&[
+        "policies",
+        "--receiver",
+        spec.to_str().unwrap(),
+        "--path",
+        "refund=/hooks/refunds",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let refund = std::fs::read_to_string(out.join("refund.toml")).unwrap();
+    assert!(refund.contains("path = \"/hooks/refunds\"") && !refund.contains("--path"), "{refund}");
+    let o = run(&[
+        "policies",
+        "--receiver",
+        spec.to_str().unwrap(),
+        "--path",
+        "refunds=/hooks/r",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("no delivery's policy is named refunds") && stderr(&o).contains("refund"),
+        "{}",
+        stderr(&o)
+    );
+    let o =
+        run(&["policies", "--receiver", spec.to_str().unwrap(), "--path", "refund:hooks", "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("is not NAME=PATH"), "{}", stderr(&o));
     let bad = root().join("tests/fixtures/IDEM013/bad.yaml");
     let o = run(&["policies", "--receiver", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));

@@ -5,7 +5,7 @@
 //! | the sender's statement | the receiver's policy |
 //! |---|---|
 //! | the webhook's name (`orderPaid`), the callback's `operationId` or name | `name` (kebab-case), the file name |
-//! | the delivery's method | `match.method`; `match.path` is `/webhooks/<name>`, to be set to the receiver's own path (a sender's spec cannot know it) |
+//! | the delivery's method | `match.method`; `match.path` the receiver's own path, given as `--path NAME=PATH` (a sender's spec cannot know it), else `/webhooks/<name>` |
 //! | the event id (`幂等键` / `key`) | `[route.key]` `from`, `name` (or `parts`) |
 //! | expiry | `ttl`, else `"3d"` (senders redeliver for days: Stripe 3 days) |
 //! | — | `scope = []` (the sender signs each delivery anew; event ids are unique per sender), `fingerprint = []` (a redelivery may be re-serialised and re-signed), `on_in_flight = "wait"`, `remember = ["2xx"]` (a failure releases the key, so the next delivery runs), a duplicate answered `200` (a redelivery is acknowledged) |
@@ -25,8 +25,14 @@ use crate::value::Tri;
 /// How long a receiver remembers an event when the statement names no expiry.
 const DEFAULT_TTL: &str = "3d";
 
-/// The receivers' policies of every delivery of the specs that names its event id.
-pub fn generate_receivers(workspaces: &[Workspace], cfg: &Config) -> (Vec<Generated>, Vec<Skipped>) {
+/// The receivers' policies of every delivery of the specs that names its event id. `paths`
+/// maps a route name to the path the receiver takes that delivery on (`--path NAME=PATH`);
+/// the others get `/webhooks/<name>`.
+pub fn generate_receivers(
+    workspaces: &[Workspace],
+    cfg: &Config,
+    paths: &[(String, String)],
+) -> (Vec<Generated>, Vec<Skipped>) {
     let all: Vec<String> = METHODS.iter().map(|m| m.to_string()).collect();
     let mut out: Vec<Generated> = Vec::new();
     let mut skipped = Vec::new();
@@ -44,7 +50,8 @@ pub fn generate_receivers(workspaces: &[Workspace], cfg: &Config) -> (Vec<Genera
                 continue;
             };
             let name = unique_name(&receiver_name(&op), &out);
-            match receiver_policy(ws, &op, &st, &name) {
+            let path = paths.iter().find(|(n, _)| *n == name).map(|(_, p)| p.as_str());
+            match receiver_policy(ws, &op, &st, &name, path) {
                 Ok(body) => {
                     let file_name = format!("{name}.toml");
                     match PolicyFile::parse(&file_name, &body) {
@@ -100,7 +107,13 @@ fn receiver_name(op: &Operation<'_>) -> String {
     }
 }
 
-fn receiver_policy(ws: &Workspace, op: &Operation<'_>, st: &Statement, name: &str) -> Result<String, (Loc, String)> {
+fn receiver_policy(
+    ws: &Workspace,
+    op: &Operation<'_>,
+    st: &Statement,
+    name: &str,
+    path: Option<&str>,
+) -> Result<String, (Loc, String)> {
     let key = match &st.key {
         Some(k) if !k.value.is_none() => k,
         Some(k) => return Err((k.loc.clone(), "its statement says its deliveries carry no id".into())),
@@ -120,11 +133,20 @@ fn receiver_policy(ws: &Workspace, op: &Operation<'_>, st: &Statement, name: &st
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
     let mut t =
         format!("# The receiving side of {} (the sender {promise}).\n[[route]]\nname = {}\n", op.label(), q(name));
-    t.push_str("# The path your service receives it on: the sender's spec cannot know it. Edit it.\n");
+    let path = match path {
+        Some(p) => p.to_string(),
+        None => {
+            t.push_str(&format!(
+                "# The path your service receives it on, which the sender's spec cannot know: give it as\n\
+                 # `--path {name}=/your/path` (a hand edit makes the file yours).\n"
+            ));
+            format!("/webhooks/{name}")
+        }
+    };
     t.push_str(&format!(
         "match = {{ method = {}, path = {} }}\nmode = \"key\"\n\n[route.key]\n",
         q(&op.method.to_ascii_uppercase()),
-        q(&format!("/webhooks/{name}"))
+        q(&path)
     ));
     t.push_str(&key_toml(&sources));
     t.push_str("# The sender signs every delivery anew: its Authorization names no caller, and event ids are unique per sender.\nscope = []\n");
