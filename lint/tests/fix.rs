@@ -227,3 +227,14 @@ fn a_delivery_line_is_never_forced_into_a_description_it_would_break() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A delivery whose IDEM013 is suppressed (`x-idem-lint-ignore`) is left as it is by `--fix`.
+#[test]
+fn a_suppressed_delivery_is_not_fixed() {
+    let text = "openapi: 3.1.0\ninfo: { title: t, version: \"1\" }\nwebhooks:\n  orderPaid:\n    post:\n      x-idem-lint-ignore: IDEM013\n      parameters:\n        - { name: webhook-id, in: header, required: true, schema: { type: string } }\n      responses: { '200': { description: ok } }\n";
+    let (dir, path) = temp("delivery-suppressed", "openapi.yaml", text);
+    let o = run(&dir, &["--fix", "--diff", "openapi.yaml"]);
+    assert_eq!((o.status.code(), stdout(&o)), (Some(0), String::new()), "suppressed: nothing to fix");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let _ = std::fs::remove_dir_all(&dir);
+}

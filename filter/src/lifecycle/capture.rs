@@ -95,8 +95,8 @@ impl Stream {
         };
         // The first execution's own answer, from the service (its replays are marked where they
         // are made); not Envoy's own answer, nor one the service marked itself.
-        let marked = pairs.iter().any(|(n, _)| n.eq_ignore_ascii_case(repeatability::RESULT.as_bytes()));
-        if repeatable && crate::engine::is_upstream_answer(&details) && !marked {
+        let marked = || pairs.iter().any(|(n, _)| n.eq_ignore_ascii_case(repeatability::RESULT.as_bytes()));
+        if repeatable && crate::engine::is_upstream_answer(&details) && !marked() {
             if let Err(e) = host.set_response_header(repeatability::RESULT, b"accepted") {
                 host.log(Level::Warn, &format!("idem: cannot set {}: {e:?}", repeatability::RESULT));
             }

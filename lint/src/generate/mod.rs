@@ -87,25 +87,9 @@ pub fn generate(workspaces: &[Workspace], cfg: &Config) -> (Vec<Generated>, Vec<
                     policy.name = name;
                     let body = policy.toml();
                     let place = place(ws, &Loc { file: op.key_file, offset: op.key_offset, pointer: String::new() });
-                    let file_name = format!("{}.toml", policy.name);
-                    // The filter's parser is the authority: a route it refuses is not written.
-                    match PolicyFile::parse(&file_name, &body) {
-                        Ok(_) => out.push(Generated {
-                            file_name,
-                            route: policy.name.clone(),
-                            operation: op.label(),
-                            body,
-                            spec: ws.file(0).name.clone(),
-                            place,
-                        }),
-                        Err(e) => skipped.push(Skipped {
-                            operation: op.label(),
-                            place,
-                            reason: format!(
-                                "the filter refuses the policy written for it: {}",
-                                e.0.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>().join("; ")
-                            ),
-                        }),
+                    match checked(ws, op, &policy.name, body, place) {
+                        Ok(g) => out.push(g),
+                        Err(s) => skipped.push(s),
                     }
                 }
                 Err((loc, reason)) => {
@@ -115,6 +99,30 @@ pub fn generate(workspaces: &[Workspace], cfg: &Config) -> (Vec<Generated>, Vec<
         }
     }
     (out, skipped)
+}
+
+/// The file written for `op`'s route `name`, once the filter's parser — the authority — accepts
+/// it; a route it refuses is not written, and the operation is named with the parser's reasons.
+fn checked(ws: &Workspace, op: &Operation<'_>, name: &str, body: String, place: String) -> Result<Generated, Skipped> {
+    let file_name = format!("{name}.toml");
+    match PolicyFile::parse(&file_name, &body) {
+        Ok(_) => Ok(Generated {
+            file_name,
+            route: name.to_string(),
+            operation: op.label(),
+            body,
+            spec: ws.file(0).name.clone(),
+            place,
+        }),
+        Err(e) => Err(Skipped {
+            operation: op.label(),
+            place,
+            reason: format!(
+                "the filter refuses the policy written for it: {}",
+                e.0.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>().join("; ")
+            ),
+        }),
+    }
 }
 
 fn place(ws: &Workspace, loc: &Loc) -> String {

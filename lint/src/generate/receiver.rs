@@ -18,7 +18,6 @@ use crate::loader::Workspace;
 use crate::model::{deliveries, Kind, Operation, METHODS};
 use crate::node::{split_pointer, Node};
 use crate::policy::keys::{key_toml, spec_sources};
-use crate::policy::PolicyFile;
 use crate::statement::{statements, Loc, Statement};
 use crate::value::Tri;
 
@@ -52,27 +51,10 @@ pub fn generate_receivers(
             let name = unique_name(&receiver_name(&op), &out);
             let path = paths.iter().find(|(n, _)| *n == name).map(|(_, p)| p.as_str());
             match receiver_policy(ws, &op, &st, &name, path) {
-                Ok(body) => {
-                    let file_name = format!("{name}.toml");
-                    match PolicyFile::parse(&file_name, &body) {
-                        Ok(_) => out.push(Generated {
-                            file_name,
-                            route: name,
-                            operation: op.label(),
-                            body,
-                            spec: ws.file(0).name.clone(),
-                            place: here,
-                        }),
-                        Err(e) => skipped.push(Skipped {
-                            operation: op.label(),
-                            place: here,
-                            reason: format!(
-                                "the filter refuses the policy written for it: {}",
-                                e.0.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>().join("; ")
-                            ),
-                        }),
-                    }
-                }
+                Ok(body) => match super::checked(ws, &op, &name, body, here) {
+                    Ok(g) => out.push(g),
+                    Err(s) => skipped.push(s),
+                },
                 Err((loc, reason)) => skipped.push(Skipped { operation: op.label(), place: place(ws, &loc), reason }),
             }
         }
