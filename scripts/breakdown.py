@@ -137,6 +137,7 @@ def envoy_case(case, n, tmp):
     `c0-16k` and `c16k` are (c0) and (c) with 16 KB orders; `c-native`, `d-native` and
     `c16k-native` are (c), (d) and (c16k) on idem's native build (target/native/libidem_native.so)."""
     native = case.endswith("-native") and case != "c0-native"
+    named = case
     case = case.removesuffix("-native") if native else case
     body = order_of(16384) if case.endswith("16k") else order_of(0)
     case = {"c16k": "c"}.get(case, case.removesuffix("-16k"))
@@ -174,7 +175,7 @@ def envoy_case(case, n, tmp):
             env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(stack.NATIVE.parent))
     cfg_path = Path(tmp) / ("envoy-%s.json" % case)
     cfg_path.write_text(json.dumps(cfg))
-    out = Path(tmp) / ("envoy-%s.cg" % case)
+    out = Path(tmp) / ("envoy-%s.cg" % named)
     log = open(Path(tmp) / ("envoy-%s.log" % case), "w")
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--smc-check=all-non-file", "--callgrind-out-file=%s" % out,
                              envoy_binary(), "-c", str(cfg_path), "--disable-hot-restart", "--concurrency", "1",
@@ -239,13 +240,18 @@ def envoy_case(case, n, tmp):
     return total / n, jit / n
 
 
-def report_envoy(n, cases):
+def report_envoy(n, cases, keep=None):
     print("\ninstructions per request inside Envoy under callgrind (%d sequential requests after 200 warm-up "
           "ones; the whole process: Envoy, V8, host calls, the module):" % n)
     results = {}
     with tempfile.TemporaryDirectory(prefix="idem-envoy-cg-") as tmp:
         for case in cases:
             total, jit = envoy_case(case, n, tmp)
+            if keep:
+                # The callgrind dumps, for `callgrind_annotate --inclusive=yes <dump>`.
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                for dump in glob.glob(str(Path(tmp) / ("envoy-%s.cg.*" % case))):
+                    shutil.copy(dump, keep)
             results[case] = total
             over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
             print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
@@ -272,6 +278,7 @@ def main():
     ap.add_argument("--requests", type=int, default=2000, help="requests per callgrind run (default 2000)")
     ap.add_argument("--no-callgrind", action="store_true", help="only the host calls and the native time")
     ap.add_argument("--envoy", action="store_true", help="also count instructions per request in a real Envoy")
+    ap.add_argument("--envoy-keep", metavar="DIR", help="copy each Envoy case's callgrind dump into DIR")
     ap.add_argument("--envoy-requests", type=int, default=300, help="requests per Envoy case (default 300)")
     ap.add_argument("--envoy-cases", default="a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k",
                     help="the Envoy cases to count (default a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k; also "
@@ -289,7 +296,7 @@ def main():
         print("error: valgrind not found (apt-get install -y valgrind), or pass --no-callgrind", file=sys.stderr)
         return 2
     if args.envoy:
-        report_envoy(args.envoy_requests, args.envoy_cases.split(","))
+        report_envoy(args.envoy_requests, args.envoy_cases.split(","), args.envoy_keep)
     n = args.requests
     print("\ninstructions per request under callgrind (native x86-64, (run of %d - run of %d) / %d):" % (2 * n, n, n))
     with tempfile.TemporaryDirectory(prefix="idem-breakdown-") as tmp:

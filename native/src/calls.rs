@@ -27,8 +27,22 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// The config scheduler's event: calls are queued.
-const SEND: u64 = 1;
+/// The config scheduler's events: calls are queued; a worker with no live stream has root work
+/// (`ticker.rs`).
+pub const SEND: u64 = 1;
+pub const IDLE: u64 = 2;
+
+/// Every live config's main-thread scheduler, oldest first: the first one carries [`IDLE`]
+/// (the main thread runs idle workers' root work whatever config it arrives on).
+static SCHEDULERS: Mutex<Vec<ConfigScheduler>> = Mutex::new(Vec::new());
+
+/// Asks the main thread to run idle workers' root work (`ticker::run_idle`). With no live
+/// config there is no scheduler, and no root either that could have work.
+pub fn run_idle_on_main() {
+    if let Some(first) = lock(&SCHEDULERS).first() {
+        first.commit(IDLE);
+    }
+}
 
 /// A call a worker asked for, until the main thread sends it.
 pub struct Call {
@@ -73,12 +87,19 @@ pub struct Calls {
 impl Calls {
     /// Makes the main-thread scheduler (at config creation, on the main thread).
     pub fn start(&self, config: ConfigPtr) {
-        *lock(&self.scheduler) = config.scheduler();
+        let scheduler = config.scheduler();
+        *lock(&self.scheduler) = scheduler;
+        if let Some(s) = scheduler {
+            lock(&SCHEDULERS).push(s);
+        }
     }
 
-    /// Deletes the scheduler (config destroy, main thread): no call is queued after it.
+    /// Deletes the scheduler (config destroy, main thread): no call is queued after it, and no
+    /// idle work is asked of it.
     pub fn stop(&self) {
         if let Some(s) = lock(&self.scheduler).take() {
+            let mut all = lock(&SCHEDULERS);
+            all.retain(|other| *other != s);
             s.delete();
         }
     }

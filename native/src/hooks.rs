@@ -7,7 +7,7 @@
 use crate::abi::{self, ConfigPtr, EnvoyBuffer, EnvoyHeader, FilterPtr};
 use crate::config::Config;
 use crate::host::Native;
-use crate::{refusal, ticker, worker};
+use crate::{calls, refusal, ticker, worker};
 use idem_filter::host::{Host, Level};
 use idem_filter::lifecycle::Flow;
 use std::ffi::{c_char, c_void};
@@ -254,20 +254,19 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
 /// or a wake-up (answers are in the worker's mailbox).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    filter: *mut c_void,
+    _filter: *mut c_void,
     module: *const c_void,
     event_id: u64,
 ) {
     guarded((), || {
         // SAFETY: Envoy's module pointer for this stream.
-        let Some(s) = (unsafe { stream(module) }) else {
+        if unsafe { stream(module) }.is_none() {
             return;
-        };
-        let host = Native::new(Arc::clone(&s.config), Some((s.context, FilterPtr(filter))));
+        }
         worker::with(|w| {
             w.take_answers();
             if event_id == ticker::TICK {
-                w.tick(&host);
+                w.tick();
             }
         });
     })
@@ -354,9 +353,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     _config_envoy: *mut c_void,
     config: *const c_void,
-    _event_id: u64,
+    event_id: u64,
 ) {
     guarded((), || {
+        if event_id == calls::IDLE {
+            return ticker::run_idle();
+        }
         // SAFETY: config_new's pointer, alive until config_destroy.
         if let Some(config) = unsafe { config_arc(config) } {
             config.calls.send_queued(&config);

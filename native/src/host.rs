@@ -21,6 +21,14 @@ fn shared_data() -> &'static SharedData {
     DATA.get_or_init(SharedData::default)
 }
 
+/// The wall clock in milliseconds since the Unix epoch, as proxy-wasm's clock reads it.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// A callout's answer, while its hook runs.
 #[derive(Default)]
 pub struct CallAnswer {
@@ -40,11 +48,6 @@ pub struct Native {
 impl Native {
     pub fn new(config: Arc<Config>, stream: Option<(u32, FilterPtr)>) -> Native {
         Native { config, current: Cell::new(stream), now_ms: Cell::new(None), answer: RefCell::default() }
-    }
-
-    /// The same host with no current stream (a root's event after a stream's hook).
-    pub fn for_root(&self) -> Native {
-        Native::new(Arc::clone(&self.config), None)
     }
 
     /// Holds a callout's answer for the core to read.
@@ -76,10 +79,7 @@ impl core::Host for Native {
         if let Some(now) = self.now_ms.get() {
             return now;
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
+        let now = wall_ms();
         self.now_ms.set(Some(now));
         now
     }

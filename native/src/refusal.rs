@@ -4,31 +4,28 @@
 use crate::config::Config;
 use crate::host::{Native, Setup};
 use idem_filter::lifecycle::Worker;
-use idem_filter::policy::{parse_bundle_all, Bundle, Forward, Source, StoreKind};
+use idem_filter::policy::{parse_bundle_all, Bundle, Forward, Source};
 use std::cell::Cell;
 use std::sync::Arc;
 
-/// Why root work cannot be promised natively: the calls themselves go through the main thread
-/// (`calls.rs`), but what the root does with their answers and on its timer — retrying a write
-/// Redis refused, releasing the claim of a client that left, finishing a detached call — runs on
-/// the worker, and Envoy 1.40 cannot wake a worker that has no live stream. (A detached call
-/// through the internal listener, `via = "reentry"`, could not even be sent: the main thread
-/// cannot reach an internal listener.)
-const IDLE_WORKER: &str = "needs the worker to act after its last request ended (retry a write Redis \
-     refused, release the claim of a client that left, finish a call), and Envoy 1.40's dynamic modules \
-     cannot wake a worker with no live stream: no worker timer, and a stream's scheduler \
-     (envoy_dynamic_module_callback_http_filter_scheduler_commit) ends with its stream; it would wait for \
-     that worker's next request. Use the .wasm for this route";
+/// Why detached forwarding cannot be promised natively. Its call is the request itself, sent
+/// again by the root through the internal listener (`via = "reentry"`): a dynamic module's calls
+/// that must outlive their stream go out as the filter config's callout, on Envoy's main thread
+/// (`calls.rs`), and the main thread cannot reach an internal listener (measured: 503 "remote
+/// connection failure"); a stream's own callout
+/// (envoy_dynamic_module_callback_http_filter_http_callout) is cancelled when its stream ends.
+const DETACHED: &str = "needs its request sent again after the client's stream ended, through the \
+     internal listener: Envoy 1.40's dynamic modules can send a call that outlives its stream only as the \
+     filter config's callout, from the main thread, which cannot reach an internal listener, and a \
+     stream's own callout (envoy_dynamic_module_callback_http_filter_http_callout) is cancelled with its \
+     stream. Use the .wasm for this route";
 
 /// Every route the native build must refuse, with the reason, one line each.
 pub fn refusals(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
     for r in &bundle.routes {
-        if r.store == StoreKind::Redis {
-            out.push(format!("route {:?}: store = \"redis\" {IDLE_WORKER}", r.name));
-        }
         if r.forward == Forward::Detached {
-            out.push(format!("route {:?}: forward = \"detached\" {IDLE_WORKER}", r.name));
+            out.push(format!("route {:?}: forward = \"detached\" {DETACHED}", r.name));
         }
         for source in r.key.sources.iter().chain(&r.key.scope) {
             if let Source::Metadata(path) = source {

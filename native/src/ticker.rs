@@ -7,8 +7,20 @@
 //! a live stream, that stream's scheduler — also what wakes the worker when a call's answer is in
 //! its mailbox (`calls.rs`). The lock is held while committing and while a worker
 //! detaches (and deletes) a scheduler, so no commit reaches a deleted one.
+//!
+//! A worker with no live stream has no scheduler to be reached through (1.40 has no worker-level
+//! one, and a stream's scheduler ends with its stream). Its tick or its mail is then marked due
+//! on its slot and Envoy's main thread is asked to run it (`calls::run_idle_on_main`): the main
+//! thread takes the worker's state lock and runs its root work ([`WorkerThread::idle_work`]) —
+//! a write Redis refused is retried, the claim of a client that left is released — exactly as
+//! a tick on the worker would, with no stream of the worker to touch.
+//!
+//! [`WorkerThread::idle_work`]: crate::worker::WorkerThread::idle_work
 
 use crate::abi::SchedulerPtr;
+use crate::calls;
+use crate::worker::WorkerCell;
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
@@ -17,11 +29,14 @@ pub const TICK: u64 = 1;
 /// The event id of a wake-up: answers wait in the worker's mailbox (`calls.rs`).
 pub const WAKE: u64 = 2;
 
-#[derive(Default)]
 struct Slot {
     period: Option<Duration>,
     scheduler: Option<SchedulerPtr>,
     next: Option<Instant>,
+    /// The worker's state, for the main thread to run its root work while it has no stream.
+    worker: Arc<WorkerCell>,
+    /// Root work waits for the main thread: a tick or mail came while the worker had no stream.
+    idle_due: bool,
 }
 
 static SLOTS: Mutex<Vec<Slot>> = Mutex::new(Vec::new());
@@ -35,12 +50,12 @@ fn slots() -> MutexGuard<'static, Vec<Slot>> {
 }
 
 /// A slot for a new worker thread; starts the ticker thread the first time.
-pub fn new_slot() -> usize {
+pub fn new_slot(worker: Arc<WorkerCell>) -> usize {
     START.call_once(|| {
         let _ = std::thread::Builder::new().name("idem-ticker".into()).spawn(run);
     });
     let mut all = slots();
-    all.push(Slot::default());
+    all.push(Slot { period: None, scheduler: None, next: None, worker, idle_due: false });
     all.len() - 1
 }
 
@@ -70,11 +85,31 @@ pub fn detach(slot: usize, scheduler: SchedulerPtr) {
     scheduler.delete();
 }
 
-/// Wakes a worker now, through its live stream's scheduler; a worker with none takes its mail at
-/// its next hook.
+/// Wakes a worker now, through its live stream's scheduler; a worker with none has its mail
+/// taken by the main thread.
 pub fn wake(slot: usize) {
-    if let Some(scheduler) = slots().get(slot).and_then(|s| s.scheduler) {
-        scheduler.commit(WAKE);
+    let mut all = slots();
+    let Some(s) = all.get_mut(slot) else {
+        return;
+    };
+    match s.scheduler {
+        Some(scheduler) => scheduler.commit(WAKE),
+        None => {
+            s.idle_due = true;
+            calls::run_idle_on_main();
+        }
+    }
+}
+
+/// Main thread: runs the root work of each worker marked due, under its state's lock (a
+/// worker that has a live stream again is left to it, `idle_work`).
+pub fn run_idle() {
+    let due: Vec<Arc<WorkerCell>> = slots()
+        .iter_mut()
+        .filter_map(|s| std::mem::take(&mut s.idle_due).then(|| Arc::clone(&s.worker)))
+        .collect();
+    for worker in due {
+        worker.run(|w| w.idle_work());
     }
 }
 
@@ -82,21 +117,31 @@ fn run() {
     loop {
         let now = Instant::now();
         let mut sleep = IDLE;
+        let mut idle = false;
         {
             let mut all = slots();
             for s in all.iter_mut() {
-                let (Some(period), Some(scheduler)) = (s.period, s.scheduler) else {
+                let Some(period) = s.period else {
                     continue;
                 };
                 let next = *s.next.get_or_insert(now + period);
                 if next <= now {
-                    scheduler.commit(TICK);
+                    match s.scheduler {
+                        Some(scheduler) => scheduler.commit(TICK),
+                        None => {
+                            s.idle_due = true;
+                            idle = true;
+                        }
+                    }
                     s.next = Some(now + period);
                     sleep = sleep.min(period);
                 } else {
                     sleep = sleep.min(next - now);
                 }
             }
+        }
+        if idle {
+            calls::run_idle_on_main();
         }
         std::thread::sleep(sleep);
     }

@@ -27,7 +27,7 @@ use idem_filter::lifecycle::{Contexts, Flow, Stream};
 use idem_filter::response::LocalReply;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// An action on a stream, sent to Envoy after the core's event returned.
 pub enum Deferred {
@@ -66,13 +66,51 @@ pub struct WorkerThread {
     ticker_slot: Cell<Option<usize>>,
 }
 
+/// A worker's state behind a lock: taken once per hook by its own thread, and by Envoy's main
+/// thread to run the worker's root work while it has no live stream ([`WorkerThread::idle_work`];
+/// Envoy 1.40 gives a module no other way to act on a worker with no stream, `ticker.rs`).
+pub struct WorkerCell(Mutex<WorkerThread>);
+
+// SAFETY: a `WorkerThread` holds the core's contexts (`Rc`s inside) and Envoy's raw pointers, so
+// it is not `Send` by itself. It is reached only through its `WorkerCell`'s lock, so from one
+// thread at a time, and every `Rc` of it lives inside it (none is kept in a thread-local or
+// outlives the lock). Another thread (Envoy's main thread) takes the lock only to run
+// `idle_work`, which acts only when the worker has no live stream — so no stream's filter
+// pointer is ever used off its own worker.
+unsafe impl Send for WorkerThread {}
+
 thread_local! {
-    static WORKER: WorkerThread = WorkerThread::default();
+    static OWN: Arc<WorkerCell> = Arc::new(WorkerCell(Mutex::new(WorkerThread::default())));
+    /// The state whose lock this thread holds now (set by [`WorkerCell::run`]): nested calls
+    /// (the core calling the host inside a hook) reach it without locking again.
+    static CURRENT: Cell<*const WorkerThread> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Runs `f` on this thread's worker state.
+/// Runs `f` on this thread's worker state (or the state this thread is running for now).
 pub fn with<T>(f: impl FnOnce(&WorkerThread) -> T) -> T {
-    WORKER.with(f)
+    let current = CURRENT.with(Cell::get);
+    if !current.is_null() {
+        // SAFETY: `WorkerCell::run` set it on this thread and holds its lock until it clears it.
+        return f(unsafe { &*current });
+    }
+    OWN.with(|cell| cell.run(f))
+}
+
+impl WorkerCell {
+    /// Runs `f` with the lock held (a worker's hook, or the main thread's idle work).
+    pub fn run<T>(&self, f: impl FnOnce(&WorkerThread) -> T) -> T {
+        /// Clears [`CURRENT`] before the lock is released, also when `f` unwinds.
+        struct Clear;
+        impl Drop for Clear {
+            fn drop(&mut self) {
+                CURRENT.with(|c| c.set(std::ptr::null()));
+            }
+        }
+        let guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        CURRENT.with(|c| c.set(&*guard as *const WorkerThread));
+        let _clear = Clear;
+        f(&guard)
+    }
 }
 
 impl WorkerThread {
@@ -93,17 +131,23 @@ impl WorkerThread {
                 return default;
             }
         };
-        self.after_event(host);
+        self.after_event();
         out
     }
 
     /// What the event left for after it: roots to wake, then replies and resumes (which may
     /// run our own hooks again, each with its own event).
-    fn after_event(&self, host: &Native) {
+    fn after_event(&self) {
         loop {
-            let woken: Vec<u32> = self.roots.borrow().iter().filter(|r| r.woken.replace(false)).map(|r| r.id).collect();
-            for root in woken {
-                let root_host = host.for_root();
+            let woken: Vec<(u32, Arc<Config>)> = self
+                .roots
+                .borrow()
+                .iter()
+                .filter(|r| r.woken.replace(false))
+                .map(|r| (r.id, Arc::clone(&r.config)))
+                .collect();
+            for (root, config) in woken {
+                let root_host = Native::new(config, None);
                 if let Ok(contexts) = self.contexts.try_borrow() {
                     contexts.on_queue_ready(&root_host, root);
                 }
@@ -152,7 +196,7 @@ impl WorkerThread {
             last_tick_ms: Cell::new(now),
             woken: Cell::new(false),
         });
-        let slot = self.ticker_slot.get().unwrap_or_else(ticker::new_slot);
+        let slot = self.ticker_slot.get().unwrap_or_else(|| ticker::new_slot(OWN.with(Arc::clone)));
         self.ticker_slot.set(Some(slot));
         if let Some(ms) = tick_ms {
             ticker::set_period(slot, ms);
@@ -211,23 +255,36 @@ impl WorkerThread {
         }
     }
 
-    /// A tick from the ticker: each root whose period has passed runs its timer.
-    pub fn tick(&self, host: &Native) {
-        let now = host.now_ms();
-        let due: Vec<u32> = self
+    /// A tick from the ticker: each root whose period has passed runs its timer, with a host of
+    /// its own config.
+    pub fn tick(&self) {
+        let now = crate::host::wall_ms();
+        let due: Vec<(u32, Arc<Config>)> = self
             .roots
             .borrow()
             .iter()
             .filter(|r| r.tick_ms.is_some_and(|ms| now.saturating_sub(r.last_tick_ms.get()) + 2 >= ms))
             .map(|r| {
                 r.last_tick_ms.set(now);
-                r.id
+                (r.id, Arc::clone(&r.config))
             })
             .collect();
-        for root in due {
-            let root_host = host.for_root();
+        for (root, config) in due {
+            let root_host = Native::new(config, None);
             self.enter(&root_host, (), |c, h| c.on_tick(h, root));
         }
+    }
+
+    /// Envoy's main thread runs this worker's root work — answers in its mailbox, roots whose
+    /// tick is due — because the worker has no live stream whose scheduler could (`ticker.rs`).
+    /// A worker that has one again is left to it: its streams' filters are used on their own
+    /// worker only.
+    pub fn idle_work(&self) {
+        if !self.streams.borrow().is_empty() {
+            return;
+        }
+        self.take_answers();
+        self.tick();
     }
 
     /// Marks a root's queue signalled (by its queue id, which is its context id here).

@@ -172,9 +172,8 @@ def pytest_runtest_makereport(item, call):
 
 
 # What the native build refuses at load (native/src/refusal.rs; test_native.py holds each refusal
-# and its reason): a test of it (marked wasm_only, or using Redis) runs on the .wasm only. Under
+# and its reason): a test of it (marked wasm_only) runs on the .wasm only. Under
 # IDEM_ARTIFACT=native such tests are deselected, not skipped.
-REDIS_FIXTURES = {"redis_stack", "own_redis_stack", "make_fleet", "redis_components"}
 
 
 def pytest_configure(config):
@@ -185,15 +184,6 @@ def _wasm_only(item):
     marker = item.get_closest_marker("wasm_only")
     if marker is not None:
         return marker.args[0] if marker.args else "marked wasm_only"
-    # A test run on both stores (`[shared]` / `[redis]`) keeps its shared run; any other test that
-    # reaches Redis through its fixtures is a Redis test.
-    if "redis" in item.name.lower():
-        return "store = \"redis\""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "shared" in params.values():
-        return None
-    if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return "store = \"redis\""
     return None
 
 

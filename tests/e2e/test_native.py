@@ -32,12 +32,9 @@ match = { method = "POST", path = "/api/order/create" }
 
 # case -> (policy, what the refusal must name: the route, the feature, the ABI call that is missing)
 REFUSED = {
-    "redis": (stack.redis_table() + ROUTE + 'store = "redis"\n',
-              ['route "create-order"', 'store = "redis"', "no live stream",
-               "envoy_dynamic_module_callback_http_filter_scheduler_commit", "Use the .wasm"]),
     "detached": (ROUTE + 'forward = "detached"\n',
-                 ['route "create-order"', 'forward = "detached"', "no live stream",
-                  "envoy_dynamic_module_callback_http_filter_scheduler_commit"]),
+                 ['route "create-order"', 'forward = "detached"', "internal listener",
+                  "envoy_dynamic_module_callback_http_filter_http_callout", "Use the .wasm"]),
     "nested-metadata-scope": (ROUTE + '[route.key]\nscope = ["metadata:envoy.filters.http.jwt_authn/jwt_payload/sub"]\n',
                               ['route "create-order"', "jwt_payload/sub",
                                "envoy_dynamic_module_callback_http_get_metadata_string"]),

@@ -645,20 +645,30 @@ def test_missing_redis_or_webdis_is_a_failure_with_the_setup_hint(monkeypatch):
 def test_each_worker_warns_once_when_redis_would_evict_its_keys(make_fleet, own_redis_stack):
     """Any maxmemory-policy but noeviction may drop a live claim or a stored answer (all of idem's
     keys have a TTL, so volatile-* policies pick them too): each root context (every worker's and
-    the main thread's) asks once at start and warns; with noeviction it says so quietly."""
+    the main thread's) asks once at start and warns; with noeviction it says so quietly. The native
+    build makes a worker's root at its first request (a dynamic module has no per-worker start), so
+    there a request starts the asking, and only workers ask."""
     rs = own_redis_stack
-    quiet = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0]
-    wait_for(lambda: quiet.log_text().count("maxmemory-policy is noeviction") >= 2, 15,
+    native = stack.ARTIFACT == "native"
+    least, most = (1, 2) if native else (2, 3)
+
+    def started(env):
+        if native:
+            post(env, "/r/key", new_key("evict"), {"sku": "A1"})
+        return env
+
+    quiet = started(make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0])
+    wait_for(lambda: quiet.log_text().count("maxmemory-policy is noeviction") >= least, 15,
              what="the workers' noeviction lines")
     assert stack.EVICTS_LOG not in quiet.log_text()
     assert rs.redis.command("CONFIG", "SET", "maxmemory-policy", "volatile-lru") == b"OK"
-    loud = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0]
-    wait_for(lambda: loud.log_text().count(stack.EVICTS_LOG) >= 2, 15, what="the workers' warnings")
+    loud = started(make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0])
+    wait_for(lambda: loud.log_text().count(stack.EVICTS_LOG) >= least, 15, what="the workers' warnings")
     line = next(l for l in loud.log_text().splitlines() if stack.EVICTS_LOG in l)
     assert "[warning]" in line and "maxmemory-policy volatile-lru" in line and "noeviction" in line, line
     time.sleep(1.0)  # a duration: every root context has asked by now (its tick is 20 ms)
     seen = loud.log_text().count(stack.EVICTS_LOG)
-    assert seen <= 3, "once per root context (2 workers and the main thread): %d" % seen
+    assert seen <= most, "once per root context (2 workers, and the main thread on Wasm): %d" % seen
     time.sleep(1.0)  # a duration: later ticks must not ask again
     assert loud.log_text().count(stack.EVICTS_LOG) == seen
 
