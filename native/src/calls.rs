@@ -179,6 +179,11 @@ fn deliver(config: &Arc<Config>, back: ReturnTo, answer: CallAnswer) {
     ticker::wake(back.slot);
 }
 
+/// Whether answers wait in a worker's mailbox.
+pub fn waiting(slot: usize) -> bool {
+    WAITING.load(Ordering::Acquire) > 0 && lock(&MAILBOXES).get(slot).is_some_and(|b| !b.is_empty())
+}
+
 /// A worker takes its answers.
 pub fn take(slot: usize) -> Vec<Delivery> {
     if WAITING.load(Ordering::Acquire) == 0 {

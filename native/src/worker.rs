@@ -233,6 +233,10 @@ impl WorkerThread {
         if let Some(scheduler) = filter.scheduler() {
             *self.ticker.borrow_mut() = Some((context, scheduler));
             ticker::attach(slot, scheduler);
+            // Answers that came while the worker had no stream to wake go now.
+            if calls::waiting(slot) {
+                scheduler.commit(ticker::WAKE);
+            }
         }
     }
 
@@ -281,6 +285,11 @@ impl WorkerThread {
     /// worker only.
     pub fn idle_work(&self) {
         if !self.streams.borrow().is_empty() {
+            // A stream came meanwhile: its scheduler (any thread may commit to it) carries the
+            // mail; a stream not yet started carries it from its first hook (`carry_ticks`).
+            if let Some((_, scheduler)) = *self.ticker.borrow() {
+                scheduler.commit(ticker::WAKE);
+            }
             return;
         }
         self.take_answers();
@@ -365,13 +374,9 @@ impl WorkerThread {
     }
 }
 
-/// A stream's event on this worker, `Continue` for a stream that is not ours. Answers waiting in
-/// the mailbox are taken first (a worker that had no live stream to wake takes them here).
+/// A stream's event on this worker, `Continue` for a stream that is not ours.
 pub fn on_stream(host: &Native, context: u32, event: impl FnOnce(&mut Stream, &Native) -> Flow) -> Flow {
-    with(|w| {
-        w.take_answers();
-        w.enter(host, Flow::Continue, |c, h| c.on_stream(context, |s| event(s, h)))
-    })
+    with(|w| w.enter(host, Flow::Continue, |c, h| c.on_stream(context, |s| event(s, h))))
 }
 
 /// Sends a local reply: the core's headers as bytes; a gRPC trailers-only answer carries its
