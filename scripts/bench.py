@@ -35,6 +35,7 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
   (a16k) (c0-16k) (c16k), (a256k) (c0-256k) (c256k): (a), (c0), (c) with 16 KB and 256 KB orders —
        reading and fingerprinting a body, against the floor that only buffers and reads it
   (a-c4) (e0-c4) (e-c4): (a), (e0), (e) at 4 connections (a lightly loaded fleet store's latency)
+  (e-native) (f-native) (e-native-c4): (e), (f), (e-c4) on the native build (the same Webdis)
   (h)  held duplicates on Redis (`on_in_flight = "wait"`): 200 requests with one key while the
        first takes 2 s upstream; prints the Redis commands per held request and the wait
 
@@ -141,7 +142,25 @@ CASES = [
      {"connections": 4}),
     ("e-c4", "(e) at 4 connections", "redis", "/api/order/create", "unique_keys.lua", "unique", None,
      {"connections": 4}),
+    # The Redis cases on the native build: the same policy and Webdis, no Wasm VM.
+    ("e-native", "(e) on the native build", "redis-native", "/api/order/create", "unique_keys.lua", "unique", None,
+     {}),
+    ("f-native", "(f) on the native build", "redis-native", "/api/order/create", "same_key.lua", "same", None, {}),
+    ("e-native-c4", "(e-native) at 4 connections", "redis-native", "/api/order/create", "unique_keys.lua", "unique",
+     None, {"connections": 4}),
 ]
+
+
+def check_native_counted(env, route, sent):
+    """Prints the native build's counters of `route` and fails the run if they saw fewer requests
+    than wrk sent (a case that missed idem's route measured something else)."""
+    found = env.stats("idem.%s." % route)
+    print("idem.%s counters on the native build: %s" % (route, ", ".join(
+        "%s=%d" % (k.split(".")[-1], v) for k, v in sorted(found.items()) if v)))
+    counted = found.get("idem.%s.forwarded" % route, 0) + found.get("idem.%s.replayed" % route, 0)
+    if counted < sent:
+        raise stack.StackError("the native build's route %s counted %d requests, wrk sent %d: the native cases "
+                               "missed idem's route" % (route, counted, sent))
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -291,6 +310,19 @@ def report_redis_floor(by_case):
               100.0 * (e["cpu_us_per_req"] / e0["cpu_us_per_req"] - 1) if e0["cpu_us_per_req"] else 0.0))
 
 
+def report_native_redis(by_case):
+    """The Redis path on the native build against the .wasm's (e) and the floor (e0): Envoy CPU per
+    request and, at 4 connections, p50."""
+    for native, wasm, floor in (("e-native", "e", "e0"), ("e-native-c4", "e-c4", "e0-c4")):
+        if native not in by_case or wasm not in by_case:
+            continue
+        n, w = by_case[native], by_case[wasm]
+        f = by_case.get(floor)
+        against_floor = (", (%s) %.1f us, p50 %.2f ms" % (floor, f["cpu_us_per_req"], f["p50_ms"])) if f else ""
+        print("(%s): %.1f us Envoy CPU/req, p50 %.2f ms; (%s) %.1f us, p50 %.2f ms%s" % (
+            native, n["cpu_us_per_req"], n["p50_ms"], wasm, w["cpu_us_per_req"], w["p50_ms"], against_floor))
+
+
 def report_fleet(by_case):
     """The Redis Cluster path against the single node."""
     for fleet, single in (("ec", "e"), ("fc", "f")):
@@ -426,6 +458,12 @@ def main():
                                                            concurrency=args.workers, wasm_path=stack.NATIVE,
                                                            name="envoy-idem-native")
             procs.append(envoys["idem-native"])
+        if any(c[2] == "redis-native" for c in cases):
+            envoys["redis-native"] = stack.start_idem_envoy(
+                workdir, fast.listen_port, REDIS_POLICY, routes=ROUTES, concurrency=args.workers,
+                extra_clusters=[stack.webdis_cluster(webdis.port)], wasm_path=stack.NATIVE,
+                name="envoy-idem-redis-native")
+            procs.append(envoys["redis-native"])
         if any(c[0] == "c0-native" for c in cases):
             floor_native, probe_seen, abi_lines = start_native_floor(workdir, fast.listen_port, args.workers)
             procs.append(floor_native)
@@ -437,6 +475,7 @@ def main():
         targets["webdis"] = (webdis.port, webdis.proc.pid)
         # The store side of the Redis cases: Webdis' and Redis' CPU, and Redis commands, per request.
         store_side = {"redis": (webdis.proc.pid, redis), "floor-redis": (webdis.proc.pid, redis),
+                      "redis-native": (webdis.proc.pid, redis),
                       "webdis": (None, redis)}
         print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
               % (args.threads, args.connections, args.duration, args.reps, args.workers))
@@ -558,22 +597,17 @@ def main():
                                                       for k, v in sorted(counters.items()) if v))
         print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                         for k, v in sorted(redis_counters.items()) if v))
-        if "idem-native" in envoys:
-            native_counters = envoys["idem-native"].stats("idem.bench-key.")
-            print("idem.bench-key counters on the native build: %s" % ", ".join(
-                "%s=%d" % (k.split(".")[-1], v) for k, v in sorted(native_counters.items()) if v))
-            native_requests = sum(r["requests"] for c in cases if c[2] == "idem-native" for r in results[c[0]])
-            counted = native_counters.get("idem.bench-key.forwarded", 0) + native_counters.get(
-                "idem.bench-key.replayed", 0)
-            if counted < native_requests:
-                raise stack.StackError("the native build's route counted %d requests, wrk sent %d: the native cases "
-                                       "missed idem's route" % (counted, native_requests))
+        for which, route in (("idem-native", "bench-key"), ("redis-native", "bench-redis")):
+            if which in envoys:
+                sent = sum(r["requests"] for c in cases if c[2] == which for r in results[c[0]])
+                check_native_counted(envoys[which], route, sent)
         by_case = {r["case"]: r for r in table}
         report_floor(by_case)
         report_native_floor(by_case)
         report_native_build(by_case)
         report_body_sizes(by_case)
         report_redis_floor(by_case)
+        report_native_redis(by_case)
         report_fleet(by_case)
         if burst:
             print("(h) held duplicates on Redis: %d held while the first took 2 s; %d Redis commands in all "

@@ -104,10 +104,8 @@ pub fn wake(slot: usize) {
 /// Main thread: runs the root work of each worker marked due, under its state's lock (a
 /// worker that has a live stream again is left to it, `idle_work`).
 pub fn run_idle() {
-    let due: Vec<Arc<WorkerCell>> = slots()
-        .iter_mut()
-        .filter_map(|s| std::mem::take(&mut s.idle_due).then(|| Arc::clone(&s.worker)))
-        .collect();
+    let due: Vec<Arc<WorkerCell>> =
+        slots().iter_mut().filter_map(|s| std::mem::take(&mut s.idle_due).then(|| Arc::clone(&s.worker))).collect();
     for worker in due {
         worker.run(|w| w.idle_work());
     }

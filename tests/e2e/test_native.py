@@ -117,6 +117,45 @@ def test_one_key_sent_at_once_on_every_worker_runs_once(native, make_envoy, upst
     wait_for(lambda: counters(env, "create-order").get("forwarded") == 5, 5, what="5 forwarded")
 
 
+def test_a_fleet_of_both_builds_shares_its_keys_through_one_redis(native, make_envoy, upstream, redis_stack):
+    """A migration's fleet: a .wasm Envoy and a native Envoy on one Redis (through one Webdis), two
+    workers each. A key run through either is replayed by the other, and one key sent at once
+    through both runs once: the two builds write and read the same records."""
+    policy = stack.redis_table(prefix="idem-mixed-%s:" % new_key("p")[-6:]) + """
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+store = "redis"
+"""
+    webdis = [stack.webdis_cluster(redis_stack.webdis.port)]
+    routes = stack.routes_from_policy(policy)
+    wasm = make_envoy(policy, routes=routes, extra_clusters=webdis, wasm_path=stack.WASM)
+    native_env = make_envoy(policy, routes=routes, extra_clusters=webdis, wasm_path=stack.NATIVE)
+    for first, second in ((wasm, native_env), (native_env, wasm)):
+        key = new_key("mixed")
+        a = post(first, CREATE, key)
+        assert a.status == 200 and a.header("idempotent-replayed") is None, a
+        b = post(second, CREATE, key)
+        assert b.status == 200 and b.header("idempotent-replayed") == "true", b
+        assert b.body == a.body
+        assert upstream.calls(key) == 1
+    key = new_key("mixed-race")
+    barrier = threading.Barrier(16)
+    answers = []
+
+    def send(env):
+        barrier.wait()
+        answers.append(post(env, CREATE, key, headers={"x-demo-delay-ms": "200"}, timeout=20))
+    threads = [threading.Thread(target=send, args=(wasm if i % 2 else native_env,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert upstream.calls(key) == 1, "a key sent 16 times through both builds ran %d times" % upstream.calls(key)
+    statuses = sorted(a.status for a in answers)
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}, statuses
+
+
 def test_the_shipped_example_runs_on_the_native_build(native, workdir, upstream):
     """examples/envoy.yaml with the dynamic module in place of the Wasm filter (what `make demo
     ARTIFACT=native` starts): it loads, and the callback route replays a re-delivery, forwarded
