@@ -28,6 +28,9 @@ struct StreamFilter {
     config: Arc<Config>,
     /// The first hook has run (it offers to carry the worker's ticks).
     started: bool,
+    /// The last request / response body hook answered `StopIterationAndBuffer`: Envoy keeps
+    /// the chunks, and the next hook sees the body so far (see [`on_body`]).
+    buffering: [bool; 2],
 }
 
 /// The stream behind a module pointer.
@@ -40,6 +43,20 @@ unsafe fn stream<'a>(module: *const c_void) -> Option<&'a mut StreamFilter> {
     unsafe { (module as *mut StreamFilter).as_mut() }
 }
 
+/// The stream of a hook (marked started, offering to carry the worker's ticks) and a host for
+/// it; `None` for a stream that is not ours.
+fn enter<'a>(filter: *mut c_void, module: *const c_void) -> Option<(&'a mut StreamFilter, Native)> {
+    // SAFETY: Envoy's module pointer for this stream.
+    let s = unsafe { stream(module) }?;
+    let filter = FilterPtr(filter);
+    if !s.started {
+        s.started = true;
+        worker::with(|w| w.carry_ticks(s.context, filter));
+    }
+    let host = Native::new(Arc::clone(&s.config), Some((s.context, filter)));
+    Some((s, host))
+}
+
 /// A stream hook: the event on the stream's context, its flow as Envoy's status.
 fn on_stream(
     filter: *mut c_void,
@@ -48,17 +65,42 @@ fn on_stream(
     event: impl FnOnce(&mut idem_filter::lifecycle::Stream, &Native) -> Flow,
 ) -> u32 {
     guarded(0, || {
-        // SAFETY: Envoy's module pointer for this stream.
-        let Some(s) = (unsafe { stream(module) }) else {
+        let Some((s, host)) = enter(filter, module) else {
             return 0;
         };
-        let filter = FilterPtr(filter);
-        if !s.started {
-            s.started = true;
-            worker::with(|w| w.carry_ticks(s.context, filter));
-        }
-        let host = Native::new(Arc::clone(&s.config), Some((s.context, filter)));
         status(worker::on_stream(&host, s.context, event))
+    })
+}
+
+/// A body hook, with proxy-wasm's view of the body, which the core is written against: after a
+/// `StopIterationAndBuffer` the body so far (what Envoy buffered and this chunk), else this chunk
+/// alone — chunks held under the watermark (`Flow::Hold`) stay in Envoy's buffer but are not
+/// this hook's. (Counting them again at each chunk made a parked answer's dropped bytes pass
+/// `early::DISCARD_LIMIT` after a few chunks of a 2 MiB upload, and the answer went before the
+/// upload ended.)
+fn on_body(
+    filter: *mut c_void,
+    module: *const c_void,
+    response: bool,
+    event: impl FnOnce(&mut idem_filter::lifecycle::Stream, &Native, usize) -> Flow,
+) -> u32 {
+    guarded(0, || {
+        let Some((s, host)) = enter(filter, module) else {
+            return 0;
+        };
+        let (buffered, received) = if response {
+            (abi::body_type::BUFFERED_RESPONSE, abi::body_type::RECEIVED_RESPONSE)
+        } else {
+            (abi::body_type::BUFFERED_REQUEST, abi::body_type::RECEIVED_REQUEST)
+        };
+        let side = usize::from(response);
+        let whole = s.buffering[side];
+        let f = FilterPtr(filter);
+        let size = f.body_size(received) + if whole { f.body_size(buffered) } else { 0 };
+        host.view_body(whole);
+        let flow = worker::on_stream(&host, s.context, |stream, h| event(stream, h, size));
+        s.buffering[side] = flow == Flow::Pause;
+        flow.data_status()
     })
 }
 
@@ -146,7 +188,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(config: *const c_void,
             return std::ptr::null();
         };
         let context = worker::with(|w| w.new_stream(&config, FilterPtr(filter)));
-        Box::into_raw(Box::new(StreamFilter { context, config, started: false })) as *const c_void
+        Box::into_raw(Box::new(StreamFilter { context, config, started: false, buffering: [false; 2] }))
+            as *const c_void
     })
 }
 
@@ -159,20 +202,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     on_stream(filter, module, Flow::headers_status, |s, h| s.on_request_headers(h, end_of_stream))
 }
 
-/// `body_size`, as proxy-wasm gives it: what Envoy buffered so far plus this chunk.
-fn body_size(filter: *mut c_void, buffered: u32, received: u32) -> usize {
-    let f = FilterPtr(filter);
-    f.body_size(buffered) + f.body_size(received)
-}
-
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     filter: *mut c_void,
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    let size = guarded(0, || body_size(filter, abi::body_type::BUFFERED_REQUEST, abi::body_type::RECEIVED_REQUEST));
-    on_stream(filter, module, Flow::data_status, |s, h| s.on_request_body(h, size, end_of_stream))
+    on_body(filter, module, false, |s, h, size| s.on_request_body(h, size, end_of_stream))
 }
 
 #[no_mangle]
@@ -198,8 +234,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    let size = guarded(0, || body_size(filter, abi::body_type::BUFFERED_RESPONSE, abi::body_type::RECEIVED_RESPONSE));
-    on_stream(filter, module, Flow::data_status, |s, h| s.on_response_body(h, size, end_of_stream))
+    on_body(filter, module, true, |s, h, size| s.on_response_body(h, size, end_of_stream))
 }
 
 #[no_mangle]

@@ -43,11 +43,25 @@ pub struct Native {
     current: Cell<Option<(u32, FilterPtr)>>,
     now_ms: Cell<Option<u64>>,
     answer: RefCell<CallAnswer>,
+    /// The body reads see what Envoy buffered too (the default), or only the chunk of the
+    /// current body hook (`hooks::on_body`).
+    whole_body: Cell<bool>,
 }
 
 impl Native {
     pub fn new(config: Arc<Config>, stream: Option<(u32, FilterPtr)>) -> Native {
-        Native { config, current: Cell::new(stream), now_ms: Cell::new(None), answer: RefCell::default() }
+        Native {
+            config,
+            current: Cell::new(stream),
+            now_ms: Cell::new(None),
+            answer: RefCell::default(),
+            whole_body: Cell::new(true),
+        }
+    }
+
+    /// A body hook's view of the body: the body so far (`whole`), or its chunk alone.
+    pub fn view_body(&self, whole: bool) {
+        self.whole_body.set(whole);
     }
 
     /// Holds a callout's answer for the core to read.
@@ -63,12 +77,14 @@ impl Native {
         self.filter().ok_or_else(|| HostError::Failed(format!("{call}: no stream is current")))
     }
 
-    /// The whole request body so far: what Envoy buffered, then the chunk of the current body
-    /// hook (Envoy adds it to the buffer only after the hook returns).
+    /// The body so far: what Envoy buffered, then the chunk of the current body hook (Envoy
+    /// adds it to the buffer only after the hook returns) — or that chunk alone, in a body hook
+    /// that follows one which did not buffer ([`Native::view_body`]).
     fn body(&self, buffered: u32, received: u32, size: usize) -> Option<Vec<u8>> {
         let filter = self.filter()?;
         let mut out = Vec::new();
-        let any = filter.body(buffered, &mut out) | filter.body(received, &mut out);
+        let whole = self.whole_body.get() && filter.body(buffered, &mut out);
+        let any = whole | filter.body(received, &mut out);
         out.truncate(size);
         any.then_some(out)
     }

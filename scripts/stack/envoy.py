@@ -79,10 +79,13 @@ def envoy_executable():
 
 
 class Envoy:
-    """One Envoy process. `config` is a dict (written as JSON) or a path to a YAML file."""
+    """One Envoy process. `config` is a dict (written as JSON) or a path to a YAML file. Its log
+    level is `warning` unless IDEM_ENVOY_LOG_LEVEL says otherwise (`debug` to trace a failing test:
+    codec, resets, local replies)."""
 
     def __init__(self, config, workdir, *, listen_port=None, admin_port=None, concurrency=2, name="envoy",
-                 log_level="warning", wasm_log_level="info", cwd=None, extra_args=()):
+                 log_level=os.environ.get("IDEM_ENVOY_LOG_LEVEL", "warning"), wasm_log_level="info", cwd=None,
+                 extra_args=()):
         self.envoy = require_envoy()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -184,11 +184,6 @@ def _wasm_only(item):
     marker = item.get_closest_marker("wasm_only")
     if marker is not None:
         return marker.args[0] if marker.args else "marked wasm_only"
-    # A module's NATIVE_GAPS: {test id: why}: a guarantee the native build is known to miss (an
-    # open bug, named in the summary line and the closing note), not a refusal.
-    gap = getattr(item.module, "NATIVE_GAPS", {}).get(item.name)
-    if gap is not None:
-        return "known gap: " + gap
     return None
 
 
@@ -210,10 +205,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter, config):
     for why, n in sorted(getattr(config, "_idem_native_dropped", {}).items()):
-        if why.startswith("known gap: "):
-            terminalreporter.write_line("native build: %d test(s) deselected, a %s" % (n, why))
-        else:
-            terminalreporter.write_line("native build: %d test(s) deselected, the build refuses %s at load" % (n, why))
+        terminalreporter.write_line("native build: %d test(s) deselected, the build refuses %s at load" % (n, why))
 
 
 def _failed(node):

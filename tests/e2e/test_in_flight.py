@@ -195,15 +195,6 @@ def early(gateway, upstream):
 N = 100
 KINDS = ["replay", "409", "in_progress", "422", "400", "413"]
 
-# Known on the native build (an open bug): on Redis the 409 of a key in progress is decided by a
-# Webdis call that reaches the worker through the main thread; meanwhile curl's HTTP/2 upload
-# fills Envoy's buffer past its watermark, no chunk comes within early.rs's UNPROVEN_PARK_MS, the
-# answer goes while curl still uploads, and 18-27 of 100 curl runs end in error 92 (RST_STREAM).
-# httpx and node over HTTP/2, and curl over HTTP/1.1, read every answer natively.
-NATIVE_GAPS = {
-    "test_curl_reads_every_early_answer_while_uploading_2mib[redis---http2-prior-knowledge-in_progress]":
-        "curl over HTTP/2 loses some in-progress 409s on Redis (early answers after a held upload)",
-}
 
 
 @pytest.fixture(scope="module")
