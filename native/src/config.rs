@@ -13,6 +13,7 @@
 use crate::abi::{ConfigPtr, MetricId};
 use crate::calls::Calls;
 use idem_filter::lifecycle::STRAY_REPLIES_COUNTER;
+use std::sync::{PoisonError, RwLock};
 
 /// A metric family: its name, label names, kind.
 struct Family {
@@ -47,6 +48,10 @@ pub struct Config {
     families: Vec<Option<MetricId>>,
     /// The HTTP calls of this config's roots and streams, sent from the main thread.
     pub calls: Calls,
+    /// Envoy still has this config: false from `on_http_filter_config_destroy` on, after which
+    /// `envoy` must not be used. Roots of the config live on in their workers (and tick); the
+    /// lock makes an increment and the destroy never overlap.
+    alive: RwLock<bool>,
 }
 
 impl Config {
@@ -55,7 +60,7 @@ impl Config {
         let families = FAMILIES.iter().map(|f| envoy.define(f.name, f.labels, f.histogram)).collect();
         let calls = Calls::default();
         calls.start(envoy);
-        Config { envoy, name, policy, families, calls }
+        Config { envoy, name, policy, families, calls, alive: RwLock::new(true) }
     }
 
     /// The series a core metric name stands for, or `None` for a name of no family.
@@ -72,10 +77,26 @@ impl Config {
         (labels.len() == tags.len()).then_some(Series { id, histogram: family.histogram, labels })
     }
 
-    /// Adds to a counter series, or records in a histogram series.
+    /// Adds to a counter series, or records in a histogram series (nothing once Envoy destroyed
+    /// the config).
     pub fn add(&self, series: &Series, value: u64) {
-        let labels: Vec<&[u8]> = series.labels.iter().map(Vec::as_slice).collect();
-        self.envoy.add(series.id, &labels, value, series.histogram);
+        let alive = self.alive.read().unwrap_or_else(PoisonError::into_inner);
+        if *alive {
+            let labels: Vec<&[u8]> = series.labels.iter().map(Vec::as_slice).collect();
+            self.envoy.add(series.id, &labels, value, series.histogram);
+        }
+    }
+
+    /// Envoy destroys the config (main thread): its pointer is not used from now on, and no call
+    /// of it is queued.
+    pub fn destroy(&self) {
+        *self.alive.write().unwrap_or_else(PoisonError::into_inner) = false;
+        self.calls.stop();
+    }
+
+    /// Envoy still has the config.
+    pub fn is_alive(&self) -> bool {
+        *self.alive.read().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

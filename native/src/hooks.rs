@@ -145,7 +145,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *co
         if !config.is_null() {
             // SAFETY: the pointer config_new made with `Arc::into_raw`, released once.
             let config = unsafe { Arc::from_raw(config.cast::<Config>()) };
-            config.calls.stop();
+            config.destroy();
         }
     })
 }

@@ -267,6 +267,7 @@ impl WorkerThread {
             .roots
             .borrow()
             .iter()
+            .filter(|r| r.config.is_alive())
             .filter(|r| r.tick_ms.is_some_and(|ms| now.saturating_sub(r.last_tick_ms.get()) + 2 >= ms))
             .map(|r| {
                 r.last_tick_ms.set(now);
