@@ -41,9 +41,10 @@ demo: build-filter $(if $(filter native,$(ARTIFACT)),build-native)
 
 # The same walkthrough against two Envoy processes sharing one Redis (through Webdis);
 # `make demo-redis CLUSTER=1`: sharing a Redis Cluster (3 primaries, 3 replicas) through
-# Envoy's redis_proxy (examples/redis-cluster/).
-demo-redis: build-filter setup-redis
-	$(PY) scripts/demo_redis.py $(if $(CLUSTER),--cluster)
+# Envoy's redis_proxy (examples/redis-cluster/). `ARTIFACT=native`: both Envoys on the native
+# build; `ARTIFACT=mixed`: one of each, as during a migration.
+demo-redis: build-filter setup-redis $(if $(filter native mixed,$(ARTIFACT)),build-native)
+	$(PY) scripts/demo_redis.py $(if $(CLUSTER),--cluster) --artifact $(ARTIFACT)
 
 # What a Redis Cluster failover costs: keys with retries across a `kill -9` of a primary.
 failover: build setup-redis

@@ -7,6 +7,12 @@ Envoys' counters, stops everything, exits 1 if a step misbehaves.
 
     python3 scripts/demo_redis.py              # one Redis (`make demo-redis`)
     python3 scripts/demo_redis.py --cluster    # Redis Cluster (`make demo-redis CLUSTER=1`)
+    python3 scripts/demo_redis.py --artifact native   # both Envoys on the native build
+    python3 scripts/demo_redis.py --artifact mixed    # Envoy 1 .wasm, Envoy 2 native: a migration
+
+`make demo-redis ARTIFACT=native|mixed` passes `--artifact`. The native build reads the same
+records through the same Webdis, so in a mixed fleet every repeat crosses from one build to the
+other.
 
 With --cluster the store is a six-node Redis Cluster (3 primaries, 3 replicas, free ports) reached
 through Envoy's redis_proxy and a Webdis per gateway (examples/redis-cluster/).
@@ -15,6 +21,7 @@ Envoy 2 10001 (admin 9902) -- each replaced by a free port only when busy. Needs
 redis-server and webdis (`make setup`) and the built filter (`make build`).
 """
 
+import argparse
 import signal
 import sys
 from pathlib import Path
@@ -28,11 +35,14 @@ DEFAULT_PORTS = {"redis": 6390, "webdis": 7390, "upstream": 8080,
 
 
 class RedisDemo(Demo):
-    def __init__(self, cluster=False):
+    def __init__(self, cluster=False, artifact="wasm"):
         super().__init__()
         self.cluster = None
         self.webdis_ports = []
         self.use_cluster = cluster
+        # Which build each Envoy loads: both the same, or (mixed) Envoy 1 the .wasm, Envoy 2 native.
+        self.artifacts = {"wasm": ("wasm", "wasm"), "native": ("native", "native"),
+                          "mixed": ("wasm", "native")}[artifact]
 
     def start_store(self, ports):
         """One Redis behind one Webdis, or (--cluster) a six-node Redis Cluster with Envoy's
@@ -70,7 +80,10 @@ class RedisDemo(Demo):
             cfg = self.workdir / ("envoy-redis-%d.yaml" % i)
             text = stack.example_redis_config_text(ports["listen%d" % i], ports["admin%d" % i], self.upstream.port,
                                                    self.webdis_ports[i - 1])
-            cfg.write_text(with_token_routes(text, store="redis"))
+            text = with_token_routes(text, store="redis")
+            if self.artifacts[i - 1] == "native":
+                text = stack.as_native(text)
+            cfg.write_text(text)
             env = stack.Envoy(cfg, self.workdir, listen_port=ports["listen%d" % i], admin_port=ports["admin%d" % i],
                               cwd=str(stack.REPO), name="envoy-redis-%d" % i)
             self.procs.append(env)
@@ -79,9 +92,9 @@ class RedisDemo(Demo):
             env.wait_ready()
         self.envoy = self.envoys[0]
         self.gw = "http://127.0.0.1:%d" % self.envoy.listen_port
-        print("%s Envoy 1 http://127.0.0.1:%d (admin %d), Envoy 2 http://127.0.0.1:%d (admin %d)" % (
-            bold("stack up:"), self.envoys[0].listen_port, self.envoys[0].admin_port,
-            self.envoys[1].listen_port, self.envoys[1].admin_port))
+        print("%s Envoy 1 http://127.0.0.1:%d (admin %d, %s), Envoy 2 http://127.0.0.1:%d (admin %d, %s)" % (
+            bold("stack up:"), self.envoys[0].listen_port, self.envoys[0].admin_port, self.artifacts[0],
+            self.envoys[1].listen_port, self.envoys[1].admin_port, self.artifacts[1]))
         print("          %s; upstream http://127.0.0.1:%d" % (store, self.upstream.port))
         for env in self.envoys:
             print(dim("  envoy log: %s" % env.proc.log_path))
@@ -110,8 +123,13 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
 
-    cluster = "--cluster" in sys.argv[1:]
-    demo = RedisDemo(cluster=cluster)
+    ap = argparse.ArgumentParser(description="idem walkthrough on two Envoys sharing Redis")
+    ap.add_argument("--cluster", action="store_true", help="a Redis Cluster through Envoy's redis_proxy")
+    ap.add_argument("--artifact", choices=["wasm", "native", "mixed"], default="wasm",
+                    help="the build each Envoy loads (mixed: Envoy 1 the .wasm, Envoy 2 the native build)")
+    args = ap.parse_args()
+    cluster = args.cluster
+    demo = RedisDemo(cluster=cluster, artifact=args.artifact)
     try:
         demo.start()
         demo.walkthrough()
@@ -127,8 +145,8 @@ def main():
         return 1
     finally:
         demo.stop()
-    return report(demo.failures, "every step behaved as expected on two Envoys sharing %s; everything started was "
-                  "stopped." % ("a Redis Cluster" if cluster else "one Redis"))
+    return report(demo.failures, "every step behaved as expected on two Envoys (%s) sharing %s; everything started "
+                  "was stopped." % (" and ".join(demo.artifacts), "a Redis Cluster" if cluster else "one Redis"))
 
 
 if __name__ == "__main__":
