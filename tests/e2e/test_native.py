@@ -95,25 +95,30 @@ def test_metrics_are_the_labelled_families_envoy_exports_for_a_module(native, ma
     assert "# TYPE envoy_dynamicmodulescustom_idem_requests_total counter" in prom
 
 
+def sixteen_at_once(upstream, envs, key):
+    """Sends `key` 16 times at once (a barrier), in turn through each of `envs`: it runs once, and
+    every answer is its 200 or a 409 while it runs."""
+    barrier = threading.Barrier(16)
+    answers = []
+
+    def send(env):
+        barrier.wait()
+        answers.append(post(env, CREATE, key, headers={"x-demo-delay-ms": "200"}, timeout=20))
+    threads = [threading.Thread(target=send, args=(envs[i % len(envs)],)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert upstream.calls(key) == 1, "a key sent 16 times at once ran %d times" % upstream.calls(key)
+    statuses = sorted(a.status for a in answers)
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}, statuses
+
+
 def test_one_key_sent_at_once_on_every_worker_runs_once(native, make_envoy, upstream):
     """The embedded store natively is process memory: a claim is atomic across Envoy's workers."""
     env = make_envoy(TEST_POLICY, routes=TEST_ROUTES, concurrency=4, wasm_path=stack.NATIVE)
     for _ in range(5):
-        key = new_key()
-        answers = []
-        barrier = threading.Barrier(16)
-
-        def send():
-            barrier.wait()
-            answers.append(post(env, CREATE, key, headers={"x-demo-delay-ms": "200"}, timeout=20))
-        threads = [threading.Thread(target=send) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert upstream.calls(key) == 1, "a key sent 16 times at once ran %d times" % upstream.calls(key)
-        statuses = sorted(a.status for a in answers)
-        assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}, statuses
+        sixteen_at_once(upstream, [env], new_key())
     wait_for(lambda: counters(env, "create-order").get("forwarded") == 5, 5, what="5 forwarded")
 
 
@@ -139,21 +144,7 @@ store = "redis"
         assert b.status == 200 and b.header("idempotent-replayed") == "true", b
         assert b.body == a.body
         assert upstream.calls(key) == 1
-    key = new_key("mixed-race")
-    barrier = threading.Barrier(16)
-    answers = []
-
-    def send(env):
-        barrier.wait()
-        answers.append(post(env, CREATE, key, headers={"x-demo-delay-ms": "200"}, timeout=20))
-    threads = [threading.Thread(target=send, args=(wasm if i % 2 else native_env,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert upstream.calls(key) == 1, "a key sent 16 times through both builds ran %d times" % upstream.calls(key)
-    statuses = sorted(a.status for a in answers)
-    assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}, statuses
+    sixteen_at_once(upstream, [wasm, native_env], new_key("mixed-race"))
 
 
 def test_the_shipped_example_runs_on_the_native_build(native, workdir, upstream):
