@@ -103,6 +103,23 @@ pub trait Host {
     fn local_reply_trailers(&self) -> bool {
         false
     }
+    /// Whether this host speaks RESP to Redis itself ([`Host::redis_direct`]): the native build
+    /// does; proxy-wasm has only HTTP callouts, and the `.wasm` goes through Webdis.
+    fn speaks_resp(&self) -> bool {
+        false
+    }
+    /// Sends a Redis command to `[redis] direct` in RESP. `command` is the Webdis form the store
+    /// builds (`CMD/arg/…`, percent-encoded); the answer arrives as a callout's would: a `200`
+    /// whose body is Webdis' JSON for the reply ([`crate::store::resp`]), or a failed call (no
+    /// headers) when Redis cannot be reached or does not answer within `timeout_ms`.
+    fn redis_direct(
+        &self,
+        _redis: &crate::policy::RedisConfig,
+        _command: &[u8],
+        _timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        Err(HostError::Failed("this host speaks no RESP: Redis is reached through Webdis".into()))
+    }
 }
 
 /// What the root context sets up when the plugin configures: counters, the wake-up queue and

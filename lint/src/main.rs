@@ -312,6 +312,14 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         let routes: Vec<_> = set.routes().map(|r| r.route).collect();
         let redis = set.files.iter().find_map(|f| f.bundle.redis.as_ref()).map(|r| r.cluster.clone());
         let uses_redis = routes.iter().any(|r| r.store == idem_filter::policy::StoreKind::Redis);
+        if uses_redis && redis.as_deref() == Some("") {
+            return Err(FatalError::whole_file(
+                "[redis]",
+                "names only `direct`, which the native build speaks to; the bootstrap loads the .wasm, which \
+                 reaches Redis through Webdis: add `cluster` (and give --webdis HOST:PORT)",
+            )
+            .into());
+        }
         if uses_redis && e.webdis.is_none() {
             return Err(FatalError::whole_file(
                 "--webdis",

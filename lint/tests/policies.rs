@@ -644,3 +644,21 @@ fn the_envoy_bootstrap_names_the_filter_by_absolute_path_and_says_how_to_build_a
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("without --update first"));
 }
+
+#[test]
+fn envoy_refuses_a_bundle_whose_redis_is_only_direct() {
+    // The bootstrap loads the .wasm, which reaches Redis through Webdis only.
+    let dir = std::env::temp_dir().join(format!("idem-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = "[redis]\ndirect = \"127.0.0.1:6379\"\n\n[[route]]\nname = \"a\"\nmatch = { path = \"/a\" }\nstore = \"redis\"\n";
+    std::fs::write(dir.join("direct.toml"), policy).unwrap();
+    let o = run_in(
+        &dir,
+        &["envoy", "direct.toml", "--upstream", "127.0.0.1:8080", "--webdis", "127.0.0.1:7379", "--wasm", "x.wasm"],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("names only `direct`") && err.contains("add `cluster`"), "{err}");
+    assert!(!dir.join("idem-listeners.json").exists(), "nothing is written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -167,6 +167,12 @@ static MAILBOXES: Mutex<Vec<Vec<Delivery>>> = Mutex::new(Vec::new());
 /// when one does.
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 
+/// An answer for the core's call `token` of `root` on the worker of ticker `slot`, from a
+/// transport other than Envoy's callouts (`resp.rs`).
+pub fn deliver_answer(config: &Arc<Config>, slot: usize, root: u32, token: u32, answer: CallAnswer) {
+    deliver(config, ReturnTo { slot, root, token }, answer);
+}
+
 fn deliver(config: &Arc<Config>, back: ReturnTo, answer: CallAnswer) {
     {
         let mut boxes = lock(&MAILBOXES);

@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::worker::{self, Deferred};
 use idem_filter::host::{self as core, HostError, Level};
 use idem_filter::pairs::{Headers, Pair};
+use idem_filter::policy::RedisConfig;
 use idem_filter::response::LocalReply;
 use idem_filter::shared_data::SharedData;
 use std::cell::{Cell, RefCell};
@@ -236,6 +237,13 @@ impl core::Host for Native {
     /// The echo sends a replayed gRPC answer's trailers itself (`send_response_trailers`).
     fn local_reply_trailers(&self) -> bool {
         true
+    }
+    /// `[redis] direct`: RESP from the module's client thread (`resp.rs`).
+    fn speaks_resp(&self) -> bool {
+        true
+    }
+    fn redis_direct(&self, redis: &RedisConfig, command: &[u8], timeout_ms: u64) -> Result<u32, HostError> {
+        worker::with(|w| w.send_redis(&self.config, redis, command, timeout_ms))
     }
 }
 

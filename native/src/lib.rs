@@ -13,6 +13,7 @@
 //! - [`calls`]: every HTTP call, sent from the main thread so it outlives its request, and its
 //!   answer brought back to the worker;
 //! - [`host`]: the core's `Host` on the ABI, with the embedded store's map in process memory;
+//! - [`resp`]: `[redis] direct`: RESP to Redis from a client thread, replies as Webdis' JSON;
 //! - [`refusal`]: what this build refuses at load, and why.
 
 pub mod abi;
@@ -21,5 +22,6 @@ mod config;
 mod hooks;
 mod host;
 mod refusal;
+mod resp;
 mod ticker;
 mod worker;

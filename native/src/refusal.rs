@@ -23,6 +23,16 @@ const DETACHED: &str = "needs its request sent again after the client's stream e
 /// Every route the native build must refuse, with the reason, one line each.
 pub fn refusals(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
+    // The password of `direct` is read from Envoy's environment, never the policy: a variable
+    // Envoy does not have would fail every connection, so it fails the load instead.
+    if let Some(name) = bundle.redis.as_ref().filter(|r| r.direct.is_some()).and_then(|r| r.password_env.as_ref()) {
+        if std::env::var_os(name).is_none() {
+            out.push(format!(
+                "[redis] password_env = {name:?}: Envoy's environment has no such variable (the password of \
+                 `direct` is read from it when the config loads)"
+            ));
+        }
+    }
     for r in &bundle.routes {
         if r.forward == Forward::Detached {
             out.push(format!("route {:?}: forward = \"detached\" {DETACHED}", r.name));

@@ -21,9 +21,10 @@ use crate::abi::{FilterPtr, SchedulerPtr};
 use crate::calls::{self, Call};
 use crate::config::{Config, Series};
 use crate::host::Native;
-use crate::ticker;
+use crate::{resp, ticker};
 use idem_filter::host::{Host, HostError, Level};
 use idem_filter::lifecycle::{Contexts, Flow, Stream};
+use idem_filter::policy::RedisConfig;
 use idem_filter::response::LocalReply;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -316,12 +317,7 @@ impl WorkerThread {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u32, HostError> {
-        let root = self.roots.borrow().iter().find(|r| Arc::ptr_eq(&r.config, config)).map(|r| r.id);
-        let (Some(root), Some(slot)) = (root, self.ticker_slot.get()) else {
-            return Err(HostError::Failed("a call from a worker with no root for its config".into()));
-        };
-        let token = self.next_token.get().wrapping_add(1).max(1);
-        self.next_token.set(token);
+        let (root, slot, token) = self.next_call(config)?;
         let call = Call {
             slot,
             root,
@@ -336,6 +332,35 @@ impl WorkerThread {
         } else {
             Err(HostError::Failed(format!("call to cluster {cluster}: the filter config is being destroyed")))
         }
+    }
+
+    /// Queues a Redis command for `[redis] direct`'s client thread (`resp.rs`): the token the core
+    /// will know its answer by.
+    pub fn send_redis(
+        &self,
+        config: &Arc<Config>,
+        redis: &RedisConfig,
+        command: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        let args = idem_filter::store::resp::args(command).map_err(HostError::Failed)?;
+        let (root, slot, token) = self.next_call(config)?;
+        let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
+        let job = resp::Job { args, timeout, config: Arc::clone(config), slot, root, token };
+        resp::send(redis, job).map_err(HostError::Failed)?;
+        Ok(token)
+    }
+
+    /// The root of `config` on this worker, the worker's ticker slot (its mailbox) and a new
+    /// token, for a call going out.
+    fn next_call(&self, config: &Arc<Config>) -> Result<(u32, usize, u32), HostError> {
+        let root = self.roots.borrow().iter().find(|r| Arc::ptr_eq(&r.config, config)).map(|r| r.id);
+        let (Some(root), Some(slot)) = (root, self.ticker_slot.get()) else {
+            return Err(HostError::Failed("a call from a worker with no root for its config".into()));
+        };
+        let token = self.next_token.get().wrapping_add(1).max(1);
+        self.next_token.set(token);
+        Ok((root, slot, token))
     }
 
     /// Hands the answers waiting in this worker's mailbox to the core, each delivered where its

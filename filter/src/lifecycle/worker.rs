@@ -109,6 +109,11 @@ impl Worker {
             let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
             format!("idem: invalid policy: {}", all.join("; "))
         })?;
+        if bundle.redis.as_ref().is_some_and(|r| r.cluster.is_empty()) && !host.speaks_resp() {
+            return Err("idem: invalid policy: [redis] names only `direct`, the Redis the native build speaks to \
+                        itself; this build reaches Redis through Webdis: add `cluster` (the Envoy cluster of Webdis)"
+                .into());
+        }
         if bundle.shared.namespace.is_none() {
             bundle.shared.namespace = Some(default_namespace(host.property(&["plugin_name"])));
         }
@@ -343,12 +348,19 @@ impl Worker {
 
     // ---- the store
 
-    /// Sends a Webdis command through the `[redis]` cluster.
+    /// Sends a command to Redis: in RESP to `[redis] direct` where the host speaks it (the
+    /// native build), else through Webdis, the `[redis]` cluster. Its answer reads the same.
     pub(super) fn dispatch(&self, host: &dyn Host, cmd: &redis::Command) -> Result<u32, StoreError> {
         let Some(cfg) = self.engine.bundle.redis.as_ref() else {
             return Err(StoreError::Host("no [redis] table".into()));
         };
-        host.dispatch(&cfg.cluster, &self.redis_headers, cmd.body.as_bytes(), cfg.timeout.millis.max(1))
+        let timeout_ms = cfg.timeout.millis.max(1);
+        if let Some(address) = cfg.direct.as_ref().filter(|_| host.speaks_resp()) {
+            return host
+                .redis_direct(cfg, cmd.body.as_bytes(), timeout_ms)
+                .map_err(|e| StoreError::Host(format!("redis command to {address}: {e:?}")));
+        }
+        host.dispatch(&cfg.cluster, &self.redis_headers, cmd.body.as_bytes(), timeout_ms)
             .map_err(|e| StoreError::Host(format!("dispatch_http_call to cluster {}: {e:?}", cfg.cluster)))
     }
 

@@ -44,6 +44,16 @@ pub(super) fn de_opt_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<
     de_nonempty(d).map(Some)
 }
 
+/// `host:port`, the port 1 to 65535 (a host name, an IPv4 address, or `[IPv6]`).
+pub(super) fn de_opt_address<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = String::deserialize(d)?;
+    let port = s.rsplit_once(':').filter(|(host, _)| !host.is_empty()).and_then(|(_, p)| p.parse::<u16>().ok());
+    match port {
+        Some(p) if p > 0 => Ok(Some(s)),
+        _ => Err(de::Error::custom(format!("{s:?} is not host:port (for example \"127.0.0.1:6379\")"))),
+    }
+}
+
 fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {
     let v = u64::deserialize(d)?;
     if (min..=max).contains(&v) {

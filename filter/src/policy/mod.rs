@@ -72,9 +72,21 @@ pub enum Unmatched {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// The Envoy cluster name of Webdis.
-    #[serde(deserialize_with = "fields::de_nonempty")]
+    /// The Envoy cluster name of Webdis (how the `.wasm` reaches Redis; the native build too,
+    /// unless `direct` is set). Required unless `direct` is.
+    #[serde(default, deserialize_with = "fields::de_nonempty")]
     pub cluster: String,
+    /// `host:port` of Redis, spoken to in RESP by the native build itself (no Webdis). The `.wasm`
+    /// reads `cluster` instead, so one bundle with both serves a fleet mixing the two builds.
+    #[serde(default, deserialize_with = "fields::de_opt_address")]
+    pub direct: Option<String>,
+    /// The Redis ACL user of `direct` (`AUTH user password`); `default` when unset.
+    #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
+    pub user: Option<String>,
+    /// The environment variable of Envoy's process holding the password of `direct`, read when
+    /// the config loads (a password is never written in the policy).
+    #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
+    pub password_env: Option<String>,
     /// `:authority` of the callouts.
     #[serde(default = "default_authority")]
     pub authority: String,

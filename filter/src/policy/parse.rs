@@ -310,6 +310,14 @@ impl RawBundle {
         if let Err((needle, message)) = self.check_admin() {
             errors.push(at(needle, message));
         }
+        if self.redis.as_ref().is_some_and(|r| r.cluster.is_empty() && r.direct.is_none()) {
+            errors.push(at(
+                "[redis]",
+                "[redis] needs `cluster` (the Envoy cluster of Webdis: how the .wasm reaches Redis) or `direct` \
+                 (host:port of Redis, which the native build speaks to itself), or both for a fleet of both builds"
+                    .into(),
+            ));
+        }
         if let Some(secret) = &self.tokens.secret {
             if secret.chars().count() < MIN_TOKEN_SECRET {
                 errors.push(at(

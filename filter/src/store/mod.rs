@@ -17,6 +17,7 @@ pub mod operator;
 pub mod redis;
 pub mod remote;
 pub mod replay;
+pub mod resp;
 pub mod shared;
 mod text;
 

@@ -1,0 +1,110 @@
+//! Redis spoken directly (`[redis] direct`, the native build): the same commands and the same
+//! replies as the Webdis path, so one store module ([`super::redis`]) serves both transports and
+//! a fleet may mix them on one Redis. A command the store built in Webdis' form (`CMD/arg/…`,
+//! each argument percent-encoded) becomes its RESP arguments ([`args`]); the reply, read by the
+//! host's Redis client, is answered to the store as Webdis would have answered it
+//! ([`webdis_json`]): `{"CMD": value}`, a status as `[true, "OK"]`, an error as
+//! `[false, "ERR …"]`.
+
+/// A Redis reply, as the host's client read it (RESP2's five kinds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `+OK`: a status.
+    Status(String),
+    /// `-ERR …`: an error, code and message as Redis sent them.
+    Error(String),
+    Integer(i64),
+    /// A bulk string; `None` is nil.
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Reply>),
+}
+
+/// The RESP arguments of a command in Webdis' form: split at `/`, each part percent-decoded.
+/// An empty command, or a `%` not followed by two hex digits, is an error.
+pub fn args(command: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    if command.is_empty() {
+        return Err("an empty Redis command".into());
+    }
+    command.split(|&b| b == b'/').map(percent_decode).collect()
+}
+
+fn percent_decode(part: &[u8]) -> Result<Vec<u8>, String> {
+    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(part.len());
+    let mut i = 0;
+    while let Some(&b) = part.get(i) {
+        if b == b'%' {
+            let (Some(hi), Some(lo)) = (part.get(i + 1).copied().and_then(hex), part.get(i + 2).copied().and_then(hex))
+            else {
+                return Err(format!("a bad percent escape at byte {i} of a Redis command argument"));
+            };
+            out.push(hi << 4 | lo);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Webdis' JSON answer to command `name` (its first argument) for `reply`: what the store reads
+/// ([`super::redis::reply`]). Bulk strings are read as UTF-8 (idem's records are ASCII; Webdis
+/// too answers text), replacing what is not.
+pub fn webdis_json(name: &str, reply: &Reply) -> Vec<u8> {
+    let value = match reply {
+        // A status or an error at the top is a pair, as Webdis answers them.
+        Reply::Status(s) => serde_json::json!([true, s]),
+        Reply::Error(e) => serde_json::json!([false, e]),
+        other => value(other),
+    };
+    let mut map = serde_json::Map::new();
+    map.insert(name.to_string(), value);
+    serde_json::Value::Object(map).to_string().into_bytes()
+}
+
+fn value(reply: &Reply) -> serde_json::Value {
+    match reply {
+        Reply::Status(s) | Reply::Error(s) => serde_json::Value::String(s.clone()),
+        Reply::Integer(n) => serde_json::Value::from(*n),
+        Reply::Bulk(None) => serde_json::Value::Null,
+        Reply::Bulk(Some(bytes)) => serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()),
+        Reply::Array(items) => serde_json::Value::Array(items.iter().map(value).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::{command, reply};
+
+    #[test]
+    fn a_webdis_command_is_its_resp_arguments() {
+        let record = "I|00ff|x12/ab|1.5 %";
+        let built = command(&["SET", "idem:k:ab", record, "NX", "PX", "30000", "GET"]);
+        let got = args(built.as_bytes()).expect("decodes");
+        let want: Vec<&[u8]> = vec![b"SET", b"idem:k:ab", record.as_bytes(), b"NX", b"PX", b"30000", b"GET"];
+        assert_eq!(got, want);
+        assert!(args(b"").is_err());
+        assert!(args(b"SET/a%2").is_err());
+        assert!(args(b"SET/a%zz").is_err());
+        assert_eq!(args(b"GET/").expect("an empty argument"), vec![b"GET".to_vec(), Vec::new()]);
+    }
+
+    #[test]
+    fn each_reply_reads_as_the_store_reads_webdis() {
+        let ok = webdis_json("SET", &Reply::Status("OK".into()));
+        assert_eq!(reply("SET", 200, &ok).expect("ok"), serde_json::json!([true, "OK"]));
+        let nil = webdis_json("SET", &Reply::Bulk(None));
+        assert_eq!(reply("SET", 200, &nil).expect("nil"), serde_json::Value::Null);
+        let found = webdis_json("SET", &Reply::Bulk(Some(b"I|00ff|x|1|2".to_vec())));
+        assert_eq!(reply("SET", 200, &found).expect("record"), serde_json::json!("I|00ff|x|1|2"));
+        let batch = Reply::Array(vec![Reply::Integer(1), Reply::Bulk(Some(b"ERR no".to_vec())), Reply::Bulk(None)]);
+        let batch = webdis_json("EVAL", &batch);
+        assert_eq!(reply("EVAL", 200, &batch).expect("list"), serde_json::json!([1, "ERR no", null]));
+        let err = webdis_json("EVAL", &Reply::Error("CROSSSLOT Keys in request don't hash to the same slot".into()));
+        assert!(matches!(reply("EVAL", 200, &err), Err(crate::store::StoreError::CrossSlot(_))));
+        let err = webdis_json("EVAL", &Reply::Error("OOM command not allowed".into()));
+        assert!(matches!(reply("EVAL", 200, &err), Err(crate::store::StoreError::Redis(m)) if m.starts_with("OOM")));
+    }
+}

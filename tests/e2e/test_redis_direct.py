@@ -1,0 +1,144 @@
+"""`[redis] direct` (issue 58, first part): the native build speaking RESP to Redis itself, no
+Webdis running, in a real Envoy 1.40 against a real redis-server — whatever IDEM_ARTIFACT says
+(like test_native.py, these Envoys load the .so by its path). Redis' `default` user is the
+stack's, limited to the commands idem uses (stack.REDIS_DEFAULT_USER_ACL), its password given
+to Envoy in an environment variable (`password_env`), never in the policy."""
+
+import os
+import signal
+import uuid
+
+import pytest
+
+import stack
+from conftest import new_key
+from idemtest import assert_local, post, wait_for
+from test_native import CREATE, native, sixteen_at_once  # noqa: F401 (the fixture)
+
+PASSWORD_ENV = "IDEM_E2E_REDIS_PASSWORD"
+
+
+def direct_policy(redis_port, prefix, cluster=False, timeout="500ms"):
+    """A one-route bundle on `[redis] direct` (and `cluster`, the Webdis form, for a mixed fleet)."""
+    lines = ["[redis]", 'direct = "127.0.0.1:%d"' % redis_port, 'password_env = "%s"' % PASSWORD_ENV,
+             'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix]
+    if cluster:
+        lines += ['cluster = "webdis"', 'authority = "webdis"', 'basic_auth = "%s"' % stack.WEBDIS_AUTH]
+    return "\n".join(lines) + """
+
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+store = "redis"
+"""
+
+
+@pytest.fixture
+def redis_password(monkeypatch):
+    """Envoy inherits the test's environment: the password reaches it there."""
+    monkeypatch.setenv(PASSWORD_ENV, stack.REDIS_PASSWORD)
+
+
+@pytest.fixture
+def own_redis(workdir, redis_components):
+    r = stack.Redis(workdir)
+    yield r
+    r.stop()
+
+
+def prefix():
+    return "idem-direct-%s:" % uuid.uuid4().hex[:6]
+
+
+def keys(redis, pfx):
+    return redis.command("KEYS", pfx + "*") or []
+
+
+def test_a_native_envoy_speaks_resp_to_redis_with_no_webdis(native, make_envoy, upstream, own_redis, redis_password):
+    pfx = prefix()
+    policy = direct_policy(own_redis.port, pfx)
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), concurrency=4, wasm_path=stack.NATIVE)
+    key = new_key("direct")
+    first = post(env, CREATE, key, body=b'{"sku":"A1"}')
+    assert first.status == 200 and first.header("idempotent-replayed") is None, first
+    again = post(env, CREATE, key, body=b'{"sku":"A1"}')
+    assert again.status == 200 and again.header("idempotent-replayed") == "true", again
+    assert again.body == first.body
+    assert_local(post(env, CREATE, key, body=b'{"sku":"B2"}'), 422, "IDEMPOTENCY_KEY_REUSED")
+    assert upstream.calls(key) == 1
+    # The record is in Redis, where the Webdis path writes it.
+    assert [k for k in keys(own_redis, pfx) if b":k:" in k], keys(own_redis, pfx)
+    for _ in range(3):
+        sixteen_at_once(upstream, [env], new_key("direct-race"))
+
+
+def test_a_fleet_of_wasm_through_webdis_and_native_direct_shares_its_keys(native, make_envoy, upstream, redis_stack,
+                                                                          redis_password):
+    """A migration: one bundle with both forms; the .wasm reads `cluster` (Webdis), the native
+    build `direct`. The same records, so a key run on either is replayed on the other."""
+    pfx = prefix()
+    policy = direct_policy(redis_stack.redis.port, pfx, cluster=True)
+    routes = stack.routes_from_policy(policy)
+    webdis = [stack.webdis_cluster(redis_stack.webdis.port)]
+    wasm = make_envoy(policy, routes=routes, extra_clusters=webdis, wasm_path=stack.WASM)
+    direct = make_envoy(policy, routes=routes, extra_clusters=webdis, wasm_path=stack.NATIVE)
+    for first, second in ((wasm, direct), (direct, wasm)):
+        key = new_key("mixed-direct")
+        a = post(first, CREATE, key)
+        assert a.status == 200 and a.header("idempotent-replayed") is None, a
+        b = post(second, CREATE, key)
+        assert b.status == 200 and b.header("idempotent-replayed") == "true", b
+        assert upstream.calls(key) == 1
+    sixteen_at_once(upstream, [wasm, direct], new_key("mixed-direct-race"))
+    # The native Envoy sent nothing through Webdis.
+    assert direct.stats("cluster.webdis.upstream_rq_total").get("cluster.webdis.upstream_rq_total", 0) == 0
+
+
+def test_redis_stopped_then_restarted_is_a_store_error_then_works_again(native, make_envoy, upstream, own_redis,
+                                                                       redis_password):
+    """Redis paused: the claim gets no answer within `timeout` and the request the route's
+    `on_store_error` (503, not forwarded). Redis restarted on its port (every key gone): the
+    module connects again and protects the next request."""
+    pfx = prefix()
+    policy = direct_policy(own_redis.port, pfx, timeout="300ms")
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), concurrency=1, wasm_path=stack.NATIVE)
+    assert post(env, CREATE, new_key("before")).status == 200
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        paused = new_key("paused")
+        assert_local(post(env, CREATE, paused), 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+        assert upstream.calls(paused) == 0
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    own_redis.restart()
+    after = new_key("after")
+    answers = []
+    wait_for(lambda: answers.append(post(env, CREATE, after)) or answers[-1].status == 200, 10,
+             what="a request protected again after Redis restarted")
+    again = post(env, CREATE, after)
+    assert again.header("idempotent-replayed") == "true", again
+    assert upstream.calls(after) == 1
+
+
+def test_the_wasm_refuses_a_bundle_that_names_only_direct(make_envoy, workdir, upstream, own_redis):
+    policy = direct_policy(own_redis.port, prefix())
+    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False, wasm_path=stack.WASM)
+    try:
+        stack.wait_until(lambda: "[redis] names only `direct`" in env.log_text(), 30)
+        assert "[redis] names only `direct`" in env.log_text(), env.log_tail(20)
+        assert "add `cluster`" in env.log_text()
+    finally:
+        env.stop()
+
+
+def test_a_password_variable_envoy_does_not_have_is_refused_at_load(native, workdir, upstream, own_redis,
+                                                                    monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    policy = direct_policy(own_redis.port, prefix())
+    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False, wasm_path=stack.NATIVE)
+    try:
+        stack.wait_until(lambda: not env.proc.alive(), 30)
+        assert not env.proc.alive(), "Envoy runs with a password variable it does not have"
+        assert "password_env = \"%s\"" % PASSWORD_ENV in env.log_text(), env.log_tail(20)
+    finally:
+        env.stop()
