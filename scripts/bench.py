@@ -36,6 +36,7 @@ is never the bottleneck. Cases (run round-robin, `--reps` times each, medians re
        reading and fingerprinting a body, against the floor that only buffers and reads it
   (a-c4) (e0-c4) (e-c4): (a), (e0), (e) at 4 connections (a lightly loaded fleet store's latency)
   (e-native) (f-native) (e-native-c4): (e), (f), (e-c4) on the native build (the same Webdis)
+  (e-direct) (e-direct-c4): (e-native), (e-native-c4) with `[redis] direct`: RESP, no Webdis
   (h)  held duplicates on Redis (`on_in_flight = "wait"`): 200 requests with one key while the
        first takes 2 s upstream; prints the Redis commands per held request and the wait
 
@@ -147,6 +148,11 @@ CASES = [
      {}),
     ("f-native", "(f) on the native build", "redis-native", "/api/order/create", "same_key.lua", "same", None, {}),
     ("e-native-c4", "(e-native) at 4 connections", "redis-native", "/api/order/create", "unique_keys.lua", "unique",
+     None, {"connections": 4}),
+    # The native build speaking RESP to the same Redis itself (`[redis] direct`): no Webdis.
+    ("e-direct", "(e-native) with [redis] direct", "redis-direct", "/api/order/create", "unique_keys.lua", "unique",
+     None, {}),
+    ("e-direct-c4", "(e-direct) at 4 connections", "redis-direct", "/api/order/create", "unique_keys.lua", "unique",
      None, {"connections": 4}),
 ]
 
@@ -313,7 +319,8 @@ def report_redis_floor(by_case):
 def report_native_redis(by_case):
     """The Redis path on the native build against the .wasm's (e) and the floor (e0): Envoy CPU per
     request and, at 4 connections, p50."""
-    for native, wasm, floor in (("e-native", "e", "e0"), ("e-native-c4", "e-c4", "e0-c4")):
+    for native, wasm, floor in (("e-native", "e", "e0"), ("e-native-c4", "e-c4", "e0-c4"), ("e-direct", "e", "e0"),
+                                ("e-direct-c4", "e-c4", "e0-c4")):
         if native not in by_case or wasm not in by_case:
             continue
         n, w = by_case[native], by_case[wasm]
@@ -464,6 +471,14 @@ def main():
                 extra_clusters=[stack.webdis_cluster(webdis.port)], wasm_path=stack.NATIVE,
                 name="envoy-idem-redis-native")
             procs.append(envoys["redis-native"])
+        if any(c[2] == "redis-direct" for c in cases):
+            direct_policy = stack.redis_table(timeout="500ms", prefix="idem-bench:", direct_port=redis.port) + "\n" + (
+                SCENARIO / "redis-route.toml").read_text()
+            envoys["redis-direct"] = stack.start_idem_envoy(
+                workdir, fast.listen_port, direct_policy, routes=ROUTES, concurrency=args.workers,
+                extra_clusters=[stack.webdis_cluster(webdis.port)], wasm_path=stack.NATIVE,
+                name="envoy-idem-redis-direct")
+            procs.append(envoys["redis-direct"])
         if any(c[0] == "c0-native" for c in cases):
             floor_native, probe_seen, abi_lines = start_native_floor(workdir, fast.listen_port, args.workers)
             procs.append(floor_native)
@@ -475,7 +490,7 @@ def main():
         targets["webdis"] = (webdis.port, webdis.proc.pid)
         # The store side of the Redis cases: Webdis' and Redis' CPU, and Redis commands, per request.
         store_side = {"redis": (webdis.proc.pid, redis), "floor-redis": (webdis.proc.pid, redis),
-                      "redis-native": (webdis.proc.pid, redis),
+                      "redis-native": (webdis.proc.pid, redis), "redis-direct": (webdis.proc.pid, redis),
                       "webdis": (None, redis)}
         print("wrk -t%d -c%d, %gs x %d per case, Envoy under test: %d worker(s); upstream: direct_response Envoy"
               % (args.threads, args.connections, args.duration, args.reps, args.workers))
@@ -597,7 +612,8 @@ def main():
                                                       for k, v in sorted(counters.items()) if v))
         print("idem.bench-redis counters: %s" % ", ".join("%s=%d" % (k.split(".")[-1], v)
                                                         for k, v in sorted(redis_counters.items()) if v))
-        for which, route in (("idem-native", "bench-key"), ("redis-native", "bench-redis")):
+        for which, route in (("idem-native", "bench-key"), ("redis-native", "bench-redis"),
+                             ("redis-direct", "bench-redis")):
             if which in envoys:
                 sent = sum(r["requests"] for c in cases if c[2] == which for r in results[c[0]])
                 check_native_counted(envoys[which], route, sent)

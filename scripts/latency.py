@@ -9,8 +9,8 @@ have been sent meanwhile count their wait. One Envoy worker per Envoy under test
 a `direct_response` Envoy answering at once; everything shares this machine's cores.
 
 Cases: (a) plain Envoy; (c) fresh keys on the shared store; (d) one key replayed; (e) fresh keys
-on Redis through Webdis; (c16k) (c) with 16 KB bodies; (c-native), (d-native) and (e-native) on
-the native build. The key is a query parameter (`?k=…`): oha varies the URL by a regex
+on Redis through Webdis; (c16k) (c) with 16 KB bodies; (c-native), (d-native), (e-native) and
+(e-direct: `[redis] direct`, RESP with no Webdis) on the native build. The key is a query parameter (`?k=…`): oha varies the URL by a regex
 (`--rand-regex-url`, where `?` is escaped and `.` is not: oha treats dots as literal, and `\.`
 turns the host into random characters), so every case's requests are checked against idem's own `idem_requests_total`
 and a case that missed its route fails the run.
@@ -54,7 +54,7 @@ lock_ttl = "30s"
 ttl = "10m"
 """
 
-REDIS = stack.redis_table(timeout="500ms", prefix="idem-lat:") + """
+REDIS_ROUTE = """
 [[route]]
 name = "lat-key"
 match = { method = "POST", path = "/api/order/create" }
@@ -66,6 +66,7 @@ name = "k"
 lock_ttl = "30s"
 ttl = "10m"
 """
+REDIS = stack.redis_table(timeout="500ms", prefix="idem-lat:") + REDIS_ROUTE
 
 ROUTES = [{"name": "lat-key", "match": {"path": PATH}, "idem": True}]
 
@@ -79,6 +80,7 @@ CASES = [
     ("c-native", "fresh keys, shared store (native)", "native", True, 0),
     ("d-native", "one key replayed (native)", "native", False, 0),
     ("e-native", "fresh keys, Redis via Webdis (native)", "redis-native", True, 0),
+    ("e-direct", "fresh keys, Redis spoken directly (native, [redis] direct)", "redis-direct", True, 0),
 ]
 
 
@@ -172,7 +174,7 @@ def main():
         envs["plain"] = stack.start_idem_envoy(workdir, fast.listen_port, "", routes=ROUTES, with_filter=False,
                                                concurrency=1, name="envoy-plain")
         envs["idem"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED, routes=ROUTES, concurrency=1)
-        if any(c[2] in ("redis", "redis-native") for c in cases):
+        if any(c[2] in ("redis", "redis-native", "redis-direct") for c in cases):
             redis = stack.Redis(workdir)
             webdis = stack.Webdis(workdir, redis.port)
             procs += [redis, webdis]
@@ -184,6 +186,11 @@ def main():
                                                           concurrency=1, wasm_path=stack.NATIVE,
                                                           extra_clusters=[stack.webdis_cluster(webdis.port)],
                                                           name="envoy-idem-redis-native")
+        if any(c[2] == "redis-direct" for c in cases):
+            direct = stack.redis_table(timeout="500ms", prefix="idem-lat:", direct_port=redis.port) + REDIS_ROUTE
+            envs["redis-direct"] = stack.start_idem_envoy(workdir, fast.listen_port, direct, routes=ROUTES,
+                                                          concurrency=1, wasm_path=stack.NATIVE,
+                                                          name="envoy-idem-redis-direct")
         if any(c[2] == "native" for c in cases):
             envs["native"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED, routes=ROUTES, concurrency=1,
                                                     wasm_path=stack.NATIVE, name="envoy-idem-native")

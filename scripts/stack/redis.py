@@ -208,12 +208,21 @@ EVICTS_LOG = "idem: Redis may evict idem's keys when its memory is full"
 TOKEN_SECRET = "idem-test-token-secret-0123456789abcdef"
 
 
+# The variable `[redis] password_env` names in the tables `redis_table(direct_port=…)` writes.
+DIRECT_PASSWORD_ENV = "IDEM_REDIS_PASSWORD"
+
+
 def redis_table(timeout="500ms", on_store_error="reject", prefix="idem:", cluster_name="webdis",
-                basic_auth=WEBDIS_AUTH):
+                basic_auth=WEBDIS_AUTH, direct_port=None):
     """The `[redis]` table of a policy bundle, for the Webdis cluster added by `webdis_cluster`, and the
-    `[tokens]` secret every Envoy of a fleet shares (token routes on Redis need it)."""
+    `[tokens]` secret every Envoy of a fleet shares (token routes on Redis need it). `direct_port`:
+    also `direct` (the native build then speaks RESP to that Redis itself), its password in this
+    process' environment, which the Envoys started from it inherit."""
     lines = ["[redis]", 'cluster = "%s"' % cluster_name, 'authority = "webdis"',
              'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix, 'on_store_error = "%s"' % on_store_error]
+    if direct_port is not None:
+        lines += ['direct = "127.0.0.1:%d"' % direct_port, 'password_env = "%s"' % DIRECT_PASSWORD_ENV]
+        os.environ.setdefault(DIRECT_PASSWORD_ENV, REDIS_PASSWORD)
     if basic_auth:
         lines.insert(3, 'basic_auth = "%s"' % basic_auth)
     lines += ["", "[tokens]", 'secret = "%s"' % TOKEN_SECRET]
