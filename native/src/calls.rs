@@ -1,7 +1,6 @@
-//! Every HTTP call the core sends (reconcile lookups today; Webdis commands and detached requests
-//! once the build can wake an idle worker, `refusal.rs`), kept where a call can outlive the
-//! request that sent it — as Envoy 1.40 keeps a `.wasm`'s calls on the
-//! root context and still answers them after the stream ended.
+//! Every HTTP call the core sends (Webdis commands, reconcile lookups), kept where a call can
+//! outlive the request that sent it — as Envoy 1.40 keeps a `.wasm`'s calls on the root context
+//! and still answers them after the stream ended.
 //!
 //! A dynamic module in 1.40 has no worker-level callout: a stream's callout is cancelled when the
 //! stream ends, and a filter config's callout runs on the main thread. So a call goes:
@@ -11,13 +10,12 @@
 //! 3. main thread (`on_http_filter_config_http_callout_done`): the answer copied into the worker's
 //!    mailbox, and the worker woken through the scheduler of one of its live streams
 //!    (`ticker::wake`);
-//! 4. worker (`on_http_filter_scheduled`, or its next hook when it had no live stream to wake):
-//!    the answer handed to the core's `Contexts`, which routes it by token to the root or the
-//!    stream that owns it, as on Wasm.
+//! 4. worker (`on_http_filter_scheduled`), or the main thread for a worker with no live stream
+//!    (`ticker::run_idle`, under the worker's lock): the answer handed to the core's `Contexts`,
+//!    which routes it by token to the root or the stream that owns it, as on Wasm.
 //!
-//! The two thread hops cost a few microseconds against a Webdis round trip. What 1.40 cannot do:
-//! wake a worker that has no live stream, so an answer for an idle worker waits for its next
-//! request (a write's answer only updates the worker's own state; the write itself has landed).
+//! The two thread hops cost a few microseconds against a Webdis round trip. `[redis] direct`
+//! commands skip steps 1–3: their client thread (`resp.rs`) delivers into the same mailbox.
 
 use crate::abi::{self, ConfigPtr, ConfigScheduler, EnvoyBuffer, EnvoyHeader};
 use crate::config::Config;
@@ -106,12 +104,13 @@ impl Calls {
 
     /// A worker queues a call; false when the config has no scheduler (it is being destroyed).
     pub fn queue(&self, call: Call) -> bool {
-        let scheduler = *lock(&self.scheduler);
-        let Some(scheduler) = scheduler else {
+        // Held while committing: `stop` deletes the scheduler under the same lock.
+        let scheduler = lock(&self.scheduler);
+        let Some(s) = *scheduler else {
             return false;
         };
         lock(&self.queued).push(call);
-        scheduler.commit(SEND);
+        s.commit(SEND);
         true
     }
 

@@ -49,8 +49,9 @@ pub struct Config {
     /// The HTTP calls of this config's roots and streams, sent from the main thread.
     pub calls: Calls,
     /// Envoy still has this config: false from `on_http_filter_config_destroy` on, after which
-    /// `envoy` must not be used. Roots of the config live on in their workers (and tick); the
-    /// lock makes an increment and the destroy never overlap.
+    /// `envoy` must not be used. Roots of the config live on in their workers (no longer ticked,
+    /// but an answer still out may reach them); the lock makes an increment and the destroy never
+    /// overlap.
     alive: RwLock<bool>,
 }
 

@@ -65,10 +65,10 @@ fn on_stream(
     event: impl FnOnce(&mut idem_filter::lifecycle::Stream, &Native) -> Flow,
 ) -> u32 {
     guarded(0, || {
-        let Some((s, host)) = enter(filter, module) else {
+        let Some((context, host)) = enter(filter, module).map(|(s, host)| (s.context, host)) else {
             return 0;
         };
-        status(worker::on_stream(&host, s.context, event))
+        status(worker::on_stream(&host, context, event))
     })
 }
 
@@ -85,7 +85,9 @@ fn on_body(
     event: impl FnOnce(&mut idem_filter::lifecycle::Stream, &Native, usize) -> Flow,
 ) -> u32 {
     guarded(0, || {
-        let Some((s, host)) = enter(filter, module) else {
+        let side = usize::from(response);
+        let Some((context, whole, host)) = enter(filter, module).map(|(s, host)| (s.context, s.buffering[side], host))
+        else {
             return 0;
         };
         let (buffered, received) = if response {
@@ -93,13 +95,16 @@ fn on_body(
         } else {
             (abi::body_type::BUFFERED_REQUEST, abi::body_type::RECEIVED_REQUEST)
         };
-        let side = usize::from(response);
-        let whole = s.buffering[side];
         let f = FilterPtr(filter);
         let size = f.body_size(received) + if whole { f.body_size(buffered) } else { 0 };
         host.view_body(whole);
-        let flow = worker::on_stream(&host, s.context, |stream, h| event(stream, h, size));
-        s.buffering[side] = flow == Flow::Pause;
+        // No reference to the stream's box is held across the event: a reply sent during it
+        // runs this stream's other hooks, which take their own.
+        let flow = worker::on_stream(&host, context, |stream, h| event(stream, h, size));
+        // SAFETY: Envoy's module pointer for this stream, still alive (its destroy hook comes last).
+        if let Some(s) = unsafe { stream(module) } {
+            s.buffering[side] = flow == Flow::Pause;
+        }
         flow.data_status()
     })
 }
@@ -133,6 +138,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         let host = Native::new(Arc::clone(&config), None);
         if let Err(line) = refusal::check(&config) {
             host.log(Level::Critical, &line);
+            // Envoy never destroys a config it was refused: its scheduler goes now.
+            config.destroy();
             return std::ptr::null();
         }
         Arc::into_raw(config).cast()

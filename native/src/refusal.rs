@@ -26,10 +26,10 @@ pub fn refusals(bundle: &Bundle) -> Vec<String> {
     // The password of `direct` is read from Envoy's environment, never the policy: a variable
     // Envoy does not have would fail every connection, so it fails the load instead.
     if let Some(name) = bundle.redis.as_ref().filter(|r| r.direct.is_some()).and_then(|r| r.password_env.as_ref()) {
-        if std::env::var_os(name).is_none() {
+        if std::env::var(name).is_err() {
             out.push(format!(
-                "[redis] password_env = {name:?}: Envoy's environment has no such variable (the password of \
-                 `direct` is read from it when the config loads)"
+                "[redis] password_env = {name:?}: Envoy's environment has no such variable, or it is not UTF-8 \
+                 (the password of `direct` is read from it at each connection)"
             ));
         }
     }

@@ -8,19 +8,24 @@
 //! and group commit, fencing and retries are the core's, unchanged.
 //!
 //! Failures read as a failed callout (no headers: the store's "no answer"): Redis unreachable, a
-//! write or read past the commands' timeout, a reset. The connection is then dropped — a reply
-//! it still owed cannot be told from the next one's — and made again for the next pipeline.
+//! wrong password, a pipeline not answered within its commands' timeout (one deadline for the
+//! whole pipeline), a reset. The connection is then dropped — a reply it still owed cannot be
+//! told from the next one's — and made again for the next pipeline; the first failure of a
+//! streak is logged with its cause. A command queued behind a pipeline Redis does not answer
+//! waits for that pipeline's deadline first: at most twice its own timeout.
 //! Whether a command whose reply was lost ran is unknown, as with a Webdis timeout; the core
 //! treats it so (an unanswered claim is released, owner-checked).
 
+use crate::abi;
 use crate::calls;
 use crate::config::Config;
 use crate::host::CallAnswer;
-use idem_filter::policy::RedisConfig;
+use idem_filter::host::Level;
+use idem_filter::policy::{split_address, RedisConfig};
 use idem_filter::store::resp::{self, Reply};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The most commands one pipeline carries.
 const MAX_PIPELINE: usize = 256;
@@ -74,6 +79,7 @@ pub fn send(redis: &RedisConfig, job: Job) -> Result<(), String> {
 /// The client thread: a pipeline of what waits, its replies to their workers, for ever.
 fn run(target: Target, jobs: Receiver<Job>) {
     let mut connection: Option<redis::Connection> = None;
+    let mut failing = false;
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_PIPELINE {
@@ -82,64 +88,96 @@ fn run(target: Target, jobs: Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        match exchange(&target, &mut connection, &batch) {
-            Ok(values) if values.len() == batch.len() => {
-                for (job, value) in batch.into_iter().zip(values) {
-                    let name = String::from_utf8_lossy(job.args.first().map_or(&[][..], Vec::as_slice)).to_uppercase();
-                    let answer = CallAnswer {
-                        headers: vec![(b":status".to_vec(), b"200".to_vec())],
-                        body: resp::webdis_json(&name, &reply_of(value)),
-                    };
-                    calls::deliver_answer(&job.config, job.slot, job.root, job.token, answer);
-                }
+        let (values, failure) = exchange(&target, &mut connection, &batch);
+        if let Some(e) = &failure {
+            connection = None;
+            // Once per failing streak: a wrong password or address reads as "no answer" to the
+            // core, and the log says which.
+            if !failing {
+                abi::log(
+                    Level::Warn as u32,
+                    &format!(
+                        "idem: Redis {} ([redis] direct): {e}; its commands fail until it answers",
+                        target.address
+                    ),
+                );
             }
-            _ => {
-                connection = None;
-                for job in batch {
-                    calls::deliver_answer(&job.config, job.slot, job.root, job.token, CallAnswer::default());
-                }
-            }
+        } else if failing {
+            abi::log(Level::Info as u32, &format!("idem: Redis {} ([redis] direct) answers again", target.address));
+        }
+        failing = failure.is_some();
+        let mut values = values.into_iter();
+        for job in batch {
+            let answer = match values.next() {
+                Some(value) => CallAnswer {
+                    headers: vec![(b":status".to_vec(), b"200".to_vec())],
+                    body: resp::webdis_json(&command_name(&job.args), &reply_of(value)),
+                },
+                None => CallAnswer::default(),
+            };
+            calls::deliver_answer(&job.config, job.slot, job.root, job.token, answer);
         }
     }
 }
 
 /// Sends `batch` as one pipeline on the connection (made first if there is none) and reads its
-/// replies, within the longest of the commands' timeouts.
+/// replies until the longest of the commands' timeouts has passed: the replies read, in order,
+/// and what stopped the reading early (the commands after it get no answer).
 fn exchange(
     target: &Target,
     connection: &mut Option<redis::Connection>,
     batch: &[Job],
-) -> redis::RedisResult<Vec<redis::Value>> {
+) -> (Vec<redis::Value>, Option<redis::RedisError>) {
     let timeout = batch.iter().map(|j| j.timeout).max().unwrap_or(Duration::from_millis(500));
-    if connection.is_none() {
-        *connection = Some(connect(target, timeout)?);
-    }
-    let Some(con) = connection.as_mut() else {
-        return Err(redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no connection")));
-    };
-    con.set_read_timeout(Some(timeout))?;
-    con.set_write_timeout(Some(timeout))?;
-    let mut pipeline = redis::pipe();
-    for job in batch {
-        let mut cmd = redis::Cmd::new();
-        for arg in &job.args {
-            cmd.arg(arg.as_slice());
+    let deadline = Instant::now() + timeout;
+    let mut values = Vec::with_capacity(batch.len());
+    let failure = (|| {
+        if connection.is_none() {
+            *connection = Some(connect(target, timeout)?);
         }
-        pipeline.add_command(cmd);
-    }
-    redis::ConnectionLike::req_packed_commands(con, &pipeline.get_packed_pipeline(), 0, batch.len())
+        let Some(con) = connection.as_mut() else {
+            return Err(redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no connection")));
+        };
+        let mut pipeline = redis::pipe();
+        for job in batch {
+            let mut cmd = redis::Cmd::new();
+            for arg in &job.args {
+                cmd.arg(arg.as_slice());
+            }
+            pipeline.add_command(cmd);
+        }
+        con.set_write_timeout(Some(timeout))?;
+        con.send_packed_command(&pipeline.get_packed_pipeline())?;
+        // One deadline for the whole pipeline: each read may wait only for what is left of it.
+        while values.len() < batch.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(redis::RedisError::from((redis::ErrorKind::IoError, "no reply within the timeout")));
+            }
+            con.set_read_timeout(Some(left))?;
+            values.push(con.recv_response()?);
+        }
+        Ok(())
+    })()
+    .err();
+    (values, failure)
 }
 
 fn connect(target: &Target, timeout: Duration) -> redis::RedisResult<redis::Connection> {
-    let (host, port) = target.address.rsplit_once(':').unwrap_or((target.address.as_str(), "6379"));
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-    let port = port.parse().unwrap_or(6379);
+    let Some((host, port)) = split_address(&target.address) else {
+        return Err(redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "not host:port")));
+    };
     let password = target.password_env.as_ref().and_then(|name| std::env::var(name).ok());
     let info = redis::ConnectionInfo {
-        addr: redis::ConnectionAddr::Tcp(host, port),
+        addr: redis::ConnectionAddr::Tcp(host.trim_start_matches('[').trim_end_matches(']').to_string(), port),
         redis: redis::RedisConnectionInfo { username: target.user.clone(), password, ..Default::default() },
     };
     redis::Client::open(info)?.get_connection_with_timeout(timeout)
+}
+
+/// The command's name (its first argument), the key of Webdis' reply.
+fn command_name(args: &[Vec<u8>]) -> String {
+    String::from_utf8_lossy(args.first().map_or(&[][..], Vec::as_slice)).into_owned()
 }
 
 /// A reply of the `redis` crate as the core's [`Reply`].

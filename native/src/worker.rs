@@ -13,8 +13,8 @@
 //! - **ticks**: one process thread ([`crate::ticker`]) commits a tick to a scheduler made on one
 //!   live stream of each worker (Envoy 1.40 has no per-worker timer for modules; a stream's
 //!   scheduler runs its event on that stream's worker). When that stream ends, another live
-//!   stream of the worker takes over; a worker with no live stream has nothing to tick for on
-//!   the embedded store;
+//!   stream of the worker takes over; a worker with no live stream has its ticks and mail run
+//!   by Envoy's main thread, under the worker's lock ([`WorkerThread::idle_work`]);
 //! - **wake-ups**: `enqueue` runs the root's queue handler once the current hook's event is done.
 
 use crate::abi::{FilterPtr, SchedulerPtr};
@@ -77,7 +77,8 @@ pub struct WorkerCell(Mutex<WorkerThread>);
 // thread at a time, and every `Rc` of it lives inside it (none is kept in a thread-local or
 // outlives the lock). Another thread (Envoy's main thread) takes the lock only to run
 // `idle_work`, which acts only when the worker has no live stream — so no stream's filter
-// pointer is ever used off its own worker.
+// pointer is ever used off its own worker (a stream's scheduler may be committed to from any
+// thread, which the ABI allows).
 unsafe impl Send for WorkerThread {}
 
 thread_local! {
@@ -100,16 +101,15 @@ pub fn with<T>(f: impl FnOnce(&WorkerThread) -> T) -> T {
 impl WorkerCell {
     /// Runs `f` with the lock held (a worker's hook, or the main thread's idle work).
     pub fn run<T>(&self, f: impl FnOnce(&WorkerThread) -> T) -> T {
-        /// Clears [`CURRENT`] before the lock is released, also when `f` unwinds.
-        struct Clear;
-        impl Drop for Clear {
+        /// Puts [`CURRENT`] back before the lock is released, also when `f` unwinds.
+        struct Restore(*const WorkerThread);
+        impl Drop for Restore {
             fn drop(&mut self) {
-                CURRENT.with(|c| c.set(std::ptr::null()));
+                CURRENT.with(|c| c.set(self.0));
             }
         }
         let guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        CURRENT.with(|c| c.set(&*guard as *const WorkerThread));
-        let _clear = Clear;
+        let _restore = Restore(CURRENT.with(|c| c.replace(&*guard as *const WorkerThread)));
         f(&guard)
     }
 }
@@ -254,8 +254,12 @@ impl WorkerThread {
                 ticker::detach(slot, scheduler);
             }
             let next = self.streams.borrow().iter().next().map(|(c, (f, _))| (*c, *f));
-            if let Some((c, f)) = next {
-                self.carry_ticks(c, f);
+            match (next, self.ticker_slot.get()) {
+                (Some((c, f)), _) => self.carry_ticks(c, f),
+                // The last stream: a wake-up committed to its scheduler just now is lost with it,
+                // so mail already waiting goes to the main thread (`ticker.rs`).
+                (None, Some(slot)) if calls::waiting(slot) => ticker::wake(slot),
+                (None, _) => {}
             }
         }
     }
@@ -290,7 +294,7 @@ impl WorkerThread {
             // A stream came meanwhile: its scheduler (any thread may commit to it) carries the
             // mail; a stream not yet started carries it from its first hook (`carry_ticks`).
             if let Some((_, scheduler)) = *self.ticker.borrow() {
-                scheduler.commit(ticker::WAKE);
+                scheduler.commit(ticker::TICK);
             }
             return;
         }

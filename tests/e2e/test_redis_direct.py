@@ -7,6 +7,7 @@ to Envoy in an environment variable (`password_env`), never in the policy."""
 import os
 import signal
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -101,10 +102,15 @@ def test_redis_stopped_then_restarted_is_a_store_error_then_works_again(native, 
     module connects again and protects the next request."""
     pfx = prefix()
     policy = direct_policy(own_redis.port, pfx, timeout="300ms")
-    env = make_envoy(policy, routes=stack.routes_from_policy(policy), concurrency=1, wasm_path=stack.NATIVE)
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), concurrency=4, wasm_path=stack.NATIVE)
     assert post(env, CREATE, new_key("before")).status == 200
     os.kill(own_redis.proc.pid, signal.SIGSTOP)
     try:
+        # Twenty at once on four workers, on the connection made before the pause: every one is
+        # answered (pipelined claims, a claim batch, reconnections that time out), none forwarded.
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            answers = list(pool.map(lambda i: post(env, CREATE, new_key("paused-%d" % i), timeout=20), range(20)))
+        assert {a.status for a in answers} == {503}, [a.status for a in answers]
         paused = new_key("paused")
         assert_local(post(env, CREATE, paused), 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
         assert upstream.calls(paused) == 0

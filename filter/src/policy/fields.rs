@@ -44,14 +44,23 @@ pub(super) fn de_opt_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<
     de_nonempty(d).map(Some)
 }
 
-/// `host:port`, the port 1 to 65535 (a host name, an IPv4 address, or `[IPv6]`).
+/// `host:port` (`[redis] direct`), checked by [`split_address`].
 pub(super) fn de_opt_address<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let s = String::deserialize(d)?;
-    let port = s.rsplit_once(':').filter(|(host, _)| !host.is_empty()).and_then(|(_, p)| p.parse::<u16>().ok());
-    match port {
-        Some(p) if p > 0 => Ok(Some(s)),
-        _ => Err(de::Error::custom(format!("{s:?} is not host:port (for example \"127.0.0.1:6379\")"))),
+    match split_address(&s) {
+        Some(_) => Ok(Some(s)),
+        None => Err(de::Error::custom(format!("{s:?} is not host:port (for example \"127.0.0.1:6379\")"))),
     }
+}
+
+/// A `host:port` address split: the host a name, an IPv4 address or an `[IPv6]` one (no scheme,
+/// path or space), the port 1 to 65535.
+pub fn split_address(address: &str) -> Option<(&str, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    let plain = !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    (bracketed || plain).then_some((host, port))
 }
 
 fn ranged<'de, D: Deserializer<'de>>(d: D, min: u64, max: u64, what: &str) -> Result<u32, D::Error> {

@@ -14,7 +14,7 @@ mod reconcile;
 mod route_id;
 mod source;
 
-pub use fields::parse_duration;
+pub use fields::{parse_duration, split_address};
 pub use matcher::{normalize_path, percent_decode, percent_encode_into, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
@@ -83,8 +83,9 @@ pub struct RedisConfig {
     /// The Redis ACL user of `direct` (`AUTH user password`); `default` when unset.
     #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
     pub user: Option<String>,
-    /// The environment variable of Envoy's process holding the password of `direct`, read when
-    /// the config loads (a password is never written in the policy).
+    /// The environment variable of Envoy's process holding the password of `direct`, read at
+    /// each connection and checked present when the config loads (a password is never written
+    /// in the policy).
     #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
     pub password_env: Option<String>,
     /// `:authority` of the callouts.

@@ -310,6 +310,12 @@ impl RawBundle {
         if let Err((needle, message)) = self.check_admin() {
             errors.push(at(needle, message));
         }
+        if self.redis.as_ref().is_some_and(|r| r.user.is_some() && r.password_env.is_none()) {
+            errors.push(at(
+                "user",
+                "[redis] `user` needs `password_env` (Redis authenticates a user with its password)".into(),
+            ));
+        }
         if self.redis.as_ref().is_some_and(|r| r.cluster.is_empty() && r.direct.is_none()) {
             errors.push(at(
                 "[redis]",
