@@ -6,6 +6,7 @@ to Envoy in an environment variable (`password_env`), never in the policy."""
 
 import os
 import signal
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -148,3 +149,38 @@ def test_a_password_variable_envoy_does_not_have_is_refused_at_load(native, work
         assert "password_env = \"%s\"" % PASSWORD_ENV in env.log_text(), env.log_tail(20)
     finally:
         env.stop()
+
+
+def test_connections_killed_mid_traffic_run_no_request_twice(native, make_envoy, upstream, own_redis,
+                                                             redis_password):
+    """Redis drops the module's connection (`CLIENT KILL`) five times while 120 requests with
+    their own keys run: replies lost mid-pipeline read as a store error (the claim released,
+    owner-checked, or the completion retried), never as a claim or an answer. Each key runs at
+    most once meanwhile, and a client retrying each one until it is answered gets it run once."""
+    pfx = prefix()
+    policy = direct_policy(own_redis.port, pfx)
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), concurrency=2, wasm_path=stack.NATIVE)
+    keys_sent = [new_key("killed-%d" % i) for i in range(120)]
+    stop = threading.Event()
+
+    def killer():
+        for _ in range(5):
+            if stop.wait(0.04):
+                return
+            own_redis.command("CLIENT", "KILL", "TYPE", "normal")
+    kills = threading.Thread(target=killer)
+    kills.start()
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        first = list(pool.map(lambda k: post(env, CREATE, k, headers={"x-demo-delay-ms": "30"}, timeout=20),
+                              keys_sent))
+    stop.set()
+    kills.join(10)
+    # The module saw its connection go (logged once per failing streak).
+    wait_for(lambda: "([redis] direct)" in env.log_text(), 5, what="the lost connection logged")
+    assert {a.status for a in first} <= {200, 409, 503}, sorted(a.status for a in first)
+    assert all(upstream.calls(k) <= 1 for k in keys_sent), [upstream.calls(k) for k in keys_sent]
+    for key in keys_sent:
+        seen = []
+        wait_for(lambda: seen.append(post(env, CREATE, key, timeout=10)) or seen[-1].status == 200, 15,
+                 what="key %s answered 200 (seen %s)" % (key, [a.status for a in seen]))
+        assert upstream.calls(key) == 1, (key, [a.status for a in seen])
