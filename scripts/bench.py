@@ -465,20 +465,16 @@ def main():
                                                            concurrency=args.workers, wasm_path=stack.NATIVE,
                                                            name="envoy-idem-native")
             procs.append(envoys["idem-native"])
-        if any(c[2] == "redis-native" for c in cases):
-            envoys["redis-native"] = stack.start_idem_envoy(
-                workdir, fast.listen_port, REDIS_POLICY, routes=ROUTES, concurrency=args.workers,
-                extra_clusters=[stack.webdis_cluster(webdis.port)], wasm_path=stack.NATIVE,
-                name="envoy-idem-redis-native")
-            procs.append(envoys["redis-native"])
-        if any(c[2] == "redis-direct" for c in cases):
-            direct_policy = stack.redis_table(timeout="500ms", prefix="idem-bench:", direct_port=redis.port) + "\n" + (
-                SCENARIO / "redis-route.toml").read_text()
-            envoys["redis-direct"] = stack.start_idem_envoy(
-                workdir, fast.listen_port, direct_policy, routes=ROUTES, concurrency=args.workers,
-                extra_clusters=[stack.webdis_cluster(webdis.port)], wasm_path=stack.NATIVE,
-                name="envoy-idem-redis-direct")
-            procs.append(envoys["redis-direct"])
+        # The Redis route on the native build: through the same Webdis, or speaking RESP itself.
+        direct_policy = stack.redis_table(timeout="500ms", prefix="idem-bench:", direct_port=redis.port) + "\n" + (
+            SCENARIO / "redis-route.toml").read_text()
+        for which, policy in (("redis-native", REDIS_POLICY), ("redis-direct", direct_policy)):
+            if any(c[2] == which for c in cases):
+                envoys[which] = stack.start_idem_envoy(
+                    workdir, fast.listen_port, policy, routes=ROUTES, concurrency=args.workers,
+                    extra_clusters=[stack.webdis_cluster(webdis.port)], wasm_path=stack.NATIVE,
+                    name="envoy-idem-%s" % which)
+                procs.append(envoys[which])
         if any(c[0] == "c0-native" for c in cases):
             floor_native, probe_seen, abi_lines = start_native_floor(workdir, fast.listen_port, args.workers)
             procs.append(floor_native)

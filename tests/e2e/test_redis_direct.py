@@ -15,7 +15,7 @@ import pytest
 import stack
 from conftest import new_key
 from idemtest import assert_local, post, wait_for
-from test_native import CREATE, native, sixteen_at_once  # noqa: F401 (the fixture)
+from test_native import CREATE, native, replayed_across, sixteen_at_once  # noqa: F401 (the fixture)
 
 PASSWORD_ENV = "IDEM_E2E_REDIS_PASSWORD"
 
@@ -84,13 +84,7 @@ def test_a_fleet_of_wasm_through_webdis_and_native_direct_shares_its_keys(native
     webdis = [stack.webdis_cluster(redis_stack.webdis.port)]
     wasm = make_envoy(policy, routes=routes, extra_clusters=webdis, wasm_path=stack.WASM)
     direct = make_envoy(policy, routes=routes, extra_clusters=webdis, wasm_path=stack.NATIVE)
-    for first, second in ((wasm, direct), (direct, wasm)):
-        key = new_key("mixed-direct")
-        a = post(first, CREATE, key)
-        assert a.status == 200 and a.header("idempotent-replayed") is None, a
-        b = post(second, CREATE, key)
-        assert b.status == 200 and b.header("idempotent-replayed") == "true", b
-        assert upstream.calls(key) == 1
+    replayed_across(upstream, wasm, direct)
     sixteen_at_once(upstream, [wasm, direct], new_key("mixed-direct-race"))
     # The native Envoy sent nothing through Webdis.
     assert direct.stats("cluster.webdis.upstream_rq_total").get("cluster.webdis.upstream_rq_total", 0) == 0
