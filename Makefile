@@ -47,8 +47,10 @@ demo-redis: build-filter setup-redis $(if $(filter native mixed,$(ARTIFACT)),bui
 	$(PY) scripts/demo_redis.py $(if $(CLUSTER),--cluster) --artifact $(ARTIFACT)
 
 # What a Redis Cluster failover costs: keys with retries across a `kill -9` of a primary.
-failover: build setup-redis
-	$(PY) scripts/failover.py
+# `make failover ARTIFACT=native`: the gateways on the native build, speaking to the cluster
+# themselves (`[redis] direct`), no redis_proxy or Webdis.
+failover: build setup-redis $(if $(filter native,$(ARTIFACT)),build-native)
+	$(PY) scripts/failover.py --artifact $(ARTIFACT)
 
 # The same stack, kept up for manual curl until Ctrl-C. `make run POLICIES=my-policies/` (files or
 # directories) runs yours instead, with the bootstrap `idem-lint envoy` writes for them.
@@ -87,10 +89,10 @@ E2E_SLOW_FIRST := tests/e2e/test_packaging.py tests/e2e/test_in_flight.py tests/
 # The files that test guarantees run again on the native build (IDEM_ARTIFACT=native), slowest
 # first (measured with --durations: in_flight 120 s, redis 81 s, grpc 48 s, memory 44 s, …); what
 # it refuses at load (detached, a scope nested in metadata) is deselected there and its refusal
-# tested in test_native.py. test_redis_cluster.py runs on the .wasm only for now: natively its
-# per-slot write-batch test once saw no batch over several slots form within its traffic.
+# tested in test_native.py. test_redis_cluster.py's native gateways speak to the cluster
+# themselves (`[redis] direct`, no redis_proxy or Webdis).
 E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test_grpc.py tests/e2e/test_memory.py \
-	tests/e2e/test_retries.py tests/e2e/test_bundle.py tests/e2e/test_hardening.py \
+	tests/e2e/test_redis_cluster.py tests/e2e/test_retries.py tests/e2e/test_bundle.py tests/e2e/test_hardening.py \
 	tests/e2e/test_admin.py tests/e2e/test_answered_never_forwarded.py tests/e2e/test_tokens.py \
 	tests/e2e/test_reconcile.py tests/e2e/test_sidecar.py tests/e2e/test_config.py tests/e2e/test_native.py \
 	tests/e2e/test_outcomes.py tests/e2e/test_repeatable.py tests/e2e/test_hygiene.py

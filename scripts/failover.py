@@ -4,8 +4,8 @@ again after a 503 or 409) across a `kill -9` of a primary, counted afterwards.
 
     .venv/bin/python scripts/failover.py [--clients 8] [--before 2] [--after 4]
 
-Starts a six-node cluster (3 primaries, 3 replicas), one Envoy redis_proxy + Webdis per gateway,
-two gateway Envoys with idem on the Redis store and the demo upstream, all on loopback; runs the
+Starts a six-node cluster (3 primaries, 3 replicas), one Envoy redis_proxy + Webdis per gateway
+(`--artifact native`: none, the native build speaks to the cluster itself), two gateway Envoys with idem on the Redis store and the demo upstream, all on loopback; runs the
 load; kills one primary; waits for its replica to be promoted; keeps the load going, then prints
 the figures: keys, executions, double executions, 503s and 409s, the failover window, how long
 after the kill the gateways served again. tests/e2e/test_redis_cluster.py runs the same function.
@@ -126,21 +126,39 @@ def measure_failover(cluster, gateways, upstream, clients=8, before_s=2.0, after
     }
 
 
-def start_cluster_fleet(workdir, upstream_port, policy_toml, routes, n=2, concurrency=2):
-    """The cluster, one redis_proxy + Webdis per gateway, and n gateway Envoys. Returns
-    (cluster, stores, gateways); the caller stops them (stop_all)."""
+def start_cluster_fleet(workdir, upstream_port, policy_toml, routes, n=2, concurrency=2, artifacts=None):
+    """The cluster and n gateway Envoys. Returns (cluster, stores, gateways); the caller stops
+    them (stop_all). `artifacts`: each gateway's build, `wasm` or `native` (default: the stack's,
+    IDEM_ARTIFACT). A `.wasm` gateway reaches the cluster through its own redis_proxy + Webdis (a
+    store); a native one speaks to the cluster's nodes itself (`[redis] direct`, no Webdis)."""
     cluster = stack.RedisCluster(workdir)
-    stores, gateways = [], []
     try:
-        for i in range(n):
-            stores.append(stack.ClusterStore(workdir, cluster, name="redis-proxy%d" % (i + 1)))
-            gateways.append(stack.start_idem_envoy(
-                workdir, upstream_port, policy_toml, routes=routes, concurrency=concurrency,
-                extra_clusters=[stack.webdis_cluster(stores[-1].webdis.port)], name="envoy-cluster%d" % (i + 1)))
+        stores, gateways = start_gateways(workdir, cluster, upstream_port, policy_toml, routes,
+                                          artifacts or [stack.ARTIFACT] * n, concurrency)
     except Exception:
-        stop_all(cluster, stores, gateways)
+        cluster.stop()
         raise
     return cluster, stores, gateways
+
+
+def start_gateways(workdir, cluster, upstream_port, policy_toml, routes, artifacts, concurrency=2):
+    """A gateway Envoy per build in `artifacts` on `cluster`: (stores, gateways)."""
+    # The bundle names both ways; each build reads its own (a fleet of both shares the records).
+    bundle = policy_toml.replace("[redis]\n", "[redis]\n" + "\n".join(stack.direct_cluster_lines(cluster)) + "\n", 1)
+    stores, gateways = [], []
+    try:
+        for i, artifact in enumerate(artifacts):
+            extra = []
+            if artifact == "wasm":
+                stores.append(stack.ClusterStore(workdir, cluster, name="redis-proxy%d" % (i + 1)))
+                extra = [stack.webdis_cluster(stores[-1].webdis.port)]
+            gateways.append(stack.start_idem_envoy(
+                workdir, upstream_port, bundle, routes=routes, concurrency=concurrency, extra_clusters=extra,
+                name="envoy-cluster%d" % (i + 1), wasm_path=stack.NATIVE if artifact == "native" else stack.WASM))
+    except Exception:
+        stop_all(None, stores, gateways)
+        raise
+    return stores, gateways
 
 
 def stop_all(cluster, stores, gateways):
@@ -148,7 +166,8 @@ def stop_all(cluster, stores, gateways):
         g.stop()
     for s in stores:
         s.stop()
-    cluster.stop()
+    if cluster is not None:
+        cluster.stop()
 
 
 def main():
@@ -156,14 +175,17 @@ def main():
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     ap.add_argument("--before", type=float, default=2.0, help="seconds of load before the kill (default 2)")
     ap.add_argument("--after", type=float, default=4.0, help="seconds of load after the promotion (default 4)")
+    ap.add_argument("--artifact", choices=("wasm", "native"), default=stack.ARTIFACT,
+                    help="the gateways' build: `wasm` (through redis_proxy + Webdis, the default) or `native` "
+                         "(speaking to the cluster itself, [redis] direct)")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = ap.parse_args()
     stack.require_envoy()
-    stack.require_wasm()
     workdir = stack.make_workdir("idem-failover-")
     upstream = stack.Upstream(workdir)
     prefix = "idem-fo-%s:" % uuid.uuid4().hex[:6]
-    cluster, stores, gateways = start_cluster_fleet(workdir, upstream.port, policy(prefix), [ROUTE])
+    cluster, stores, gateways = start_cluster_fleet(workdir, upstream.port, policy(prefix), [ROUTE],
+                                                    artifacts=[args.artifact] * 2)
     try:
         figures = measure_failover(cluster, gateways, upstream, args.clients, args.before, args.after)
     finally:

@@ -97,7 +97,7 @@ fn every_failure_is_a_store_error() {
     let cases: [(u16, &[u8], &str); 7] = [
         (200, br#"{"SET":[false,"ERR syntax error"]}"#, "redis error: ERR syntax error"),
         (200, br#"{"EVAL":[false,"NOSCRIPT"]}"#, "no \"SET\""),
-        (0, b"", "callout failed"),
+        (0, b"", "no answer from Redis"),
         // Envoy answers a callout that timed out itself, with a 504.
         (504, b"upstream request timeout", "HTTP 504"),
         (503, b"Service Unavailable", "HTTP 503"),

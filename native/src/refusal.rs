@@ -25,11 +25,20 @@ pub fn refusals(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
     // The password of `direct` is read from Envoy's environment, never the policy: a variable
     // Envoy does not have would fail every connection, so it fails the load instead.
-    if let Some(name) = bundle.redis.as_ref().filter(|r| r.direct.is_some()).and_then(|r| r.password_env.as_ref()) {
+    let direct = bundle.redis.as_ref().filter(|r| r.direct.is_some());
+    if let Some(name) = direct.and_then(|r| r.password_env.as_ref()) {
         if std::env::var(name).is_err() {
             out.push(format!(
                 "[redis] password_env = {name:?}: Envoy's environment has no such variable, or it is not UTF-8 \
                  (the password of `direct` is read from it at each connection)"
+            ));
+        }
+    }
+    // The same for a password file (a mounted secret): unreadable now, every connection fails.
+    if let Some(path) = direct.and_then(|r| r.password_file.as_ref()) {
+        if let Err(e) = crate::resp::read_password_file(path) {
+            out.push(format!(
+                "[redis] password_file = {path:?}: {e} (the password of `direct` is read from it at each connection)"
             ));
         }
     }

@@ -34,8 +34,8 @@ from .procs import Proc, make_workdir, rss_bytes, wait_until
 from .redis import (EVICTS_LOG, TOKEN_SECRET, REDIS_ADMIN, REDIS_DEFAULT_USER_ACL, REDIS_PASSWORD, REDIS_SERVER, WEBDIS, WEBDIS_AUTH,
                     WEBDIS_JSON, Redis, RedisError, Webdis, redis_command, redis_table, require_redis,
                     webdis_cluster, webdis_config)
-from .redis_cluster import (CLUSTER_ADMIN, CLUSTER_DIR, ClusterStore, RedisCluster,
-                            redis_proxy_config_text)
+from .redis_cluster import (CLUSTER_ADMIN, CLUSTER_DIR, CLUSTER_IDEM_USER, CLUSTER_PASSWORD_ENV, ClusterStore,
+                            RedisCluster, direct_cluster_lines, redis_proxy_config_text)
 from .upstream import UPSTREAM_PY, Upstream
 from .wrk import WRK, WRK_SCRIPTS, parse_wrk, require_wrk, run_wrk
 
@@ -60,7 +60,8 @@ __all__ = [
     "Redis", "RedisError", "redis_command", "require_redis", "Webdis", "webdis_config", "webdis_cluster",
     "redis_table",
     # redis_cluster
-    "CLUSTER_DIR", "CLUSTER_ADMIN", "RedisCluster", "ClusterStore", "redis_proxy_config_text",
+    "CLUSTER_DIR", "CLUSTER_ADMIN", "CLUSTER_IDEM_USER", "CLUSTER_PASSWORD_ENV", "RedisCluster", "ClusterStore",
+    "direct_cluster_lines", "redis_proxy_config_text",
     # wrk
     "WRK", "WRK_SCRIPTS", "require_wrk", "parse_wrk", "run_wrk",
     # examples

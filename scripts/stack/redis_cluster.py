@@ -3,6 +3,7 @@ cluster with `redis-cli --cluster create`, Envoy's redis_proxy in front of them
 (examples/redis-cluster/redis-proxy.yaml, ports rewritten), and Webdis pointed at the proxy
 (examples/redis-cluster/webdis.json). The ACL is examples/redis-cluster/users.acl, as shipped."""
 
+import os
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,9 @@ CLUSTER_PROXY_YAML = CLUSTER_DIR / "redis-proxy.yaml"
 CLUSTER_WEBDIS_JSON = CLUSTER_DIR / "webdis.json"
 # The admin user of users.acl (redis-cli, replication); the proxy's user is Envoy's, in redis-proxy.yaml.
 CLUSTER_ADMIN = ("idem-admin", "idem-admin-password")
+# users.acl's user for idem's commands: redis_proxy's, and the native build's with `[redis] direct`.
+CLUSTER_IDEM_USER = ("idem-proxy", "idem-proxy-password")
+CLUSTER_PASSWORD_ENV = "IDEM_CLUSTER_PASSWORD"
 # The shipped proxy config's ports: listener, admin, and the three seed nodes.
 PROXY_EXAMPLE_PORTS = {"listen": 6380, "admin": 9911, "seeds": (7001, 7002, 7003)}
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -205,4 +209,13 @@ class ClusterStore:
 
 
 __all__ = ["CLUSTER_DIR", "CLUSTER_ACL", "CLUSTER_PROXY_YAML", "CLUSTER_WEBDIS_JSON",
-           "CLUSTER_ADMIN", "ClusterNode", "RedisCluster", "ClusterStore", "redis_proxy_config_text"]
+           "CLUSTER_ADMIN", "CLUSTER_IDEM_USER", "CLUSTER_PASSWORD_ENV", "direct_cluster_lines", "ClusterNode", "RedisCluster", "ClusterStore", "redis_proxy_config_text"]
+
+
+def direct_cluster_lines(cluster):
+    """`[redis]` lines for the native build to speak to `cluster` itself: every primary as a seed
+    node, users.acl's idem user, its password in this process' environment (which the Envoys
+    started from it inherit)."""
+    os.environ.setdefault(CLUSTER_PASSWORD_ENV, CLUSTER_IDEM_USER[1])
+    seeds = ",".join("127.0.0.1:%d" % port for port in cluster.primaries())
+    return ['direct = "%s"' % seeds, 'user = "%s"' % CLUSTER_IDEM_USER[0], 'password_env = "%s"' % CLUSTER_PASSWORD_ENV]

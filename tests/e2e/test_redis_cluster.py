@@ -1,7 +1,9 @@
 """The fleet store on Redis Cluster: six real redis-server processes (3 primaries, 3 replicas),
 Envoy's redis_proxy (examples/redis-cluster/redis-proxy.yaml) with Webdis in front of it
 (examples/redis-cluster/webdis.json) for each of two gateway Envoys, and the ACL of
-examples/redis-cluster/users.acl — the shipped files, ports rewritten.
+examples/redis-cluster/users.acl — the shipped files, ports rewritten. With IDEM_ARTIFACT=native
+the gateways are the native build speaking to the cluster's nodes themselves (`[redis] direct`:
+slots, MOVED/ASK, failover), with no redis_proxy and no Webdis running; users.acl's user is theirs.
 
 The failover tests `kill -9` a primary and let Redis promote its replica; nothing else is
 restarted.
@@ -40,7 +42,8 @@ lock_ttl = "30s"
 
 
 class Fleet:
-    """The cluster, a redis_proxy + Webdis per gateway, two gateways; their keys start with `prefix`."""
+    """The cluster, two gateways (each `.wasm` one with its redis_proxy + Webdis); their keys start
+    with `prefix`."""
 
     def __init__(self, workdir, upstream, prefix):
         self.prefix = prefix
@@ -113,26 +116,73 @@ def test_keys_spread_over_all_three_primaries_and_replay_on_either_envoy(cl, ups
 
 def test_completions_batched_on_the_cluster_go_per_hash_slot(cl, upstream):
     """Group commit on Redis Cluster: the first batch over keys of several slots is refused
-    CROSSSLOT by the cluster (through redis_proxy); nothing of it ran, and from then on each batch
-    holds one slot's keys. Every answer is stored."""
+    CROSSSLOT by the cluster (through redis_proxy, or by the node itself natively); nothing of it
+    ran, and from then on each batch holds one slot's keys. Every answer is stored. A batch forms
+    only when completions meet on a worker, so waves of 60 are sent until the switch is logged
+    (at most three), every wave checked."""
     g0, g1 = cl.gateways
-    keys = [new_key("gcs") for _ in range(60)]
+    for wave in range(3):
+        keys = [new_key("gcs%d" % wave) for _ in range(60)]
 
-    def send(i):
-        return post(g0, "/c/key", keys[i], headers={"x-demo-delay-ms": "200"}, timeout=30)
-    first = fire(len(keys), send)
-    kinds = Counter("%d %s" % (r.status, r.code or "") for r in first)
-    assert kinds == Counter({"200 ": len(keys)}), "%s\n%s" % (kinds, cl.logs())
-    for k, r in zip(keys, first):
-        assert_upstream_answer(r, key=k, n=1)
-    wait_for(lambda: "batched per hash slot" in g0.log_text(), 5, what="the per-slot switch in the log")
-    for k, r in zip(keys, first):
-        assert_replay_of(post(g1, "/c/key", k), r)
-        assert upstream.calls(k) == 1
+        def send(i):
+            return post(g0, "/c/key", keys[i], headers={"x-demo-delay-ms": "200"}, timeout=30)
+        first = fire(len(keys), send)
+        kinds = Counter("%d %s" % (r.status, r.code or "") for r in first)
+        assert kinds == Counter({"200 ": len(keys)}), "%s\n%s" % (kinds, cl.logs())
+        for k, r in zip(keys, first):
+            assert_upstream_answer(r, key=k, n=1)
+        for k, r in zip(keys, first):
+            assert_replay_of(post(g1, "/c/key", k), r)
+            assert upstream.calls(k) == 1
+        if stack.wait_until(lambda: "batched per hash slot" in g0.log_text(), 3):
+            break
+    assert "batched per hash slot" in g0.log_text(), "no batch over several slots in three waves:\n" + cl.logs()
     assert "write_retried" not in counters(g0, "c-key"), counters(g0, "c-key")
 
 
-def test_the_proxy_user_runs_only_idem_commands_on_idem_keys(cl):
+def test_a_wasm_gateway_through_webdis_and_a_native_one_direct_share_the_clusters_keys(cl, workdir, upstream):
+    """A migration on Redis Cluster: one bundle naming both ways; the `.wasm` reaches the cluster
+    through redis_proxy + Webdis, the native build speaks to its nodes itself. The same records in
+    the same slots: a key run on either is replayed on the other, and sixteen sends of one key at
+    once through both run it once."""
+    stores, (wasm, native) = failover.start_gateways(workdir, cl.cluster, upstream.port, policy(cl.prefix), ROUTES,
+                                                      ["wasm", "native"])
+    try:
+        for first, other in ((wasm, native), (native, wasm)):
+            for _ in range(5):
+                key = new_key("cl-mixed")
+                r = post(first, "/c/key", key)
+                assert_upstream_answer(r, key=key, n=1)
+                assert_replay_of(post(other, "/c/key", key), r)
+        key = new_key("cl-mixed-race")
+        answers = fire(16, lambda i: post((wasm, native)[i % 2], "/c/key", key, headers={"x-demo-delay-ms": "200"},
+                                          timeout=30), max_workers=16)
+        assert upstream.calls(key) == 1, [describe(a) for a in answers]
+        assert {a.status for a in answers} <= {200, 409}, [describe(a) for a in answers]
+        assert native.stats("cluster.webdis.upstream_rq_total").get("cluster.webdis.upstream_rq_total", 0) == 0
+    finally:
+        failover.stop_all(None, stores, [wasm, native])
+
+
+def test_the_idem_user_runs_only_idem_commands_on_idem_keys(cl):
+    """users.acl's idem user, which redis_proxy (`.wasm`) or the native build logs in as."""
+    if not cl.stores:  # native gateways: the user is theirs, asked directly
+        user, password = stack.CLUSTER_IDEM_USER
+
+        def as_idem(port, *args, password=password):
+            try:
+                return str(stack.redis_command(port, *args, user=user, password=password))
+            except stack.RedisError as e:
+                return "error: %s" % e
+        primaries = cl.cluster.primaries()
+        # The script runs on the node of its key's slot: the others answer MOVED.
+        flush = [r for r in (as_idem(p, "EVAL", "return redis.call('FLUSHALL')", "1", "idem:x") for p in primaries)
+                 if "MOVED" not in r]
+        assert flush and ("can't run this command" in flush[0] or "NOPERM" in flush[0]), flush
+        assert "NOPERM" in as_idem(primaries[0], "GET", "secret")
+        assert "NOPERM" in as_idem(primaries[0], "FLUSHALL")
+        assert "WRONGPASS" in as_idem(primaries[0], "PING", password="wrong")
+        return
     webdis = cl.stores[0].webdis
     flush = webdis.call("/", method="POST", body="EVAL/return redis.call('FLUSHALL')/1/idem:x").json()
     assert flush["EVAL"][0] is False and "can't run this command" in flush["EVAL"][1], flush

@@ -20,9 +20,10 @@ from test_native import CREATE, native, replayed_across, sixteen_at_once  # noqa
 PASSWORD_ENV = "IDEM_E2E_REDIS_PASSWORD"
 
 
-def direct_policy(redis_port, prefix, cluster=False, timeout="500ms"):
-    """A one-route bundle on `[redis] direct` (and `cluster`, the Webdis form, for a mixed fleet)."""
-    lines = ["[redis]", 'direct = "127.0.0.1:%d"' % redis_port, 'password_env = "%s"' % PASSWORD_ENV,
+def direct_policy(redis_port, prefix, cluster=False, timeout="500ms", password='password_env = "%s"' % PASSWORD_ENV):
+    """A one-route bundle on `[redis] direct` (and `cluster`, the Webdis form, for a mixed fleet);
+    `password` is the policy line saying where the password is."""
+    lines = ["[redis]", 'direct = "127.0.0.1:%d"' % redis_port, password,
              'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix]
     if cluster:
         lines += ['cluster = "webdis"', 'authority = "webdis"', 'basic_auth = "%s"' % stack.WEBDIS_AUTH]
@@ -141,6 +142,34 @@ def test_a_password_variable_envoy_does_not_have_is_refused_at_load(native, work
         stack.wait_until(lambda: not env.proc.alive(), 30)
         assert not env.proc.alive(), "Envoy runs with a password variable it does not have"
         assert "password_env = \"%s\"" % PASSWORD_ENV in env.log_text(), env.log_tail(20)
+    finally:
+        env.stop()
+
+
+def test_a_password_file_authenticates_and_an_unreadable_one_is_refused_at_load(native, make_envoy, workdir,
+                                                                                  upstream, own_redis, monkeypatch):
+    """`password_file`: a mounted secret, read at each connection, its trailing newline dropped
+    (as `echo` and Kubernetes secrets write it). A file Envoy cannot read fails the load."""
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    secret = os.path.join(workdir, "redis-password")
+    with open(secret, "w") as f:
+        f.write(stack.REDIS_PASSWORD + "\n")
+    pfx = prefix()
+    policy = direct_policy(own_redis.port, pfx, password='password_file = "%s"' % secret)
+    env = make_envoy(policy, routes=stack.routes_from_policy(policy), wasm_path=stack.NATIVE)
+    key = new_key("password-file")
+    assert post(env, CREATE, key).status == 200
+    assert post(env, CREATE, key).header("idempotent-replayed") == "true"
+    assert upstream.calls(key) == 1
+    assert [k for k in keys(own_redis, pfx) if b":k:" in k], "no record in Redis"
+
+    missing = os.path.join(workdir, "no-such-secret")
+    policy = direct_policy(own_redis.port, prefix(), password='password_file = "%s"' % missing)
+    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False, wasm_path=stack.NATIVE)
+    try:
+        stack.wait_until(lambda: not env.proc.alive(), 30)
+        assert not env.proc.alive(), "Envoy runs with a password file it cannot read"
+        assert 'password_file = "%s": cannot read it' % missing in env.log_text(), env.log_tail(20)
     finally:
         env.stop()
 

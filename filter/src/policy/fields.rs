@@ -44,13 +44,23 @@ pub(super) fn de_opt_nonempty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<
     de_nonempty(d).map(Some)
 }
 
-/// `host:port` (`[redis] direct`), checked by [`split_address`].
+/// `host:port`, or several separated by commas (`[redis] direct`: a Redis Cluster's seed nodes),
+/// each checked by [`split_address`].
 pub(super) fn de_opt_address<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let s = String::deserialize(d)?;
-    match split_address(&s) {
-        Some(_) => Ok(Some(s)),
-        None => Err(de::Error::custom(format!("{s:?} is not host:port (for example \"127.0.0.1:6379\")"))),
+    let bad = addresses(&s).find(|a| split_address(a).is_none()).map(str::to_string);
+    match bad {
+        None => Ok(Some(s)),
+        Some(bad) => Err(de::Error::custom(format!(
+            "{bad:?} is not host:port (for example \"127.0.0.1:6379\", or \"10.0.0.1:7000,10.0.0.2:7000\" for a \
+             cluster's seed nodes)"
+        ))),
     }
+}
+
+/// The addresses of a comma-separated list, each trimmed (`[redis] direct`).
+pub fn addresses(list: &str) -> impl Iterator<Item = &str> {
+    list.split(',').map(str::trim)
 }
 
 /// A `host:port` address split: the host a name, an IPv4 address or an `[IPv6]` one (no scheme,

@@ -14,7 +14,7 @@ mod reconcile;
 mod route_id;
 mod source;
 
-pub use fields::{parse_duration, split_address};
+pub use fields::{addresses, parse_duration, split_address};
 pub use matcher::{normalize_path, percent_decode, percent_encode_into, Matcher, PathTemplate};
 #[cfg(feature = "schema")]
 pub use parse::bundle_schema;
@@ -76,8 +76,10 @@ pub struct RedisConfig {
     /// unless `direct` is set). Required unless `direct` is.
     #[serde(default, deserialize_with = "fields::de_nonempty")]
     pub cluster: String,
-    /// `host:port` of Redis, spoken to in RESP by the native build itself (no Webdis). The `.wasm`
-    /// reads `cluster` instead, so one bundle with both serves a fleet mixing the two builds.
+    /// `host:port` of Redis, spoken to in RESP by the native build itself (no Webdis); for a Redis
+    /// Cluster, one or more of its nodes separated by commas (the others are learnt from Redis:
+    /// `MOVED`, `CLUSTER SLOTS`). The `.wasm` reads `cluster` instead, so one bundle with both
+    /// serves a fleet mixing the two builds.
     #[serde(default, deserialize_with = "fields::de_opt_address")]
     pub direct: Option<String>,
     /// The Redis ACL user of `direct` (`AUTH user password`); `default` when unset.
@@ -88,6 +90,11 @@ pub struct RedisConfig {
     /// in the policy).
     #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
     pub password_env: Option<String>,
+    /// A file holding the password of `direct` (a mounted secret: Kubernetes, Docker, systemd
+    /// credentials), read at each connection, one trailing newline dropped, and checked readable
+    /// when the config loads. Not with `password_env`.
+    #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
+    pub password_file: Option<String>,
     /// `:authority` of the callouts.
     #[serde(default = "default_authority")]
     pub authority: String,

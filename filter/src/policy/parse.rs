@@ -310,10 +310,21 @@ impl RawBundle {
         if let Err((needle, message)) = self.check_admin() {
             errors.push(at(needle, message));
         }
-        if self.redis.as_ref().is_some_and(|r| r.user.is_some() && r.password_env.is_none()) {
+        if self
+            .redis
+            .as_ref()
+            .is_some_and(|r| r.user.is_some() && r.password_env.is_none() && r.password_file.is_none())
+        {
             errors.push(at(
                 "user",
-                "[redis] `user` needs `password_env` (Redis authenticates a user with its password)".into(),
+                "[redis] `user` needs `password_env` or `password_file` (Redis authenticates a user with its password)"
+                    .into(),
+            ));
+        }
+        if self.redis.as_ref().is_some_and(|r| r.password_env.is_some() && r.password_file.is_some()) {
+            errors.push(at(
+                "password_file",
+                "[redis] takes `password_env` or `password_file`, not both (which one would Redis be given?)".into(),
             ));
         }
         if self.redis.as_ref().is_some_and(|r| r.cluster.is_empty() && r.direct.is_none()) {

@@ -331,7 +331,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Contended => write!(f, "store contended beyond the retry limit"),
             StoreError::Missing(k) => write!(f, "bucket {k} does not exist"),
             StoreError::Host(e) | StoreError::Unreadable(e) => write!(f, "{e}"),
-            StoreError::NoAnswer => write!(f, "webdis callout failed (no response: reset, refused or timed out)"),
+            StoreError::NoAnswer => write!(f, "no answer from Redis (Webdis or `direct`: reset, refused or timed out)"),
             StoreError::Redis(e) | StoreError::CrossSlot(e) => write!(f, "redis error: {e}"),
         }
     }

@@ -474,8 +474,8 @@ impl RedisStore<'_> {
 
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of the key, or of its `{hash tag}`, mod
 /// 16384. A batch on a cluster holds keys of one slot only.
-pub fn hash_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
+pub fn hash_slot(key: impl AsRef<[u8]>) -> u16 {
+    let bytes = key.as_ref();
     let tag = bytes.iter().position(|&c| c == b'{').and_then(|open| {
         let rest = bytes.get(open + 1..)?;
         let close = rest.iter().position(|&c| c == b'}')?;
