@@ -89,8 +89,9 @@ E2E_SLOW_FIRST := tests/e2e/test_packaging.py tests/e2e/test_in_flight.py tests/
 # The files that test guarantees run again on the native build (IDEM_ARTIFACT=native), slowest
 # first (measured with --durations: in_flight 120 s, redis 81 s, grpc 48 s, memory 44 s, …); what
 # it refuses at load (detached, a scope nested in metadata) is deselected there and its refusal
-# tested in test_native.py. test_redis_cluster.py's native gateways speak to the cluster
-# themselves (`[redis] direct`, no redis_proxy or Webdis).
+# tested in test_native.py. Natively, test_redis.py's fleets and test_redis_cluster.py's gateways
+# speak to Redis themselves (`[redis] direct`, no Webdis or redis_proxy); test_hardening.py's
+# Redis tests and test_native.py's mixed fleet keep the native build's Webdis path tested.
 E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test_grpc.py tests/e2e/test_memory.py \
 	tests/e2e/test_redis_cluster.py tests/e2e/test_retries.py tests/e2e/test_bundle.py tests/e2e/test_hardening.py \
 	tests/e2e/test_admin.py tests/e2e/test_answered_never_forwarded.py tests/e2e/test_tokens.py \

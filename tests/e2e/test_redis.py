@@ -1,4 +1,7 @@
-"""The Redis store through Webdis: real redis-server + real webdis + two Envoy processes.
+"""The Redis store: real redis-server + real webdis + two Envoy processes. The `.wasm` reaches
+Redis through Webdis; on the native build (IDEM_ARTIFACT=native) the fleet speaks to Redis itself
+(`[redis] direct`), and the faults that stop Webdis on the `.wasm` stop Redis there: what stands
+between the gateway and its records (`stop_front_door`).
 
 Every Envoy of a fleet has its own shared data, so anything that holds across the fleet holds
 because of Redis. Requests are spread over (or alternated between) the two Envoys.
@@ -7,6 +10,7 @@ because of Redis. Requests are spread over (or alternated between) the two Envoy
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.parse
@@ -22,10 +26,15 @@ from idemtest import (assert_local, assert_outcome_unknown, assert_replay_of, as
                       describe, fire, listener_stats, post, wait_for)
 
 PREFIX = "idem-e2e-%s:" % uuid.uuid4().hex[:6]
+# The native build's fleets speak RESP to Redis (no Webdis in their way).
+DIRECT = stack.ARTIFACT == "native"
 
 
-def policy(on_store_error="reject", timeout="1s", prefix=PREFIX):
-    return stack.redis_table(timeout=timeout, on_store_error=on_store_error, prefix=prefix) + """
+def policy(on_store_error="reject", timeout="1s", prefix=PREFIX, rs=None):
+    """The bundle; with `rs` (a RedisStack) on the native build, `direct` to its Redis too."""
+    direct_port = rs.redis.port if DIRECT and rs is not None else None
+    return stack.redis_table(timeout=timeout, on_store_error=on_store_error, prefix=prefix,
+                             direct_port=direct_port) + """
 [[route]]
 name = "r-key"
 match = { method = "POST", path = "/r/key" }
@@ -81,7 +90,8 @@ ROUTES = stack.routes_from_policy(policy(), after=[{"name": "passthrough", "matc
 def fleet(workdir, upstream, redis_stack):
     envs = []
     try:
-        envs = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, policy(), routes=ROUTES, n=2)
+        envs = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, policy(rs=redis_stack), routes=ROUTES,
+                                 n=2)
     except stack.StackError as e:
         pytest.fail(str(e), pytrace=False)
     yield envs
@@ -136,33 +146,80 @@ def test_200_concurrent_identical_requests_over_two_envoys_run_once(fleet, upstr
     assert upstream.calls(key) == 1
 
 
+class RedisCommands(threading.Thread):
+    """Counts the commands clients send Redis from now until `stop()` (`MONITOR`; the calls a
+    script makes, tagged `lua`, are not sent by anyone and not counted)."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        user, password = stack.REDIS_ADMIN
+        self.sock.sendall(b"AUTH %s %s\r\nMONITOR\r\n" % (user.encode(), password.encode()))
+        self.lines = self.sock.makefile("rb")
+        for _ in range(2):  # +OK, +OK
+            assert self.lines.readline().startswith(b"+OK")
+        self.count = 0
+        self.start()
+
+    def run(self):
+        try:
+            for line in self.lines:
+                if line.startswith(b"+") and b" [" in line and b" lua] " not in line:
+                    self.count += 1
+        except (OSError, ValueError):
+            pass
+
+    def stop(self):
+        time.sleep(0.3)  # the last commands' lines
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.join(5)
+        return self.count
+
+
 def webdis_calls(env):
     """Webdis callouts this Envoy has made (its `webdis` cluster's upstream requests)."""
     return env.stats("cluster.webdis.upstream_rq_total").get("cluster.webdis.upstream_rq_total", 0)
 
 
-def test_concurrent_completions_share_webdis_calls_and_every_answer_is_stored(fleet, upstream):
+def stop_front_door(rs):
+    """What stands between the gateway and Redis goes away: Webdis (`.wasm`), Redis (native)."""
+    (rs.redis if DIRECT else rs.webdis).stop()
+
+
+def start_front_door(rs):
+    (rs.redis if DIRECT else rs.webdis).start()
+
+
+def front_door_pid(rs):
+    return (rs.redis if DIRECT else rs.webdis).proc.pid
+
+
+def test_concurrent_completions_share_store_calls_and_every_answer_is_stored(fleet, upstream, redis_stack):
     """Group commit, with real concurrency: 120 fresh keys at once through one Envoy, whose upstream
     answers them together, so their completions meet while a write is out and go out together. Every
     request still runs once and every answer is stored (replayed by the other Envoy)."""
     env, other = fleet
     keys = [new_key("gc") for _ in range(120)]
     before = webdis_calls(env)
+    commands = RedisCommands(redis_stack.redis.port) if DIRECT else None
 
     def send(i):
         return post(env, "/r/key", keys[i], headers={"x-demo-delay-ms": "200"}, timeout=30)
     first = fire(len(keys), send)
-    calls = webdis_calls(env) - before
+    # A Webdis call is one Redis command; natively the commands are counted at Redis.
+    calls = commands.stop() if DIRECT else webdis_calls(env) - before
+    if DIRECT:
+        assert webdis_calls(env) == before, "the native fleet went through Webdis, not `direct`"
     for k, r in zip(keys, first):
         assert_upstream_answer(r, key=k, n=1)
     # Without group commit a claim and a completion per request: 240 calls. With it, 65-143 in
     # runs here. (Claims sent one by one, writes still batched, made 176-217: the unit tests in
     # filter/tests/lifecycle.rs guard each half exactly; this bound catches batching gone.)
-    assert calls <= 1.5 * len(keys), "%d Webdis calls for %d requests: nothing was batched" % (calls, len(keys))
+    assert calls <= 1.5 * len(keys), "%d store calls for %d requests: nothing was batched" % (calls, len(keys))
     for k, r in zip(keys, first):
         assert_replay_of(post(other, "/r/key", k), r)
         assert upstream.calls(k) == 1
-    print("group commit: %d Webdis calls for %d requests (%.2f per request)" % (calls, len(keys), calls / len(keys)))
+    print("group commit: %d store calls for %d requests (%.2f per request)" % (calls, len(keys), calls / len(keys)))
 
 
 def test_replay_422_and_release_across_envoys(fleet, upstream):
@@ -480,9 +537,9 @@ def _load(env, path, stop, results, prefix):
         time.sleep(0.01)  # the load's pace
 
 
-def test_webdis_killed_mid_run_reject_gives_503_and_forwards_nothing(make_fleet, own_redis_stack, upstream):
+def test_the_store_killed_mid_run_reject_gives_503_and_forwards_nothing(make_fleet, own_redis_stack, upstream):
     rs = own_redis_stack
-    env = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0]
+    env = make_fleet(policy("reject", rs=rs), ROUTES, rs.webdis.port, n=1)[0]
     stop, results = threading.Event(), []
     prefix = new_key("kill-reject")
     t = threading.Thread(target=_load, args=(env, "/r/key", stop, results, prefix))
@@ -490,15 +547,15 @@ def test_webdis_killed_mid_run_reject_gives_503_and_forwards_nothing(make_fleet,
     try:
         wait_for(lambda: sum(1 for _, r in results if getattr(r, "status", 0) == 200) >= 20, 20,
                  what="20 requests through the healthy store")
-        rs.webdis.stop()
+        stop_front_door(rs)
         n_at_kill = len(results)
-        wait_for(lambda: len(results) >= n_at_kill + 30, 30, what="30 requests while Webdis is down")
+        wait_for(lambda: len(results) >= n_at_kill + 30, 30, what="30 requests while the store is down")
     finally:
         stop.set()
         t.join(30)
     after = results[n_at_kill + 5:]
     bad = [(k, r) for k, r in after if isinstance(r, Exception) or r.status != 503]
-    assert not bad, "while Webdis is down: %s" % [(k, r if isinstance(r, Exception) else describe(r))
+    assert not bad, "while the store is down: %s" % [(k, r if isinstance(r, Exception) else describe(r))
                                                   for k, r in bad[:5]]
     for k, r in after:
         assert_local(r, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
@@ -507,20 +564,20 @@ def test_webdis_killed_mid_run_reject_gives_503_and_forwards_nothing(make_fleet,
         assert isinstance(r, stack.Response) and r.status in (200, 503), (k, r)
     c = counters(env, "r-key")
     assert c.get("store_error", 0) >= len(after), c
-    # Webdis back: the same Envoy protects again.
-    rs.webdis.start()
+    # The store back: the same Envoy protects again.
+    start_front_door(rs)
     key = new_key("back")
-    wait_for(lambda: post(env, "/r/key", key).status == 200, 15, interval=0.2, what="service after Webdis restart")
+    wait_for(lambda: post(env, "/r/key", key).status == 200, 15, interval=0.2, what="service after the store restart")
     assert upstream.calls(key) == 1
 
 
-def test_webdis_killed_mid_run_allow_forwards_unprotected(make_fleet, own_redis_stack, upstream):
+def test_the_store_killed_mid_run_allow_forwards_unprotected(make_fleet, own_redis_stack, upstream):
     rs = own_redis_stack
-    env = make_fleet(policy("allow"), ROUTES, rs.webdis.port, n=1)[0]
+    env = make_fleet(policy("allow", rs=rs), ROUTES, rs.webdis.port, n=1)[0]
     first = post(env, "/r/key", new_key("warm"))
     assert first.status == 200, describe(first)
     before = counters(env, "r-key")
-    rs.webdis.stop()
+    stop_front_door(rs)
     key = new_key("unprotected")
     r1 = post(env, "/r/key", key)
     r2 = post(env, "/r/key", key)
@@ -535,19 +592,23 @@ def test_webdis_killed_mid_run_allow_forwards_unprotected(make_fleet, own_redis_
 
 
 @pytest.mark.parametrize("answer_cache", ["60s", "0s"])
-def test_a_repeat_is_answered_from_the_envoys_own_copy_while_webdis_is_down(make_fleet, own_redis_stack, upstream,
-                                                                           answer_cache):
-    """`[redis] answer_cache`: an Envoy that has seen an answer replays it without asking Webdis,
-    so a Webdis outage does not turn repeats of finished requests into 503s there. The other
-    Envoy never saw it and must ask; "0s" turns the copy off."""
+def test_a_repeat_is_answered_from_the_envoys_own_copy_while_the_store_is_down(make_fleet, own_redis_stack, upstream,
+                                                                              answer_cache):
+    """`[redis] answer_cache`: an Envoy that has seen an answer replays it without asking Redis,
+    so an outage of Webdis (natively: Redis frozen, its records kept) does not turn repeats of
+    finished requests into 503s there. The other Envoy never saw it and must ask; "0s" turns the
+    copy off."""
     rs = own_redis_stack
-    kept = policy("reject").replace('on_store_error = "reject"',
+    kept = policy("reject", rs=rs).replace('on_store_error = "reject"',
                                     'on_store_error = "reject"\nanswer_cache = "%s"' % answer_cache)
     a, b = make_fleet(kept, ROUTES, rs.webdis.port, n=2)
     key = new_key("kept-" + answer_cache)
     first = post(a, "/r/key", key)
     assert_upstream_answer(first, key=key, n=1)
-    rs.webdis.stop()
+    if DIRECT:
+        os.kill(front_door_pid(rs), signal.SIGSTOP)  # frozen, not stopped: the records stay
+    else:
+        stop_front_door(rs)
     again = post(a, "/r/key", key)
     changed = post(a, "/r/key", key, {"sku": "X", "qty": 9})
     elsewhere = post(b, "/r/key", key)
@@ -561,7 +622,10 @@ def test_a_repeat_is_answered_from_the_envoys_own_copy_while_webdis_is_down(make
     assert_local(elsewhere, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
     assert_local(fresh, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
     assert upstream.calls(key) == 1
-    rs.webdis.start()
+    if DIRECT:
+        os.kill(front_door_pid(rs), signal.SIGCONT)
+    else:
+        start_front_door(rs)
     wait_for(lambda: post(b, "/r/key", key).status == 200, 15, interval=0.2, what="the replay on the other Envoy")
     assert_replay_of(post(b, "/r/key", key), first)
     assert upstream.calls(key) == 1
@@ -572,11 +636,11 @@ def test_a_write_refused_once_is_what_the_next_retry_meets_once_written(make_fle
                                                                         write):
     """With `answer_cache = "0s"` nothing of an answer is kept in the Envoy, only the mark that
     says a record is still being written (a retry meanwhile gets 409, never a run). The write's
-    first attempt times out (Webdis frozen), its retry lands once Webdis wakes: the mark must go
+    first attempt times out (Webdis frozen; natively Redis), its retry lands once it wakes: the mark must go
     with it — the client's next retry reaches Redis and meets the record (the replay; the held
     unknown outcome's 409), not 409 REQUEST_IN_PROGRESS until the write's deadline (a day)."""
     rs = own_redis_stack
-    no_copy = policy("reject").replace('on_store_error = "reject"', 'on_store_error = "reject"\nanswer_cache = "0s"')
+    no_copy = policy("reject", rs=rs).replace('on_store_error = "reject"', 'on_store_error = "reject"\nanswer_cache = "0s"')
     (env,) = make_fleet(no_copy, ROUTES, rs.webdis.port, n=1)
     key = new_key("refused-once")
     before = counters(env, "r-key")
@@ -585,12 +649,12 @@ def test_a_write_refused_once_is_what_the_next_retry_meets_once_written(make_fle
     with ThreadPoolExecutor(1) as pool:
         first_f = pool.submit(post, env, "/r/key", key, None, {"x-demo-delay-ms": delay}, None, client_timeout)
         wait_for(lambda: upstream.calls(key) == 1, 5, what="the claim and the upstream call")
-        os.kill(rs.webdis.proc.pid, signal.SIGSTOP)  # the write's first attempt times out (1 s)
+        os.kill(front_door_pid(rs), signal.SIGSTOP)  # the write's first attempt times out (1 s)
         try:
             wait_for(lambda: delta(before, counters(env, "r-key")).get("write_retried", 0) >= 1, 10,
                      what="the write's first attempt to be refused")
         finally:
-            os.kill(rs.webdis.proc.pid, signal.SIGCONT)
+            os.kill(front_door_pid(rs), signal.SIGCONT)
         if write == "completion":
             first = first_f.result()
             assert_upstream_answer(first, key=key, n=1)
@@ -609,7 +673,7 @@ def test_a_write_refused_once_is_what_the_next_retry_meets_once_written(make_fle
 
 def test_redis_restart_recovers_without_restarting_envoy(make_fleet, own_redis_stack, upstream):
     rs = own_redis_stack
-    envs = make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=2)
+    envs = make_fleet(policy("reject", rs=rs), ROUTES, rs.webdis.port, n=2)
     pids = [e.proc.pid for e in envs]
     key = new_key("before-restart")
     assert_upstream_answer(post(envs[0], "/r/key", key), key=key, n=1)
@@ -657,12 +721,12 @@ def test_each_worker_warns_once_when_redis_would_evict_its_keys(make_fleet, own_
             post(env, "/r/key", new_key("evict"), {"sku": "A1"})
         return env
 
-    quiet = started(make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0])
+    quiet = started(make_fleet(policy("reject", rs=rs), ROUTES, rs.webdis.port, n=1)[0])
     wait_for(lambda: quiet.log_text().count("maxmemory-policy is noeviction") >= least, 15,
              what="the workers' noeviction lines")
     assert stack.EVICTS_LOG not in quiet.log_text()
     assert rs.redis.command("CONFIG", "SET", "maxmemory-policy", "volatile-lru") == b"OK"
-    loud = started(make_fleet(policy("reject"), ROUTES, rs.webdis.port, n=1)[0])
+    loud = started(make_fleet(policy("reject", rs=rs), ROUTES, rs.webdis.port, n=1)[0])
     wait_for(lambda: loud.log_text().count(stack.EVICTS_LOG) >= least, 15, what="the workers' warnings")
     line = next(l for l in loud.log_text().splitlines() if stack.EVICTS_LOG in l)
     assert "[warning]" in line and "maxmemory-policy volatile-lru" in line and "noeviction" in line, line
@@ -675,7 +739,7 @@ def test_each_worker_warns_once_when_redis_would_evict_its_keys(make_fleet, own_
 
 # ------------------------------------------------------------------------------- replies and owners
 
-def test_fresh_envoys_hand_no_webdis_reply_to_another_owner(workdir, upstream, redis_stack):
+def test_fresh_envoys_hand_no_store_reply_to_another_owner(workdir, upstream, redis_stack):
     """Issue 35: at a worker's start the eviction probe is out with the first claims; a claim once
     read the probe's reply (and a release the claim's), so a second payload ran as a first one.
     30 fresh Envoys (started 6 at a time), each sent at once, as soon as it is ready, two requests
@@ -685,7 +749,7 @@ def test_fresh_envoys_hand_no_webdis_reply_to_another_owner(workdir, upstream, r
     doubles, errors = [], []
 
     def one(i):
-        env = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, policy(prefix=prefix),
+        env = stack.start_fleet(workdir, upstream.port, redis_stack.webdis.port, policy(prefix=prefix, rs=redis_stack),
                                 routes=ROUTES, n=1, concurrency=1)[0]
         try:
             other, same = new_key("fresh-other"), new_key("fresh-same")
