@@ -136,12 +136,16 @@ def test_the_wasm_refuses_a_bundle_that_names_only_direct(make_envoy, workdir, u
 def test_a_password_variable_envoy_does_not_have_is_refused_at_load(native, workdir, upstream, own_redis,
                                                                     monkeypatch):
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
-    policy = direct_policy(own_redis.port, prefix())
+    refused_at_load(workdir, upstream, direct_policy(own_redis.port, prefix()), 'password_env = "%s"' % PASSWORD_ENV)
+
+
+def refused_at_load(workdir, upstream, policy, line):
+    """A native Envoy on `policy` exits while loading, its log saying `line`."""
     env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False, wasm_path=stack.NATIVE)
     try:
         stack.wait_until(lambda: not env.proc.alive(), 30)
-        assert not env.proc.alive(), "Envoy runs with a password variable it does not have"
-        assert "password_env = \"%s\"" % PASSWORD_ENV in env.log_text(), env.log_tail(20)
+        assert not env.proc.alive(), "Envoy runs on a policy it should refuse (%s)" % line
+        assert line in env.log_text(), env.log_tail(20)
     finally:
         env.stop()
 
@@ -164,14 +168,8 @@ def test_a_password_file_authenticates_and_an_unreadable_one_is_refused_at_load(
     assert [k for k in keys(own_redis, pfx) if b":k:" in k], "no record in Redis"
 
     missing = os.path.join(workdir, "no-such-secret")
-    policy = direct_policy(own_redis.port, prefix(), password='password_file = "%s"' % missing)
-    env = stack.start_idem_envoy(workdir, upstream.port, policy, wait=False, wasm_path=stack.NATIVE)
-    try:
-        stack.wait_until(lambda: not env.proc.alive(), 30)
-        assert not env.proc.alive(), "Envoy runs with a password file it cannot read"
-        assert 'password_file = "%s": cannot read it' % missing in env.log_text(), env.log_tail(20)
-    finally:
-        env.stop()
+    refused_at_load(workdir, upstream, direct_policy(own_redis.port, prefix(), password='password_file = "%s"' % missing),
+                    'password_file = "%s": cannot read it' % missing)
 
 
 def test_connections_killed_mid_traffic_run_no_request_twice(native, make_envoy, upstream, own_redis,
