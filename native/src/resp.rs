@@ -332,7 +332,7 @@ impl Client {
         let (Some(slot), Some(address)) = (parts.next().and_then(|s| s.parse::<usize>().ok()), parts.next()) else {
             return Outcome::Reply(value);
         };
-        let node = self.node_index(address);
+        let node = self.node_index(&bracketed(address));
         if !asking {
             self.set_slot(slot, node);
         }
@@ -401,8 +401,14 @@ impl Client {
         if con.set_read_timeout(Some(left)).is_err() {
             return;
         }
-        let Ok(redis::Value::Array(ranges)) = redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(con) else {
-            return;
+        let ranges = match redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(con) {
+            Ok(redis::Value::Array(ranges)) => ranges,
+            // A reply that came late would be read as the next command's: that connection goes.
+            Err(e) if e.is_io_error() => {
+                self.connections.remove(&node);
+                return;
+            }
+            _ => return,
         };
         // [[start, end, [host, port, id, …], replicas…], …]: the primary is the first node.
         for range in ranges {
@@ -419,12 +425,19 @@ impl Client {
                 _ => split_address(&asked).map(|(h, _)| h.to_string()).unwrap_or_default(),
             };
             let Some(redis::Value::Int(port)) = primary.get(1) else { continue };
-            let address = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
-            let node = self.node_index(&address);
+            let node = self.node_index(&bracketed(&format!("{host}:{port}")));
             for slot in (*start).max(0)..=(*end).min(SLOTS as i64 - 1) {
                 self.set_slot(slot as usize, node);
             }
         }
+    }
+}
+
+/// `host:port` as [`split_address`] reads it: Redis names an IPv6 node `::1:7001`, unbracketed.
+fn bracketed(address: &str) -> String {
+    match address.rsplit_once(':') {
+        Some((host, port)) if host.contains(':') && !host.starts_with('[') => format!("[{host}]:{port}"),
+        _ => address.to_string(),
     }
 }
 
@@ -540,6 +553,14 @@ mod tests {
         // Any other error is the command's reply.
         assert!(matches!(c.outcome(reply("-ERR wrong number of arguments\r\n")), Outcome::Reply(_)));
         assert!(matches!(c.outcome(reply("-MOVED nonsense\r\n")), Outcome::Reply(_)));
+    }
+
+    #[test]
+    fn an_ipv6_node_redis_names_is_bracketed() {
+        assert_eq!(bracketed("::1:7001"), "[::1]:7001");
+        assert_eq!(bracketed("[::1]:7001"), "[::1]:7001");
+        assert_eq!(bracketed("10.0.0.1:7001"), "10.0.0.1:7001");
+        assert!(split_address(&bracketed("fe80::1:7001")).is_some());
     }
 
     #[test]
