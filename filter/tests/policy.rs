@@ -214,6 +214,9 @@ fn other_field_errors_are_precise() {
         ("[redis]\ndirect = \"10.0.0.1:7000,\"\n", "\"\" is not host:port"),
         ("[redis]\ndirect = \"127.0.0.1:6379\"\nuser = \"idem\"\n", "`user` needs `password_env` or `password_file`"),
         ("[redis]\ndirect = \"127.0.0.1:6379\"\npassword_file = \"\"\n", "must not be empty"),
+        ("[redis]\ncluster = \"webdis\"\ntls = true\n", "are for `direct`"),
+        ("[redis]\ndirect = \"127.0.0.1:6379\"\ntls_ca_file = \"/ca.pem\"\n", "`tls_ca_file` needs `tls = true`"),
+        ("[redis]\ndirect = \"127.0.0.1:6379\"\ntls = \"yes\"\n", "invalid type"),
         (
             "[redis]\ndirect = \"127.0.0.1:6379\"\npassword_env = \"P\"\npassword_file = \"/run/p\"\n",
             "`password_env` or `password_file`, not both",

@@ -42,6 +42,11 @@ pub fn refusals(bundle: &Bundle) -> Vec<String> {
             ));
         }
     }
+    if let Some(path) = direct.and_then(|r| r.tls_ca_file.as_ref()) {
+        if let Err(e) = crate::resp::read_ca_file(path) {
+            out.push(format!("[redis] tls_ca_file = {path:?}: {e}"));
+        }
+    }
     for r in &bundle.routes {
         if r.forward == Forward::Detached {
             out.push(format!("route {:?}: forward = \"detached\" {DETACHED}", r.name));

@@ -72,6 +72,8 @@ struct Target {
     user: Option<String>,
     password_env: Option<String>,
     password_file: Option<String>,
+    tls: bool,
+    tls_ca_file: Option<String>,
 }
 
 static CLIENTS: Mutex<Vec<(Target, Sender<Job>)>> = Mutex::new(Vec::new());
@@ -90,6 +92,8 @@ pub fn send(redis: &RedisConfig, job: Job) -> Result<(), String> {
         user: redis.user.clone(),
         password_env: redis.password_env.clone(),
         password_file: redis.password_file.clone(),
+        tls: redis.tls,
+        tls_ca_file: redis.tls_ca_file.clone(),
     };
     let mut clients = lock(&CLIENTS);
     if let Some((_, sender)) = clients.iter().find(|(t, _)| *t == target) {
@@ -474,11 +478,43 @@ fn connect(target: &Target, address: &str, timeout: Duration) -> redis::RedisRes
         ),
         (None, None) => None,
     };
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let addr = if target.tls {
+        redis::ConnectionAddr::TcpTls { host, port, insecure: false, tls_params: None }
+    } else {
+        redis::ConnectionAddr::Tcp(host, port)
+    };
     let info = redis::ConnectionInfo {
-        addr: redis::ConnectionAddr::Tcp(host.trim_start_matches('[').trim_end_matches(']').to_string(), port),
+        addr,
         redis: redis::RedisConnectionInfo { username: target.user.clone(), password, ..Default::default() },
     };
-    redis::Client::open(info)?.get_connection_with_timeout(timeout)
+    let client = match &target.tls_ca_file {
+        Some(path) => {
+            let root_cert = read_ca_file(path)
+                .map_err(|e| redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "tls_ca_file", e)))?;
+            redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) },
+            )?
+        }
+        None => redis::Client::open(info)?,
+    };
+    client.get_connection_with_timeout(timeout)
+}
+
+/// The PEM certificates in `path` (`[redis] tls_ca_file`): at least one, each one rustls reads.
+pub fn read_ca_file(path: &str) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut count = 0;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+        cert.map_err(|e| format!("not a PEM certificate file: {e:?}"))?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err("it holds no PEM certificate".into());
+    }
+    Ok(pem)
 }
 
 /// The password in `path` (`[redis] password_file`): the file's text, one trailing newline (`\n`
@@ -520,7 +556,14 @@ mod tests {
     use super::*;
 
     fn client(addresses: &str) -> Client {
-        Client::new(Target { addresses: addresses.into(), user: None, password_env: None, password_file: None })
+        Client::new(Target {
+            addresses: addresses.into(),
+            user: None,
+            password_env: None,
+            password_file: None,
+            tls: false,
+            tls_ca_file: None,
+        })
     }
 
     fn args(words: &[&str]) -> Vec<Vec<u8>> {

@@ -95,11 +95,13 @@ class Redis:
     The `default` user (password `password`, the one Webdis uses) is limited by REDIS_DEFAULT_USER_ACL;
     `command()` runs as the REDIS_ADMIN user."""
 
-    def __init__(self, workdir, port=None, password=REDIS_PASSWORD):
+    def __init__(self, workdir, port=None, password=REDIS_PASSWORD, extra_args=()):
+        """`extra_args`: more of redis-server's options (a `--tls-port` beside the plain one, say)."""
         require_redis()
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.password = password
+        self.extra_args = list(extra_args)
         self.proc = None
         self.start()
 
@@ -107,7 +109,7 @@ class Redis:
         argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(self.workdir), "--daemonize", "no",
                 "--user", "default", "on", ">" + self.password] + REDIS_DEFAULT_USER_ACL + [
-                "--user", REDIS_ADMIN[0], "on", ">" + REDIS_ADMIN[1], "~*", "&*", "+@all"]
+                "--user", REDIS_ADMIN[0], "on", ">" + REDIS_ADMIN[1], "~*", "&*", "+@all"] + self.extra_args
         self.proc = Proc("redis", argv, self.workdir / ("redis-%d-%d.log" % (self.port, next_seq())))
         ok = wait_until(lambda: not self.proc.alive() or self.ping(), timeout, interval=0.05)
         if not ok or not self.proc.alive():

@@ -6,6 +6,7 @@ to Envoy in an environment variable (`password_env`), never in the policy."""
 
 import os
 import signal
+import subprocess
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -14,17 +15,18 @@ import pytest
 
 import stack
 from conftest import new_key
-from idemtest import assert_local, post, wait_for
+from idemtest import assert_local, describe, post, wait_for
 from test_native import CREATE, native, replayed_across, sixteen_at_once  # noqa: F401 (the fixture)
 
 PASSWORD_ENV = "IDEM_E2E_REDIS_PASSWORD"
 
 
-def direct_policy(redis_port, prefix, cluster=False, timeout="500ms", password='password_env = "%s"' % PASSWORD_ENV):
+def direct_policy(redis_port, prefix, cluster=False, timeout="500ms", password='password_env = "%s"' % PASSWORD_ENV,
+                  host="127.0.0.1", extra=()):
     """A one-route bundle on `[redis] direct` (and `cluster`, the Webdis form, for a mixed fleet);
-    `password` is the policy line saying where the password is."""
-    lines = ["[redis]", 'direct = "127.0.0.1:%d"' % redis_port, password,
-             'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix]
+    `password` is the policy line saying where the password is; `extra`, more `[redis]` lines."""
+    lines = ["[redis]", 'direct = "%s:%d"' % (host, redis_port), password,
+             'timeout = "%s"' % timeout, 'prefix = "%s"' % prefix] + list(extra)
     if cluster:
         lines += ['cluster = "webdis"', 'authority = "webdis"', 'basic_auth = "%s"' % stack.WEBDIS_AUTH]
     return "\n".join(lines) + """
@@ -170,6 +172,69 @@ def test_a_password_file_authenticates_and_an_unreadable_one_is_refused_at_load(
     missing = os.path.join(workdir, "no-such-secret")
     refused_at_load(workdir, upstream, direct_policy(own_redis.port, prefix(), password='password_file = "%s"' % missing),
                     'password_file = "%s": cannot read it' % missing)
+
+
+def tls_files(workdir, name):
+    """A certificate authority and a server certificate it signs for the name `localhost` only
+    (openssl, P-256 keys): the directory holding ca.pem, server.pem and server.key."""
+    d = os.path.join(workdir, "tls-%s-%s" % (name, uuid.uuid4().hex[:6]))
+    os.makedirs(d)
+
+    def openssl(*args):
+        done = subprocess.run(["openssl"] + list(args), cwd=d, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, "openssl %s: %s" % (" ".join(args), done.stderr)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=idem test CA %s" % name)
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
+    return d
+
+
+def test_tls_to_redis_checks_the_servers_certificate(native, make_envoy, workdir, upstream, redis_components,
+                                                     redis_password):
+    """`tls = true`: the module speaks TLS to Redis' `tls-port`, the certificate checked against
+    `tls_ca_file` and its name against `direct`'s host. Reached by a name the certificate does not
+    carry (127.0.0.1), signed by another authority, or spoken to in plain TCP, the TLS port answers
+    nothing the module trusts: a store error (503), never a forward, and the log says why. A CA file
+    that holds no certificate is refused at load."""
+    ours, theirs = tls_files(workdir, "ours"), tls_files(workdir, "theirs")
+    tls_port = stack.free_port()
+    redis = stack.Redis(workdir, extra_args=[
+        "--tls-port", str(tls_port), "--tls-cert-file", os.path.join(ours, "server.pem"),
+        "--tls-key-file", os.path.join(ours, "server.key"), "--tls-ca-cert-file", os.path.join(ours, "ca.pem"),
+        "--tls-auth-clients", "no"])
+    try:
+        pfx = prefix()
+        with_ca = ["tls = true", 'tls_ca_file = "%s"' % os.path.join(ours, "ca.pem")]
+        policy = direct_policy(tls_port, pfx, host="localhost", extra=with_ca)
+        env = make_envoy(policy, routes=stack.routes_from_policy(policy), wasm_path=stack.NATIVE)
+        key = new_key("tls")
+        first = post(env, CREATE, key)
+        assert first.status == 200 and first.header("idempotent-replayed") is None, describe(first)
+        assert post(env, CREATE, key).header("idempotent-replayed") == "true"
+        assert upstream.calls(key) == 1
+        assert [k for k in keys(redis, pfx) if b":k:" in k], "no record in Redis"
+
+        other_name = direct_policy(tls_port, prefix(), host="127.0.0.1", extra=with_ca)
+        wrong_ca = direct_policy(tls_port, prefix(), host="localhost",
+                                 extra=["tls = true", 'tls_ca_file = "%s"' % os.path.join(theirs, "ca.pem")])
+        plain = direct_policy(tls_port, prefix(), timeout="300ms")
+        for policy, why in ((other_name, "certificate not valid for name \"127.0.0.1\""),
+                            (wrong_ca, "invalid peer certificate"), (plain, "([redis] direct)")):
+            env = make_envoy(policy, routes=stack.routes_from_policy(policy), wasm_path=stack.NATIVE)
+            key = new_key("tls-refused")
+            assert_local(post(env, CREATE, key), 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+            assert upstream.calls(key) == 0
+            wait_for(lambda: why in env.log_text(), 5, what="the failure logged (%s)" % why)
+    finally:
+        redis.stop()
+    empty = os.path.join(workdir, "empty-ca.pem")
+    open(empty, "w").close()
+    refused_at_load(workdir, upstream, direct_policy(6379, prefix(), extra=["tls = true", 'tls_ca_file = "%s"' % empty]),
+                    'tls_ca_file = "%s": it holds no PEM certificate' % empty)
 
 
 def test_connections_killed_mid_traffic_run_no_request_twice(native, make_envoy, upstream, own_redis,

@@ -95,6 +95,14 @@ pub struct RedisConfig {
     /// when the config loads. Not with `password_env`.
     #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
     pub password_file: Option<String>,
+    /// Speak TLS to `direct` (Redis' `tls-port`; managed Redis services): the server's certificate
+    /// checked against the system's roots, or `tls_ca_file`'s, and its name against `direct`'s host.
+    #[serde(default)]
+    pub tls: bool,
+    /// A PEM file of the certificate authorities that sign `direct`'s certificate (a private CA),
+    /// in place of the system's roots; read and checked when the config loads. Needs `tls`.
+    #[serde(default, deserialize_with = "fields::de_opt_nonempty")]
+    pub tls_ca_file: Option<String>,
     /// `:authority` of the callouts.
     #[serde(default = "default_authority")]
     pub authority: String,

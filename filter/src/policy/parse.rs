@@ -321,6 +321,17 @@ impl RawBundle {
                     .into(),
             ));
         }
+        if self.redis.as_ref().is_some_and(|r| (r.tls || r.tls_ca_file.is_some()) && r.direct.is_none()) {
+            errors.push(at(
+                "tls",
+                "[redis] `tls` and `tls_ca_file` are for `direct` (the native build's own connections); the .wasm \
+                 reaches Webdis through its Envoy cluster, whose transport_socket sets TLS"
+                    .into(),
+            ));
+        }
+        if self.redis.as_ref().is_some_and(|r| r.tls_ca_file.is_some() && !r.tls) {
+            errors.push(at("tls_ca_file", "[redis] `tls_ca_file` needs `tls = true`".into()));
+        }
         if self.redis.as_ref().is_some_and(|r| r.password_env.is_some() && r.password_file.is_some()) {
             errors.push(at(
                 "password_file",
