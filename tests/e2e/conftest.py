@@ -375,6 +375,38 @@ def make_fleet(workdir, upstream, request):
         env.stop()
 
 
+@pytest.fixture(scope="module")
+def module_gateway(workdir, upstream, request, redis_components):
+    """`make_gateway` for a module whose tests each use their own keys: one Envoy per store and
+    configuration, started at its first use and kept for the module's other tests (a `.wasm`
+    Envoy's start compiles the module: about 2 s of CPU), stopped at the module's end. A failed
+    test prints the log tails (`_module_gateway_logs_on_failure`)."""
+    kept = {}
+
+    def make(store, policy_toml, routes, **kw):
+        key = (store, policy_toml, repr(routes), repr(sorted(kw.items())))
+        if key not in kept:
+            upstream_port = kw.pop("upstream_port", None) or upstream.port
+            extra = list(kw.pop("extra_clusters", ()))
+            if store == "redis":
+                rs = request.getfixturevalue("redis_stack")
+                extra = [stack.webdis_cluster(rs.webdis.port)] + extra
+            kept[key] = _start(workdir, upstream_port, policy_toml, routes, extra_clusters=extra, **kw)
+        return kept[key]
+    make.kept = kept
+    yield make
+    for env in kept.values():
+        env.stop()
+
+
+@pytest.fixture(autouse=True)
+def _module_gateway_logs_on_failure(request):
+    yield
+    if _failed(request.node) and "module_gateway" in request.fixturenames:
+        for env in request.getfixturevalue("module_gateway").kept.values():
+            print("\n--- Envoy log tail (%s) ---\n%s" % (env.config_path, env.log_tail(60)))
+
+
 @pytest.fixture
 def make_gateway(request, make_envoy, make_fleet, redis_components):
     """One Envoy on `store`: the shared-data store, or Redis (a one-Envoy fleet on the module's

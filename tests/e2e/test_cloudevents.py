@@ -44,10 +44,13 @@ def consumer():
     m.stop()
 
 
+PREFIX = "idem-ce-%s:" % uuid.uuid4().hex[:6]
+
+
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_gateway, consumer):
-    prefix = "idem-ce-%s:" % uuid.uuid4().hex[:6]
-    return make_gateway(request.param, policy(request.param, prefix), ROUTES, upstream_port=consumer.port)
+def gateway(request, module_gateway, consumer):
+    """One gateway per store for the module: every test uses its own ids."""
+    return module_gateway(request.param, policy(request.param, PREFIX), ROUTES, upstream_port=consumer.port)
 
 
 def event(event_id, source="/shop/eu", data=None):

@@ -246,11 +246,14 @@ def service():
     s.stop()
 
 
+PREFIX = "idem-grpc-%s:" % uuid.uuid4().hex[:6]
+
+
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_gateway, service):
-    prefix = "idem-grpc-%s:" % uuid.uuid4().hex[:6]
-    return make_gateway(request.param, policy(request.param, prefix), ROUTES, upstream_port=service.port,
-                        upstream_http2=True, extra_clusters=[stack.cluster("grpc_lookup", service.lookup_port)])
+def gateway(request, module_gateway, service):
+    """One gateway per store for the module: every test uses its own keys."""
+    return module_gateway(request.param, policy(request.param, PREFIX), ROUTES, upstream_port=service.port,
+                          upstream_http2=True, extra_clusters=[stack.cluster("grpc_lookup", service.lookup_port)])
 
 
 def channel(env, retry=None, own_connection=False):

@@ -111,10 +111,13 @@ def merchant():
     m.stop()
 
 
+PREFIX = "idem-senders-%s:" % uuid.uuid4().hex[:6]
+
+
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_gateway, merchant):
-    prefix = "idem-senders-%s:" % uuid.uuid4().hex[:6]
-    return make_gateway(request.param, bundle(request.param, prefix), ROUTES, upstream_port=merchant.port)
+def gateway(request, module_gateway, merchant):
+    """One gateway per store for the module: every test sends its own notifications and orders."""
+    return module_gateway(request.param, bundle(request.param, PREFIX), ROUTES, upstream_port=merchant.port)
 
 
 def post(env, path, body, headers=None, timeout=10.0, content_type="application/json"):

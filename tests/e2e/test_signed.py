@@ -155,10 +155,13 @@ def aws():
     a.stop()
 
 
+PREFIX = "idem-sigv4-%s:" % uuid.uuid4().hex[:6]
+
+
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_gateway, aws):
-    prefix = "idem-sigv4-%s:" % uuid.uuid4().hex[:6]
-    return make_gateway(request.param, policy(request.param, prefix), ROUTES, upstream_port=aws.port)
+def gateway(request, module_gateway, aws):
+    """One gateway per store for the module: every test uses its own ids."""
+    return module_gateway(request.param, policy(request.param, PREFIX), ROUTES, upstream_port=aws.port)
 
 
 def client(env, service, key, read_timeout=10, attempts=10):
