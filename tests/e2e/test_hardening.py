@@ -21,7 +21,7 @@ import pytest
 
 import stack
 from conftest import new_key
-from idemtest import assert_local, assert_replay_of, assert_upstream_answer, counters, describe, post, wait_for
+from idemtest import assert_local, assert_replay_of, assert_upstream_answer, counters, delta, describe, post, wait_for
 
 PREFIX = "idem-hard-%s:" % uuid.uuid4().hex[:6]
 
@@ -130,9 +130,10 @@ JWT_AUTHN = {
 
 
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_gateway):
-    """One Envoy with one worker (so one crash would show on every later request)."""
-    return make_gateway(request.param, policy(request.param), ROUTES, concurrency=1, pre_filters=[JWT_AUTHN])
+def gateway(request, module_gateway):
+    """One Envoy with one worker per store, kept for the module's tests (so one crash would show on
+    every later request, of this test and the next ones); every test uses its own keys."""
+    return module_gateway(request.param, policy(request.param), ROUTES, concurrency=1, pre_filters=[JWT_AUTHN])
 
 
 def raw_post(env, path, headers, body=b'{"sku":"A1"}', timeout=10.0):
@@ -295,14 +296,15 @@ def test_path_aliases_share_the_policy_and_unmatched_writes_fail_closed(gateway,
         assert_replay_of(r, first)
     assert upstream.calls(key=key) == 1
     # A filter-enabled route where no policy matches a write: refused (unmatched = "reject").
+    before = gateway.stats("idem._unmatched.")
     r = post(gateway, "/h/order/cancel", new_key("unmatched"))
     assert_local(r, 400, "IDEMPOTENCY_NO_POLICY")
     # Reads pass.
     r = gateway.request("GET", "/h/order/cancel")
     assert r.status == 200, describe(r)
-    stats = gateway.stats("idem._unmatched.")
-    # This Envoy's only unmatched requests: the POST above (rejected) and the GET (passed).
-    assert stats.get("idem._unmatched.rejected", 0) == 1 and stats.get("idem._unmatched.passed", 0) == 1, stats
+    # Counted: the POST above (rejected) and the GET (passed), nothing else meanwhile.
+    counted = delta(before, gateway.stats("idem._unmatched."))
+    assert counted == {"idem._unmatched.rejected": 1, "idem._unmatched.passed": 1}, counted
 
 
 # ---------------------------------------------------------------- 8. the key header twice

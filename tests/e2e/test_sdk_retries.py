@@ -71,8 +71,9 @@ ROUTES = stack.routes_from_policy(policy("shared"), after=[{"name": "passthrough
 
 
 @pytest.fixture(params=["shared", "redis"])
-def gateway(request, make_gateway):
-    return make_gateway(request.param, policy(request.param), ROUTES)
+def gateway(request, module_gateway):
+    """One gateway per store for the module: every run uses its own keys."""
+    return module_gateway(request.param, policy(request.param), ROUTES)
 
 
 def store_of(env):
