@@ -345,7 +345,11 @@ impl Client {
 
     /// The node a command goes to: its key's slot's, else the default node.
     fn node_for(&mut self, args: &[Vec<u8>]) -> Option<usize> {
-        let known = first_key(args).and_then(|key| self.slot_map.get(usize::from(hash_slot(key))).copied().flatten());
+        // A single Redis never fills the map: no key to find or hash per command.
+        let known = (!self.slot_map.is_empty())
+            .then(|| first_key(args))
+            .flatten()
+            .and_then(|key| self.slot_map.get(usize::from(hash_slot(key))).copied().flatten());
         known.or_else(|| (!self.nodes.is_empty()).then_some(self.default_node % self.nodes.len()))
     }
 

@@ -387,11 +387,15 @@ def module_gateway(workdir, upstream, request, redis_components):
         key = (store, policy_toml, repr(routes), repr(sorted(kw.items())))
         if key not in kept:
             upstream_port = kw.pop("upstream_port", None) or upstream.port
-            extra = list(kw.pop("extra_clusters", ()))
-            if store == "redis":
+            if store == "shared":
+                kept[key] = _start(workdir, upstream_port, policy_toml, routes, **kw)
+            else:
                 rs = request.getfixturevalue("redis_stack")
-                extra = [stack.webdis_cluster(rs.webdis.port)] + extra
-            kept[key] = _start(workdir, upstream_port, policy_toml, routes, extra_clusters=extra, **kw)
+                try:
+                    kept[key] = stack.start_fleet(workdir, upstream_port, rs.webdis.port, policy_toml, routes=routes,
+                                                  n=1, **kw)[0]
+                except stack.StackError as e:
+                    pytest.fail(str(e), pytrace=False)
         return kept[key]
     make.kept = kept
     yield make
