@@ -69,7 +69,8 @@ pub trait Host {
     fn request_headers(&self) -> crate::pairs::Headers;
     /// The buffered request body, `size` bytes from the start.
     fn request_body(&self, size: usize) -> Option<Vec<u8>>;
-    fn response_headers(&self) -> Vec<Pair>;
+    /// Every response header, in the host's serialized form (read in place).
+    fn response_headers(&self) -> crate::pairs::Headers;
     fn response_body(&self, size: usize) -> Option<Vec<u8>>;
     /// The response's trailers (a gRPC answer's `grpc-status`), in `on_response_trailers`.
     fn response_trailers(&self) -> Vec<Pair>;

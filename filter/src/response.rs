@@ -67,30 +67,51 @@ pub const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// Headers never replayed: [`HOP_BY_HOP`], ones Envoy recomputes, cookies (a replay must not
-/// hand one caller's session to a later request), and Envoy's own diagnostics.
+/// hand one caller's session to a later request), and Envoy's own diagnostics. Any case.
 pub fn replayable_header(name: &str) -> bool {
     const ALSO: &[&str] = &["date", "set-cookie", "server", "idempotent-replayed"];
     !name.starts_with(':')
-        && !name.starts_with("x-envoy-")
+        && !name.get(..8).is_some_and(|p| p.eq_ignore_ascii_case("x-envoy-"))
         && !HOP_BY_HOP.iter().chain(ALSO).any(|d| name.eq_ignore_ascii_case(d))
+}
+
+/// Which headers of one response may be replayed: [`replayable_header`], and not named by
+/// its `Connection` header (hop-by-hop by that naming, RFC 9110 §7.6.1).
+pub struct Replayable {
+    named_by_connection: Vec<Vec<u8>>,
+}
+
+impl Replayable {
+    pub fn of<'a>(headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Replayable {
+        let named_by_connection = headers
+            .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+            .flat_map(|(_, v)| v.split(|&b| b == b',').map(|t| t.trim_ascii().to_ascii_lowercase()))
+            .collect();
+        Replayable { named_by_connection }
+    }
+
+    pub fn keeps(&self, name: &[u8]) -> bool {
+        std::str::from_utf8(name).is_ok_and(replayable_header)
+            && !self.named_by_connection.iter().any(|c| name.eq_ignore_ascii_case(c))
+    }
+
+    /// The headers to remember, lower-cased, from a response's serialized map: only these are
+    /// copied out of it (a response carries a dozen headers, a replay keeps a few).
+    pub fn copy(headers: &crate::pairs::Headers) -> Vec<Header> {
+        let keep = Replayable::of(headers.iter());
+        headers
+            .iter()
+            .filter(|(n, _)| keep.keeps(n))
+            .map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.to_vec()))
+            .collect()
+    }
 }
 
 impl StoredResponse {
     /// Keeps only replayable headers (also those named by a `Connection` header).
     pub fn new(status: u16, headers: Vec<Header>, body: Vec<u8>) -> Self {
-        let named_by_connection: Vec<String> = headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
-            .flat_map(|(_, v)| {
-                v.split(|&b| b == b',')
-                    .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let headers = headers
-            .into_iter()
-            .filter(|(n, _)| replayable_header(n) && !named_by_connection.iter().any(|c| n.eq_ignore_ascii_case(c)))
-            .collect();
+        let keep = Replayable::of(headers.iter().map(|(n, v)| (n.as_bytes(), v.as_slice())));
+        let headers = headers.into_iter().filter(|(n, _)| keep.keeps(n.as_bytes())).collect();
         StoredResponse { status, headers, body, trailers: Vec::new() }
     }
 
@@ -197,4 +218,33 @@ pub fn json_reply(status: u16, code: &str, message: &str, extra: &[(&str, serde_
 pub fn rfc3339(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pairs::Headers;
+
+    #[test]
+    fn only_replayable_headers_are_copied_out_of_a_response_lower_cased() {
+        let response = Headers::from_pairs(&[
+            (":status", "201"),
+            ("Content-Type", "application/json"),
+            ("Connection", "keep-alive, X-Session-Hint"),
+            ("x-session-hint", "abc"),
+            ("X-Envoy-Upstream-Service-Time", "3"),
+            ("set-cookie", "sid=1"),
+            ("date", "Sun, 06 Dec 2026 21:00:00 GMT"),
+            ("content-length", "12"),
+            ("x-order-id", "42"),
+        ]);
+        let kept = Replayable::copy(&response);
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-order-id"]);
+        assert_eq!(kept[1].1, b"42");
+        // The stored answer keeps the same, from pairs it is given whole.
+        let whole: Vec<Header> =
+            response.iter().map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.to_vec())).collect();
+        assert_eq!(StoredResponse::new(201, whole, vec![]).headers, kept);
+    }
 }

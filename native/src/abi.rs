@@ -569,6 +569,9 @@ impl ConfigScheduler {
 
 // ---- the filter config's metrics -----------------------------------------------------------
 
+/// The most label values a series carries (idem's families take two).
+pub const MAX_LABELS: usize = 4;
+
 /// One of a config's counters or histograms: its id and how many labels it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MetricId(pub usize);
@@ -630,10 +633,16 @@ impl ConfigPtr {
 
     /// Adds `value` to a counter (`histogram` false) or records it in a histogram, with one value
     /// per label the metric was defined with. Needs no stream: callable from any worker.
-    pub fn add(self, id: MetricId, labels: &[&[u8]], value: u64, histogram: bool) -> bool {
-        let mut values: Vec<ModuleBuffer> = labels.iter().map(|l| ModuleBuffer::of(l)).collect();
+    pub fn add(self, id: MetricId, labels: &[Vec<u8>], value: u64, histogram: bool) -> bool {
+        let mut values = [const { ModuleBuffer { ptr: null(), length: 0 } }; MAX_LABELS];
+        if labels.len() > MAX_LABELS {
+            return false;
+        }
+        for (buffer, label) in values.iter_mut().zip(labels) {
+            *buffer = ModuleBuffer::of(label);
+        }
         let (ptr, len) =
-            if values.is_empty() { (std::ptr::null_mut(), 0) } else { (values.as_mut_ptr(), values.len()) };
+            if labels.is_empty() { (std::ptr::null_mut(), 0) } else { (values.as_mut_ptr(), labels.len()) };
         let add = if histogram {
             envoy_dynamic_module_callback_http_filter_config_record_histogram_value
         } else {

@@ -83,8 +83,7 @@ impl Config {
     pub fn add(&self, series: &Series, value: u64) {
         let alive = self.alive.read().unwrap_or_else(PoisonError::into_inner);
         if *alive {
-            let labels: Vec<&[u8]> = series.labels.iter().map(Vec::as_slice).collect();
-            self.envoy.add(series.id, &labels, value, series.histogram);
+            self.envoy.add(series.id, &series.labels, value, series.histogram);
         }
     }
 

@@ -310,6 +310,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
             if event_id == ticker::TICK {
                 w.tick();
             }
+            if event_id == ticker::FLUSH {
+                w.flush_counts();
+            }
         });
     })
 }

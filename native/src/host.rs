@@ -157,8 +157,10 @@ impl core::Host for Native {
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
         self.body(body_type::BUFFERED_REQUEST, body_type::RECEIVED_REQUEST, size)
     }
-    fn response_headers(&self) -> Vec<Pair> {
-        self.filter().map(|f| f.headers(header_type::RESPONSE)).unwrap_or_default()
+    fn response_headers(&self) -> Headers {
+        self.filter()
+            .map(|f| f.with_headers(header_type::RESPONSE, |pairs| Headers::from_pairs(pairs)))
+            .unwrap_or_default()
     }
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {
         self.body(body_type::BUFFERED_RESPONSE, body_type::RECEIVED_RESPONSE, size)

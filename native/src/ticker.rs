@@ -21,13 +21,19 @@ use crate::abi::SchedulerPtr;
 use crate::calls;
 use crate::worker::WorkerCell;
 use std::sync::Arc;
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::{Mutex, MutexGuard, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The event id of a tick (`on_http_filter_scheduled`).
 pub const TICK: u64 = 1;
 /// The event id of a wake-up: answers wait in the worker's mailbox (`calls.rs`).
 pub const WAKE: u64 = 2;
+/// The event id of a flush: counts held on the worker go to Envoy (`WorkerThread::flush_counts`).
+pub const FLUSH: u64 = 3;
+
+/// The longest a count waits on its worker while streams stay open (a held duplicate, a slow
+/// upload); a worker whose last stream ends hands its counts over at once.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(20);
 
 struct Slot {
     period: Option<Duration>,
@@ -37,10 +43,14 @@ struct Slot {
     worker: Arc<WorkerCell>,
     /// Root work waits for the main thread: a tick or mail came while the worker had no stream.
     idle_due: bool,
+    /// Counts held on the worker are to be handed to Envoy then.
+    flush_at: Option<Instant>,
 }
 
 static SLOTS: Mutex<Vec<Slot>> = Mutex::new(Vec::new());
 static START: Once = Once::new();
+/// The ticker thread, unparked when a flush is asked for sooner than it would wake.
+static THREAD: OnceLock<std::thread::Thread> = OnceLock::new();
 
 /// The finest period the thread sleeps for when no worker needs sooner.
 const IDLE: Duration = Duration::from_millis(50);
@@ -52,10 +62,12 @@ fn slots() -> MutexGuard<'static, Vec<Slot>> {
 /// A slot for a new worker thread; starts the ticker thread the first time.
 pub fn new_slot(worker: Arc<WorkerCell>) -> usize {
     START.call_once(|| {
-        let _ = std::thread::Builder::new().name("idem-ticker".into()).spawn(run);
+        if let Ok(handle) = std::thread::Builder::new().name("idem-ticker".into()).spawn(run) {
+            let _ = THREAD.set(handle.thread().clone());
+        }
     });
     let mut all = slots();
-    all.push(Slot { period: None, scheduler: None, next: None, worker, idle_due: false });
+    all.push(Slot { period: None, scheduler: None, next: None, worker, idle_due: false, flush_at: None });
     all.len() - 1
 }
 
@@ -83,6 +95,18 @@ pub fn detach(slot: usize, scheduler: SchedulerPtr) {
         }
     }
     scheduler.delete();
+}
+
+/// The worker holds counts: they are flushed within [`FLUSH_AFTER`] unless it does so first.
+pub fn flush_soon(slot: usize) {
+    if let Some(s) = slots().get_mut(slot) {
+        if s.flush_at.is_none() {
+            s.flush_at = Some(Instant::now() + FLUSH_AFTER);
+            if let Some(thread) = THREAD.get() {
+                thread.unpark();
+            }
+        }
+    }
 }
 
 /// Wakes a worker now, through its live stream's scheduler; a worker with none has its mail
@@ -119,6 +143,20 @@ fn run() {
         {
             let mut all = slots();
             for s in all.iter_mut() {
+                match s.flush_at {
+                    Some(at) if at <= now => {
+                        s.flush_at = None;
+                        match s.scheduler {
+                            Some(scheduler) => scheduler.commit(FLUSH),
+                            None => {
+                                s.idle_due = true;
+                                idle = true;
+                            }
+                        }
+                    }
+                    Some(at) => sleep = sleep.min(at - now),
+                    None => {}
+                }
                 let Some(period) = s.period else {
                     continue;
                 };
@@ -141,6 +179,6 @@ fn run() {
         if idle {
             calls::run_idle_on_main();
         }
-        std::thread::sleep(sleep);
+        std::thread::park_timeout(sleep);
     }
 }

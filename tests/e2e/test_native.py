@@ -95,6 +95,42 @@ def test_metrics_are_the_labelled_families_envoy_exports_for_a_module(native, ma
     assert "# TYPE envoy_dynamicmodulescustom_idem_requests_total counter" in prom
 
 
+# No body read and a 30 s lock: this root ticks once a second (the lease's renewal), so only the
+# ticker's own flush brings a count to Envoy sooner.
+SLOW_TICKS = """
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+[route.key]
+from = "header"
+name = "Idempotency-Key"
+fingerprint = ["method", "path"]
+lock_ttl = "30s"
+"""
+
+
+def test_a_count_reaches_envoy_while_another_request_of_its_worker_stays_open(native, make_envoy, upstream):
+    """Natively counts are handed to Envoy in batches (Envoy 1.40 looks a labelled series up at
+    each increment): at once when the worker's last stream ends, else within 20 ms from the
+    ticker. One worker; a request held 3 s upstream keeps a stream open while three others
+    complete: each one's `stored` shows within 0.4 s (the root's own tick, once a second, would
+    let one slip past that)."""
+    env = make_envoy(SLOW_TICKS, routes=TEST_ROUTES, concurrency=1, wasm_path=stack.NATIVE)
+    held = threading.Thread(target=post, args=(env, CREATE, new_key("held")),
+                            kwargs={"headers": {"x-demo-delay-ms": "3000"}, "timeout": 20})
+    held.start()
+    wait_for(lambda: counters(env, "create-order").get("forwarded") == 1, 0.4, what="the held request's `forwarded`")
+    for n in range(1, 4):
+        r = post(env, CREATE, new_key("quick"))
+        assert r.status == 200, r
+        wait_for(lambda: counters(env, "create-order").get("stored") == n, 0.4,
+                 what="quick request %d's `stored` while the held one is open" % n)
+    assert held.is_alive(), "the held request ended first: the test proved nothing"
+    assert counters(env, "create-order").get("forwarded") == 4, counters(env, "create-order")
+    held.join(20)
+    assert counters(env, "create-order").get("stored") == 4, counters(env, "create-order")
+
+
 def sixteen_at_once(upstream, envs, key):
     """Sends `key` 16 times at once (a barrier), in turn through each of `envs`: it runs once, and
     every answer is its 200 or a 409 while it runs."""

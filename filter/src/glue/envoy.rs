@@ -89,8 +89,8 @@ impl Host for Envoy {
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
         abi::buffer(abi::buffer::REQUEST_BODY, 0, size).ok().flatten()
     }
-    fn response_headers(&self) -> Vec<Pair> {
-        abi::headers(abi::map::RESPONSE_HEADERS).unwrap_or_default()
+    fn response_headers(&self) -> crate::pairs::Headers {
+        abi::header_block(abi::map::RESPONSE_HEADERS).unwrap_or_default()
     }
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {
         abi::buffer(abi::buffer::RESPONSE_BODY, 0, size).ok().flatten()

@@ -5,7 +5,6 @@
 use super::leases::LeaseOwner;
 use super::replay;
 use super::stream::{text, Phase, Stream};
-use super::worker::status_of;
 use super::writes::After;
 use super::Flow;
 use crate::engine::{Body, Ending, Ticket};
@@ -13,7 +12,7 @@ use crate::host::{Host, Level};
 use crate::pairs::Pair;
 use crate::policy::RouteId;
 use crate::repeatability;
-use crate::response::Header;
+use crate::response::{Header, Replayable};
 use std::rc::Rc;
 
 /// The response being captured for a forwarded request.
@@ -83,8 +82,8 @@ impl Stream {
         let Phase::Forwarded { route, ticket, key } = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return Flow::Continue;
         };
-        let pairs = host.response_headers();
-        let status = status_of(&pairs);
+        let response = host.response_headers();
+        let status = response.get(b":status").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0);
         // Whether Envoy answered itself (and why): for gRPC, its answers are 200s too.
         let grpc = self.request.grpc;
         let repeatable = repeatability::speaks(self.worker.engine.policy(route));
@@ -95,13 +94,14 @@ impl Stream {
         };
         // The first execution's own answer, from the service (its replays are marked where they
         // are made); not Envoy's own answer, nor one the service marked itself.
-        let marked = || pairs.iter().any(|(n, _)| n.eq_ignore_ascii_case(repeatability::RESULT.as_bytes()));
+        let marked = || response.iter().any(|(n, _)| n.eq_ignore_ascii_case(repeatability::RESULT.as_bytes()));
         if repeatable && crate::engine::is_upstream_answer(&details) && !marked() {
             if let Err(e) = host.set_response_header(repeatability::RESULT, b"accepted") {
                 host.log(Level::Warn, &format!("idem: cannot set {}: {e:?}", repeatability::RESULT));
             }
         }
-        let headers = lowercase(pairs);
+        // Only what a replay may carry is kept (`StoredResponse::new` keeps the same).
+        let headers = Replayable::copy(&response);
         let holding = ticket.store_ticket().written_by_call();
         let capture =
             Capture { status, headers, body: Vec::new(), too_large: false, details, holding, trailers: vec![], grpc };

@@ -116,9 +116,9 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("get_buffer_bytes", r.as_ref().map_or(0, Vec::len));
         r
     }
-    fn response_headers(&self) -> Vec<Pair> {
+    fn response_headers(&self) -> crate::pairs::Headers {
         let r = self.inner.response_headers();
-        self.add("get_header_map_pairs", pairs_len(&r));
+        self.add("get_header_map_pairs", r.byte_len());
         r
     }
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {

@@ -429,8 +429,8 @@ impl Host for FakeHost {
             .flatten()
             .filter(|b| !b.is_empty())
     }
-    fn response_headers(&self) -> Vec<Pair> {
-        self.with_stream(|s| s.response_headers.clone()).unwrap_or_default()
+    fn response_headers(&self) -> crate::pairs::Headers {
+        self.with_stream(|s| crate::pairs::Headers::from_pairs(&s.response_headers)).unwrap_or_default()
     }
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {
         self.with_stream(|s| s.response_body.get(..size.min(s.response_body.len())).map(<[u8]>::to_vec))
