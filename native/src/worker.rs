@@ -56,7 +56,7 @@ pub struct WorkerThread {
     next_id: Cell<u32>,
     roots: RefCell<Vec<Root>>,
     /// Live stream contexts: their Envoy filter and root.
-    streams: RefCell<HashMap<u32, (FilterPtr, u32)>>,
+    streams: RefCell<HashMap<u32, (FilterPtr, u32), foldhash::fast::FixedState>>,
     /// The token of the last call sent (the core tells its calls' answers apart by token).
     next_token: Cell<u32>,
     deferred: RefCell<Vec<Deferred>>,
