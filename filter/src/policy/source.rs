@@ -272,6 +272,8 @@ pub fn is_param_name(s: &str) -> bool {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // Written as it is when already lower case (the usual case, hashed into every scoped id).
+            Source::Header(h) if !h.bytes().any(|b| b.is_ascii_uppercase()) => write!(f, "header:{h}"),
             Source::Header(h) => write!(f, "header:{}", h.to_ascii_lowercase()),
             Source::Query(q) => write!(f, "query:{q}"),
             Source::Cookie(c) => write!(f, "cookie:{c}"),
