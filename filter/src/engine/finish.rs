@@ -31,7 +31,7 @@ impl Engine {
                 write(Write::HoldUnknown { hold_ms: policy.key.unknown_hold_ms(), note }, cause)
             }
             (Ended::Answered, Ending::Response { status, grpc: false, .. }) if !policy.key.remembers(status) => {
-                write(Write::Release, format!("status_{status}"))
+                write(Write::Release, status_cause(status))
             }
             (Ended::Answered, Ending::Response { body, .. })
                 if policy.key.success_body_contains.as_ref().is_some_and(|marker| !contains(&body, marker)) =>
@@ -49,11 +49,19 @@ impl Engine {
                     max_response_bytes: limit,
                     ttl_ms: policy.key.ttl.millis,
                 };
-                write(complete, format!("status_{status}"))
+                write(complete, status_cause(status))
             }
             (Ended::Answered, Ending::NoResponse { .. }) => Finish::Nothing { outcome: None, cause: String::new() },
         }
     }
+}
+
+/// `status_<code>`: the cause of every answered request, written without `format!`.
+fn status_cause(status: u16) -> String {
+    let mut cause = String::with_capacity(12);
+    cause.push_str("status_");
+    crate::store::text::push_decimal(&mut cause, u64::from(status));
+    cause
 }
 
 /// Whether a body seen whole holds `marker`.
@@ -108,7 +116,7 @@ fn classify(policy: &KeyPolicy, ending: &Ending) -> Ended {
                 Ended::Unknown(format!("outcome_unknown:{details}"))
             }
         }
-        Ending::Response { status, .. } if *status >= 500 => Ended::Failed(format!("status_{status}")),
+        Ending::Response { status, .. } if *status >= 500 => Ended::Failed(status_cause(*status)),
         // Headers came and the body was cut (upstream reset, client gone mid-body): the service
         // answered, and what it answered is lost — an unknown outcome, never a tombstone.
         Ending::Response { body: Body::Cut, .. } => Ended::Unknown("body_cut".into()),
@@ -138,7 +146,7 @@ fn classify_grpc(policy: &KeyPolicy, ending: &Ending) -> Ended {
         std::str::from_utf8(value).ok()?.trim().parse::<u32>().ok()
     };
     match grpc_status(trailers).or_else(|| grpc_status(headers)) {
-        None if *status >= 500 => Ended::Failed(format!("status_{status}")),
+        None if *status >= 500 => Ended::Failed(status_cause(*status)),
         None => Ended::Unknown("grpc_status_missing".into()),
         Some(code) => match crate::grpc::outcome(policy, code) {
             crate::grpc::Outcome::Completed => Ended::Answered,

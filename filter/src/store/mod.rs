@@ -19,7 +19,7 @@ pub mod remote;
 pub mod replay;
 pub mod resp;
 pub mod shared;
-mod text;
+pub(crate) mod text;
 
 use crate::host::Host;
 use crate::response::StoredResponse;
