@@ -5,6 +5,7 @@
 use super::leases::LeaseOwner;
 use super::replay;
 use super::stream::{text, Phase, Stream};
+use super::worker::parse_status;
 use super::writes::After;
 use super::Flow;
 use crate::engine::{Body, Ending, Ticket};
@@ -83,7 +84,7 @@ impl Stream {
             return Flow::Continue;
         };
         let response = host.response_headers();
-        let status = response.get(b":status").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0);
+        let status = parse_status(response.get(b":status"));
         // Whether Envoy answered itself (and why): for gRPC, its answers are 200s too.
         let grpc = self.request.grpc;
         let repeatable = repeatability::speaks(self.worker.engine.policy(route));

@@ -583,10 +583,10 @@ fn with_request_id(host: &dyn Host, r: &LocalReply) -> LocalReply {
 
 /// `:status` of a header map, 0 when absent (a failed callout has no headers).
 pub(super) fn status_of(headers: &[crate::pairs::Pair]) -> u16 {
-    headers
-        .iter()
-        .find(|(n, _)| n == b":status")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    parse_status(headers.iter().find(|(n, _)| n == b":status").map(|(_, v)| v.as_slice()))
+}
+
+/// A `:status` value as a number, 0 when absent or not one.
+pub(super) fn parse_status(value: Option<&[u8]>) -> u16 {
+    value.and_then(|v| std::str::from_utf8(v).ok()).and_then(|s| s.parse().ok()).unwrap_or(0)
 }

@@ -171,7 +171,7 @@ pub fn percent_decode(bytes: &[u8]) -> Vec<u8> {
 /// and `.`/`..` resolved. Envoy's `normalize_path` and `merge_slashes` do the same before routing;
 /// doing it here too keeps a policy from being bypassed where the listener lacks them.
 pub fn normalize_path(path: &str) -> Vec<Cow<'_, str>> {
-    let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(path.bytes().filter(|&b| b == b'/').count());
+    let mut out: Vec<Cow<'_, str>> = Vec::new();
     for raw in path.split('/') {
         let seg = decode_unreserved(raw);
         match seg.as_ref() {
