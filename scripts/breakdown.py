@@ -25,9 +25,13 @@ the ratios between components carry over, the absolute numbers do not.
    time on a shared machine it does not move with other load, so it tells a change of a few
    per cent apart. Split into the module's code (V8's JIT code) and the rest (Envoy and V8's
    builtins: the host calls, the crossings, the buffers).
+   The Redis path too, a fresh key each request against the same Redis and Webdis: (e0) the
+   floor making a fresh key's two Webdis calls, (e) the `.wasm`, (e-native) the native build
+   through Webdis, (e-direct) the native build speaking RESP to Redis itself.
 """
 
 import argparse
+import base64
 import glob
 import http.client
 import json
@@ -132,30 +136,49 @@ def order_of(size):
     return '{"sku":"A1","qty":1}' if pad <= 0 else head + "x" * pad + tail
 
 
-def envoy_case(case, n, tmp):
+# The Redis cases (a fresh key each request, as the bench's (e) family): which Envoy module, and the
+# policy's kind. (e0) is bench/floor's `callouts` mode: a no-op filter making the same two Webdis
+# calls a fresh key costs (claim, completion) with no logic of idem's.
+REDIS_CASES = {"e0": "floor", "e": "wasm", "e-native": "native", "e-direct": "direct"}
+
+
+def envoy_case(case, n, tmp, store=None):
     """(instructions per request, of which the module's JIT code) for `case` in a real Envoy.
     `c0-16k` and `c16k` are (c0) and (c) with 16 KB orders; `c-native`, `d-native` and
-    `c16k-native` are (c), (d) and (c16k) on idem's native build (target/native/libidem_native.so)."""
-    native = case.endswith("-native") and case != "c0-native"
+    `c16k-native` are (c), (d) and (c16k) on idem's native build (target/native/libidem_native.so).
+    The Redis cases (REDIS_CASES) need `store`, the (Redis, Webdis) they talk to."""
     named = case
-    case = case.removesuffix("-native") if native else case
+    redis_kind = REDIS_CASES.get(case)
+    native = (case.endswith("-native") and case != "c0-native") or redis_kind in ("native", "direct")
+    case = case.removesuffix("-native") if native and not redis_kind else case
     body = order_of(16384) if case.endswith("16k") else order_of(0)
     case = {"c16k": "c"}.get(case, case.removesuffix("-16k"))
     import stack
-    from bench import FLOOR_WASM, NATIVE_FLOOR, native_floor_config
+    from bench import FLOOR_WASM, NATIVE_FLOOR, SCENARIO, native_floor_config
     from stack.envoy_config import idem_config
     from stack.http import free_port
 
     policy = (REPO / "bench" / "scenario" / "shared.toml").read_text()
+    extra_clusters = []
+    if redis_kind:
+        redis, webdis = store
+        # A generous timeout: Envoy under valgrind runs some fifty times slower than on the hardware.
+        direct = redis.port if redis_kind == "direct" else None
+        policy = stack.redis_table(timeout="5s", prefix="idem-cg-%s:" % case, direct_port=direct) + "\n" + (
+            SCENARIO / "redis-route.toml").read_text()
+        extra_clusters = [stack.webdis_cluster(webdis.port)]
     routes = [
         {"name": "bench-key", "match": {"path": "/api/order/create"}, "idem": True},
         {"name": "bench-nopolicy", "match": {"path": "/api/no-policy"}, "idem": True},
     ]
     module = {"a": None, "b": stack.require_wasm(), "c0": FLOOR_WASM, "c0-native": NATIVE_FLOOR,
-              "c0s": FLOOR_WASM, "c0sh": FLOOR_WASM, "c": stack.require_wasm(), "d": stack.require_wasm()}[case]
+              "c0s": FLOOR_WASM, "c0sh": FLOOR_WASM, "c": stack.require_wasm(), "d": stack.require_wasm(),
+              "e0": FLOOR_WASM, "e": stack.require_wasm()}.get(case)
     # The floor's configuration (bench/floor): (c0s) adds a fresh key's shared-data calls, (c0sh)
-    # the scoped id's SHA-256 and the body's xxh3 too.
+    # the scoped id's SHA-256 and the body's xxh3 too; (e0) the two Webdis calls.
     floor_mode = {"c0": "", "c0s": "store", "c0sh": "store sha256 xxh3"}
+    if case == "e0":
+        floor_mode["e0"] = "callouts webdis %s" % base64.b64encode(stack.WEBDIS_AUTH.encode()).decode()
     if native:
         module = stack.NATIVE
     if module is not None and not Path(module).is_file():
@@ -170,13 +193,14 @@ def envoy_case(case, n, tmp):
     else:
         cfg = idem_config(listen_port=listen, admin_port=admin, upstream_port=fast.listen_port,
                           policy_toml=floor_mode.get(case, policy), routes=routes,
-                          wasm_path=str(module) if module else None, with_filter=module is not None)
+                          wasm_path=str(module) if module else None, with_filter=module is not None,
+                          extra_clusters=extra_clusters)
         if native:
             env = dict(os.environ, ENVOY_DYNAMIC_MODULES_SEARCH_PATH=str(stack.NATIVE.parent))
-    cfg_path = Path(tmp) / ("envoy-%s.json" % case)
+    cfg_path = Path(tmp) / ("envoy-%s.json" % named)
     cfg_path.write_text(json.dumps(cfg))
     out = Path(tmp) / ("envoy-%s.cg" % named)
-    log = open(Path(tmp) / ("envoy-%s.log" % case), "w")
+    log = open(Path(tmp) / ("envoy-%s.log" % named), "w")
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--smc-check=all-non-file", "--callgrind-out-file=%s" % out,
                              envoy_binary(), "-c", str(cfg_path), "--disable-hot-restart", "--concurrency", "1",
                              "-l", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -209,6 +233,7 @@ def envoy_case(case, n, tmp):
 
         for i in range(200):
             send(i, "warm")
+        webdis_before = admin_counter(admin, "cluster.webdis.upstream_rq_total") if redis_kind else 0
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
         for i in range(n):
             status = send(i, "k")
@@ -216,8 +241,10 @@ def envoy_case(case, n, tmp):
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         expected = 200
         if statuses != {expected: n}:
-            raise SystemExit("error: (%s) answered %s, expected %d %s" % (case, statuses, n, expected))
-        if floor_mode.get(case):
+            raise SystemExit("error: (%s) answered %s, expected %d %s" % (named, statuses, n, expected))
+        if redis_kind:
+            check_redis_case(named, redis_kind, admin, n, webdis_before)
+        if floor_mode.get(case) and not redis_kind:
             # The floor's store mode counts each claim and completion it made: it did the work.
             stats = http.client.HTTPConnection("127.0.0.1", admin, timeout=60)
             stats.request("GET", "/stats?filter=floor_")
@@ -235,9 +262,41 @@ def envoy_case(case, n, tmp):
         raise SystemExit("error: callgrind wrote no dump for (%s)" % case)
     costs = self_costs(dumps[-1])
     total = sum(costs.values())
+    # The native module's own threads (the direct Redis client's) are counted with the process.
     modules = ("/" + NATIVE_FLOOR.name, "/" + stack.NATIVE.name)
     jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn) or obj.endswith(modules))
     return total / n, jit / n
+
+
+def admin_counter(admin, name):
+    """One of Envoy's counters, by its full name, from the admin listener (0 when absent)."""
+    conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=60)
+    conn.request("GET", "/stats?filter=" + re.escape(name).replace("\\", "%5C"))
+    for line in conn.getresponse().read().decode(errors="replace").splitlines():
+        stat, _, value = line.partition(": ")
+        if stat.strip() == name:
+            return int(value)
+    return 0
+
+
+def check_redis_case(case, kind, admin, n, webdis_before):
+    """A Redis case measured what it says: idem counted every request forwarded on its Redis route
+    (the floor counts nothing), and each request made its two Webdis calls (claim, completion) —
+    none when the native build speaks RESP itself. Prints what it found."""
+    webdis = admin_counter(admin, "cluster.webdis.upstream_rq_total") - webdis_before
+    want_webdis = 0 if kind == "direct" else 2 * n
+    if webdis != want_webdis:
+        raise SystemExit("error: (%s) made %d Webdis calls for %d requests, expected %d" % (case, webdis, n, want_webdis))
+    if kind != "floor":
+        conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=60)
+        conn.request("GET", "/stats?filter=idem_requests_total")
+        text = conn.getresponse().read().decode(errors="replace")
+        forwarded = sum(int(v) for name, v in re.findall(r"^(\S+): (\d+)$", text, re.M)
+                        if "bench-redis" in name and "forwarded" in name)
+        if forwarded != n + 200:
+            raise SystemExit("error: (%s) idem counted %d requests forwarded on bench-redis, expected %d"
+                             % (case, forwarded, n + 200))
+    print("(%s): %.2f Webdis calls per request" % (case, webdis / n))
 
 
 def report_envoy(n, cases, keep=None):
@@ -245,20 +304,41 @@ def report_envoy(n, cases, keep=None):
           "ones; the whole process: Envoy, V8, host calls, the module):" % n)
     results = {}
     with tempfile.TemporaryDirectory(prefix="idem-envoy-cg-") as tmp:
-        for case in cases:
-            total, jit = envoy_case(case, n, tmp)
-            if keep:
-                # The callgrind dumps, for `callgrind_annotate --inclusive=yes <dump>`.
-                Path(keep).mkdir(parents=True, exist_ok=True)
-                for dump in glob.glob(str(Path(tmp) / ("envoy-%s.cg.*" % case))):
-                    shutil.copy(dump, keep)
-            results[case] = total
-            over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
-            print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
-                  % (case, " " * (3 - len(case)), total, jit, total - jit, over))
+        store = None
+        if any(c in REDIS_CASES for c in cases):
+            import stack
+            redis = stack.Redis(tmp)
+            store = (redis, stack.Webdis(tmp, redis.port))
+        try:
+            for case in cases:
+                total, jit = envoy_case_kept(case, n, tmp, store, keep)
+                results[case] = total
+                over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
+                print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
+                      % (case, " " * (3 - len(case)), total, jit, total - jit, over))
+        finally:
+            if store:
+                store[1].stop()
+                store[0].stop()
+    return compare_envoy(results)
+
+
+def envoy_case_kept(case, n, tmp, store, keep):
+    """envoy_case, its callgrind dump copied into `keep` (for `callgrind_annotate --inclusive=yes`)."""
+    total, jit = envoy_case(case, n, tmp, store)
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for dump in glob.glob(str(Path(tmp) / ("envoy-%s.cg.*" % case))):
+            shutil.copy(dump, keep)
+    return total, jit
+
+
+def compare_envoy(results):
+    """Each case against its floor, as far as both were counted."""
     for c, c0 in [("c", "c0"), ("c16k", "c0-16k"), ("c0sh", "c0"), ("c0sh-16k", "c0-16k"), ("c", "c0sh"),
                   ("c16k", "c0sh-16k"), ("c-native", "a"), ("c16k-native", "a"), ("d-native", "a"),
-                  ("c-native", "c0-native"), ("c-native", "c")]:
+                  ("c-native", "c0-native"), ("c-native", "c"), ("e", "e0"), ("e-native", "e0"),
+                  ("e-native", "e"), ("e-direct", "e0"), ("e-direct", "e"), ("e-native", "a"), ("e", "a")]:
         if c in results and c0 in results:
             ours, floor = results[c], results[c0]
             print("(%s) against its floor (%s): %+.1f %% (%+.0f instructions/req)"
@@ -283,7 +363,9 @@ def main():
     ap.add_argument("--envoy-cases", default="a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k",
                     help="the Envoy cases to count (default a,b,c0,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k; also "
                          "c0-native, the floor as a native dynamic module, once bench/floor-native is built; "
-                         "c-native, d-native, c16k-native: idem's native build, target/native). "
+                         "c-native, d-native, c16k-native: idem's native build, target/native; the Redis "
+                         "path, a fresh key each request: e0 (the floor's two Webdis calls), e (the .wasm), "
+                         "e-native (through Webdis), e-direct (RESP to Redis itself)). "
                          "(c0s) is the floor plus a fresh key's shared-data calls, clock and counters; (c0sh) "
                          "also hashes the scoped id (SHA-256) and the body (xxh3): what any shared-data "
                          "idempotency filter with those digests costs before its own logic")
