@@ -399,8 +399,12 @@ impl WorkerThread {
         if let Some(at) = all.iter().position(|(c, s)| Arc::ptr_eq(c, config) && *s == series) {
             return u32::try_from(at).ok();
         }
-        // A series exists in Envoy once added to: at zero, as the core defines it.
-        config.add(&series, 0);
+        // A counter exists in Envoy once added to: at zero, as the core defines it. A histogram
+        // is not touched: recording a 0 would be an observation (its `_count` one too high, a
+        // zero in its lowest bucket), so it appears with its first real value.
+        if !series.histogram {
+            config.add(&series, 0);
+        }
         all.push((Arc::clone(config), series));
         u32::try_from(all.len() - 1).ok()
     }

@@ -1,23 +1,31 @@
 """Operating idem with Prometheus: the alert rules (examples/prometheus/) pass promtool's own unit
 tests, and a real Prometheus scraping a real Envoy that runs the filter sees one labelled family.
+On the native build (`IDEM_ARTIFACT=native`, part of `make test`'s native pass) Prometheus scrapes
+with the shipped examples/prometheus/scrape-native.yml, whose relabel rule gives the families Envoy
+prefixes for a dynamic module the `.wasm`'s names: the same assertions then hold.
 
 promtool and prometheus come from Debian's `prometheus` package (scripts/setup.sh installs it);
 a missing one is a failure saying how to get it, never a skip.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import time
 import urllib.parse
 
 import pytest
+import yaml
 
 import stack
 from conftest import new_key
 from idemtest import post, wait_for
 
 RULES_DIR = stack.REPO / "examples" / "prometheus"
+NATIVE = stack.ARTIFACT == "native"
+# The scrape job users are given for the native build: its relabel rule is what this file tests.
+NATIVE_JOB = yaml.safe_load((RULES_DIR / "scrape-native.yml").read_text())["scrape_configs"][0]
 
 POLICY = """
 [[route]]
@@ -53,11 +61,40 @@ def test_a_broken_rule_fails_its_unit_test(tmp_path):
     assert out.returncode != 0 and "IdemInterceptionsDoubled" in out.stdout + out.stderr, out.stdout + out.stderr
 
 
+def as_scraped(text):
+    """Envoy's Prometheus text with the metric names a scrape keeps: natively, each renamed by the
+    shipped job's `metric_relabel_configs` rule (a fully anchored regex on `__name__`, as
+    Prometheus applies it); on the `.wasm`, as Envoy wrote them."""
+    if not NATIVE:
+        return text
+    [rule] = NATIVE_JOB["metric_relabel_configs"]
+    assert rule["source_labels"] == ["__name__"] and rule["target_label"] == "__name__", rule
+    pattern, replacement = re.compile(rule["regex"]), re.sub(r"\$(\d+)", r"\\\1", rule["replacement"])
+
+    def rename(name):
+        m = pattern.fullmatch(name)
+        return m.expand(replacement) if m else name
+
+    out = []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            line = "# TYPE %s %s" % (rename(name), kind)
+        elif line and not line.startswith("#"):
+            name, sep, rest = re.match(r"([^{ ]+)([{ ])(.*)", line).groups()
+            line = rename(name) + sep + rest
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def test_envoy_output_passes_promtool_check_metrics(make_envoy):
     env = make_envoy(POLICY)
     post(env, "/api/order/create", new_key())
-    text = env.admin("/stats/prometheus").body.decode()
-    assert "idem_requests_total{" in text, text[:500]
+    raw = env.admin("/stats/prometheus").body.decode()
+    text = as_scraped(raw)
+    assert "idem_requests_total{" in text, raw[:500]
+    # Natively Envoy's own name is the prefixed one; the rule is what renames it.
+    assert ("envoy_dynamicmodulescustom_idem_requests_total{" in raw) == NATIVE, raw[:500]
     assert_promtool_has_only_help_text_to_say(text)
 
 
@@ -81,11 +118,12 @@ def prometheus(workdir):
     def start(scrape_port):
         port = stack.free_port()
         cfg = workdir / ("prometheus-%d.yml" % port)
-        cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                       "rule_files: [%s]\n"
-                       "scrape_configs:\n- job_name: envoy\n  metrics_path: /stats/prometheus\n"
-                       "  static_configs:\n  - targets: ['127.0.0.1:%d']\n"
-                       % (json.dumps(str(RULES_DIR / "idem-rules.yml")), scrape_port))
+        target = {"targets": ["127.0.0.1:%d" % scrape_port]}
+        # Natively, the job users are given (its relabel rule), pointed at this Envoy.
+        job = dict(NATIVE_JOB, static_configs=[target]) if NATIVE else {
+            "job_name": "envoy", "metrics_path": "/stats/prometheus", "static_configs": [target]}
+        cfg.write_text(json.dumps({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                                   "rule_files": [str(RULES_DIR / "idem-rules.yml")], "scrape_configs": [job]}))
         argv = [tool("prometheus"), "--config.file=%s" % cfg, "--web.listen-address=127.0.0.1:%d" % port,
                 "--storage.tsdb.path=%s" % (workdir / ("prom-data-%d" % port))]
         p = stack.Proc("prometheus", argv, workdir / ("prometheus-%d.log" % port))
@@ -168,13 +206,13 @@ def test_held_duplicates_wait_time_is_a_histogram(make_envoy, upstream):
     count = []
 
     def merged():
-        text = env.admin("/stats/prometheus").body.decode()
+        text = as_scraped(env.admin("/stats/prometheus").body.decode())
         count[:] = [l for l in text.splitlines() if l.startswith('idem_wait_time_count{route="create-order"}')]
         return bool(count) and not count[0].endswith(" 0")
 
     wait_for(merged, 15, interval=0.5, what="idem_wait_time to be flushed")
     assert count[0].endswith(" 1"), count
-    text = env.admin("/stats/prometheus").body.decode()
+    text = as_scraped(env.admin("/stats/prometheus").body.decode())
     total = next(l for l in text.splitlines() if l.startswith('idem_wait_time_sum{route="create-order"}'))
     assert 100 <= float(total.rsplit(" ", 1)[1]) <= 5000, total
     # Named as Envoy names its own timings (`upstream_rq_time`, in ms): promtool has nothing to say
