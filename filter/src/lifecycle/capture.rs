@@ -215,7 +215,9 @@ impl Stream {
     /// context, which reads its reply and retries it whatever becomes of the stream, and whose
     /// wake-up gathers the writes of concurrent streams into one call (sending each from its
     /// stream at once took group commit away: 2.00 Webdis calls per request at 4 connections,
-    /// against 1.5, and more CPU per request).
+    /// against 1.5, and more CPU per request; sending it at once only while no write call is out
+    /// saved the hop for a sequential client, 2 % of its instructions, but cost (e-c4) p50 and CPU:
+    /// docs/benchmarks.md, "The root hop, tried and dropped").
     /// Pauses when the response is held until the root has written the outcome.
     pub(super) fn finish(
         &mut self,
