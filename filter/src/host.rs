@@ -46,7 +46,10 @@ pub trait Host {
     fn define_counter(&self, name: &str) -> Option<u32>;
     /// Adds one to a counter defined with [`Setup::define_counter`] or [`Host::define_counter`].
     fn count(&self, counter: u32);
-    /// Records a value in a histogram defined with [`Setup::define_histogram`].
+    /// Defines a histogram while serving: a histogram series exists from its first value, on
+    /// both builds (natively Envoy 1.40 makes a labelled series only by recording into it).
+    fn define_histogram(&self, name: &str) -> Option<u32>;
+    /// Records a value in a histogram defined with [`Host::define_histogram`].
     fn record(&self, histogram: u32, value: u64);
     /// Sends an HTTP call through an Envoy cluster; the answer arrives at the context that is
     /// current now. Returns the call's token.
@@ -127,7 +130,6 @@ pub trait Host {
 /// the timer. Separate from [`Host`] because only configuration needs it.
 pub trait Setup {
     fn define_counter(&self, name: &str) -> Option<u32>;
-    fn define_histogram(&self, name: &str) -> Option<u32>;
     /// Registers a shared queue only this worker's root reads; its id.
     fn register_queue(&self, name: &str) -> Option<u32>;
     fn start_ticks(&self, period_ms: u64) -> Result<(), HostError>;

@@ -123,6 +123,9 @@ impl core::Host for Native {
     fn count(&self, counter: u32) {
         worker::with(|w| w.add_to_series(counter, 1));
     }
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        worker::with(|w| w.series_handle(&self.config, name))
+    }
     fn record(&self, histogram: u32, value: u64) {
         worker::with(|w| w.add_to_series(histogram, value));
     }
@@ -259,9 +262,6 @@ pub struct Setup<'a> {
 
 impl core::Setup for Setup<'_> {
     fn define_counter(&self, name: &str) -> Option<u32> {
-        core::Host::define_counter(self.host, name)
-    }
-    fn define_histogram(&self, name: &str) -> Option<u32> {
         core::Host::define_counter(self.host, name)
     }
     fn register_queue(&self, _name: &str) -> Option<u32> {

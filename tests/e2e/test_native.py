@@ -252,3 +252,84 @@ def test_the_module_exports_every_hook_and_calls_only_what_envoy_exports(native)
     absent = wanted - envoy
     assert not absent, "callbacks the module needs that Envoy 1.40 does not export: %s" % sorted(absent)
     assert all(s.startswith("envoy_dynamic_module_callback_") for s in wanted), sorted(wanted)
+
+
+# The same traffic on both builds: the exported series must be the same (issue 55: the same metric
+# names and labels), from the zero series a config starts with to a histogram's count.
+PARITY_POLICY = """
+[[route]]
+name = "create-order"
+match = { method = "POST", path = "/api/order/create" }
+
+[route.key]
+scope = ["header:authorization"]
+
+[[route]]
+name = "order-wait"
+match = { method = "POST", path = "/api/orders/wait" }
+
+[route.key]
+on_in_flight = "wait"
+"""
+
+
+def exported_series(env):
+    """idem's series in Envoy's Prometheus output, `{series: value}`, named as a scrape with the
+    shipped job sees them (examples/prometheus/scrape-native.yml drops the native prefix). A
+    histogram keeps its `_count` and its bucket bounds (`le`), not its timings."""
+    out = {}
+    for line in env.admin("/stats/prometheus").body.decode().splitlines():
+        line = line.removeprefix("envoy_dynamicmodulescustom_")
+        if not line.startswith("idem_") or line.startswith(("idem_wait_time_sum", "idem_store_call_time_sum")):
+            continue
+        series, _, value = line.rpartition(" ")
+        if "_bucket{" in series:
+            value = "bucket"  # the bound is in the series; how many fell below it is timing
+        out[series] = value
+    return out
+
+
+def drive_parity_traffic(env, upstream):
+    """Forwarded, replayed, key_reused and missing_key on a key route, a request the filter passes
+    unmatched, and a duplicate held while its first is at the upstream (a wait time recorded)."""
+    key = new_key("parity")
+    for body in ({"sku": "A1", "qty": 1}, {"sku": "A1", "qty": 1}, {"sku": "B2", "qty": 9}):
+        post(env, CREATE, key, body=body, auth="Bearer parity")
+    post(env, CREATE, None, auth="Bearer parity")
+    assert post(env, "/api/orders/other", new_key()).status == 200
+    waited = new_key("parity-wait")
+    first = threading.Thread(target=lambda: post(env, "/api/orders/wait", waited, headers={"x-demo-delay-ms": "600"}))
+    first.start()
+    wait_for(lambda: upstream.calls(waited) == 1, 10, what="the first request to reach the upstream")
+    second = post(env, "/api/orders/wait", waited)
+    first.join(10)
+    assert second.header("idempotent-replayed") == "true", second
+
+
+def test_both_builds_export_the_same_series_for_the_same_traffic(native, make_envoy, upstream):
+    wasm = make_envoy(PARITY_POLICY, wasm_path=stack.WASM)
+    native_env = make_envoy(PARITY_POLICY, wasm_path=stack.NATIVE)
+    at_start = {name: exported_series(env) for name, env in (("wasm", wasm), ("native", native_env))}
+    assert at_start["wasm"] == at_start["native"], "zero series differ: %s" % _difference(at_start)
+    assert 'idem_requests_total{route="create-order",outcome="store_error"}' in at_start["wasm"], at_start["wasm"]
+    for env in (wasm, native_env):
+        drive_parity_traffic(env, upstream)
+    after = {}
+
+    def flushed():
+        # Envoy merges histograms on its stats flush (every 5 s by default).
+        for name, env in (("wasm", wasm), ("native", native_env)):
+            after[name] = exported_series(env)
+        return all(s.get('idem_wait_time_count{route="order-wait"}', "0") != "0" for s in after.values())
+
+    wait_for(flushed, 15, interval=0.5, what="idem_wait_time_count to be flushed on both builds")
+    assert after["wasm"] == after["native"], "series differ after the same traffic: %s" % _difference(after)
+    for outcome in ("forwarded", "replayed", "key_reused", "missing_key"):
+        assert after["native"].get('idem_requests_total{route="create-order",outcome="%s"}' % outcome) == "1", outcome
+    assert after["native"].get('idem_unmatched_total{outcome="passed"}') == "1", after["native"]
+    assert after["native"].get('idem_wait_time_count{route="order-wait"}') == "1", after["native"]
+
+
+def _difference(by_build):
+    wasm, native = by_build["wasm"], by_build["native"]
+    return {k: (wasm.get(k), native.get(k)) for k in sorted(set(wasm) | set(native)) if wasm.get(k) != native.get(k)}

@@ -62,6 +62,9 @@ impl Host for Envoy {
     fn count(&self, counter: u32) {
         abi::increment(counter, 1);
     }
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        abi::define_metric(2, name).ok()
+    }
     fn record(&self, histogram: u32, value: u64) {
         abi::record(histogram, value);
     }
@@ -144,9 +147,6 @@ impl Host for Envoy {
 impl Setup for Envoy {
     fn define_counter(&self, name: &str) -> Option<u32> {
         abi::define_metric(0, name).ok()
-    }
-    fn define_histogram(&self, name: &str) -> Option<u32> {
-        abi::define_metric(2, name).ok()
     }
     fn register_queue(&self, name: &str) -> Option<u32> {
         abi::register_queue(name).ok()

@@ -74,6 +74,10 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("define_metric", name.len());
         Host::define_counter(self.inner, name)
     }
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        self.add("define_metric", name.len());
+        Host::define_histogram(self.inner, name)
+    }
     fn count(&self, counter: u32) {
         self.add("increment_metric", 0);
         self.inner.count(counter)
@@ -184,9 +188,6 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
 impl<H: Host + Setup> Setup for CountingHost<'_, H> {
     fn define_counter(&self, name: &str) -> Option<u32> {
         Setup::define_counter(self.inner, name)
-    }
-    fn define_histogram(&self, name: &str) -> Option<u32> {
-        self.inner.define_histogram(name)
     }
     fn register_queue(&self, name: &str) -> Option<u32> {
         self.inner.register_queue(name)

@@ -382,6 +382,15 @@ impl Host for FakeHost {
     fn define_counter(&self, name: &str) -> Option<u32> {
         Setup::define_counter(self, name)
     }
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        // As Envoy: the same name is the same stat.
+        let mut h = lock(&self.histograms);
+        if let Some(i) = h.iter().position(|(n, _)| n == name) {
+            return Some(i as u32);
+        }
+        h.push((name.to_string(), Vec::new()));
+        Some(h.len() as u32 - 1)
+    }
     fn count(&self, counter: u32) {
         if let Some(c) = lock(&self.counters).get_mut(counter as usize) {
             c.1 += 1;
@@ -515,11 +524,6 @@ impl Setup for FakeHost {
         }
         c.push((name.to_string(), 0));
         Some(c.len() as u32 - 1)
-    }
-    fn define_histogram(&self, name: &str) -> Option<u32> {
-        let mut h = lock(&self.histograms);
-        h.push((name.to_string(), Vec::new()));
-        Some(h.len() as u32 - 1)
     }
     fn register_queue(&self, _name: &str) -> Option<u32> {
         Some(7)
