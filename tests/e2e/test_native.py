@@ -309,6 +309,27 @@ def drive_parity_traffic(env, upstream):
 def test_both_builds_export_the_same_series_for_the_same_traffic(native, make_envoy, upstream):
     wasm = make_envoy(PARITY_POLICY, wasm_path=stack.WASM)
     native_env = make_envoy(PARITY_POLICY, wasm_path=stack.NATIVE)
+    assert_same_series(wasm, native_env, upstream)
+
+
+def test_both_builds_export_the_same_series_on_redis(native, workdir, upstream, redis_stack):
+    """The same on Redis through one Webdis: the store's outcomes and `idem_store_call_time`,
+    one value per Redis call, the same on both builds."""
+    envs = []
+    try:
+        for build, path in (("wasm", stack.WASM), ("native", stack.NATIVE)):
+            policy = stack.redis_table(prefix="idem-parity-%s:" % build) + PARITY_POLICY.replace(
+                '[route.key]', 'store = "redis"\n\n[route.key]')
+            envs.append(stack.start_idem_envoy(workdir, upstream.port, policy, wasm_path=path,
+                                               extra_clusters=[stack.webdis_cluster(redis_stack.webdis.port)],
+                                               name="envoy-parity-%s" % build))
+        assert_same_series(*envs, upstream, store_calls=True)
+    finally:
+        for env in envs:
+            env.stop()
+
+
+def assert_same_series(wasm, native_env, upstream, store_calls=False):
     at_start = {name: exported_series(env) for name, env in (("wasm", wasm), ("native", native_env))}
     assert at_start["wasm"] == at_start["native"], "zero series differ: %s" % _difference(at_start)
     assert 'idem_requests_total{route="create-order",outcome="store_error"}' in at_start["wasm"], at_start["wasm"]
@@ -328,6 +349,10 @@ def test_both_builds_export_the_same_series_for_the_same_traffic(native, make_en
         assert after["native"].get('idem_requests_total{route="create-order",outcome="%s"}' % outcome) == "1", outcome
     assert after["native"].get('idem_unmatched_total{outcome="passed"}') == "1", after["native"]
     assert after["native"].get('idem_wait_time_count{route="order-wait"}') == "1", after["native"]
+    if store_calls:
+        # A fresh key's claim and completion on each route, and the held duplicate's reply.
+        calls = after["native"].get('idem_store_call_time_count{route="create-order"}')
+        assert calls not in (None, "0"), after["native"]
 
 
 def _difference(by_build):
