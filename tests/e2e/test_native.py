@@ -255,7 +255,8 @@ def test_the_module_exports_every_hook_and_calls_only_what_envoy_exports(native)
 
 
 # The same traffic on both builds: the exported series must be the same (issue 55: the same metric
-# names and labels), from the zero series a config starts with to a histogram's count.
+# names and labels), from the zero series a config starts with to a histogram's count, and the
+# decisions logged in the same words at the same levels (the same log lines).
 PARITY_POLICY = """
 [[route]]
 name = "create-order"
@@ -289,30 +290,45 @@ def exported_series(env):
     return out
 
 
-def drive_parity_traffic(env, upstream):
+def parity_keys():
+    """The keys of one run of the parity traffic, the same for both builds (so their log lines
+    name the same keys and digests)."""
+    return {"key": new_key("parity"), "unmatched": new_key(), "waited": new_key("parity-wait")}
+
+
+def drive_parity_traffic(env, upstream, keys):
     """Forwarded, replayed, key_reused and missing_key on a key route, a request the filter passes
     unmatched, and a duplicate held while its first is at the upstream (a wait time recorded)."""
-    key = new_key("parity")
     for body in ({"sku": "A1", "qty": 1}, {"sku": "A1", "qty": 1}, {"sku": "B2", "qty": 9}):
-        post(env, CREATE, key, body=body, auth="Bearer parity")
+        post(env, CREATE, keys["key"], body=body, auth="Bearer parity")
     post(env, CREATE, None, auth="Bearer parity")
-    assert post(env, "/api/orders/other", new_key()).status == 200
-    waited = new_key("parity-wait")
+    assert post(env, "/api/orders/other", keys["unmatched"]).status == 200
+    waited = keys["waited"]
+    calls_before = upstream.calls(waited)
     first = threading.Thread(target=lambda: post(env, "/api/orders/wait", waited, headers={"x-demo-delay-ms": "600"}))
     first.start()
-    wait_for(lambda: upstream.calls(waited) == 1, 10, what="the first request to reach the upstream")
+    wait_for(lambda: upstream.calls(waited) == calls_before + 1, 10, what="the first request to reach the upstream")
     second = post(env, "/api/orders/wait", waited)
     first.join(10)
     assert second.header("idempotent-replayed") == "true", second
 
 
-def test_both_builds_export_the_same_series_for_the_same_traffic(native, make_envoy, upstream):
+# A decision's log line as either build writes it: Envoy's level, then the module's own text (the
+# .wasm's behind proxy-wasm's `wasm log <plugin> <root id> <vm id>: `, whose ids are empty for some).
+DECISION_LINE = re.compile(r"\]\[(\w+)\]\[(?:wasm|dynamic_modules)\] (?:wasm log [^:]*: )?(idem: .*(?:route=|no policy).*)$")
+
+
+def decision_lines(env):
+    return sorted(" ".join(m.groups()) for m in map(DECISION_LINE.search, env.log_text().splitlines()) if m)
+
+
+def test_both_builds_count_and_log_the_same_traffic_alike(native, make_envoy, upstream):
     wasm = make_envoy(PARITY_POLICY, wasm_path=stack.WASM)
     native_env = make_envoy(PARITY_POLICY, wasm_path=stack.NATIVE)
     assert_same_series(wasm, native_env, upstream)
 
 
-def test_both_builds_export_the_same_series_on_redis(native, workdir, upstream, redis_stack):
+def test_both_builds_count_and_log_the_same_traffic_alike_on_redis(native, workdir, upstream, redis_stack):
     """The same on Redis through one Webdis: the store's outcomes and `idem_store_call_time`,
     one value per Redis call, the same on both builds."""
     envs = []
@@ -333,8 +349,9 @@ def assert_same_series(wasm, native_env, upstream, store_calls=False):
     at_start = {name: exported_series(env) for name, env in (("wasm", wasm), ("native", native_env))}
     assert at_start["wasm"] == at_start["native"], "zero series differ: %s" % _difference(at_start)
     assert 'idem_requests_total{route="create-order",outcome="store_error"}' in at_start["wasm"], at_start["wasm"]
+    keys = parity_keys()
     for env in (wasm, native_env):
-        drive_parity_traffic(env, upstream)
+        drive_parity_traffic(env, upstream, keys)
     after = {}
 
     def flushed():
@@ -349,6 +366,11 @@ def assert_same_series(wasm, native_env, upstream, store_calls=False):
         assert after["native"].get('idem_requests_total{route="create-order",outcome="%s"}' % outcome) == "1", outcome
     assert after["native"].get('idem_unmatched_total{outcome="passed"}') == "1", after["native"]
     assert after["native"].get('idem_wait_time_count{route="order-wait"}') == "1", after["native"]
+    # The same decisions logged in the same words.
+    lines = {"wasm": decision_lines(wasm), "native": decision_lines(native_env)}
+    assert len(lines["wasm"]) >= 5, lines["wasm"]
+    assert lines["wasm"] == lines["native"], "log lines differ: %s" % {
+        b: sorted(set(lines[b]) - set(lines[o])) for b, o in (("wasm", "native"), ("native", "wasm"))}
     if store_calls:
         # A fresh key's claim and completion on each route, and the held duplicate's reply.
         calls = after["native"].get('idem_store_call_time_count{route="create-order"}')
