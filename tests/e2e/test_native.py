@@ -293,24 +293,46 @@ def exported_series(env):
 def parity_keys():
     """The keys of one run of the parity traffic, the same for both builds (so their log lines
     name the same keys and digests)."""
-    return {"key": new_key("parity"), "unmatched": new_key(), "waited": new_key("parity-wait")}
+    return {"key": new_key("parity"), "unmatched": new_key(), "waited": new_key("parity-wait"),
+            "busy": new_key("parity-busy")}
 
 
 def drive_parity_traffic(env, upstream, keys):
     """Forwarded, replayed, key_reused and missing_key on a key route, a request the filter passes
-    unmatched, and a duplicate held while its first is at the upstream (a wait time recorded)."""
-    for body in ({"sku": "A1", "qty": 1}, {"sku": "A1", "qty": 1}, {"sku": "B2", "qty": 9}):
-        post(env, CREATE, keys["key"], body=body, auth="Bearer parity")
-    post(env, CREATE, None, auth="Bearer parity")
+    unmatched, a duplicate refused while its first is at the upstream (409), and one held
+    meanwhile on a route that waits (a wait time recorded). The answers a client got, each with
+    the first answer of its key: `[(answer, first)]`."""
+    first, replay, reused = [post(env, CREATE, keys["key"], body=body, auth="Bearer parity")
+                             for body in ({"sku": "A1", "qty": 1}, {"sku": "A1", "qty": 1}, {"sku": "B2", "qty": 9})]
+    answers = [(replay, first), (reused, first), (post(env, CREATE, None, auth="Bearer parity"), first)]
     assert post(env, "/api/orders/other", keys["unmatched"]).status == 200
-    waited = keys["waited"]
-    calls_before = upstream.calls(waited)
-    first = threading.Thread(target=lambda: post(env, "/api/orders/wait", waited, headers={"x-demo-delay-ms": "600"}))
-    first.start()
-    wait_for(lambda: upstream.calls(waited) == calls_before + 1, 10, what="the first request to reach the upstream")
-    second = post(env, "/api/orders/wait", waited)
-    first.join(10)
-    assert second.header("idempotent-replayed") == "true", second
+    for path, key, status in (("/api/orders/wait", keys["waited"], 200), (CREATE, keys["busy"], 409)):
+        held, before = [], upstream.calls(key)  # the other build sent the same keys first
+        slow = threading.Thread(target=lambda: held.append(post(env, path, key, auth="Bearer parity",
+                                                                headers={"x-demo-delay-ms": "600"})))
+        slow.start()
+        wait_for(lambda: upstream.calls(key) == before + 1, 10, what="the first request of %s to reach the upstream" % key)
+        duplicate = post(env, path, key, auth="Bearer parity")
+        slow.join(10)
+        assert duplicate.status == status and held, (duplicate, held)
+        answers.append((duplicate, held[0]))
+    return answers
+
+
+# Headers that differ between any two answers of Envoy's (the time, the upstream's timing).
+VOLATILE = {"date", "x-envoy-upstream-service-time"}
+
+
+def answer_of(response, first):
+    """What a client sees of an answer, to compare across builds: status, headers (the volatile
+    ones dropped) and body — what a replay repeats of the first answer (its body, its
+    `x-order-id`) as "the first answer's", since the upstream's answers differ from run to run,
+    and a time in the body as `<time>`."""
+    same = "<the first answer's>"
+    firsts = dict(first.headers)
+    headers = sorted((k, same if firsts.get(k) == v else v) for k, v in response.headers if k not in VOLATILE)
+    body = same if response.body == first.body else re.sub(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", b"<time>", response.body)
+    return (response.status, headers, body)
 
 
 # A decision's log line as either build writes it: Envoy's level, then the module's own text (the
@@ -350,8 +372,14 @@ def assert_same_series(wasm, native_env, upstream, store_calls=False):
     assert at_start["wasm"] == at_start["native"], "zero series differ: %s" % _difference(at_start)
     assert 'idem_requests_total{route="create-order",outcome="store_error"}' in at_start["wasm"], at_start["wasm"]
     keys = parity_keys()
-    for env in (wasm, native_env):
-        drive_parity_traffic(env, upstream, keys)
+    answers = {}
+    for build, env in (("wasm", wasm), ("native", native_env)):
+        answers[build] = [answer_of(r, first) for r, first in drive_parity_traffic(env, upstream, keys)]
+    # The same answers byte for byte, headers included: the replay (what it repeats of its first
+    # answer), the refused reuse of the key, the missing key, the duplicate in flight (409) and the
+    # held duplicate's replay.
+    assert answers["wasm"] == answers["native"], "answers differ:\nwasm   %s\nnative %s" % (
+        answers["wasm"], answers["native"])
     after = {}
 
     def flushed():
@@ -362,8 +390,9 @@ def assert_same_series(wasm, native_env, upstream, store_calls=False):
 
     wait_for(flushed, 15, interval=0.5, what="idem_wait_time_count to be flushed on both builds")
     assert after["wasm"] == after["native"], "series differ after the same traffic: %s" % _difference(after)
-    for outcome in ("forwarded", "replayed", "key_reused", "missing_key"):
-        assert after["native"].get('idem_requests_total{route="create-order",outcome="%s"}' % outcome) == "1", outcome
+    for outcome, n in (("forwarded", "2"), ("replayed", "1"), ("key_reused", "1"), ("missing_key", "1"),
+                       ("in_flight", "1")):
+        assert after["native"].get('idem_requests_total{route="create-order",outcome="%s"}' % outcome) == n, outcome
     assert after["native"].get('idem_unmatched_total{outcome="passed"}') == "1", after["native"]
     assert after["native"].get('idem_wait_time_count{route="order-wait"}') == "1", after["native"]
     # The same decisions logged in the same words.
