@@ -96,7 +96,8 @@ E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test
 	tests/e2e/test_redis_cluster.py tests/e2e/test_retries.py tests/e2e/test_bundle.py tests/e2e/test_hardening.py \
 	tests/e2e/test_admin.py tests/e2e/test_answered_never_forwarded.py tests/e2e/test_tokens.py \
 	tests/e2e/test_reconcile.py tests/e2e/test_sidecar.py tests/e2e/test_config.py tests/e2e/test_native.py \
-	tests/e2e/test_outcomes.py tests/e2e/test_repeatable.py tests/e2e/test_hygiene.py tests/e2e/test_prometheus.py
+	tests/e2e/test_outcomes.py tests/e2e/test_repeatable.py tests/e2e/test_hygiene.py tests/e2e/test_prometheus.py \
+	tests/e2e/test_spec_to_gateway.py
 # `--bins --tests`: idem-lint and idem-admin with the features `cargo test --workspace` resolved,
 # so after `make unit` nothing is built again (`-p idem-lint -p idem-admin` rebuilt ~20 s).
 e2e: setup build-filter build-native

@@ -176,6 +176,13 @@ struct EnvoyArgs {
     /// (`target/wasm32-wasip1/release/idem_filter.wasm`), else in the current directory's.
     #[arg(long, value_name = "PATH")]
     wasm: Option<String>,
+    /// Load idem's native build instead of the .wasm: the Envoy dynamic module
+    /// (`libidem_native.so`, `make build-native`). The bootstrap names the module; Envoy 1.40
+    /// finds `lib<name>.so` in the directory `ENVOY_DYNAMIC_MODULES_SEARCH_PATH` names, which
+    /// is printed to stderr. Routes the native build cannot serve (`forward = "detached"`, a scope
+    /// nested in metadata) are refused with the reason.
+    #[arg(long, value_name = "PATH", conflicts_with = "wasm")]
+    native: Option<String>,
     /// The listeners file the bootstrap loads its listeners (and the policies) from, and that
     /// Envoy watches: written beside the bootstrap, named in it by absolute path.
     #[arg(long, value_name = "PATH", default_value = "idem-listeners.json")]
@@ -205,6 +212,50 @@ const BUILT_WASM: &str = "target/wasm32-wasip1/release/idem_filter.wasm";
 /// The filter's .wasm for the bootstrap, absolute: `--wasm`, else the one built beside this
 /// idem-lint (`target/release/idem-lint` → `target/wasm32-wasip1/…`), else in the current
 /// directory's repository. It must exist: Envoy otherwise exits with "Invalid path".
+/// `--native PATH`: the module's name (`lib<name>.so`) and its directory, absolute.
+fn native_module(given: &str) -> Result<(String, String), FatalError> {
+    let path = std::path::absolute(given).unwrap_or_else(|_| PathBuf::from(given));
+    let shown = path.to_string_lossy().into_owned();
+    if !path.is_file() {
+        return Err(FatalError::whole_file(
+            "--native",
+            format!(
+                "{shown} does not exist: build the native module in the idem repository with `make build-native` \
+                 (or `cargo build --profile native -p idem-native`: target/native/libidem_native.so)"
+            ),
+        ));
+    }
+    let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = file.strip_prefix("lib").and_then(|n| n.strip_suffix(".so")).filter(|n| !n.is_empty());
+    let (Some(name), Some(dir)) = (name, path.parent()) else {
+        return Err(FatalError::whole_file(
+            "--native",
+            format!("{shown}: Envoy 1.40 loads a dynamic module by name, from a file named lib<name>.so"),
+        ));
+    };
+    Ok((name.to_string(), dir.to_string_lossy().into_owned()))
+}
+
+/// The routes the native build would refuse at load (the core's `policy::native_build`), refused
+/// here first, each named with its file and the reason.
+fn refuse_what_the_native_build_cannot_serve(set: &PolicySet) -> Result<(), FatalErrors> {
+    let refused: Vec<FatalError> = set
+        .files
+        .iter()
+        .flat_map(|f| {
+            idem_filter::policy::native_build::refusals(&f.bundle).into_iter().map(|(route, why)| {
+                let at = f.spans.get(route).map_or(0, |s| s.name.start);
+                FatalError::at(&f.source.name, &f.source.text, at, format!("the native build cannot serve {why}"))
+            })
+        })
+        .collect();
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(FatalErrors(refused))
+    }
+}
+
 fn filter_wasm(given: Option<&str>) -> Result<String, FatalError> {
     let candidates: Vec<PathBuf> = match given {
         Some(path) => vec![PathBuf::from(path)],
@@ -312,7 +363,13 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         let routes: Vec<_> = set.routes().map(|r| r.route).collect();
         let redis = set.files.iter().find_map(|f| f.bundle.redis.as_ref()).map(|r| r.cluster.clone());
         let uses_redis = routes.iter().any(|r| r.store == idem_filter::policy::StoreKind::Redis);
-        if uses_redis && redis.as_deref() == Some("") {
+        let native = e.native.as_deref().map(native_module).transpose()?;
+        if native.is_some() {
+            refuse_what_the_native_build_cannot_serve(&set)?;
+        }
+        // The native build speaks RESP to `direct` itself; the .wasm reaches Redis through Webdis.
+        let through_webdis = uses_redis && !(native.is_some() && redis.as_deref() == Some(""));
+        if uses_redis && native.is_none() && redis.as_deref() == Some("") {
             return Err(FatalError::whole_file(
                 "[redis]",
                 "names only `direct`, which the native build speaks to; the bootstrap loads the .wasm, which \
@@ -320,21 +377,28 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
             )
             .into());
         }
-        if uses_redis && e.webdis.is_none() {
+        if through_webdis && e.webdis.is_none() {
             return Err(FatalError::whole_file(
                 "--webdis",
                 "a route keeps its keys in Redis: give Webdis as --webdis HOST:PORT",
             )
             .into());
         }
-        let wasm = filter_wasm(e.wasm.as_deref())?;
+        let wasm = match &native {
+            Some(_) => String::new(),
+            None => filter_wasm(e.wasm.as_deref())?,
+        };
+        let filter = match &native {
+            Some((name, _)) => idem_lint::policy::Filter::Native { module: name },
+            None => idem_lint::policy::Filter::Wasm { path: &wasm },
+        };
         let listeners = std::path::absolute(&e.listeners).map_err(|err| {
             FatalError::whole_file("--listeners", format!("{:?} is not a usable path: {err}", e.listeners))
         })?;
         let listeners_path = listeners.to_string_lossy().into_owned();
         let b = idem_lint::policy::Bootstrap {
             bundle: &bundle,
-            wasm: &wasm,
+            filter,
             upstream: host_port("--upstream", &e.upstream)?,
             webdis: e.webdis.as_deref().map(|w| host_port("--webdis", w)).transpose()?,
             listen: e.listen,
@@ -357,6 +421,12 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
             eprintln!("idem-lint: {listeners_path} updated: Envoy applies the policies within a second, keys kept");
         } else {
             eprintln!("idem-lint: listeners in {listeners_path} (edit the policies, then rerun with --update)");
+            if let Some((name, dir)) = &native {
+                eprintln!(
+                    "idem-lint: the bootstrap loads the native build: start Envoy with \
+                     ENVOY_DYNAMIC_MODULES_SEARCH_PATH={dir} (Envoy 1.40 finds lib{name}.so there)"
+                );
+            }
             print(&written.bootstrap);
         }
         return Ok(0);

@@ -662,3 +662,64 @@ fn envoy_refuses_a_bundle_whose_redis_is_only_direct() {
     assert!(!dir.join("idem-listeners.json").exists(), "nothing is written");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn envoy_native_loads_the_module_by_name_and_refuses_what_it_cannot_serve() {
+    let dir = std::env::temp_dir().join(format!("idem-lint-native-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A stand-in module file: idem-lint reads only its name and directory.
+    std::fs::write(dir.join("libidem_native.so"), b"\x7fELF").unwrap();
+    let policy = repo().join("policies/create-order.toml");
+    let o = run_in(
+        &dir,
+        &["envoy", policy.to_str().unwrap(), "--upstream", "127.0.0.1:8080", "--native", "libidem_native.so"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listeners = std::fs::read_to_string(dir.join("idem-listeners.json")).unwrap();
+    let lds: serde_json::Value = serde_json::from_str(&listeners).unwrap();
+    let filters: Vec<&serde_json::Value> = lds["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"].as_array().unwrap())
+        .filter(|f| f["name"] == "idem")
+        .collect();
+    assert_eq!(filters.len(), 2, "the gateway's filter and the echo's: {listeners}");
+    for f in &filters {
+        let t = &f["typed_config"];
+        assert_eq!(
+            t["@type"],
+            "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"
+        );
+        assert_eq!(t["dynamic_module_config"]["name"], "idem_native");
+        assert_eq!(t["filter_name"], "idem");
+    }
+    assert!(filters[0]["typed_config"]["filter_config"]["value"].as_str().unwrap().contains("name = \"create-order\""));
+    assert!(!listeners.contains("envoy.wasm.runtime.v8"), "no Wasm VM: {listeners}");
+    let err = stderr(&o);
+    let search_path = format!("ENVOY_DYNAMIC_MODULES_SEARCH_PATH={}", dir.display());
+    assert!(err.contains(&search_path) && err.contains("libidem_native.so"), "{err}");
+    // What the native build refuses at load is refused here, at the route, with the reason.
+    let detached = "[[route]]\nname = \"d\"\nmatch = { path = \"/d\" }\nforward = \"detached\"\n";
+    std::fs::write(dir.join("detached.toml"), detached).unwrap();
+    let o = run_in(&dir, &["envoy", "detached.toml", "--upstream", "127.0.0.1:8080", "--native", "libidem_native.so"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("detached.toml:2:8: the native build cannot serve route \"d\": forward = \"detached\""),
+        "{err}"
+    );
+    assert!(err.contains("Use the .wasm for this route"), "{err}");
+    // The module must exist and be named lib<name>.so.
+    let o = run_in(&dir, &["envoy", "detached.toml", "--upstream", "127.0.0.1:8080", "--native", "missing.so"]);
+    assert!(stderr(&o).contains("missing.so does not exist") && stderr(&o).contains("make build-native"));
+    std::fs::write(dir.join("idem.so"), b"").unwrap();
+    let o = run_in(&dir, &["envoy", "detached.toml", "--upstream", "127.0.0.1:8080", "--native", "idem.so"]);
+    assert!(stderr(&o).contains("from a file named lib<name>.so"), "{}", stderr(&o));
+    // A bundle whose Redis is only `direct` needs no Webdis natively.
+    let direct = "[redis]\ndirect = \"127.0.0.1:6379\"\n\n[[route]]\nname = \"a\"\nmatch = { path = \"/a\" }\nstore = \"redis\"\n";
+    std::fs::write(dir.join("direct.toml"), direct).unwrap();
+    let o = run_in(&dir, &["envoy", "direct.toml", "--upstream", "127.0.0.1:8080", "--native", "libidem_native.so"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

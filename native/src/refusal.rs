@@ -1,26 +1,16 @@
 //! What the native build cannot do on Envoy 1.40, refused when a config loads — never a silent
-//! difference from the `.wasm` — and the policy's own check, as the `.wasm` makes it.
+//! difference from the `.wasm` — and the policy's own check, as the `.wasm` makes it. What a
+//! policy itself asks beyond the ABI is the core's `policy::native_build` (idem-lint refuses it
+//! too); what depends on Envoy's environment (a `direct` password or CA file) is checked here.
 
 use crate::config::Config;
 use crate::host::{Native, Setup};
 use idem_filter::lifecycle::Worker;
-use idem_filter::policy::{parse_bundle_all, Bundle, Forward, Source};
+use idem_filter::policy::{parse_bundle_all, Bundle};
 use std::cell::Cell;
 use std::sync::Arc;
 
-/// Why detached forwarding cannot be promised natively. Its call is the request itself, sent
-/// again by the root through the internal listener (`via = "reentry"`): a dynamic module's calls
-/// that must outlive their stream go out as the filter config's callout, on Envoy's main thread
-/// (`calls.rs`), and the main thread cannot reach an internal listener (measured: 503 "remote
-/// connection failure"); a stream's own callout
-/// (envoy_dynamic_module_callback_http_filter_http_callout) is cancelled when its stream ends.
-const DETACHED: &str = "needs its request sent again after the client's stream ended, through the \
-     internal listener: Envoy 1.40's dynamic modules can send a call that outlives its stream only as the \
-     filter config's callout, from the main thread, which cannot reach an internal listener, and a \
-     stream's own callout (envoy_dynamic_module_callback_http_filter_http_callout) is cancelled with its \
-     stream. Use the .wasm for this route";
-
-/// Every route the native build must refuse, with the reason, one line each.
+/// Everything the native build must refuse in this bundle and environment, one line each.
 pub fn refusals(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
     // The password of `direct` is read from Envoy's environment, never the policy: a variable
@@ -47,24 +37,7 @@ pub fn refusals(bundle: &Bundle) -> Vec<String> {
             out.push(format!("[redis] tls_ca_file = {path:?}: {e}"));
         }
     }
-    for r in &bundle.routes {
-        if r.forward == Forward::Detached {
-            out.push(format!("route {:?}: forward = \"detached\" {DETACHED}", r.name));
-        }
-        for source in r.key.sources.iter().chain(&r.key.scope) {
-            if let Source::Metadata(path) = source {
-                if path.len() > 2 {
-                    out.push(format!(
-                        "route {:?}: {source} reads a value nested inside a metadata key, and Envoy 1.40's \
-                         dynamic-module ABI reads only a string at the top of a namespace \
-                         (envoy_dynamic_module_callback_http_get_metadata_string: namespace, key); \
-                         use a top-level key (metadata:<namespace>/<key>) or the .wasm",
-                        r.name
-                    ));
-                }
-            }
-        }
-    }
+    out.extend(idem_filter::policy::native_build::refusals(bundle).into_iter().map(|(_, why)| why));
     out
 }
 

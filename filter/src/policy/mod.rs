@@ -9,6 +9,7 @@
 pub mod answers;
 mod fields;
 mod matcher;
+pub mod native_build;
 mod parse;
 mod reconcile;
 mod route_id;

@@ -86,10 +86,20 @@ pub fn envoy_filter(bundle: &str, wasm: &str, files: &[String], routes: &[&Route
 pub const ACCESS_LOG_FORMAT: &str =
     "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%\" %RESPONSE_CODE% %FILTER_STATE(wasm.idem:PLAIN)%\n";
 
+/// Which build of idem the bootstrap loads.
+#[derive(Clone, Copy)]
+pub enum Filter<'a> {
+    /// The `.wasm`, by absolute path.
+    Wasm { path: &'a str },
+    /// The native build, an Envoy dynamic module, by name (`lib<name>.so`, found through
+    /// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`).
+    Native { module: &'a str },
+}
+
 /// Where `idem-lint envoy` points the bootstrap.
 pub struct Bootstrap<'a> {
     pub bundle: &'a str,
-    pub wasm: &'a str,
+    pub filter: Filter<'a>,
     pub upstream: (&'a str, u16),
     pub webdis: Option<(&'a str, u16)>,
     pub listen: u16,
@@ -133,13 +143,19 @@ pub fn bootstrap(b: &Bootstrap<'_>, routes: &[&RoutePolicy], redis: Option<&str>
             "typed_per_filter_config": enable.clone()}));
     }
     envoy_routes.push(json!({"name": "passthrough", "match": {"prefix": "/"}, "route": {"cluster": "upstream"}}));
-    let wasm_filter = |config: &str, disabled: bool| {
-        json!({"name": "idem", "disabled": disabled, "typed_config": {
+    // The same policy text either way: the .wasm's plugin configuration, or the module's
+    // `filter_config` (docs/deploy.md).
+    let wasm_filter = |config: &str, disabled: bool| match b.filter {
+        Filter::Wasm { path } => json!({"name": "idem", "disabled": disabled, "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {"name": "idem", "root_id": "idem", "allow_on_headers_stop_iteration": true,
                 "failure_policy": "FAIL_CLOSED",
-                "vm_config": {"vm_id": "idem", "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": b.wasm}}},
-                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config}}}})
+                "vm_config": {"vm_id": "idem", "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": path}}},
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config}}}}),
+        Filter::Native { module } => json!({"name": "idem", "disabled": disabled, "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"name": module}, "filter_name": "idem",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config}}}),
     };
     let router = json!({"name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}});

@@ -19,6 +19,6 @@ mod file;
 pub mod keys;
 mod set;
 
-pub use self::envoy::{bootstrap, envoy_filter, Bootstrap};
+pub use self::envoy::{bootstrap, envoy_filter, Bootstrap, Filter};
 pub use self::file::{fatal, PolicyFile, RouteSpans};
 pub use self::set::{expand, shape, PolicySet, RouteRef};
