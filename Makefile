@@ -54,9 +54,9 @@ failover: build setup-redis $(if $(filter native,$(ARTIFACT)),build-native)
 
 # The same stack, kept up for manual curl until Ctrl-C. `make run POLICIES=my-policies/` (files or
 # directories) runs yours instead, with the bootstrap `idem-lint envoy` writes for them.
-run: build-filter
+run: build-filter $(if $(filter native,$(ARTIFACT)),build-native)
 	$(if $(POLICIES),$(CARGO) build -q -p idem-lint)
-	$(PY) scripts/demo.py --serve $(if $(POLICIES),--policies $(POLICIES))
+	IDEM_ARTIFACT=$(ARTIFACT) $(PY) scripts/demo.py --serve $(if $(POLICIES),--policies $(POLICIES))
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -97,7 +97,7 @@ E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test
 	tests/e2e/test_admin.py tests/e2e/test_answered_never_forwarded.py tests/e2e/test_tokens.py \
 	tests/e2e/test_reconcile.py tests/e2e/test_sidecar.py tests/e2e/test_config.py tests/e2e/test_native.py \
 	tests/e2e/test_outcomes.py tests/e2e/test_repeatable.py tests/e2e/test_hygiene.py tests/e2e/test_prometheus.py \
-	tests/e2e/test_spec_to_gateway.py
+	tests/e2e/test_spec_to_gateway.py tests/e2e/test_first_hour.py
 # `--bins --tests`: idem-lint and idem-admin with the features `cargo test --workspace` resolved,
 # so after `make unit` nothing is built again (`-p idem-lint -p idem-admin` rebuilt ~20 s).
 e2e: setup build-filter build-native

@@ -181,8 +181,11 @@ class Demo:
         `update`: rewrite only the listeners file the running Envoy watches (a policy edit,
         applied without a restart: the embedded store keeps its keys)."""
         lint = os.environ.get("IDEM_LINT") or str(stack.REPO / "target" / "debug" / "idem-lint")
+        # `make run ARTIFACT=native`: the bootstrap loads the native build (the stack's Envoys are
+        # given its directory as ENVOY_DYNAMIC_MODULES_SEARCH_PATH, as idem-lint says to).
+        build = ["--native", str(stack.NATIVE)] if stack.ARTIFACT == "native" else ["--wasm", str(stack.WASM)]
         argv = [lint, "envoy", *self.policies, "--upstream", "127.0.0.1:%d" % ports["upstream"],
-                "--listen", str(ports["listen"]), "--admin", str(ports["admin"]), "--wasm", str(stack.WASM),
+                "--listen", str(ports["listen"]), "--admin", str(ports["admin"]), *build,
                 "--listeners", str(self.workdir / "idem-listeners.json")] + (["--update"] if update else [])
         done = subprocess.run(argv, capture_output=True, text=True, cwd=str(stack.REPO))
         if done.returncode != 0:
