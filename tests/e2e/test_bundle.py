@@ -34,6 +34,11 @@ ROUTES = [
 ]
 
 
+# The build `idem-lint envoy` loads in this pass: the native build under IDEM_ARTIFACT=native
+# (make test's native pass), else the .wasm.
+BUILD = ["--native", str(stack.NATIVE)] if stack.ARTIFACT == "native" else ["--wasm", str(stack.WASM)]
+
+
 def bundle_entry():
     if not IDEM_LINT.is_file():
         pytest.fail("%s is missing: build it with `cargo build -p idem-lint` (or set IDEM_LINT to a built idem-lint)"
@@ -84,6 +89,7 @@ def bundled(workdir, upstream):
         yield env
 
 
+@pytest.mark.wasm_only('forward = "detached" (pay-callback, among the shipped policies; the entry is the .wasm\'s)')
 def test_bundle_envoy_filter_entry_loads_and_every_policy_answers(bundled, upstream):
     env = bundled
     # create-order (key mode, header): missing key, first request, replay
@@ -175,7 +181,7 @@ def generated_envoy(workdir, paths, upstream_port, webdis_port=None):
     """`idem-lint envoy PATHS --upstream … [--webdis …]` as printed, run by a real Envoy."""
     def config(lp, ap):
         argv = [str(IDEM_LINT), "envoy", *[str(p) for p in paths], "--upstream", "127.0.0.1:%d" % upstream_port,
-                "--listen", str(lp), "--admin", str(ap), "--wasm", str(stack.WASM),
+                "--listen", str(lp), "--admin", str(ap), *BUILD,
                 "--listeners", str(workdir / ("idem-listeners-%d.json" % lp))]
         if webdis_port:
             argv += ["--webdis", "127.0.0.1:%d" % webdis_port]
@@ -209,11 +215,19 @@ def test_idem_lint_envoy_runs_a_new_users_policy_the_shipped_ones_and_a_redis_bu
         # A path no policy matches on a route the filter is on is logged, not silent.
         post(env, "/refunds/extra", new_key())
         wait_for(lambda: "no policy matches POST /refunds/extra" in env.log_text(), 5, what="the unmatched warning")
-    # The shipped policies.
-    with generated_envoy(workdir, stack.shipped_policies(), upstream.port) as env:
-        key = new_key()
-        assert_runs(env, upstream, "/api/order/create", key)
-        assert upstream.calls(key) == 1
+    # The shipped policies; natively, refused at each detached route with the reason (the module
+    # would refuse them at load).
+    if stack.ARTIFACT == "native":
+        r = subprocess.run([str(IDEM_LINT), "envoy", *stack.shipped_policies(), "--upstream", "127.0.0.1:1", *BUILD,
+                            "--listeners", str(tmp_path / "refused.json")], cwd=str(stack.REPO), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and 'route "pay-callback": forward = "detached"' in r.stderr, r.stderr
+        assert not (tmp_path / "refused.json").exists(), "nothing is written"
+    else:
+        with generated_envoy(workdir, stack.shipped_policies(), upstream.port) as env:
+            key = new_key()
+            assert_runs(env, upstream, "/api/order/create", key)
+            assert upstream.calls(key) == 1
     # A Redis bundle: two route files and [redis] in a file of its own.
     fleet = tmp_path / "fleet"
     fleet.mkdir()
@@ -240,7 +254,7 @@ def test_a_policy_edit_applied_with_update_keeps_every_key(workdir, upstream, re
     (policies / "create-refund.toml").write_text(head + route % ("create-refund", "/refunds", "24h"))
     listeners = tmp_path / "listeners.json"
     argv = [str(IDEM_LINT), "envoy", str(policies), "--upstream", "127.0.0.1:%d" % upstream.port,
-            "--wasm", str(stack.WASM), "--listeners", str(listeners)]
+            *BUILD, "--listeners", str(listeners)]
     if store == "redis":
         argv += ["--webdis", "127.0.0.1:%d" % request.getfixturevalue("redis_stack").webdis.port]
 
