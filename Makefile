@@ -92,10 +92,12 @@ E2E_SLOW_FIRST := tests/e2e/test_packaging.py tests/e2e/test_in_flight.py tests/
 # tested in test_native.py. Natively, test_redis.py's fleets and test_redis_cluster.py's gateways
 # speak to Redis themselves (`[redis] direct`, no Webdis or redis_proxy); test_hardening.py's
 # Redis tests and test_native.py's mixed fleet keep the native build's Webdis path tested.
+# test_native.py names its artifacts itself (the native build, or both side by side), so it runs
+# once, in the first pass.
 E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test_grpc.py tests/e2e/test_memory.py \
 	tests/e2e/test_redis_cluster.py tests/e2e/test_retries.py tests/e2e/test_bundle.py tests/e2e/test_hardening.py \
 	tests/e2e/test_admin.py tests/e2e/test_answered_never_forwarded.py tests/e2e/test_tokens.py \
-	tests/e2e/test_reconcile.py tests/e2e/test_sidecar.py tests/e2e/test_config.py tests/e2e/test_native.py \
+	tests/e2e/test_reconcile.py tests/e2e/test_sidecar.py tests/e2e/test_config.py \
 	tests/e2e/test_outcomes.py tests/e2e/test_repeatable.py tests/e2e/test_hygiene.py tests/e2e/test_prometheus.py \
 	tests/e2e/test_spec_to_gateway.py tests/e2e/test_first_hour.py
 # `--bins --tests`: idem-lint and idem-admin with the features `cargo test --workspace` resolved,
