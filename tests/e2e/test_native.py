@@ -286,6 +286,10 @@ def exported_series(env):
         series, _, value = line.rpartition(" ")
         if "_bucket{" in series:
             value = "bucket"  # the bound is in the series; how many fell below it is timing
+        elif series == 'idem_store_call_time_count{route="order-wait"}' and value != "0":
+            # A held duplicate on Redis looks the key up on a timer while it waits: how many
+            # calls it made is timing (7 on one build and 8 on the other, seen once in CI).
+            value = "some"
         out[series] = value
     return out
 
