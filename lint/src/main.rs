@@ -209,9 +209,6 @@ fn replace_file(path: &Path, text: &str) -> Result<(), FatalError> {
 /// Where a repository builds the filter.
 const BUILT_WASM: &str = "target/wasm32-wasip1/release/idem_filter.wasm";
 
-/// The filter's .wasm for the bootstrap, absolute: `--wasm`, else the one built beside this
-/// idem-lint (`target/release/idem-lint` → `target/wasm32-wasip1/…`), else in the current
-/// directory's repository. It must exist: Envoy otherwise exits with "Invalid path".
 /// `--native PATH`: the module's name (`lib<name>.so`) and its directory, absolute.
 fn native_module(given: &str) -> Result<(String, String), FatalError> {
     let path = std::path::absolute(given).unwrap_or_else(|_| PathBuf::from(given));
@@ -256,6 +253,9 @@ fn refuse_what_the_native_build_cannot_serve(set: &PolicySet) -> Result<(), Fata
     }
 }
 
+/// The filter's .wasm for the bootstrap, absolute: `--wasm`, else the one built beside this
+/// idem-lint (`target/release/idem-lint` → `target/wasm32-wasip1/…`), else in the current
+/// directory's repository. It must exist: Envoy otherwise exits with "Invalid path".
 fn filter_wasm(given: Option<&str>) -> Result<String, FatalError> {
     let candidates: Vec<PathBuf> = match given {
         Some(path) => vec![PathBuf::from(path)],
@@ -384,13 +384,13 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
             )
             .into());
         }
-        let wasm = match &native {
-            Some(_) => String::new(),
-            None => filter_wasm(e.wasm.as_deref())?,
-        };
+        let wasm;
         let filter = match &native {
             Some((name, _)) => idem_lint::policy::Filter::Native { module: name },
-            None => idem_lint::policy::Filter::Wasm { path: &wasm },
+            None => {
+                wasm = filter_wasm(e.wasm.as_deref())?;
+                idem_lint::policy::Filter::Wasm { path: &wasm }
+            }
         };
         let listeners = std::path::absolute(&e.listeners).map_err(|err| {
             FatalError::whole_file("--listeners", format!("{:?} is not a usable path: {err}", e.listeners))
