@@ -558,6 +558,13 @@ def main():
                     "  (%d non-2xx/socket errors)" % bad if bad else ""), flush=True)
                 time.sleep(0.3)
 
+        reuse = []
+        for name, env in sorted(envoys.items()):
+            opened, sent = env.check_upstream_reused()
+            if sent:
+                reuse.append("%s %d for %d" % (name, opened, sent))
+        print("upstream connections opened for requests sent: " + ", ".join(reuse))
+
         burst = None
         if not args.cases or "h" in args.cases.split(","):
             burst = held_burst(wait_env, redis)

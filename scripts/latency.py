@@ -225,6 +225,8 @@ def main():
                 print("  plain Envoy achieved under 90 %% of %d req/s: the ladder stops here" % rate)
                 break
         load_after = os.getloadavg()
+        for env in envs.values():
+            env.check_upstream_reused()
         plain = {r["rate"]: r for r in results["a"]}
         print("\n| case | req/s | p50 ms | p99 ms | p99.9 ms | added p50 / p99 over (a) ms |")
         print("|---|---:|---:|---:|---:|---:|")

@@ -285,6 +285,18 @@ STATS_CONFIG = {"stats_tags": [
 ]}
 
 
+# The benchmark upstream reads the whole request before it answers, as a real service does. Without
+# it, a direct_response answers at the request's headers; the gateway's router then sees a complete
+# response to an incomplete request and closes the upstream connection: every request paid a TCP
+# connect and close (16 % of plain Envoy's CPU in `perf record`), which no gateway in front of a real
+# service pays.
+BUFFER_FILTER = {
+    "name": "envoy.filters.http.buffer",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                     "max_request_bytes": 1048576},
+}
+
+
 def direct_response_config(*, listen_port, admin_port, body='{"ok":true}'):
     """A bare Envoy answering every request itself: a benchmark upstream that is never the bottleneck."""
     routes = [{"name": "direct", "match": {"prefix": "/"},
@@ -292,5 +304,5 @@ def direct_response_config(*, listen_port, admin_port, body='{"ok":true}'):
                "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {"listeners": [listener("fast", listen_port, routes, [])]},
+        "static_resources": {"listeners": [listener("fast", listen_port, routes, [BUFFER_FILTER])]},
     }
