@@ -233,6 +233,14 @@ fn native_module(given: &str) -> Result<(String, String), FatalError> {
     Ok((name.to_string(), dir.to_string_lossy().into_owned()))
 }
 
+/// Envoy finds a dynamic module only through its search path: the one thing the user must add.
+fn say_where_envoy_finds(what: &str, name: &str, dir: &str) {
+    eprintln!(
+        "idem-lint: {what} loads the native build: start Envoy with \
+         ENVOY_DYNAMIC_MODULES_SEARCH_PATH={dir} (Envoy 1.40 finds lib{name}.so there)"
+    );
+}
+
 /// The routes the native build would refuse at load (the core's `policy::native_build`), refused
 /// here first, each named with its file and the reason.
 fn refuse_what_the_native_build_cannot_serve(set: &PolicySet) -> Result<(), FatalErrors> {
@@ -320,6 +328,12 @@ struct BundleArgs {
     /// The filter's .wasm path in the --envoy-filter entry.
     #[arg(long, value_name = "PATH", default_value = "target/wasm32-wasip1/release/idem_filter.wasm")]
     wasm: String,
+
+    /// The --envoy-filter entry loads idem's native build (`libidem_native.so`, `make
+    /// build-native`) instead of the .wasm: a DynamicModuleFilter naming the module. Routes the
+    /// native build cannot serve are refused as `idem-lint envoy --native` refuses them.
+    #[arg(long, value_name = "PATH", requires = "envoy_filter", conflicts_with = "wasm")]
+    native: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -422,10 +436,7 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         } else {
             eprintln!("idem-lint: listeners in {listeners_path} (edit the policies, then rerun with --update)");
             if let Some((name, dir)) = &native {
-                eprintln!(
-                    "idem-lint: the bootstrap loads the native build: start Envoy with \
-                     ENVOY_DYNAMIC_MODULES_SEARCH_PATH={dir} (Envoy 1.40 finds lib{name}.so there)"
-                );
+                say_where_envoy_finds("the bootstrap", name, dir);
             }
             print(&written.bootstrap);
         }
@@ -440,7 +451,16 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         if b.envoy_filter {
             let files: Vec<String> = set.files.iter().map(|f| f.name().to_string()).collect();
             let routes: Vec<_> = set.routes().map(|r| r.route).collect();
-            print(&envoy_filter(&text, &b.wasm, &files, &routes));
+            let native = b.native.as_deref().map(native_module).transpose()?;
+            let filter = match &native {
+                Some((name, dir)) => {
+                    refuse_what_the_native_build_cannot_serve(&set)?;
+                    say_where_envoy_finds("the entry", name, dir);
+                    idem_lint::policy::Filter::Native { module: name }
+                }
+                None => idem_lint::policy::Filter::Wasm { path: &b.wasm },
+            };
+            print(&envoy_filter(&text, filter, &files, &routes));
         } else {
             print(&text);
         }

@@ -444,6 +444,51 @@ fn envoy_filter_entry_is_the_documented_shape_and_carries_the_bundle() {
     assert_eq!(parse_bundle(value, "value").unwrap(), expected_bundle(&policy_files()));
 }
 
+#[test]
+fn envoy_filter_entry_for_the_native_build_names_the_module_and_refuses_what_it_cannot_serve() {
+    let dir = std::env::temp_dir().join(format!("idem-lint-bundle-native-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A stand-in module file: idem-lint reads only its name and directory.
+    std::fs::write(dir.join("libidem_native.so"), b"\x7fELF").unwrap();
+    let module = dir.join("libidem_native.so");
+    let policy = repo().join("policies/create-order.toml");
+    let o =
+        run_in(&repo(), &["bundle", policy.to_str().unwrap(), "--envoy-filter", "--native", module.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let y = stdout(&o);
+    let root = idem_lint::loader::parse_text("filter.yaml", &y).unwrap();
+    let entry = &root.as_seq().unwrap()[0];
+    assert_eq!(entry.get("name").unwrap().as_str(), Some("idem"));
+    assert_eq!(entry.get("disabled").unwrap().as_bool(), Some(true));
+    let tc = entry.get("typed_config").unwrap();
+    assert_eq!(
+        tc.get("@type").unwrap().as_str(),
+        Some("type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter")
+    );
+    assert_eq!(tc.get("dynamic_module_config").unwrap().get("name").unwrap().as_str(), Some("idem_native"));
+    assert_eq!(tc.get("filter_name").unwrap().as_str(), Some("idem"));
+    let conf = tc.get("filter_config").unwrap();
+    assert_eq!(conf.get("@type").unwrap().as_str(), Some("type.googleapis.com/google.protobuf.StringValue"));
+    let value = conf.get("value").unwrap().as_str().unwrap();
+    assert_eq!(parse_bundle(value, "value").unwrap(), expected_bundle(std::slice::from_ref(&policy)));
+    assert!(!y.contains("envoy.wasm.runtime.v8"), "no Wasm VM: {y}");
+    let err = stderr(&o);
+    assert!(err.contains(&format!("ENVOY_DYNAMIC_MODULES_SEARCH_PATH={}", dir.display())), "{err}");
+    // The shipped policies include detached callbacks: refused at the route, with the reason.
+    let o = bundle_shipped(&["--envoy-filter", "--native", module.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("pay-callback.toml:") && err.contains("the native build cannot serve"), "{err}");
+    assert!(stdout(&o).is_empty(), "nothing printed when refused: {}", stdout(&o));
+    // --native is for the entry, and names a module that exists.
+    let o = run_in(&repo(), &["bundle", policy.to_str().unwrap(), "--native", module.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--envoy-filter"), "{}", stderr(&o));
+    let o = run_in(&repo(), &["bundle", policy.to_str().unwrap(), "--envoy-filter", "--native", "missing.so"]);
+    assert!(stderr(&o).contains("missing.so does not exist"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The inline `value: |` block of an example Envoy config, and the policy files its comment names.
 fn example_block(name: &str) -> (String, Vec<PathBuf>) {
     let text = std::fs::read_to_string(repo().join("examples").join(name)).unwrap();

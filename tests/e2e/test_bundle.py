@@ -39,11 +39,12 @@ ROUTES = [
 BUILD = ["--native", str(stack.NATIVE)] if stack.ARTIFACT == "native" else ["--wasm", str(stack.WASM)]
 
 
-def bundle_entry():
+def bundle_entry(files=None, build=("--wasm", str(stack.WASM))):
+    """`idem-lint bundle <files> --envoy-filter <build>`'s output (the shipped policies by default)."""
     if not IDEM_LINT.is_file():
         pytest.fail("%s is missing: build it with `cargo build -p idem-lint` (or set IDEM_LINT to a built idem-lint)"
                     % IDEM_LINT, pytrace=False)
-    r = subprocess.run([str(IDEM_LINT), "bundle", *stack.shipped_policies(), "--envoy-filter", "--wasm", str(stack.WASM)],
+    r = subprocess.run([str(IDEM_LINT), "bundle", *(files or stack.shipped_policies()), "--envoy-filter", *build],
                        cwd=str(stack.REPO), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, "idem-lint bundle failed (%d): %s" % (r.returncode, r.stderr)
     assert r.stdout.lstrip("#").strip(), r.stdout
@@ -147,6 +148,38 @@ def test_bundle_envoy_filter_entry_loads_and_every_policy_answers(bundled, upstr
 
     # no policy, no filter
     assert_upstream_answer(post(env, "/healthz", None))
+
+
+# The shipped policies both builds serve (the others forward detached: the native build refuses them).
+INLINE_POLICIES = ["policies/create-order.toml", "policies/order-pay.toml", "policies/internal-transfer.toml",
+                   "policies/reconcile-job.toml", "policies/submit-form.toml"]
+
+
+def test_the_entry_for_this_passs_build_loads_and_its_policies_answer(workdir, upstream):
+    """The --envoy-filter entry of the build under test (`--native` in the native pass: a
+    DynamicModuleFilter naming the module), pasted into a bootstrap: Envoy loads it and the policies
+    answer. In the native pass the Envoy must log the module's load, so the .wasm cannot stand in."""
+    entry = bundle_entry(INLINE_POLICIES, BUILD)
+    with envoy_from_yaml(workdir, "envoy-entry", lambda lp, ap: envoy_yaml(entry, lp, ap, upstream.port)) as env:
+        key = new_key()
+        first = post(env, "/api/order/create", key)
+        assert_upstream_answer(first, key=key, n=1)
+        assert_replay_of(post(env, "/api/order/create", key), first)
+        assert_local(post(env, "/api/orders/7/pay", None), 400, "IDEMPOTENCY_KEY_MISSING")
+        tk = new_key("tr")
+        body = {"from_account": "a", "to_account": "b", "amount": 100}
+        t1 = post(env, "/api/internal/transfers", tk, headers={"x-caller-service": "ledger"}, body=body)
+        assert_upstream_answer(t1, key=tk, n=1)
+        # Another calling service's key space: the same key is its own first request.
+        t2 = post(env, "/api/internal/transfers", tk, headers={"x-caller-service": "billing"}, body=body)
+        assert_upstream_answer(t2, key=tk, n=2)
+        assert_upstream_answer(post(env, "/healthz", None))
+        # The plugin's load line says which host runs it: `[dynamic_modules]` natively, `[wasm]` else.
+        loaded = [l for l in env.log_text().splitlines() if "idem: plugin" in l and "loaded" in l]
+        assert loaded, env.log_tail(20)
+        native = stack.ARTIFACT == "native"
+        assert all(("[dynamic_modules]" in l) == native for l in loaded), loaded
+        assert ("envoy.wasm.runtime.v8" in entry) != native, entry
 
 
 def test_a_policy_per_route_on_redis_bundles_and_runs_on_two_envoys(workdir, upstream, redis_stack, tmp_path):
