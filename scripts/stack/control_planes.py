@@ -1,10 +1,11 @@
 """What Istio, Envoy Gateway and Higress make of the shipped examples (examples/istio/,
-examples/envoy-gateway/, examples/higress/): the Wasm HTTP filter each control plane puts in
-Envoy's listener, written out the way its translator does, so a real Envoy can run it here
-without a Kubernetes cluster.
+examples/envoy-gateway/, examples/higress/): the HTTP filter each control plane puts in Envoy's
+listener (Wasm, or Envoy Gateway's dynamic module for the native build), written out the way its
+translator does, so a real Envoy can run it here without a Kubernetes cluster.
 
 Each function follows the control plane's documented translation (source named per function);
-the code source is the local .wasm, as each one's agent or HTTP server ends up serving it.
+the code source is the local .wasm, as each one's agent or HTTP server ends up serving it, and the
+native module is found by name in the stack's ENVOY_DYNAMIC_MODULES_SEARCH_PATH, as in the pod.
 """
 
 import copy
@@ -95,6 +96,38 @@ def envoy_gateway_filter(doc, wasm_path=None, index=0):
         config["root_id"] = wasm["rootID"]
     return {"name": "envoy.filters.http.wasm/" + ir_name, "disabled": True,
             "typed_config": {"@type": WASM_TYPE, "config": config}}
+
+
+DYNAMIC_MODULE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"
+
+
+def envoy_gateway_dynamic_module_filter(policy, proxy, index=0):
+    """Envoy Gateway's EnvoyExtensionPolicy `dynamicModule` -> dynamic-module filter
+    (envoyproxy/gateway internal/gatewayapi envoyextensionpolicy.go, buildDynamicModules, and
+    internal/xds/translator/dynamicmodule.go, dynamicModuleConfig): the module must be in the
+    EnvoyProxy's `dynamicModules` allowlist, else the policy is refused; the filter is named
+    `envoy.filters.http.dynamic_modules/envoyextensionpolicy/<ns>/<name>/dynamic-module/<i>`,
+    disabled on the listener and enabled on the policy's routes; the module is loaded by name
+    (`libraryName`, else the entry's `name`), with the entry's doNotClose and loadGlobally;
+    filter_name = `filterName` (empty when not set); config as raw JSON in a StringValue."""
+    meta, dm = policy["metadata"], policy["spec"]["dynamicModule"][index]
+    registry = {e["name"]: e for e in (proxy or {}).get("spec", {}).get("dynamicModules", [])}
+    entry = registry.get(dm["name"])
+    if entry is None:
+        raise StackError("dynamic module %r is not registered in the EnvoyProxy dynamicModules allowlist" % dm["name"])
+    ir_name = "envoyextensionpolicy/%s/%s/dynamic-module/%d" % (meta["namespace"], meta["name"], index)
+    typed = {
+        "@type": DYNAMIC_MODULE_TYPE,
+        "dynamic_module_config": {"name": entry.get("libraryName") or entry["name"],
+                                  "do_not_close": bool(entry.get("doNotClose", False)),
+                                  "load_globally": bool(entry.get("loadGlobally", False))},
+        "filter_name": dm.get("filterName", ""),
+        "terminal_filter": bool(dm.get("terminalFilter", False)),
+    }
+    if dm.get("config") is not None:
+        typed["filter_config"] = {"@type": STRING_VALUE,
+                                  "value": json.dumps(dm["config"], ensure_ascii=False, separators=(",", ":"))}
+    return {"name": "envoy.filters.http.dynamic_modules/" + ir_name, "disabled": True, "typed_config": typed}
 
 
 _FILTER_BY_NAME = re.compile(r"^\.\.http_filters\[\?\(@\.name=='([^']+)'\)\]((?:\.\w+)*)$")

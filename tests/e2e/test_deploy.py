@@ -165,6 +165,37 @@ def test_a_patch_policy_that_misses_its_filter_is_an_error():
         cp.apply_envoy_patch_policy(cfg["static_resources"]["listeners"][0], doc)
 
 
+def test_envoy_gateway_dynamic_module_runs_body_routes_exactly_once_without_a_patch(gateway, upstream):
+    """The native build through Envoy Gateway (examples/envoy-gateway/native/): the module the
+    EnvoyProxy registers, loaded by name as in the pod, runs the .wasm example's policies, and the
+    body route works as it is: a dynamic module may hold a request at its headers, so nothing
+    needs the EnvoyPatchPolicy the .wasm needs."""
+    if not stack.NATIVE.is_file():
+        pytest.fail("the native module %s does not exist; %s" % (stack.NATIVE, stack.BUILD_HINT), pytrace=False)
+    policy = cp.load_yaml(EG / "native" / "extension-policy.yaml")
+    proxy = cp.load_yaml(EG / "native" / "envoy-proxy.yaml")
+    # The stack's Envoys find modules where make builds them; the example names that module.
+    assert proxy["spec"]["dynamicModules"][0]["libraryName"] == stack.NATIVE_MODULE
+    assert policy["spec"]["dynamicModule"][0]["config"] == \
+        cp.load_yaml(EG / "extension-policy.yaml")["spec"]["wasm"][0]["config"], "the same policies as the .wasm example"
+    f = cp.envoy_gateway_dynamic_module_filter(policy, proxy)
+    assert f["name"] == "envoy.filters.http.dynamic_modules/envoyextensionpolicy/default/idem/dynamic-module/0"
+    env = gateway(f, per_route_enable=f["name"])
+    loaded = [l for l in env.log_text().splitlines() if "idem: plugin" in l and "loaded" in l]
+    assert loaded and all("[dynamic_modules]" in l and 'plugin "idem"' in l for l in loaded), loaded
+    assert_header_route_runs_once(env, upstream)
+    assert_body_route_runs_once(env, upstream)
+    assert_upstream_answer(post(env, "/healthz", None))
+
+
+def test_an_envoy_gateway_dynamic_module_outside_the_allowlist_is_refused():
+    policy = cp.load_yaml(EG / "native" / "extension-policy.yaml")
+    proxy = cp.load_yaml(EG / "native" / "envoy-proxy.yaml")
+    proxy["spec"]["dynamicModules"][0]["name"] = "other"
+    with pytest.raises(stack.StackError, match="not registered in the EnvoyProxy dynamicModules allowlist"):
+        cp.envoy_gateway_dynamic_module_filter(policy, proxy)
+
+
 def test_higress_default_config_runs_and_match_rules_are_refused_with_the_fix(gateway, upstream):
     doc = cp.load_yaml(HIGRESS / "wasmplugin.yaml")
     env = gateway(cp.higress_filter(doc))

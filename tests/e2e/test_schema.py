@@ -40,6 +40,8 @@ def shipped_bundles():
     out["examples/istio/envoyfilter.yaml"] = tomllib.loads(ef["typed_config"]["config"]["configuration"]["value"])
     eg = cp.load_yaml(cp.EXAMPLES / "envoy-gateway" / "extension-policy.yaml")
     out["examples/envoy-gateway/extension-policy.yaml"] = eg["spec"]["wasm"][0]["config"]
+    egn = cp.load_yaml(cp.EXAMPLES / "envoy-gateway" / "native" / "extension-policy.yaml")
+    out["examples/envoy-gateway/native/extension-policy.yaml"] = egn["spec"]["dynamicModule"][0]["config"]
     out["examples/higress/wasmplugin.yaml"] = cp.load_yaml(cp.EXAMPLES / "higress" / "wasmplugin.yaml")["spec"]["defaultConfig"]
     return out
 
