@@ -82,6 +82,7 @@ unit: build-filter
 # e2e time is waiting (Envoy starts, timeouts, sleeps), not computing. The slowest files come
 # first (pytest keeps the command line's order; xdist keeps it with --no-loadscope-reorder), so
 # none of them starts last and runs alone.
+# --durations prints the slowest tests of each pass, so the order below can follow what CI measured.
 # test_bundle runs the debug idem-lint (already built by `cargo test`): the tests never need the
 # release build's minutes of LTO.
 E2E_SLOW_FIRST := tests/e2e/test_packaging.py tests/e2e/test_in_flight.py tests/e2e/test_redis.py \
@@ -104,9 +105,9 @@ E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test
 # so after `make unit` nothing is built again (`-p idem-lint -p idem-admin` rebuilt ~20 s).
 e2e: setup build-filter build-native
 	$(CARGO) build --workspace --bins --tests
-	.venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder $(E2E_SLOW_FIRST) tests/e2e \
+	.venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=12 $(E2E_SLOW_FIRST) tests/e2e \
 		--ignore=tests/e2e/test_native.py
-	IDEM_ARTIFACT=native .venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder $(E2E_NATIVE)
+	IDEM_ARTIFACT=native .venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=8 $(E2E_NATIVE)
 
 lint-corpora: setup
 	bash scripts/lint-corpora.sh
