@@ -400,22 +400,24 @@ fn bundle_toml_and_json_parse_back_to_the_same_bundle() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The one `http_filters` entry `bundle --envoy-filter` prints, parsed with the linter's own YAML
+/// reader (a YAML 1.2 parser with positions): named `idem`, disabled (enabled per route), of `typed`.
+fn disabled_idem_entry(yaml: &str, typed: &str) -> idem_lint::node::Node {
+    let root = idem_lint::loader::parse_text("filter.yaml", yaml).unwrap();
+    let entry = root.as_seq().unwrap()[0].clone();
+    assert_eq!(entry.get("name").unwrap().as_str(), Some("idem"));
+    assert_eq!(entry.get("disabled").unwrap().as_bool(), Some(true));
+    assert_eq!(entry.get("typed_config").unwrap().get("@type").unwrap().as_str(), Some(typed));
+    entry
+}
+
 #[test]
 fn envoy_filter_entry_is_the_documented_shape_and_carries_the_bundle() {
     let o = bundle_shipped(&["--envoy-filter", "--wasm", "/opt/idem/idem_filter.wasm"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let y = stdout(&o);
-    // Parsed with the linter's own YAML reader (a YAML 1.2 parser with positions).
-    let root = idem_lint::loader::parse_text("filter.yaml", &y).unwrap();
-    let entry = &root.as_seq().unwrap()[0];
-    assert_eq!(entry.get("name").unwrap().as_str(), Some("idem"));
-    assert_eq!(entry.get("disabled").unwrap().as_bool(), Some(true));
-    let tc = entry.get("typed_config").unwrap();
-    assert_eq!(
-        tc.get("@type").unwrap().as_str(),
-        Some("type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
-    );
-    let c = tc.get("config").unwrap();
+    let entry = disabled_idem_entry(&y, "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm");
+    let c = entry.get("typed_config").unwrap().get("config").unwrap();
     assert_eq!(c.get("allow_on_headers_stop_iteration").unwrap().as_bool(), Some(true));
     assert_eq!(c.get("failure_policy").unwrap().as_str(), Some("FAIL_CLOSED"));
     let vm = c.get("vm_config").unwrap();
@@ -456,15 +458,11 @@ fn envoy_filter_entry_for_the_native_build_names_the_module_and_refuses_what_it_
         run_in(&repo(), &["bundle", policy.to_str().unwrap(), "--envoy-filter", "--native", module.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let y = stdout(&o);
-    let root = idem_lint::loader::parse_text("filter.yaml", &y).unwrap();
-    let entry = &root.as_seq().unwrap()[0];
-    assert_eq!(entry.get("name").unwrap().as_str(), Some("idem"));
-    assert_eq!(entry.get("disabled").unwrap().as_bool(), Some(true));
-    let tc = entry.get("typed_config").unwrap();
-    assert_eq!(
-        tc.get("@type").unwrap().as_str(),
-        Some("type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter")
+    let entry = disabled_idem_entry(
+        &y,
+        "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
     );
+    let tc = entry.get("typed_config").unwrap();
     assert_eq!(tc.get("dynamic_module_config").unwrap().get("name").unwrap().as_str(), Some("idem_native"));
     assert_eq!(tc.get("filter_name").unwrap().as_str(), Some("idem"));
     let conf = tc.get("filter_config").unwrap();
