@@ -313,6 +313,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
             if event_id == ticker::FLUSH {
                 w.flush_counts();
             }
+            if event_id == ticker::ROOTS {
+                w.run_roots();
+            }
         });
     })
 }

@@ -30,6 +30,9 @@ pub const TICK: u64 = 1;
 pub const WAKE: u64 = 2;
 /// The event id of a flush: counts held on the worker go to Envoy (`WorkerThread::flush_counts`).
 pub const FLUSH: u64 = 3;
+/// The event id of the roots' turn: roots woken since it was committed run their queue
+/// (`WorkerThread::run_roots`), committed by the worker itself.
+pub const ROOTS: u64 = 4;
 
 /// The longest a count waits on its worker while streams stay open (a held duplicate, a slow
 /// upload); a worker whose last stream ends hands its counts over at once.

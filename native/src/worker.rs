@@ -15,7 +15,10 @@
 //!   scheduler runs its event on that stream's worker). When that stream ends, another live
 //!   stream of the worker takes over; a worker with no live stream has its ticks and mail run
 //!   by Envoy's main thread, under the worker's lock ([`WorkerThread::idle_work`]);
-//! - **wake-ups**: `enqueue` runs the root's queue handler once the current hook's event is done.
+//! - **wake-ups**: `enqueue` marks the root woken; its queue handler runs on the worker's next
+//!   loop iteration (a `ROOTS` event committed to the carrier stream's scheduler), as Envoy runs
+//!   a `.wasm` root's queue handler: the writes several streams queue meanwhile go out in one
+//!   call (group commit). With no live stream to carry it, it runs once the current event is done.
 
 use crate::abi::{FilterPtr, SchedulerPtr};
 use crate::calls::{self, Call};
@@ -69,6 +72,10 @@ pub struct WorkerThread {
     /// The stream whose scheduler ticks this worker, and that scheduler.
     ticker: RefCell<Option<(u32, SchedulerPtr)>>,
     ticker_slot: Cell<Option<usize>>,
+    /// A `ROOTS` event is committed to the carrier's scheduler and has not run yet.
+    roots_due: Cell<bool>,
+    /// The current event is the roots' turn: woken roots run now.
+    roots_turn: Cell<bool>,
 }
 
 /// A worker's state behind a lock: taken once per hook by its own thread, and by Envoy's main
@@ -144,17 +151,19 @@ impl WorkerThread {
     /// run our own hooks again, each with its own event).
     fn after_event(&self) {
         loop {
-            let woken: Vec<(u32, Arc<Config>)> = self
-                .roots
-                .borrow()
-                .iter()
-                .filter(|r| r.woken.replace(false))
-                .map(|r| (r.id, Arc::clone(&r.config)))
-                .collect();
-            for (root, config) in woken {
-                let root_host = Native::new(config, None);
-                if let Ok(contexts) = self.contexts.try_borrow() {
-                    contexts.on_queue_ready(&root_host, root);
+            if !self.roots_wait_their_turn() {
+                let woken: Vec<(u32, Arc<Config>)> = self
+                    .roots
+                    .borrow()
+                    .iter()
+                    .filter(|r| r.woken.replace(false))
+                    .map(|r| (r.id, Arc::clone(&r.config)))
+                    .collect();
+                for (root, config) in woken {
+                    let root_host = Native::new(config, None);
+                    if let Ok(contexts) = self.contexts.try_borrow() {
+                        contexts.on_queue_ready(&root_host, root);
+                    }
                 }
             }
             let actions = std::mem::take(&mut *self.deferred.borrow_mut());
@@ -169,6 +178,30 @@ impl WorkerThread {
                 }
             }
         }
+    }
+
+    /// Whether woken roots wait for their turn, the next loop iteration: a `ROOTS` event is
+    /// committed to the carrier's scheduler (once), so the writes that the streams of this
+    /// iteration queue go out together. Not from the roots' own turn, nor without a live stream.
+    fn roots_wait_their_turn(&self) -> bool {
+        if self.roots_turn.get() || !self.roots.borrow().iter().any(|r| r.woken.get()) {
+            return false;
+        }
+        let Some((_, scheduler)) = *self.ticker.borrow() else {
+            return false;
+        };
+        if !self.roots_due.replace(true) {
+            scheduler.commit(ticker::ROOTS);
+        }
+        true
+    }
+
+    /// The roots' turn (`ROOTS`): every root woken since runs its queue, then what it deferred.
+    pub fn run_roots(&self) {
+        self.roots_due.set(false);
+        let outer = self.roots_turn.replace(true);
+        self.after_event();
+        self.roots_turn.set(outer);
     }
 
     pub fn defer(&self, action: Deferred) {
@@ -260,6 +293,8 @@ impl WorkerThread {
             if let (Some(slot), Some((_, scheduler))) = (self.ticker_slot.get(), self.ticker.borrow_mut().take()) {
                 ticker::detach(slot, scheduler);
             }
+            // The roots' turn committed to that scheduler is lost with it.
+            let roots_due = self.roots_due.replace(false);
             let next = self.streams.borrow().iter().next().map(|(c, (f, _))| (*c, *f));
             match (next, self.ticker_slot.get()) {
                 (Some((c, f)), _) => self.carry_ticks(c, f),
@@ -267,6 +302,10 @@ impl WorkerThread {
                 // so mail already waiting goes to the main thread (`ticker.rs`).
                 (None, Some(slot)) if calls::waiting(slot) => ticker::wake(slot),
                 (None, _) => {}
+            }
+            if roots_due {
+                // On the next carrier's scheduler, or now when no stream is left to carry it.
+                self.after_event();
             }
         }
     }
