@@ -244,11 +244,12 @@ def envoy_case(case, n, tmp, store=None):
             raise SystemExit("error: (%s) answered %s, expected %d %s" % (named, statuses, n, expected))
         # One upstream connection serves these sequential requests: a connect per request would be
         # counted as the case's cost (bench.py checks the same).
-        opened = admin_counter(admin, "cluster.demo_upstream.upstream_cx_total")
-        forwarded = admin_counter(admin, "cluster.demo_upstream.upstream_rq_total")
-        if forwarded >= 10 and opened * 10 > forwarded:
-            raise SystemExit("error: (%s) opened %d upstream connections for %d requests: the count would "
-                             "include a TCP connect per request" % (named, opened, forwarded))
+        try:
+            stack.check_upstream_reuse("(%s)" % named, "demo_upstream",
+                                       admin_counter(admin, "cluster.demo_upstream.upstream_cx_total"),
+                                       admin_counter(admin, "cluster.demo_upstream.upstream_rq_total"))
+        except stack.StackError as e:
+            raise SystemExit("error: %s" % e)
         if redis_kind:
             check_redis_case(named, redis_kind, admin, n, webdis_before)
         if floor_mode.get(case) and not redis_kind:

@@ -233,6 +233,17 @@ fn native_module(given: &str) -> Result<(String, String), FatalError> {
     Ok((name.to_string(), dir.to_string_lossy().into_owned()))
 }
 
+/// `--native PATH` for these policies: the module (see [`native_module`]), once no route of
+/// theirs is one the native build would refuse at load; `None` without `--native`.
+fn native_build(given: Option<&str>, set: &PolicySet) -> Result<Option<(String, String)>, FatalErrors> {
+    let Some(given) = given else {
+        return Ok(None);
+    };
+    let module = native_module(given)?;
+    refuse_what_the_native_build_cannot_serve(set)?;
+    Ok(Some(module))
+}
+
 /// Envoy finds a dynamic module only through its search path: the one thing the user must add.
 fn say_where_envoy_finds(what: &str, name: &str, dir: &str) {
     eprintln!(
@@ -377,10 +388,7 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         let routes: Vec<_> = set.routes().map(|r| r.route).collect();
         let redis = set.files.iter().find_map(|f| f.bundle.redis.as_ref()).map(|r| r.cluster.clone());
         let uses_redis = routes.iter().any(|r| r.store == idem_filter::policy::StoreKind::Redis);
-        let native = e.native.as_deref().map(native_module).transpose()?;
-        if native.is_some() {
-            refuse_what_the_native_build_cannot_serve(&set)?;
-        }
+        let native = native_build(e.native.as_deref(), &set)?;
         // The native build speaks RESP to `direct` itself; the .wasm reaches Redis through Webdis.
         let through_webdis = uses_redis && !(native.is_some() && redis.as_deref() == Some(""));
         if uses_redis && native.is_none() && redis.as_deref() == Some("") {
@@ -451,10 +459,9 @@ fn run(cli: Cli) -> Result<u8, FatalErrors> {
         if b.envoy_filter {
             let files: Vec<String> = set.files.iter().map(|f| f.name().to_string()).collect();
             let routes: Vec<_> = set.routes().map(|r| r.route).collect();
-            let native = b.native.as_deref().map(native_module).transpose()?;
+            let native = native_build(b.native.as_deref(), &set)?;
             let filter = match &native {
                 Some((name, dir)) => {
-                    refuse_what_the_native_build_cannot_serve(&set)?;
                     say_where_envoy_finds("the entry", name, dir);
                     idem_lint::policy::Filter::Native { module: name }
                 }

@@ -22,7 +22,7 @@ scripts/ on sys.path) and `stack.X` are all a caller needs:
 
 from .common import (ARTIFACT, BUILD_HINT, ENVOY, NATIVE, NATIVE_MODULE, REPO, SETUP_HINT, WASM, StackError,
                      shipped_policies)
-from .envoy import Envoy, envoy_executable, require_envoy, require_wasm, start_fast_upstream, start_fleet, start_idem_envoy
+from .envoy import Envoy, check_upstream_reuse, envoy_executable, require_envoy, require_wasm, start_fast_upstream, start_fleet, start_idem_envoy
 from .envoy_config import (DEFAULT_ROUTES, ECHO, ECHO_PATH, ENABLE_IDEM, INTERNAL_LISTENER_EXTENSION, REENTRY,
                            cluster, direct_response_config, echo_cluster, echo_listener, echo_route, idem_config,
                            listener, reentry_cluster, reentry_listener, native_filter, route_entry, routes_from_policy, wasm_filter)
@@ -54,7 +54,7 @@ __all__ = [
     "echo_route", "echo_listener", "echo_cluster",
     "direct_response_config",
     # envoy
-    "Envoy", "envoy_executable", "require_envoy", "require_wasm", "start_idem_envoy", "start_fast_upstream", "start_fleet",
+    "Envoy", "check_upstream_reuse", "envoy_executable", "require_envoy", "require_wasm", "start_idem_envoy", "start_fast_upstream", "start_fleet",
     # redis
     "EVICTS_LOG", "TOKEN_SECRET", "REDIS_SERVER", "WEBDIS", "WEBDIS_JSON", "REDIS_PASSWORD", "WEBDIS_AUTH", "REDIS_DEFAULT_USER_ACL", "REDIS_ADMIN",
     "Redis", "RedisError", "redis_command", "require_redis", "Webdis", "webdis_config", "webdis_cluster",
