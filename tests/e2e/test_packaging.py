@@ -30,12 +30,15 @@ paths:
 
 
 # Every build here (the wheel, pre-commit's install, cargo publish's check) is about packaging,
-# not speed: the release profile's LTO and one codegen unit would cost minutes per build for
-# nothing these tests look at. They share one target directory of their own, so the repository's
-# real release artifacts are never rebuilt with these settings.
-PACKAGING_TARGET = stack.REPO / "target" / "packaging"
-FAST_RELEASE = {"CARGO_TARGET_DIR": str(PACKAGING_TARGET), "CARGO_PROFILE_RELEASE_LTO": "off",
-                "CARGO_PROFILE_RELEASE_CODEGEN_UNITS": "16", "CARGO_PROFILE_RELEASE_OPT_LEVEL": "0"}
+# not speed: they build with the dev profile in the repository's own target directory, so the
+# dependencies `cargo test` compiled are reused (about 25 s for the three, where a profile of
+# their own compiled everything again: about 240 s in a fresh clone, on both cores while the rest
+# of the e2e suite ran). They rewrite `target/debug/idem-lint` as they go, so this file runs on
+# its own, before the other e2e files (`make e2e`), and `cargo build --workspace --bins` puts the
+# workspace's binary back afterwards. The release profile's LTO is what `make dist` ships; it
+# changes nothing these tests look at.
+# pre-commit builds from its own clone of the repository: its target directory is named.
+DEV_PROFILE = {"MATURIN_PEP517_ARGS": "--profile dev", "CARGO_TARGET_DIR": str(stack.REPO / "target")}
 
 
 def run(argv, **kw):
@@ -56,8 +59,7 @@ def no_rust_env(venv):
 def wheel(tmp_path_factory):
     """`make dist`'s wheel, built into a fresh directory."""
     out = tmp_path_factory.mktemp("wheels")
-    done = run([VENV_BIN / "maturin", "build", "--release", "-o", out], cwd=stack.REPO, timeout=900,
-               env=dict(os.environ, **FAST_RELEASE))
+    done = run([VENV_BIN / "maturin", "build", "--profile", "dev", "-o", out], cwd=stack.REPO, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     wheels = sorted(out.glob("idem_lint-*.whl"))
     assert len(wheels) == 1, wheels
@@ -110,7 +112,7 @@ def test_pre_commit_runs_the_hook_on_the_specs(tmp_path):
     git(project, "init", "-q")
     git(project, "add", ".")
     env = dict(os.environ, PRE_COMMIT_HOME=str(tmp_path / "pre-commit"), PIP_NO_INDEX="1",
-               PIP_FIND_LINKS=str(WHEELHOUSE), **FAST_RELEASE)
+               PIP_FIND_LINKS=str(WHEELHOUSE), **DEV_PROFILE)
     done = run([VENV_BIN / "pre-commit", "try-repo", stack.REPO, "idem-lint", "--all-files", "--color", "never"],
                cwd=project, env=env, timeout=1200)
     out = done.stdout + done.stderr
@@ -158,16 +160,22 @@ def test_the_action_installs_idem_lint_and_annotates_findings(wheel, tmp_path):
 def test_the_crates_package_for_crates_io():
     """`cargo publish --dry-run` of both crates (idem-lint depends on idem-filter by version)."""
     cargo = shutil.which("cargo") or str(os.path.expanduser("~/.cargo/bin/cargo"))
-    target = PACKAGING_TARGET / "publish-check"
+    target = stack.REPO / "target"
     # The packaged idem-filter is served to idem-lint from a local registry under one version:
     # cargo takes registry sources as immutable and would reuse the copy an earlier run extracted
-    # (into CARGO_HOME) or built. Only those local registries are cleared, never crates.io's.
+    # (into CARGO_HOME) or built. Only those are cleared: the local registry's build of idem-filter
+    # (its fingerprint's source is `Precalculated`, a workspace build's is checked file by file),
+    # never the workspace's builds or crates.io's sources.
     cargo_home = Path(os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo")))
-    stale = list(target.glob("package")) + list(target.glob("debug/.fingerprint/idem-filter-*"))
+    stale = list(target.glob("package"))
+    stale += [p for p in target.glob("debug/.fingerprint/idem-filter-*")
+              if any("Precalculated" in f.read_text(errors="replace") for f in p.glob("*.json"))]
     stale += [p for p in cargo_home.glob("registry/src/*/idem-filter-*") if not p.parent.name.startswith("index.")]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
+    # A packaged crate is a workspace of its own, without ours' [profile.dev]: the same debug
+    # setting keeps the dependencies' builds the ones `cargo test` made.
     done = run([cargo, "publish", "--dry-run", "--allow-dirty", "-p", "idem-filter", "-p", "idem-lint"],
-               cwd=stack.REPO, timeout=900, env=dict(os.environ, CARGO_TARGET_DIR=str(target)))
+               cwd=stack.REPO, timeout=900, env=dict(os.environ, CARGO_PROFILE_DEV_DEBUG="line-tables-only"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Packaging idem-lint" in done.stderr and "aborting upload due to dry run" in done.stderr, done.stderr
