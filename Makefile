@@ -85,7 +85,7 @@ unit: build-filter
 # --durations prints the slowest tests of each pass, so the order below can follow what CI measured.
 # test_bundle runs the debug idem-lint (already built by `cargo test`): the tests never need the
 # release build's minutes of LTO.
-E2E_SLOW_FIRST := tests/e2e/test_in_flight.py tests/e2e/test_redis.py \
+E2E_SLOW_FIRST := tests/e2e/test_packaging.py tests/e2e/test_in_flight.py tests/e2e/test_redis.py \
 	tests/e2e/test_memory.py tests/e2e/test_senders.py tests/e2e/test_retries.py tests/e2e/test_tokens.py
 # The files that test guarantees run again on the native build (IDEM_ARTIFACT=native), slowest
 # first (measured with --durations: in_flight 120 s, redis 81 s, grpc 48 s, memory 44 s, …); what
@@ -101,16 +101,16 @@ E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test
 	tests/e2e/test_reconcile.py tests/e2e/test_sidecar.py tests/e2e/test_config.py \
 	tests/e2e/test_outcomes.py tests/e2e/test_repeatable.py tests/e2e/test_hygiene.py tests/e2e/test_prometheus.py \
 	tests/e2e/test_spec_to_gateway.py tests/e2e/test_first_hour.py tests/e2e/test_native.py
-# test_packaging.py runs first and alone: its builds (the wheel, pre-commit's install, cargo
-# publish's check) reuse the dev builds in target/ and rewrite target/debug/idem-lint meanwhile.
 # `--bins --tests`: idem-lint and idem-admin with the features `cargo test --workspace` resolved,
-# so after `make unit` nothing is built again (`-p idem-lint -p idem-admin` rebuilt ~20 s); it
-# also puts the workspace's idem-lint back in target/debug after the packaging builds.
+# so after `make unit` nothing is built again (`-p idem-lint -p idem-admin` rebuilt ~20 s).
+# test_packaging.py's builds reuse the dev builds in target/ and rewrite target/debug/idem-lint
+# meanwhile: the other files run a copy taken before the first test (tests/e2e/conftest.py), and
+# the workspace's own binary is put back (cargo relinks it, nothing rebuilt) before the next pass.
 e2e: setup build-filter build-native
-	.venv/bin/pytest -q --durations=4 tests/e2e/test_packaging.py
 	$(CARGO) build --workspace --bins --tests
 	.venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=12 $(E2E_SLOW_FIRST) tests/e2e \
-		--ignore=tests/e2e/test_native.py --ignore=tests/e2e/test_packaging.py
+		--ignore=tests/e2e/test_native.py
+	$(CARGO) build --workspace --bins --tests
 	IDEM_ARTIFACT=native .venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=8 $(E2E_NATIVE)
 
 lint-corpora: setup

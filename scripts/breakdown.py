@@ -82,17 +82,17 @@ def envoy_binary():
     return str(stack.envoy_executable())
 
 
-def self_costs(path):
-    """{(object, "file:function"): self instructions} from a callgrind output file (the inclusive
-    cost lines of calls skipped), with names resolved from callgrind's name compression (objects,
-    files and functions are numbered apart)."""
+def records(path):
+    """A callgrind output file as records, with names resolved from callgrind's name compression
+    (objects, files and functions are numbered apart): `("self", obj, "file:function", cost)` for
+    a function's own instructions, `("call", obj, "file:function", callee, calls, inclusive)` for
+    its calls to `callee` (a function name) and what they cost, callees included."""
     tables = {"ob": {}, "fl": {}, "fn": {}}
     space = {"ob": "ob", "cob": "ob", "fl": "fl", "fi": "fl", "fe": "fl", "cfi": "fl", "cfl": "fl",
              "fn": "fn", "cfn": "fn"}
-    costs = {}
-    obj = fn_obj = fn = "?"
+    obj = fn_obj = fn = callee = "?"
     file = fn_file = "???"
-    skip_next = False
+    call = None
     for line in open(path):
         key, eq, val = line.rstrip("\n").partition("=")
         if eq and key in space:
@@ -110,17 +110,50 @@ def self_costs(path):
                 fn_file = val
             elif key == "fn":
                 fn, fn_obj, fn_file = val, obj, file
+            elif key == "cfn":
+                callee = val
         elif line.startswith("calls="):
-            skip_next = True
+            call = int(line[6:].split()[0])
         elif line[:1].isdigit() or line[:1] in "+-*":
-            if skip_next:
-                skip_next = False
-                continue
             parts = line.split()
-            if len(parts) >= 2:
-                name = "%s:%s" % (fn_file, fn)
-                costs[(fn_obj, name)] = costs.get((fn_obj, name), 0) + int(parts[1])
+            if len(parts) < 2:
+                continue
+            if call is not None:
+                yield ("call", fn_obj, "%s:%s" % (fn_file, fn), callee, call, int(parts[1]))
+                call = None
+            else:
+                yield ("self", fn_obj, "%s:%s" % (fn_file, fn), int(parts[1]))
+
+
+def self_costs(path):
+    """{(object, "file:function"): self instructions} from a callgrind output file."""
+    costs = {}
+    for r in records(path):
+        if r[0] == "self":
+            costs[(r[1], r[2])] = costs.get((r[1], r[2]), 0) + r[3]
     return costs
+
+
+def calls_out(path, modules):
+    """What a native module's calls into Envoy cost, callees included: {kind: (instructions,
+    calls)} for Envoy's counter increments, the allocator (malloc and free: Envoy's tcmalloc
+    serves the module's Rust allocations), and its other callbacks."""
+    out = {}
+    for r in records(path):
+        if r[0] != "call" or not r[1].endswith(modules):
+            continue
+        callee = r[3]
+        if "increment_counter" in callee:
+            kind = "counter increments"
+        elif callee in ("malloc", "free", "realloc", "calloc", "posix_memalign", "aligned_alloc"):
+            kind = "malloc/free"
+        elif callee.startswith("envoy_dynamic_module_callback"):
+            kind = "other callbacks"
+        else:
+            continue
+        cost, calls = out.get(kind, (0, 0))
+        out[kind] = (cost + r[5], calls + r[4])
+    return out
 
 
 def is_jit(obj, name):
@@ -273,7 +306,13 @@ def envoy_case(case, n, tmp, store=None):
     # The native module's own threads (the direct Redis client's) are counted with the process.
     modules = ("/" + NATIVE_FLOOR.name, "/" + stack.NATIVE.name)
     jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn) or obj.endswith(modules))
+    if native or case == "c0-native":
+        CALLS_OUT[named] = {kind: (cost / n, calls / n) for kind, (cost, calls) in calls_out(dumps[-1], modules).items()}
     return total / n, jit / n
+
+
+# Per native case: what its module's calls into Envoy cost per request (`calls_out`).
+CALLS_OUT = {}
 
 
 def admin_counter(admin, name):
@@ -324,6 +363,9 @@ def report_envoy(n, cases, keep=None):
                 over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
                 print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
                       % (case, " " * (3 - len(case)), total, jit, total - jit, over))
+                if case in CALLS_OUT:
+                    print("    of Envoy's, the module's calls into it, callees included: " + ", ".join(
+                        "%s %.0f (%.1f calls)" % (kind, cost, calls) for kind, (cost, calls) in sorted(CALLS_OUT[case].items())))
         finally:
             if store:
                 store[1].stop()

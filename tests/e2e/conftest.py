@@ -6,8 +6,12 @@ the policy TOML given by the test, waited for until it serves, and stopped after
 with a message saying how to get it, never a skip.
 """
 
+import atexit
 import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -178,6 +182,22 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "wasm_only(reason): a behaviour the native build refuses at load")
+    _private_idem_lint()
+
+
+def _private_idem_lint():
+    """The tests run idem-lint from a copy of target/debug/idem-lint taken before any test starts
+    ($IDEM_LINT, which pytest-xdist's workers inherit): test_packaging.py's builds (the wheel,
+    pre-commit's install, cargo publish's check) share target/ and rewrite that file while the
+    other files run. A given $IDEM_LINT is used as it is; a missing binary is left for the tests
+    that need it to fail on, with how to build it."""
+    built = REPO / "target" / "debug" / "idem-lint"
+    if os.environ.get("IDEM_LINT") or not built.is_file():
+        return
+    private = Path(tempfile.mkdtemp(prefix="idem-e2e-lint-"))
+    shutil.copy2(built, private / "idem-lint")
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    os.environ["IDEM_LINT"] = str(private / "idem-lint")
 
 
 def _wasm_only(item):

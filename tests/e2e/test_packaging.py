@@ -31,12 +31,11 @@ paths:
 
 # Every build here (the wheel, pre-commit's install, cargo publish's check) is about packaging,
 # not speed: they build with the dev profile in the repository's own target directory, so the
-# dependencies `cargo test` compiled are reused (about 25 s for the three, where a profile of
-# their own compiled everything again: about 240 s in a fresh clone, on both cores while the rest
-# of the e2e suite ran). They rewrite `target/debug/idem-lint` as they go, so this file runs on
-# its own, before the other e2e files (`make e2e`), and `cargo build --workspace --bins` puts the
-# workspace's binary back afterwards. The release profile's LTO is what `make dist` ships; it
-# changes nothing these tests look at.
+# dependencies `cargo test` compiled are reused (about 80 s for the file in a fresh clone, where a
+# profile of their own compiled everything again: about 240 s, on both cores, while the other
+# e2e files ran). They rewrite target/debug/idem-lint as they go: the other files run a copy
+# taken before any test started (conftest.py, $IDEM_LINT). The release profile's LTO is what
+# `make dist` ships; it changes nothing these tests look at.
 # pre-commit builds from its own clone of the repository: its target directory is named.
 DEV_PROFILE = {"MATURIN_PEP517_ARGS": "--profile dev", "CARGO_TARGET_DIR": str(stack.REPO / "target")}
 

@@ -6,8 +6,10 @@ delivery is answered 2xx and the refund ran once. A create retried across a poli
 with `--update` (no restart), runs once. A policy file tuned by hand is kept while another one
 regenerates."""
 
+import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ import stack
 from conftest import envoy_from_yaml
 from idemtest import describe, post, wait_for
 
-IDEM_LINT = stack.REPO / "target" / "debug" / "idem-lint"
+IDEM_LINT = Path(os.environ.get("IDEM_LINT") or stack.REPO / "target" / "debug" / "idem-lint")
 
 SPEC = """openapi: 3.0.3
 info: { title: refunds, version: "1" }

@@ -33,15 +33,32 @@ fn binary(name: &str) -> String {
 }
 
 impl Live {
+    /// Starts both on fresh ports. A free port is only free when it was asked for: another test
+    /// (these run on parallel threads) may take it before redis-server or Webdis binds it. So a
+    /// pair that exits, or does not answer within 10 s, is stopped and started again on other
+    /// ports (three tries); the last failure names the ports and the tail of Webdis's log.
     pub fn start(tag: &str) -> Live {
         let dir = std::env::temp_dir().join(format!("idem-owner-checks-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Live::try_start(&dir) {
+                Ok(live) => return live,
+                Err(why) => failures.push(why),
+            }
+        }
+        let log = std::fs::read_to_string(dir.join("webdis.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+        panic!("redis-server and webdis did not come up in three tries: {failures:?}; webdis.log ends with {tail:?}");
+    }
+
+    fn try_start(dir: &Path) -> Result<Live, String> {
         let redis_port = free_port();
         let redis = Process::new(binary("redis-server"))
             .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--requirepass", REDIS_PASSWORD])
             .arg("--dir")
-            .arg(&dir)
+            .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -56,10 +73,11 @@ impl Live {
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
         let webdis =
             Process::new(binary("webdis")).arg(&cfg_path).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        let live = Live { children: vec![redis, webdis], webdis_port, _dir: dir };
+        // Dropped on failure: both children are stopped.
+        let mut live = Live { children: vec![redis, webdis], webdis_port, _dir: dir.to_path_buf() };
         // Webdis answers 503 until each connection of its pool (16) has reached Redis: ready once
         // twice that many calls in a row succeeded.
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(10);
         let mut in_a_row = 0;
         while in_a_row < 32 {
             match live.try_call(&command(&["SET", "idem:probe", "1"])) {
@@ -69,9 +87,16 @@ impl Live {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
-            assert!(Instant::now() < deadline, "redis-server and webdis did not come up on 127.0.0.1:{webdis_port}");
+            for (name, child) in ["redis-server", "webdis"].iter().zip(live.children.iter_mut()) {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("{name} exited ({status}) on redis port {redis_port}, webdis port {webdis_port}"));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no answer within 10 s on redis port {redis_port}, webdis port {webdis_port}"));
+            }
         }
-        live
+        Ok(live)
     }
 
     pub fn try_call(&self, body: &str) -> std::io::Result<(u16, String)> {
