@@ -126,7 +126,7 @@ bench: setup build build-native
 	$(CARGO) build --release --target wasm32-wasip1 -p idem-floor
 	CARGO_TARGET_DIR=target/native-floor $(CARGO) build --release --manifest-path bench/floor-native/Cargo.toml
 	$(PY) scripts/bench.py
-	$(PY) scripts/breakdown.py --envoy --envoy-cases a,b,c0,c0-native,c0s,c0sh,c,d,c0-16k,c0sh-16k,c16k,c-native,d-native,c16k-native
+	$(PY) scripts/breakdown.py --envoy --envoy-cases a,b,c0,c0-native,c0s,c0sh,c,d,a-16k,c0-16k,c0sh-16k,c16k,c-native,d-native,c16k-native
 	$(PY) scripts/latency.py
 	bash scripts/bench-lint.sh
 

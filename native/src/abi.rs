@@ -304,18 +304,28 @@ pub unsafe fn copy_headers(headers: *const EnvoyHeader, count: usize) -> Vec<(Ve
         .collect()
 }
 
-/// Copies an array of Envoy's buffers `(ptr, count)` out as one byte string.
+/// Appends an array of Envoy's buffers `(ptr, count)` to `out`, up to `limit` bytes in all (what
+/// the core asked for): the room is reserved once, since growing a 16 KB body chunk by chunk
+/// reallocated and copied it again (16.5k instructions a request, under callgrind).
 ///
 /// # Safety
 /// `chunks` is null or points at `count` buffers valid for the current hook.
-pub unsafe fn copy_chunks(chunks: *const EnvoyBuffer, count: usize, out: &mut Vec<u8>) {
+pub unsafe fn copy_chunks(chunks: *const EnvoyBuffer, count: usize, out: &mut Vec<u8>, limit: usize) {
     if chunks.is_null() || count == 0 {
         return;
     }
     // SAFETY: as the caller promised.
-    for c in unsafe { std::slice::from_raw_parts(chunks, count) } {
+    let chunks = unsafe { std::slice::from_raw_parts(chunks, count) };
+    let room = limit.saturating_sub(out.len());
+    out.reserve(room.min(chunks.iter().map(|c| c.length).fold(0, usize::saturating_add)));
+    for c in chunks {
+        let room = limit.saturating_sub(out.len());
+        if room == 0 {
+            return;
+        }
         // SAFETY: each chunk is Envoy's, valid for the hook.
-        out.extend_from_slice(unsafe { envoy_bytes(c.ptr, c.length) });
+        let bytes = unsafe { envoy_bytes(c.ptr, c.length) };
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 }
 
@@ -423,8 +433,9 @@ impl FilterPtr {
         }
     }
 
-    /// Appends the chunks of one body buffer to `out`; false when the body is not available.
-    pub fn body(self, body_type: u32, out: &mut Vec<u8>) -> bool {
+    /// Appends the chunks of one body buffer to `out`, up to `limit` bytes in all; false when the
+    /// body is not available.
+    pub fn body(self, body_type: u32, out: &mut Vec<u8>, limit: usize) -> bool {
         // SAFETY: a live filter.
         let n = unsafe { envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, body_type) };
         if n == 0 {
@@ -436,7 +447,7 @@ impl FilterPtr {
             return false;
         }
         // SAFETY: Envoy filled `n` chunks valid for this hook.
-        unsafe { copy_chunks(chunks.as_ptr(), n, out) };
+        unsafe { copy_chunks(chunks.as_ptr(), n, out, limit) };
         true
     }
 
@@ -691,11 +702,20 @@ mod tests {
         ];
         let mut out = b">".to_vec();
         // SAFETY: a live array of three buffers.
-        unsafe { copy_chunks(arr.as_ptr(), arr.len(), &mut out) };
+        unsafe { copy_chunks(arr.as_ptr(), arr.len(), &mut out, usize::MAX) };
         assert_eq!(out, b">hello world");
         // SAFETY: a null array.
-        unsafe { copy_chunks(null(), 2, &mut out) };
+        unsafe { copy_chunks(null(), 2, &mut out, usize::MAX) };
         assert_eq!(out, b">hello world");
+        // The limit counts what `out` already held, and cuts inside a chunk or at its end.
+        for (limit, want) in
+            [(0, &b">"[..]), (1, b">"), (4, b">hel"), (7, b">hello "), (9, b">hello wo"), (99, b">hello world")]
+        {
+            let mut out = b">".to_vec();
+            // SAFETY: a live array of three buffers.
+            unsafe { copy_chunks(arr.as_ptr(), arr.len(), &mut out, limit) };
+            assert_eq!(out, want, "limit {limit}");
+        }
     }
 
     #[test]

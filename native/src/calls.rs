@@ -154,7 +154,7 @@ impl Calls {
             // SAFETY: as the caller promised.
             answer.headers = unsafe { abi::copy_headers(headers.0, headers.1) };
             // SAFETY: as the caller promised.
-            unsafe { abi::copy_chunks(chunks.0, chunks.1, &mut answer.body) };
+            unsafe { abi::copy_chunks(chunks.0, chunks.1, &mut answer.body, usize::MAX) };
         }
         deliver(config, back, answer);
     }

@@ -83,10 +83,11 @@ impl Native {
     /// that follows one which did not buffer ([`Native::view_body`]).
     fn body(&self, buffered: u32, received: u32, size: usize) -> Option<Vec<u8>> {
         let filter = self.filter()?;
-        let mut out = Vec::new();
-        let whole = self.whole_body.get() && filter.body(buffered, &mut out);
-        let any = whole | filter.body(received, &mut out);
-        out.truncate(size);
+        // The core asks for what it reads (`size`): more is neither copied nor made room for.
+        let mut out =
+            Vec::with_capacity(size.min(filter.body_size(buffered).saturating_add(filter.body_size(received))));
+        let whole = self.whole_body.get() && filter.body(buffered, &mut out, size);
+        let any = whole | filter.body(received, &mut out, size);
         any.then_some(out)
     }
 }

@@ -89,7 +89,9 @@ impl Live {
             }
             for (name, child) in ["redis-server", "webdis"].iter().zip(live.children.iter_mut()) {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("{name} exited ({status}) on redis port {redis_port}, webdis port {webdis_port}"));
+                    return Err(format!(
+                        "{name} exited ({status}) on redis port {redis_port}, webdis port {webdis_port}"
+                    ));
                 }
             }
             if Instant::now() >= deadline {
