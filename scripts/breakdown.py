@@ -116,11 +116,11 @@ def records(path):
             call = int(line[6:].split()[0])
         elif line[:1].isdigit() or line[:1] in "+-*":
             parts = line.split()
+            calls, call = call, None
             if len(parts) < 2:
                 continue
-            if call is not None:
-                yield ("call", fn_obj, "%s:%s" % (fn_file, fn), callee, call, int(parts[1]))
-                call = None
+            if calls is not None:
+                yield ("call", fn_obj, "%s:%s" % (fn_file, fn), callee, calls, int(parts[1]))
             else:
                 yield ("self", fn_obj, "%s:%s" % (fn_file, fn), int(parts[1]))
 

@@ -84,9 +84,10 @@ impl Native {
     fn body(&self, buffered: u32, received: u32, size: usize) -> Option<Vec<u8>> {
         let filter = self.filter()?;
         // The core asks for what it reads (`size`): more is neither copied nor made room for.
-        let mut out =
-            Vec::with_capacity(size.min(filter.body_size(buffered).saturating_add(filter.body_size(received))));
-        let whole = self.whole_body.get() && filter.body(buffered, &mut out, size);
+        let whole = self.whole_body.get();
+        let held = if whole { filter.body_size(buffered) } else { 0 };
+        let mut out = Vec::with_capacity(size.min(held.saturating_add(filter.body_size(received))));
+        let whole = whole && filter.body(buffered, &mut out, size);
         let any = whole | filter.body(received, &mut out, size);
         any.then_some(out)
     }

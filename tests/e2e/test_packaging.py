@@ -56,7 +56,7 @@ def no_rust_env(venv):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """`make dist`'s wheel, built into a fresh directory."""
+    """`make dist`'s wheel, on the dev profile (see above), built into a fresh directory."""
     out = tmp_path_factory.mktemp("wheels")
     done = run([VENV_BIN / "maturin", "build", "--profile", "dev", "-o", out], cwd=stack.REPO, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -163,12 +163,12 @@ def test_the_crates_package_for_crates_io():
     # The packaged idem-filter is served to idem-lint from a local registry under one version:
     # cargo takes registry sources as immutable and would reuse the copy an earlier run extracted
     # (into CARGO_HOME) or built. Only those are cleared: the local registry's build of idem-filter
-    # (its fingerprint's source is `Precalculated`, a workspace build's is checked file by file),
-    # never the workspace's builds or crates.io's sources.
+    # (its dep-info lists no source file, as for every registry crate; a workspace or packaged
+    # build's lists `src/…`), never the workspace's builds or crates.io's sources.
     cargo_home = Path(os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo")))
     stale = list(target.glob("package"))
     stale += [p for p in target.glob("debug/.fingerprint/idem-filter-*")
-              if any("Precalculated" in f.read_text(errors="replace") for f in p.glob("*.json"))]
+              if (p / "dep-lib-idem_filter").is_file() and b".rs" not in (p / "dep-lib-idem_filter").read_bytes()]
     stale += [p for p in cargo_home.glob("registry/src/*/idem-filter-*") if not p.parent.name.startswith("index.")]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)

@@ -48,7 +48,8 @@ impl Live {
             }
         }
         let log = std::fs::read_to_string(dir.join("webdis.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(10)..];
         panic!("redis-server and webdis did not come up in three tries: {failures:?}; webdis.log ends with {tail:?}");
     }
 
@@ -96,6 +97,14 @@ impl Live {
             }
             if Instant::now() >= deadline {
                 return Err(format!("no answer within 10 s on redis port {redis_port}, webdis port {webdis_port}"));
+            }
+        }
+        // Answers may have come from another test's Webdis that took the port first (they share
+        // credentials): ours then exits on its failed bind, seen here or on the next try.
+        std::thread::sleep(Duration::from_millis(20));
+        for (name, child) in ["redis-server", "webdis"].iter().zip(live.children.iter_mut()) {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("{name} exited ({status}) on redis port {redis_port}, webdis port {webdis_port}"));
             }
         }
         Ok(live)
