@@ -103,14 +103,10 @@ E2E_NATIVE := tests/e2e/test_in_flight.py tests/e2e/test_redis.py tests/e2e/test
 	tests/e2e/test_spec_to_gateway.py tests/e2e/test_first_hour.py tests/e2e/test_native.py
 # `--bins --tests`: idem-lint and idem-admin with the features `cargo test --workspace` resolved,
 # so after `make unit` nothing is built again (`-p idem-lint -p idem-admin` rebuilt ~20 s).
-# test_packaging.py's builds reuse the dev builds in target/ and rewrite target/debug/idem-lint
-# meanwhile: the other files run a copy taken before the first test (tests/e2e/conftest.py), and
-# the workspace's own binary is put back (cargo relinks it, nothing rebuilt) before the next pass.
 e2e: setup build-filter build-native
 	$(CARGO) build --workspace --bins --tests
 	.venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=12 $(E2E_SLOW_FIRST) tests/e2e \
 		--ignore=tests/e2e/test_native.py
-	$(CARGO) build --workspace --bins --tests
 	IDEM_ARTIFACT=native .venv/bin/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=8 $(E2E_NATIVE)
 
 lint-corpora: setup

@@ -6,12 +6,8 @@ the policy TOML given by the test, waited for until it serves, and stopped after
 with a message saying how to get it, never a skip.
 """
 
-import atexit
 import contextlib
-import os
-import shutil
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -182,26 +178,6 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "wasm_only(reason): a behaviour the native build refuses at load")
-    _private_idem_lint()
-
-
-def _private_idem_lint():
-    """The tests run idem-lint from a copy of target/debug/idem-lint taken before any test starts
-    ($IDEM_LINT, which pytest-xdist's workers inherit): test_packaging.py's builds (the wheel,
-    pre-commit's install, cargo publish's check) share target/ and rewrite that file while the
-    other files run. The copy sits in a directory of target/ itself, since idem-lint finds the
-    built filter beside it (`<exe>/../../wasm32-wasip1/…`). A given $IDEM_LINT is used as it is;
-    without a built idem-lint, $IDEM_LINT names the copy that was not made, so the tests that need
-    it fail saying how to build it, not on whatever a packaging build left there meanwhile."""
-    if os.environ.get("IDEM_LINT"):
-        return
-    built = REPO / "target" / "debug" / "idem-lint"
-    built.parent.parent.mkdir(parents=True, exist_ok=True)
-    private = Path(tempfile.mkdtemp(prefix="e2e-lint-", dir=built.parent.parent))
-    atexit.register(shutil.rmtree, private, ignore_errors=True)
-    os.environ["IDEM_LINT"] = str(private / "idem-lint")
-    if built.is_file():
-        shutil.copy2(built, private / "idem-lint")
 
 
 def _wasm_only(item):

@@ -30,14 +30,17 @@ paths:
 
 
 # Every build here (the wheel, pre-commit's install, cargo publish's check) is about packaging,
-# not speed: they build with the dev profile in the repository's own target directory, so the
-# dependencies `cargo test` compiled are reused (about 80 s for the file in a fresh clone, where a
-# profile of their own compiled everything again: about 240 s, on both cores, while the other
-# e2e files ran). They rewrite target/debug/idem-lint as they go: the other files run a copy
-# taken before any test started (conftest.py, $IDEM_LINT). The release profile's LTO is what
-# `make dist` ships; it changes nothing these tests look at.
-# pre-commit builds from its own clone of the repository: its target directory is named.
-DEV_PROFILE = {"MATURIN_PEP517_ARGS": "--profile dev", "CARGO_TARGET_DIR": str(stack.REPO / "target")}
+# not speed. They share one target directory of their own and the dev profile, so the
+# dependencies are compiled once for the three (about 80 s in a fresh clone; a release-like
+# profile for two of them and the dev profile for the third compiled everything twice). Not
+# target/ itself: idem-filter is a cdylib too, so its rlib has no hash in its name, and a packaged
+# build (other features) would overwrite the workspace's `deps/libidem_filter.rlib` under
+# cargo's nose. The release profile's LTO is what `make dist` ships; it changes nothing these
+# tests look at.
+PACKAGING_TARGET = stack.REPO / "target" / "packaging"
+DEV_BUILD = {"CARGO_TARGET_DIR": str(PACKAGING_TARGET), "MATURIN_PEP517_ARGS": "--profile dev",
+             # A packaged crate is a workspace of its own, without ours' [profile.dev].
+             "CARGO_PROFILE_DEV_DEBUG": "line-tables-only"}
 
 
 def run(argv, **kw):
@@ -58,7 +61,8 @@ def no_rust_env(venv):
 def wheel(tmp_path_factory):
     """`make dist`'s wheel, on the dev profile (see above), built into a fresh directory."""
     out = tmp_path_factory.mktemp("wheels")
-    done = run([VENV_BIN / "maturin", "build", "--profile", "dev", "-o", out], cwd=stack.REPO, timeout=900)
+    done = run([VENV_BIN / "maturin", "build", "--profile", "dev", "-o", out], cwd=stack.REPO, timeout=900,
+               env=dict(os.environ, **DEV_BUILD))
     assert done.returncode == 0, done.stdout + done.stderr
     wheels = sorted(out.glob("idem_lint-*.whl"))
     assert len(wheels) == 1, wheels
@@ -111,7 +115,7 @@ def test_pre_commit_runs_the_hook_on_the_specs(tmp_path):
     git(project, "init", "-q")
     git(project, "add", ".")
     env = dict(os.environ, PRE_COMMIT_HOME=str(tmp_path / "pre-commit"), PIP_NO_INDEX="1",
-               PIP_FIND_LINKS=str(WHEELHOUSE), **DEV_PROFILE)
+               PIP_FIND_LINKS=str(WHEELHOUSE), **DEV_BUILD)
     done = run([VENV_BIN / "pre-commit", "try-repo", stack.REPO, "idem-lint", "--all-files", "--color", "never"],
                cwd=project, env=env, timeout=1200)
     out = done.stdout + done.stderr
@@ -159,7 +163,7 @@ def test_the_action_installs_idem_lint_and_annotates_findings(wheel, tmp_path):
 def test_the_crates_package_for_crates_io():
     """`cargo publish --dry-run` of both crates (idem-lint depends on idem-filter by version)."""
     cargo = shutil.which("cargo") or str(os.path.expanduser("~/.cargo/bin/cargo"))
-    target = stack.REPO / "target"
+    target = PACKAGING_TARGET
     # The packaged idem-filter is served to idem-lint from a local registry under one version:
     # cargo takes registry sources as immutable and would reuse the copy an earlier run extracted
     # (into CARGO_HOME) or built. Only those are cleared: the local registry's build of idem-filter
@@ -172,9 +176,7 @@ def test_the_crates_package_for_crates_io():
     stale += [p for p in cargo_home.glob("registry/src/*/idem-filter-*") if not p.parent.name.startswith("index.")]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
-    # A packaged crate is a workspace of its own, without ours' [profile.dev]: the same debug
-    # setting keeps the dependencies' builds the ones `cargo test` made.
     done = run([cargo, "publish", "--dry-run", "--allow-dirty", "-p", "idem-filter", "-p", "idem-lint"],
-               cwd=stack.REPO, timeout=900, env=dict(os.environ, CARGO_PROFILE_DEV_DEBUG="line-tables-only"))
+               cwd=stack.REPO, timeout=900, env=dict(os.environ, **DEV_BUILD))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Packaging idem-lint" in done.stderr and "aborting upload due to dry run" in done.stderr, done.stderr
