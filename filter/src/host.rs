@@ -87,7 +87,7 @@ pub trait Host {
     /// access log prints with `%FILTER_STATE(wasm.<name>:PLAIN)%`.
     fn set_property(&self, name: &str, value: &[u8]);
     /// Answers the current stream with a local reply.
-    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError>;
+    fn send_reply(&self, reply: LocalReply) -> Result<(), HostError>;
     fn resume_request(&self) -> Result<(), HostError>;
     /// Sets a request header of the current stream (before it is resumed): a gRPC replay points
     /// the call at the echo listener.

@@ -204,9 +204,9 @@ impl core::Host for Native {
             filter.set_filter_state(&format!("wasm.{name}"), value);
         }
     }
-    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
+    fn send_reply(&self, reply: LocalReply) -> Result<(), HostError> {
         let filter = self.stream("send_response")?;
-        worker::with(|w| w.defer(Deferred::Reply(filter, Box::new(reply.clone()))));
+        worker::with(|w| w.defer(Deferred::Reply(filter, Box::new(reply))));
         Ok(())
     }
     fn resume_request(&self) -> Result<(), HostError> {

@@ -120,7 +120,7 @@ impl Host for Envoy {
     fn set_property(&self, name: &str, value: &[u8]) {
         let _ = abi::set_property(name, value);
     }
-    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
+    fn send_reply(&self, reply: LocalReply) -> Result<(), HostError> {
         abi::send_response(reply.status, &reply.headers, &reply.body, reply.grpc_status)
             .map_err(failed("send_local_response"))
     }

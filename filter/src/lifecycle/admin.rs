@@ -56,7 +56,7 @@ fn inspect(host: &dyn Host, store: &SharedStore, method: &[u8], hex: &str) -> Lo
 /// Answers one call of the admin listener: `head` holds the request's headers, `body` its body.
 pub(super) fn answer(host: &dyn Host, cfg: &AdminConfig, shared: &SharedConfig, head: &Headers, body: &[u8]) {
     let reply = decide(host, cfg, shared, head, body);
-    send(host, &reply);
+    send(host, reply);
 }
 
 fn decide(host: &dyn Host, cfg: &AdminConfig, shared: &SharedConfig, head: &Headers, body: &[u8]) -> LocalReply {

@@ -155,7 +155,7 @@ impl Worker {
                 Action::Reply(r) => {
                     let mut r = r.clone();
                     self.mark_repeatability(route, &mut r);
-                    self.reply(host, ctx, &r)
+                    self.reply(host, ctx, r)
                 }
                 // Shadow mode never blocks: let it through unexamined.
                 _ => {

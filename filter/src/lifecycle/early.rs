@@ -118,8 +118,8 @@ impl Worker {
     /// Sends `reply` on stream `ctx` (current now), or parks it until the request ends.
     pub(super) fn send_when_read(&self, host: &dyn Host, ctx: u32, reply: LocalReply) {
         let wait_ms = match self.body_gate.delivery() {
-            _ if !self.early.uploading(ctx) => return self.reply(host, ctx, &reply),
-            BodyDelivery::Withheld => return self.reply(host, ctx, &reply),
+            _ if !self.early.uploading(ctx) => return self.reply(host, ctx, reply),
+            BodyDelivery::Withheld => return self.reply(host, ctx, reply),
             _ if self.early.held.borrow().contains(&ctx) => UNPROVEN_PARK_MS,
             BodyDelivery::Delivered => PARK_MS,
             BodyDelivery::Unknown => UNPROVEN_PARK_MS,
@@ -136,7 +136,7 @@ impl Worker {
         // A chunk while the headers are paused: Envoy delivers bodies, so the end will come.
         self.body_gate.delivered();
         if let Some(reply) = now {
-            send(host, &reply);
+            send(host, reply);
         }
         Some(Flow::Discard)
     }
@@ -144,7 +144,7 @@ impl Worker {
     /// On the root's tick: answers whose request did not end in time go now.
     pub(super) fn send_overdue_answers(&self, host: &dyn Host) {
         for (ctx, reply) in self.early.overdue(host.now_ms()) {
-            self.on_stream(host, ctx, || send(host, &reply));
+            self.on_stream(host, ctx, || send(host, reply));
         }
     }
 }

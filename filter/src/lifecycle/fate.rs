@@ -73,7 +73,7 @@ impl Fates {
 impl Worker {
     /// Answers stream `ctx` (the current context) with `reply` — unless its request already went
     /// on, which the lifecycle never does: the answer is dropped and the mistake logged.
-    pub(super) fn reply(&self, host: &dyn Host, ctx: u32, reply: &LocalReply) {
+    pub(super) fn reply(&self, host: &dyn Host, ctx: u32, reply: LocalReply) {
         match self.fates.settle(ctx, Fate::Answered) {
             Ok(()) => send(host, reply),
             Err(fate) => refused(host, ctx, "an answer", fate),

@@ -130,7 +130,7 @@ impl Worker {
             },
             None => crate::replies::plain_error(ErrorCode::ReplayGone, "no replay waits under this token"),
         };
-        self.reply(host, ctx, &reply);
+        self.reply(host, ctx, reply);
     }
 }
 

@@ -272,7 +272,7 @@ impl Stream {
         let bundle = &self.worker.engine.bundle;
         match &bundle.admin {
             Some(cfg) => admin::answer(host, cfg, &bundle.shared, &self.request.headers, &body),
-            None => send(host, &json_reply(503, "NOT_CONFIGURED", "role = \"admin\" without [admin]", &[])),
+            None => send(host, json_reply(503, "NOT_CONFIGURED", "role = \"admin\" without [admin]", &[])),
         }
     }
 
@@ -287,7 +287,7 @@ impl Stream {
         if matches!(self.phase, Phase::Admin) {
             if size > admin::MAX_ADMIN_BODY {
                 self.phase = Phase::Idle;
-                send(host, &json_reply(413, "BODY_TOO_LARGE", "an admin call's body is at most 1 MiB", &[]));
+                send(host, json_reply(413, "BODY_TOO_LARGE", "an admin call's body is at most 1 MiB", &[]));
             } else if end_of_stream {
                 self.answer_admin(host, host.request_body(size).unwrap_or_default());
             }

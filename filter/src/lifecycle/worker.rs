@@ -539,14 +539,9 @@ fn default_namespace(plugin_name: Option<Vec<u8>>) -> String {
     }
 }
 
-pub(super) fn send(host: &dyn Host, r: &LocalReply) {
-    let filled;
-    let r = if r.request_id {
-        filled = with_request_id(host, r);
-        &filled
-    } else {
-        r
-    };
+/// Sends `r` (moved to the host, which may keep it until the hook returns).
+pub(super) fn send(host: &dyn Host, r: LocalReply) {
+    let r = if r.request_id { with_request_id(host, r) } else { r };
     if let Err(e) = host.send_reply(r) {
         host.log(Level::Error, &format!("idem: send_local_response failed: {e:?}"));
     }
@@ -555,7 +550,7 @@ pub(super) fn send(host: &dyn Host, r: &LocalReply) {
 /// The answer with `{{request_id}}` filled in: the stream's `x-request-id` (Envoy's, or a trusted
 /// caller's), kept only when it is a plain id (letters, digits, `-_.:`, at most 128), so it needs
 /// no escaping wherever the template put it; empty otherwise.
-fn with_request_id(host: &dyn Host, r: &LocalReply) -> LocalReply {
+fn with_request_id(host: &dyn Host, mut r: LocalReply) -> LocalReply {
     let id = host
         .request_header("x-request-id")
         .filter(|v| v.len() <= 128 && v.iter().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b)))
@@ -572,13 +567,12 @@ fn with_request_id(host: &dyn Host, r: &LocalReply) -> LocalReply {
         out.extend_from_slice(rest);
         out
     };
-    let mut out = r.clone();
-    out.body = fill(&r.body);
-    for (_, v) in &mut out.headers {
+    r.body = fill(&r.body);
+    for (_, v) in &mut r.headers {
         *v = fill(v);
     }
-    out.request_id = false;
-    out
+    r.request_id = false;
+    r
 }
 
 /// `:status` of a header map, 0 when absent (a failed callout has no headers).

@@ -154,7 +154,7 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("set_property", name.len() + value.len());
         self.inner.set_property(name, value)
     }
-    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
+    fn send_reply(&self, reply: LocalReply) -> Result<(), HostError> {
         let h: usize = reply.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
         self.add("send_local_response", h + reply.body.len());
         self.inner.send_reply(reply)

@@ -464,7 +464,7 @@ impl Host for FakeHost {
             s.properties.insert(format!("wasm.{name}"), value.to_vec());
         }
     }
-    fn send_reply(&self, reply: &LocalReply) -> Result<(), HostError> {
+    fn send_reply(&self, reply: LocalReply) -> Result<(), HostError> {
         let context = self.current();
         {
             let mut fates = lock(&self.fates);
@@ -476,7 +476,7 @@ impl Host for FakeHost {
             }
             fate.replies += 1;
         }
-        self.act(Act::Reply { context, reply: reply.clone() });
+        self.act(Act::Reply { context, reply });
         Ok(())
     }
     fn set_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostError> {
