@@ -176,7 +176,8 @@ REDIS_CASES = {"e0": "floor", "e": "wasm", "e-native": "native", "e-direct": "di
 
 
 def envoy_case(case, n, tmp, store=None):
-    """(instructions per request, of which the module's JIT code) for `case` in a real Envoy.
+    """(instructions per request, of which the module's JIT code, and for a native case what its
+    calls into Envoy cost per request as `calls_out` sorts them, else None) for `case` in a real Envoy.
     `a-16k`, `c0-16k` and `c16k` are (a), (c0) and (c) with 16 KB orders; `c-native`, `d-native` and
     `c16k-native` are (c), (d) and (c16k) on idem's native build (target/native/libidem_native.so).
     The Redis cases (REDIS_CASES) need `store`, the (Redis, Webdis) they talk to."""
@@ -306,13 +307,10 @@ def envoy_case(case, n, tmp, store=None):
     # The native module's own threads (the direct Redis client's) are counted with the process.
     modules = ("/" + NATIVE_FLOOR.name, "/" + stack.NATIVE.name)
     jit = sum(v for (obj, fn), v in costs.items() if is_jit(obj, fn) or obj.endswith(modules))
+    spent = None
     if native or case == "c0-native":
-        CALLS_OUT[named] = {kind: (cost / n, calls / n) for kind, (cost, calls) in calls_out(dumps[-1], modules).items()}
-    return total / n, jit / n
-
-
-# Per native case: what its module's calls into Envoy cost per request (`calls_out`).
-CALLS_OUT = {}
+        spent = {kind: (cost / n, calls / n) for kind, (cost, calls) in calls_out(dumps[-1], modules).items()}
+    return total / n, jit / n, spent
 
 
 def admin_counter(admin, name):
@@ -358,14 +356,14 @@ def report_envoy(n, cases, keep=None):
             store = (redis, stack.Webdis(tmp, redis.port))
         try:
             for case in cases:
-                total, jit = envoy_case_kept(case, n, tmp, store, keep)
+                total, jit, spent = envoy_case_kept(case, n, tmp, store, keep)
                 results[case] = total
                 over = ", %+.0f over (a)" % (total - results["a"]) if case != "a" and "a" in results else ""
                 print("(%s)%s %8.0f instructions/req (the module's code %.0f, Envoy + V8 + host calls %.0f)%s"
                       % (case, " " * (3 - len(case)), total, jit, total - jit, over))
-                if case in CALLS_OUT:
+                if spent:
                     print("    of Envoy's, the module's calls into it, callees included: " + ", ".join(
-                        "%s %.0f (%.1f calls)" % (kind, cost, calls) for kind, (cost, calls) in sorted(CALLS_OUT[case].items())))
+                        "%s %.0f (%.1f calls)" % (kind, cost, calls) for kind, (cost, calls) in sorted(spent.items())))
         finally:
             if store:
                 store[1].stop()
@@ -375,12 +373,12 @@ def report_envoy(n, cases, keep=None):
 
 def envoy_case_kept(case, n, tmp, store, keep):
     """envoy_case, its callgrind dump copied into `keep` (for `callgrind_annotate --inclusive=yes`)."""
-    total, jit = envoy_case(case, n, tmp, store)
+    total, jit, spent = envoy_case(case, n, tmp, store)
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         for dump in glob.glob(str(Path(tmp) / ("envoy-%s.cg.*" % case))):
             shutil.copy(dump, keep)
-    return total, jit
+    return total, jit, spent
 
 
 def compare_envoy(results):

@@ -88,12 +88,8 @@ impl Live {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
-            for (name, child) in ["redis-server", "webdis"].iter().zip(live.children.iter_mut()) {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!(
-                        "{name} exited ({status}) on redis port {redis_port}, webdis port {webdis_port}"
-                    ));
-                }
+            if let Some(why) = live.exited() {
+                return Err(format!("{why} on redis port {redis_port}, webdis port {webdis_port}"));
             }
             if Instant::now() >= deadline {
                 return Err(format!("no answer within 10 s on redis port {redis_port}, webdis port {webdis_port}"));
@@ -102,12 +98,19 @@ impl Live {
         // Answers may have come from another test's Webdis that took the port first (they share
         // credentials): ours then exits on its failed bind, seen here or on the next try.
         std::thread::sleep(Duration::from_millis(20));
-        for (name, child) in ["redis-server", "webdis"].iter().zip(live.children.iter_mut()) {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("{name} exited ({status}) on redis port {redis_port}, webdis port {webdis_port}"));
-            }
+        match live.exited() {
+            Some(why) => Err(format!("{why} on redis port {redis_port}, webdis port {webdis_port}")),
+            None => Ok(live),
         }
-        Ok(live)
+    }
+
+    /// Which of redis-server and Webdis has exited, and how (a failed bind exits).
+    fn exited(&mut self) -> Option<String> {
+        let names = ["redis-server", "webdis"];
+        names.iter().zip(self.children.iter_mut()).find_map(|(name, child)| match child.try_wait() {
+            Ok(Some(status)) => Some(format!("{name} exited ({status})")),
+            _ => None,
+        })
     }
 
     pub fn try_call(&self, body: &str) -> std::io::Result<(u16, String)> {
