@@ -77,8 +77,9 @@ pub trait Host {
     fn response_body(&self, size: usize) -> Option<Vec<u8>>;
     /// The response's trailers (a gRPC answer's `grpc-status`), in `on_response_trailers`.
     fn response_trailers(&self) -> Vec<Pair>;
-    /// The answer of the HTTP call being delivered: headers (none when the call failed) and body.
-    fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>);
+    /// The answer of the HTTP call being delivered: headers in the host's serialized form (none
+    /// when the call failed; read in place, as most answers are only asked their `:status`) and body.
+    fn call_response(&self, num_headers: usize, body_size: usize) -> (crate::pairs::Headers, Vec<u8>);
     /// The trailers of the HTTP call being delivered (a gRPC call's status).
     fn call_trailers(&self) -> Vec<Pair>;
     /// A property of the current stream (`xds.route_name`, dynamic metadata, …).

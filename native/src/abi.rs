@@ -100,9 +100,9 @@ impl ModuleHeader {
         }
     }
 
-    /// A callout's headers, borrowing the strings for the call.
-    fn all(headers: &[(String, String)]) -> Vec<ModuleHeader> {
-        headers.iter().map(|(n, v)| ModuleHeader::of(n.as_bytes(), v.as_bytes())).collect()
+    /// A callout's headers, borrowing the bytes for the call.
+    fn all<'a>(headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Vec<ModuleHeader> {
+        headers.map(|(n, v)| ModuleHeader::of(n, v)).collect()
     }
 }
 
@@ -286,21 +286,33 @@ pub unsafe fn envoy_bytes<'a>(ptr: *const u8, length: usize) -> &'a [u8] {
     }
 }
 
-/// Copies an array of Envoy's headers `(ptr, count)` out (a hook's argument, or a getter's).
+/// Reads an array of Envoy's headers `(ptr, count)` (a hook's argument) in place: `read` sees
+/// every `(name, value)` as bytes, which do not outlive it.
 ///
 /// # Safety
 /// `headers` is null or points at `count` headers valid for the current hook.
-pub unsafe fn copy_headers(headers: *const EnvoyHeader, count: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+pub unsafe fn read_headers<R>(
+    headers: *const EnvoyHeader,
+    count: usize,
+    read: impl FnOnce(&[(&[u8], &[u8])]) -> R,
+) -> R {
     if headers.is_null() || count == 0 {
-        return Vec::new();
+        return read(&[]);
     }
     // SAFETY: as the caller promised.
     let all = unsafe { std::slice::from_raw_parts(headers, count) };
+    // SAFETY: the same headers, valid for the hook; the slices do not outlive `read`.
+    read(&unsafe { borrow_headers(all) })
+}
+
+/// Each header's name and value as slices of Envoy's memory.
+///
+/// # Safety
+/// Every header's pointers are Envoy's, valid for as long as the returned slices are used.
+unsafe fn borrow_headers(all: &[EnvoyHeader]) -> Vec<(&[u8], &[u8])> {
+    // SAFETY: as the caller promised.
     all.iter()
-        // SAFETY: each header's pointers are Envoy's, valid for the hook.
-        .map(|h| unsafe {
-            (envoy_bytes(h.key_ptr, h.key_length).to_vec(), envoy_bytes(h.value_ptr, h.value_length).to_vec())
-        })
+        .map(|h| unsafe { (envoy_bytes(h.key_ptr, h.key_length), envoy_bytes(h.value_ptr, h.value_length)) })
         .collect()
 }
 
@@ -382,11 +394,7 @@ impl FilterPtr {
             return read(&[]);
         }
         // SAFETY: Envoy filled `n` headers valid for this hook; the slices do not outlive `read`.
-        let pairs: Vec<(&[u8], &[u8])> = all
-            .iter()
-            .map(|h| unsafe { (envoy_bytes(h.key_ptr, h.key_length), envoy_bytes(h.value_ptr, h.value_length)) })
-            .collect();
-        read(&pairs)
+        read(&unsafe { borrow_headers(all) })
     }
 
     /// The size of one body buffer (0 when it is not available).
@@ -592,10 +600,10 @@ impl ConfigPtr {
     /// the request that asked for it) and answered on the main thread
     /// (`on_http_filter_config_http_callout_done`); the id Envoy gave it, or the init result's
     /// number. Main thread only: the config's async client is the main thread's.
-    pub fn callout(
+    pub fn callout<'a>(
         self,
         cluster: &str,
-        headers: &[(String, String)],
+        headers: impl Iterator<Item = (&'a [u8], &'a [u8])>,
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
@@ -679,17 +687,22 @@ mod tests {
     }
 
     #[test]
-    fn headers_are_copied_as_bytes_and_a_null_array_is_none() {
+    fn headers_are_read_as_bytes_and_a_null_array_as_none() {
         let (k, v) = (b"x-a".to_vec(), vec![0xff, b'b']);
         let arr = [
             EnvoyHeader { key_ptr: k.as_ptr(), key_length: k.len(), value_ptr: v.as_ptr(), value_length: v.len() },
             EMPTY_HEADER,
         ];
+        let copy = |pairs: &[(&[u8], &[u8])]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            pairs.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect()
+        };
         // SAFETY: a live array of two headers; the second's pointers are null.
-        let copied = unsafe { copy_headers(arr.as_ptr(), arr.len()) };
+        let copied = unsafe { read_headers(arr.as_ptr(), arr.len(), copy) };
         assert_eq!(copied, vec![(k.clone(), v.clone()), (vec![], vec![])]);
+        // SAFETY: a live array, of which only the first header is read.
+        assert_eq!(unsafe { read_headers(arr.as_ptr(), 1, copy) }, vec![(k.clone(), v.clone())]);
         // SAFETY: a null array.
-        assert!(unsafe { copy_headers(null(), 3) }.is_empty());
+        assert!(unsafe { read_headers(null(), 3, copy) }.is_empty());
     }
 
     #[test]

@@ -21,6 +21,7 @@ use crate::abi::{self, ConfigPtr, ConfigScheduler, EnvoyBuffer, EnvoyHeader};
 use crate::config::Config;
 use crate::host::CallAnswer;
 use crate::ticker;
+use idem_filter::pairs::Headers;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,7 +49,8 @@ pub struct Call {
     pub root: u32,
     pub token: u32,
     pub cluster: String,
-    pub headers: Vec<(String, String)>,
+    /// Serialized: one buffer, where a copy of each name and value took two allocations.
+    pub headers: Headers,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
 }
@@ -119,7 +121,7 @@ impl Calls {
         let calls = std::mem::take(&mut *lock(&self.queued));
         for call in calls {
             let back = ReturnTo { slot: call.slot, root: call.root, token: call.token };
-            match config.envoy.callout(&call.cluster, &call.headers, &call.body, call.timeout_ms) {
+            match config.envoy.callout(&call.cluster, call.headers.iter(), &call.body, call.timeout_ms) {
                 Ok(id) => {
                     lock(&self.out).insert(id, back);
                 }
@@ -152,7 +154,7 @@ impl Calls {
         let mut answer = CallAnswer::default();
         if success {
             // SAFETY: as the caller promised.
-            answer.headers = unsafe { abi::copy_headers(headers.0, headers.1) };
+            answer.headers = unsafe { abi::read_headers(headers.0, headers.1, |pairs| Headers::from_pairs(pairs)) };
             // SAFETY: as the caller promised.
             unsafe { abi::copy_chunks(chunks.0, chunks.1, &mut answer.body, usize::MAX) };
         }

@@ -33,7 +33,7 @@ pub fn wall_ms() -> u64 {
 /// A callout's answer, while its hook runs.
 #[derive(Default)]
 pub struct CallAnswer {
-    pub headers: Vec<Pair>,
+    pub headers: Headers,
     pub body: Vec<u8>,
 }
 
@@ -173,7 +173,7 @@ impl core::Host for Native {
     fn response_trailers(&self) -> Vec<Pair> {
         self.filter().map(|f| f.headers(header_type::RESPONSE_TRAILER)).unwrap_or_default()
     }
-    fn call_response(&self, _num_headers: usize, _body_size: usize) -> (Vec<Pair>, Vec<u8>) {
+    fn call_response(&self, _num_headers: usize, _body_size: usize) -> (Headers, Vec<u8>) {
         let answer = std::mem::take(&mut *self.answer.borrow_mut());
         (answer.headers, answer.body)
     }

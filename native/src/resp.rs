@@ -34,6 +34,7 @@ use crate::calls;
 use crate::config::Config;
 use crate::host::CallAnswer;
 use idem_filter::host::Level;
+use idem_filter::pairs::Headers;
 use idem_filter::policy::{addresses, split_address, RedisConfig};
 use idem_filter::store::redis::hash_slot;
 use idem_filter::store::resp::{self, Reply};
@@ -170,7 +171,7 @@ impl Client {
             for (job, reply) in batch.into_iter().zip(replies) {
                 let answer = match reply {
                     Some(value) => CallAnswer {
-                        headers: vec![(b":status".to_vec(), b"200".to_vec())],
+                        headers: Headers::from_pairs(&[(":status", "200")]),
                         body: resp::webdis_json(&command_name(&job.args), &reply_of(value)),
                     },
                     None => CallAnswer::default(),

@@ -27,6 +27,7 @@ use crate::host::Native;
 use crate::{resp, ticker};
 use idem_filter::host::{Host, HostError, Level};
 use idem_filter::lifecycle::{Contexts, Flow, Stream};
+use idem_filter::pairs::Headers;
 use idem_filter::policy::RedisConfig;
 use idem_filter::response::LocalReply;
 use std::cell::{Cell, RefCell};
@@ -374,7 +375,7 @@ impl WorkerThread {
             root,
             token,
             cluster: cluster.to_string(),
-            headers: headers.to_vec(),
+            headers: Headers::from_pairs(headers),
             body: body.to_vec(),
             timeout_ms: timeout_ms.max(1),
         };
@@ -421,7 +422,7 @@ impl WorkerThread {
             return;
         };
         for d in calls::take(slot) {
-            let (num_headers, body_size) = (d.answer.headers.len(), d.answer.body.len());
+            let (num_headers, body_size) = (d.answer.headers.iter().count(), d.answer.body.len());
             let host = Native::new(d.config, None);
             host.deliver(d.answer);
             let (root, token) = (d.root, d.token);

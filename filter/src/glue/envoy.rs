@@ -104,12 +104,12 @@ impl Host for Envoy {
     fn call_trailers(&self) -> Vec<Pair> {
         abi::headers(abi::map::CALL_RESPONSE_TRAILERS).unwrap_or_default()
     }
-    fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>) {
+    fn call_response(&self, num_headers: usize, body_size: usize) -> (crate::pairs::Headers, Vec<u8>) {
         // A failed call (reset, timeout, no cluster) has no headers at all.
         let headers = if num_headers == 0 {
-            Vec::new()
+            crate::pairs::Headers::default()
         } else {
-            abi::headers(abi::map::CALL_RESPONSE_HEADERS).unwrap_or_default()
+            abi::header_block(abi::map::CALL_RESPONSE_HEADERS).unwrap_or_default()
         };
         let body = abi::buffer(abi::buffer::CALL_RESPONSE_BODY, 0, body_size).ok().flatten().unwrap_or_default();
         (headers, body)

@@ -12,7 +12,6 @@ use crate::engine::{
     failed_cause, reconciled_absent, reconciled_ran, Action, LookupAnswer, Prepared, StoreTicket, Verdict,
 };
 use crate::host::{Host, Level};
-use crate::pairs::Pair;
 use crate::policy::Found;
 use crate::response::{LocalReply, StoredResponse};
 use crate::store::{Call, Claim, Payload, Step, StoreError, Write, Written};
@@ -131,7 +130,7 @@ impl Stream {
     /// repeat's and is written as the key's; `absent` → the key becomes this request's claim
     /// (the request runs only once it owns the key); else the unknown outcome is given back and
     /// the repeat gets the 409.
-    pub(super) fn on_lookup_reply(&mut self, host: &dyn Host, headers: &[Pair], body: &[u8]) {
+    pub(super) fn on_lookup_reply(&mut self, host: &dyn Host, headers: &crate::pairs::Headers, body: &[u8]) {
         let Phase::Looking(looking) = std::mem::replace(&mut self.phase, Phase::Idle) else {
             return;
         };
@@ -142,7 +141,7 @@ impl Stream {
             status: status_of(headers),
             headers: headers
                 .iter()
-                .map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.clone()))
+                .map(|(n, v)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.to_vec()))
                 .collect(),
             body: body.to_vec(),
             trailers: Vec::new(),

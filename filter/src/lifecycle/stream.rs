@@ -413,7 +413,7 @@ impl Stream {
     }
 
     /// The reply (already read where Envoy delivered it) of this stream's call `token`.
-    pub fn on_reply(&mut self, host: &dyn Host, token: u32, headers: &[crate::pairs::Pair], body: &[u8]) {
+    pub fn on_reply(&mut self, host: &dyn Host, token: u32, headers: &crate::pairs::Headers, body: &[u8]) {
         if !self.owns_call(host, token) {
             return;
         }

@@ -422,7 +422,7 @@ impl Worker {
     }
 
     /// The reply (already read where Envoy delivered it) of the root's call `token`.
-    pub fn on_reply(&self, host: &dyn Host, token: u32, headers: Vec<crate::pairs::Pair>, body: Vec<u8>) {
+    pub fn on_reply(&self, host: &dyn Host, token: u32, headers: crate::pairs::Headers, body: Vec<u8>) {
         let Some(call) = self.calls.borrow_mut().remove(&token) else {
             return self.stray_reply(host, self.root_id, token, "no call of the root has that token");
         };
@@ -438,7 +438,7 @@ impl Worker {
                 self.renewed(owner, renewed.unwrap_or(Ok(true)));
             }
             RootCall::Detached(call) => {
-                self.detached_answered(host, call, status, headers, body);
+                self.detached_answered(host, call, status, headers.to_pairs(), body);
                 self.send_queued(host);
             }
             RootCall::Poll(poll) => self.polled(host, poll, status, &body),
@@ -576,8 +576,8 @@ fn with_request_id(host: &dyn Host, mut r: LocalReply) -> LocalReply {
 }
 
 /// `:status` of a header map, 0 when absent (a failed callout has no headers).
-pub(super) fn status_of(headers: &[crate::pairs::Pair]) -> u16 {
-    parse_status(headers.iter().find(|(n, _)| n == b":status").map(|(_, v)| v.as_slice()))
+pub(super) fn status_of(headers: &crate::pairs::Headers) -> u16 {
+    parse_status(headers.get(b":status"))
 }
 
 /// A `:status` value as a number, 0 when absent or not one.

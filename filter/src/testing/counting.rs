@@ -135,9 +135,9 @@ impl<H: Host + Setup> Host for CountingHost<'_, H> {
         self.add("get_header_map_pairs", pairs_len(&r));
         r
     }
-    fn call_response(&self, num_headers: usize, body_size: usize) -> (Vec<Pair>, Vec<u8>) {
+    fn call_response(&self, num_headers: usize, body_size: usize) -> (crate::pairs::Headers, Vec<u8>) {
         let r = self.inner.call_response(num_headers, body_size);
-        self.add("get_http_call_response", pairs_len(&r.0) + r.1.len());
+        self.add("get_http_call_response", r.0.byte_len() + r.1.len());
         r
     }
     fn call_trailers(&self) -> Vec<Pair> {

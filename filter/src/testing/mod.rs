@@ -449,8 +449,9 @@ impl Host for FakeHost {
     fn response_trailers(&self) -> Vec<Pair> {
         self.with_stream(|s| s.response_trailers.clone()).unwrap_or_default()
     }
-    fn call_response(&self, _num_headers: usize, _body_size: usize) -> (Vec<Pair>, Vec<u8>) {
-        lock(&self.call).clone()
+    fn call_response(&self, _num_headers: usize, _body_size: usize) -> (crate::pairs::Headers, Vec<u8>) {
+        let (headers, body) = lock(&self.call).clone();
+        (crate::pairs::Headers::from_pairs(&headers), body)
     }
     fn call_trailers(&self) -> Vec<Pair> {
         lock(&self.call_trailers).clone()
