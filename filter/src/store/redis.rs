@@ -636,9 +636,11 @@ pub fn reply(name: &str, status: u16, body: &[u8]) -> Result<serde_json::Value, 
         let text = String::from_utf8_lossy(body.get(..200).unwrap_or(body)).into_owned();
         return Err(StoreError::Host(format!("webdis answered HTTP {status}: {}", text.trim())));
     }
-    let v: serde_json::Value =
+    let mut v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| StoreError::Host(format!("webdis reply is not JSON ({e})")))?;
-    let inner = v.get(name).cloned().ok_or_else(|| StoreError::Host(format!("webdis reply has no {name:?}: {v}")))?;
+    // Taken out, not cloned: a claim batch's reply holds a record per key.
+    let inner = v.as_object_mut().and_then(|m| m.remove(name));
+    let inner = inner.ok_or_else(|| StoreError::Host(format!("webdis reply has no {name:?}: {v}")))?;
     if let serde_json::Value::Array(a) = &inner {
         if a.first() == Some(&serde_json::Value::Bool(false)) {
             let msg = a.get(1).and_then(|m| m.as_str()).unwrap_or("error");
