@@ -189,13 +189,13 @@ class Envoy:
     def log_tail(self, lines=40):
         return self.proc.log_tail(lines)
 
-    def request(self, method, path, headers=None, body=None, timeout=10.0, anonymous=False):
+    def request(self, method, path, headers=None, body=None, timeout=10.0, anonymous=False, hold=None):
         """A request as an API client sends it: with `Authorization` (the default caller scope)
-        unless the headers name one or `anonymous` is set."""
+        unless the headers name one or `anonymous` is set. `hold`: see `http.request`."""
         headers = dict(headers or {})
         if not anonymous and not any(k.lower() == "authorization" for k in headers):
             headers["authorization"] = DEFAULT_AUTH
-        return request(self.listen_port, method, path, headers, body, timeout)
+        return request(self.listen_port, method, path, headers, body, timeout, hold=hold)
 
     def stop(self):
         self.proc.stop()

@@ -10,7 +10,8 @@ from datetime import datetime
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]00:00)$")
 
 
-def post(env, path, key=None, body=None, headers=None, auth=None, timeout=10.0, key_header="Idempotency-Key"):
+def post(env, path, key=None, body=None, headers=None, auth=None, timeout=10.0, key_header="Idempotency-Key",
+         hold=None):
     h = {"content-type": "application/json"}
     if key is not None:
         h[key_header] = key
@@ -19,7 +20,7 @@ def post(env, path, key=None, body=None, headers=None, auth=None, timeout=10.0, 
     h.update(headers or {})
     if body is None:
         body = {"sku": "A1", "qty": 1}
-    return env.request("POST", path, headers=h, body=body, timeout=timeout)
+    return env.request("POST", path, headers=h, body=body, timeout=timeout, hold=hold)
 
 
 def describe(r):
