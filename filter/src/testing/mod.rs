@@ -137,7 +137,8 @@ pub struct FakeHost {
     streams: Mutex<HashMap<u32, FakeStream>>,
     closed: Mutex<HashSet<u32>>,
     current: AtomicU32,
-    call: Mutex<(Vec<Pair>, Vec<u8>)>,
+    /// The call answer being delivered, its headers serialized as Envoy hands them over.
+    call: Mutex<(crate::pairs::Headers, Vec<u8>)>,
     call_trailers: Mutex<Vec<Pair>>,
     acts: Mutex<Vec<Act>>,
     next_token: AtomicU32,
@@ -255,25 +256,25 @@ impl FakeHost {
     }
     /// The answer of an HTTP call, readable during the next callback.
     pub fn deliver(&self, status: u16, body: &[u8]) {
-        let headers = if status == 0 { vec![] } else { vec![(b":status".to_vec(), status.to_string().into_bytes())] };
+        // A failed call has no headers at all, as on Envoy.
+        let headers = match status {
+            0 => crate::pairs::Headers::default(),
+            _ => crate::pairs::Headers::from_pairs(&[(":status", status.to_string())]),
+        };
         *lock(&self.call) = (headers, body.to_vec());
         lock(&self.call_trailers).clear();
     }
     /// The answer of an HTTP call with its headers and trailers (a gRPC answer).
     pub fn deliver_with(&self, headers: &[(&str, &[u8])], body: &[u8], trailers: &[(&str, &[u8])]) {
         let pairs = |h: &[(&str, &[u8])]| h.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec())).collect();
-        *lock(&self.call) = (pairs(headers), body.to_vec());
+        *lock(&self.call) = (crate::pairs::Headers::from_pairs(headers), body.to_vec());
         *lock(&self.call_trailers) = pairs(trailers);
     }
     /// A callout that timed out, as Envoy's async client answers it: its router's local reply
     /// (`504`, `upstream request timeout`), not a failure without headers.
     pub fn deliver_timeout(&self) {
-        let headers = vec![
-            (b":status".to_vec(), b"504".to_vec()),
-            (b"content-length".to_vec(), b"24".to_vec()),
-            (b"content-type".to_vec(), b"text/plain".to_vec()),
-        ];
-        *lock(&self.call) = (headers, b"upstream request timeout".to_vec());
+        let headers = [(":status", "504"), ("content-length", "24"), ("content-type", "text/plain")];
+        *lock(&self.call) = (crate::pairs::Headers::from_pairs(&headers), b"upstream request timeout".to_vec());
     }
     /// A request callback of `context` (headers, a body chunk, trailers) returned: `continued`
     /// when it returned `Continue`, which lets a request that has not gone yet go upstream.
@@ -450,8 +451,7 @@ impl Host for FakeHost {
         self.with_stream(|s| s.response_trailers.clone()).unwrap_or_default()
     }
     fn call_response(&self, _num_headers: usize, _body_size: usize) -> (crate::pairs::Headers, Vec<u8>) {
-        let (headers, body) = lock(&self.call).clone();
-        (crate::pairs::Headers::from_pairs(&headers), body)
+        lock(&self.call).clone()
     }
     fn call_trailers(&self) -> Vec<Pair> {
         lock(&self.call_trailers).clone()
