@@ -94,6 +94,9 @@ def request(port, method, path, headers=None, body=None, timeout=10.0, hold=None
         headers.setdefault("content-type", "application/json")
     elif isinstance(body, str):
         body = body.encode()
+    if hold is not None and not body:
+        # Nothing to hold back: a barrier waiting on `hold` would wait for ever.
+        raise ValueError("request(hold=...) needs a body: its last byte is what is held back")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         # A Host the caller names replaces the connection's own.
@@ -103,7 +106,7 @@ def request(port, method, path, headers=None, body=None, timeout=10.0, hold=None
             conn.putheader(name, value)
         if body is not None:
             conn.putheader("content-length", str(len(body)))
-        if hold is not None and body:
+        if hold is not None:
             conn.endheaders(body[:-1])
             hold()
             conn.send(body[-1:])

@@ -47,3 +47,12 @@ def test_a_policy_route_envoy_cannot_reach_is_an_error_not_a_missing_route():
         stack.routes_from_policy(POLICY)
     with pytest.raises(ValueError, match="typo"):
         stack.routes_from_policy(POLICY, envoy={"by-name": {"match": {"path": "/n"}}, "typo": {"timeout": "1s"}})
+
+
+def test_a_held_request_needs_a_body_byte_to_hold_back():
+    """`request(hold=…)` holds a body's last byte: with no body a barrier waiting in `hold` would
+    wait for ever, so it is refused before anything is sent (port 9 is never connected to)."""
+    from stack import http
+    for body in (None, b"", ""):
+        with pytest.raises(ValueError, match="needs a body"):
+            http.request(9, "POST", "/", body=body, hold=lambda: None)
