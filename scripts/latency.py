@@ -9,7 +9,10 @@ have been sent meanwhile count their wait. One Envoy worker per Envoy under test
 a `direct_response` Envoy answering at once; everything shares this machine's cores.
 
 Cases: (a) plain Envoy; (c) fresh keys on the shared store; (d) one key replayed; (e) fresh keys
-on Redis through Webdis; (c16k) (c) with 16 KB bodies; (c-native), (d-native), (e-native) and
+on Redis through Webdis; (e0) its floor: the no-op Wasm module of `bench/floor` making the same
+two Webdis calls per request with none of idem's work (what any gateway-side Redis check through
+Webdis adds; its requests are checked against the Webdis cluster's call count instead); (c16k) (c)
+with 16 KB bodies; (c-native), (d-native), (e-native) and
 (e-direct: `[redis] direct`, RESP with no Webdis) on the native build. The key is a query parameter (`?k=…`): oha varies the URL by a regex
 (`--rand-regex-url`, where `?` is escaped and `.` is not: oha treats dots as literal, and `\.`
 turns the host into random characters), so every case's requests are checked against idem's own `idem_requests_total`
@@ -21,6 +24,7 @@ into `--plot` (PNG, matplotlib, installed into .venv when missing).
 """
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -33,6 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack  # noqa: E402
 
+# The floor of (e) (`bench/floor`, built by `make bench`; IDEM_FLOOR_WASM names another build).
+FLOOR_WASM = Path(os.environ.get("IDEM_FLOOR_WASM",
+                                 stack.REPO / "target" / "wasm32-wasip1" / "release" / "idem_floor.wasm"))
 RATES = [500, 1000, 2000, 4000, 6000, 8000, 12000, 16000]
 KNEE_P99_MS = 5.0
 PATH = "/api/order/create"
@@ -76,6 +83,7 @@ CASES = [
     ("c", "fresh keys, shared store (.wasm)", "idem", True, 0),
     ("d", "one key replayed (.wasm)", "idem", False, 0),
     ("e", "fresh keys, Redis via Webdis (.wasm)", "redis", True, 0),
+    ("e0", "floor of (e): a no-op Wasm filter making the same two Webdis calls", "floor-redis", True, 0),
     ("c16k", "(c) with 16 KB bodies", "idem", True, 16384),
     ("c-native", "fresh keys, shared store (native)", "native", True, 0),
     ("d-native", "one key replayed (native)", "native", False, 0),
@@ -122,9 +130,12 @@ def run_oha(oha, port, rate, seconds, fresh, body, run_id):
     }
 
 
-def counted(env):
-    """Every request idem's route counted (forwarded, replayed, ...): what the case sent through it."""
-    return sum(env.stats("idem.lat-key.").values()) if env is not None else None
+def counted(env, which):
+    """Every request idem's route counted (forwarded, replayed, ...): what the case sent through it.
+    The floor has no counters: its requests are its Webdis calls, two each."""
+    if which == "floor-redis":
+        return env.stats("cluster.webdis.upstream_rq_total").get("cluster.webdis.upstream_rq_total", 0) // 2
+    return sum(env.stats("idem.lat-key.").values())
 
 
 def plot(results, path):
@@ -174,13 +185,22 @@ def main():
         envs["plain"] = stack.start_idem_envoy(workdir, fast.listen_port, "", routes=ROUTES, with_filter=False,
                                                concurrency=1, name="envoy-plain")
         envs["idem"] = stack.start_idem_envoy(workdir, fast.listen_port, SHARED, routes=ROUTES, concurrency=1)
-        if any(c[2] in ("redis", "redis-native", "redis-direct") for c in cases):
+        if any(c[2] in ("redis", "floor-redis", "redis-native", "redis-direct") for c in cases):
             redis = stack.Redis(workdir)
             webdis = stack.Webdis(workdir, redis.port)
             procs += [redis, webdis]
             envs["redis"] = stack.start_idem_envoy(workdir, fast.listen_port, REDIS, routes=ROUTES, concurrency=1,
                                                    extra_clusters=[stack.webdis_cluster(webdis.port)],
                                                    name="envoy-idem-redis")
+        if any(c[2] == "floor-redis" for c in cases):
+            if not FLOOR_WASM.is_file():
+                raise stack.StackError("%s is missing: build it with `cargo build --release --target wasm32-wasip1 "
+                                       "-p idem-floor` (make bench does)" % FLOOR_WASM)
+            auth = base64.b64encode(stack.WEBDIS_AUTH.encode()).decode()
+            envs["floor-redis"] = stack.start_idem_envoy(workdir, fast.listen_port, "callouts webdis %s" % auth,
+                                                         routes=ROUTES, concurrency=1, wasm_path=FLOOR_WASM,
+                                                         extra_clusters=[stack.webdis_cluster(webdis.port)],
+                                                         name="envoy-floor-redis")
         if any(c[2] == "redis-native" for c in cases):
             envs["redis-native"] = stack.start_idem_envoy(workdir, fast.listen_port, REDIS, routes=ROUTES,
                                                           concurrency=1, wasm_path=stack.NATIVE,
@@ -206,12 +226,12 @@ def main():
             saturated = False
             for cid, _, which, fresh, size in cases:
                 env = envs[which]
-                before = counted(env) if which != "plain" else None
+                before = counted(env, which) if which != "plain" else None
                 r = run_oha(oha, env.listen_port, rate, args.seconds, fresh, body_of(size), run_id + cid.replace("-", ""))
                 if which != "plain":
                     # Envoy counts a request once its stream ends: give the last ones a moment.
-                    stack.wait_until(lambda: counted(env) - before >= r["requests"], 5)
-                    seen = counted(env) - before
+                    stack.wait_until(lambda: counted(env, which) - before >= r["requests"], 5)
+                    seen = counted(env, which) - before
                     if seen < r["requests"]:
                         raise stack.StackError("(%s) at %d req/s: idem counted %d of %d requests: the case missed "
                                                "its route" % (cid, rate, seen, r["requests"]))
