@@ -9,7 +9,6 @@ because of Redis. Requests are spread over (or alternated between) the two Envoy
 
 import json
 import os
-import signal
 import socket
 import threading
 import time
@@ -23,7 +22,7 @@ import pytest
 import stack
 from conftest import new_key
 from idemtest import (assert_local, assert_outcome_unknown, assert_replay_of, assert_upstream_answer, counters, delta,
-                      describe, fire, listener_stats, post, wait_for)
+                      describe, fire, freeze, listener_stats, post, thaw, wait_for)
 
 PREFIX = "idem-e2e-%s:" % uuid.uuid4().hex[:6]
 # The native build's fleets speak RESP to Redis (no Webdis in their way).
@@ -426,7 +425,7 @@ def test_a_frozen_gateway_loses_its_lease_and_its_late_answer_is_fenced(fleet, u
     with ThreadPoolExecutor(max_workers=1) as pool:
         first_f = pool.submit(post, a, "/r/lease", key, None, {"x-demo-delay-ms": "2500"}, None, 30)
         wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
-        os.kill(a.proc.pid, signal.SIGSTOP)
+        freeze(a.proc.pid)
         try:
             answers = []
 
@@ -437,7 +436,7 @@ def test_a_frozen_gateway_loses_its_lease_and_its_late_answer_is_fenced(fleet, u
             second = answers[-1]
             assert upstream.calls(key) == 2
         finally:
-            os.kill(a.proc.pid, signal.SIGCONT)
+            thaw(a.proc.pid)
         first = first_f.result()
     assert_upstream_answer(second, key=key, n=2)
     assert first.status == 200 and (first.json() or {}).get("n") == 1, describe(first)
@@ -461,7 +460,7 @@ def test_a_frozen_gateways_late_failure_never_releases_the_key_another_request_t
         first_f = pool.submit(post, a, "/r/lease", key, body, {"x-demo-delay-ms": "1500", "x-demo-status": "503"},
                               None, 30)
         wait_for(lambda: upstream.calls(key) == 1, 10, what="the first request to reach the upstream")
-        os.kill(a.proc.pid, signal.SIGSTOP)
+        freeze(a.proc.pid)
         try:
             taken = []
 
@@ -476,7 +475,7 @@ def test_a_frozen_gateways_late_failure_never_releases_the_key_another_request_t
                 return False
             wait_for(take_over, 10, interval=0.2, what="B to take the lease of the frozen gateway over")
         finally:
-            os.kill(a.proc.pid, signal.SIGCONT)
+            thaw(a.proc.pid)
         first = first_f.result()
         assert first.status == 503, describe(first)
         # A's 503 is in and its release has run (or been fenced off): B is still at the upstream.
@@ -613,7 +612,7 @@ def test_a_repeat_is_answered_from_the_envoys_own_copy_while_the_store_is_down(m
     first = post(a, "/r/key", key)
     assert_upstream_answer(first, key=key, n=1)
     if DIRECT:
-        os.kill(front_door_pid(rs), signal.SIGSTOP)  # frozen, not stopped: the records stay
+        freeze(front_door_pid(rs))  # frozen, not stopped: the records stay
     else:
         stop_front_door(rs)
     again = post(a, "/r/key", key)
@@ -630,7 +629,7 @@ def test_a_repeat_is_answered_from_the_envoys_own_copy_while_the_store_is_down(m
     assert_local(fresh, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
     assert upstream.calls(key) == 1
     if DIRECT:
-        os.kill(front_door_pid(rs), signal.SIGCONT)
+        thaw(front_door_pid(rs))
     else:
         start_front_door(rs)
     wait_for(lambda: post(b, "/r/key", key).status == 200, 15, interval=0.2, what="the replay on the other Envoy")
@@ -656,12 +655,12 @@ def test_a_write_refused_once_is_what_the_next_retry_meets_once_written(make_fle
     with ThreadPoolExecutor(1) as pool:
         first_f = pool.submit(post, env, "/r/key", key, None, {"x-demo-delay-ms": delay}, None, client_timeout)
         wait_for(lambda: upstream.calls(key) == 1, 5, what="the claim and the upstream call")
-        os.kill(front_door_pid(rs), signal.SIGSTOP)  # the write's first attempt times out (1 s)
+        freeze(front_door_pid(rs))  # the write's first attempt times out (1 s)
         try:
             wait_for(lambda: delta(before, counters(env, "r-key")).get("write_retried", 0) >= 1, 10,
                      what="the write's first attempt to be refused")
         finally:
-            os.kill(front_door_pid(rs), signal.SIGCONT)
+            thaw(front_door_pid(rs))
         if write == "completion":
             first = first_f.result()
             assert_upstream_answer(first, key=key, n=1)

@@ -5,7 +5,6 @@ stack's, limited to the commands idem uses (stack.REDIS_DEFAULT_USER_ACL), its p
 to Envoy in an environment variable (`password_env`), never in the policy."""
 
 import os
-import signal
 import subprocess
 import threading
 import uuid
@@ -15,7 +14,7 @@ import pytest
 
 import stack
 from conftest import new_key
-from idemtest import assert_local, describe, post, wait_for
+from idemtest import assert_local, describe, freeze, post, thaw, wait_for
 from test_native import CREATE, native, replayed_across, sixteen_at_once  # noqa: F401 (the fixture)
 
 PASSWORD_ENV = "IDEM_E2E_REDIS_PASSWORD"
@@ -102,7 +101,7 @@ def test_redis_stopped_then_restarted_is_a_store_error_then_works_again(native, 
     policy = direct_policy(own_redis.port, pfx, timeout="300ms")
     env = make_envoy(policy, routes=stack.routes_from_policy(policy), concurrency=4, wasm_path=stack.NATIVE)
     assert post(env, CREATE, new_key("before")).status == 200
-    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    freeze(own_redis.proc.pid)
     try:
         # Twenty at once on four workers, on the connection made before the pause: every one is
         # answered (pipelined claims, a claim batch, reconnections that time out), none forwarded.
@@ -113,7 +112,7 @@ def test_redis_stopped_then_restarted_is_a_store_error_then_works_again(native, 
         assert_local(post(env, CREATE, paused), 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
         assert upstream.calls(paused) == 0
     finally:
-        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        thaw(own_redis.proc.pid)
     own_redis.restart()
     after = new_key("after")
     answers = []
