@@ -57,7 +57,7 @@ fn dispatched_by(acts: &[Act], context: u32) -> Vec<(u32, String)> {
 /// Envoy delivers `token`'s reply on context `on`.
 fn deliver(host: &FakeHost, c: &mut Contexts, on: u32, token: u32, body: &[u8]) -> Vec<Act> {
     host.enter(on);
-    host.deliver(200, body);
+    host.deliver_to(token, 200, body);
     c.on_call_response(host, on, token, 1, body.len());
     host.take_acts()
 }

@@ -258,7 +258,7 @@ impl<'a> Gateway<'a> {
             other => panic!("a callout to {other}"),
         };
         self.host.enter(kept);
-        self.host.deliver(status, &reply);
+        self.host.deliver_to(token, status, &reply);
         self.contexts.on_call_response(&self.host, kept, token, 1, reply.len());
         self.collect();
         true

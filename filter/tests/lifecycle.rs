@@ -112,14 +112,14 @@ fn root_sends(host: &FakeHost, w: &Worker) -> Vec<Act> {
 
 fn answer_root(host: &FakeHost, w: &Worker, token: u32, status: u16, body: &[u8]) -> Vec<Act> {
     host.enter(ROOT);
-    host.deliver(status, body);
+    host.deliver_to(token, status, body);
     w.on_call_response(host, token, 1, body.len());
     host.take_acts()
 }
 
 fn answer_stream(host: &FakeHost, s: &mut Stream, ctx: u32, status: u16, body: &[u8]) -> Vec<Act> {
     host.enter(ctx);
-    host.deliver(status, body);
+    host.deliver_to(s.call_out().unwrap_or(0), status, body);
     s.on_call_response(host, s.call_out().unwrap_or(0), 1, body.len());
     host.take_acts()
 }
@@ -169,6 +169,34 @@ fn redis_claim_forward_and_the_response_held_until_written() {
     assert_eq!(count(&host, "r", "stored"), 1);
     // Both Webdis calls (claim, completion) are timed in idem_store_call_time{route}.
     assert_eq!(host.histogram(&store_call_histogram_name("r")).len(), 2);
+    s.on_log(&host);
+}
+
+#[test]
+fn a_webdis_reply_of_another_call_is_never_read_as_this_calls() {
+    // Webdis 0.1.9 writes the reply of a command whose client left (a callout that timed out)
+    // into the next connection that reuses the socket. Read as this claim's reply, `null` would
+    // say "claimed" — for another key — and a duplicate would run. Each call's path asks Webdis
+    // to tag its reply; a reply with another tag, or none, is a failed call.
+    let (host, w) = setup(&redis_policy(""));
+    for (ctx, stale) in [(10, &br#"i0123456789abcdef({"SET":null});"#[..]), (11, &br#"{"SET":null}"#[..])] {
+        let (mut s, _) = send(&host, &w, ctx, "/r", &format!("k{ctx}"));
+        host.take_acts();
+        host.enter(ctx);
+        host.deliver(200, stale);
+        s.on_call_response(&host, s.call_out().unwrap_or(0), 1, stale.len());
+        let acts = host.take_acts();
+        assert!(!acts.contains(&Act::ResumeRequest { context: ctx }), "never forwarded on that reply: {acts:?}");
+        assert_eq!(replies(&acts, ctx).first().map(|r| r.0), Some(503), "{acts:?}");
+        s.on_log(&host);
+    }
+    let logged = host.logs().iter().filter(|(_, l)| l.contains("did not carry its call's tag")).count();
+    assert_eq!(logged, 1, "logged once per worker: {:?}", host.logs());
+    // The same reply under its own tag is this call's: claimed, forwarded.
+    let (mut s, _) = send(&host, &w, 12, "/r", "k12");
+    host.take_acts();
+    let acts = answer_stream(&host, &mut s, 12, 200, br#"{"SET":null}"#);
+    assert_eq!(acts, vec![Act::ResumeRequest { context: 12 }]);
     s.on_log(&host);
 }
 

@@ -637,6 +637,42 @@ def test_a_repeat_is_answered_from_the_envoys_own_copy_while_the_store_is_down(m
     assert upstream.calls(key) == 1
 
 
+def test_a_reply_webdis_writes_into_another_connection_is_never_read_as_its_call(make_fleet, own_redis_stack,
+                                                                                 upstream):
+    """Webdis 0.1.9 writes the reply of a command whose client left into the next connection
+    that reuses the socket. Redis is frozen: a fresh key's claim times out (Envoy closes that
+    connection), then a repeat of a finished key sends its claim on a new connection — the
+    socket Webdis just closed. Redis wakes: the timed-out claim's `null` ("claimed") arrives
+    there first. Read as the repeat's claim answer it would run the finished request again;
+    each call's tag (`?jsonp=`) makes it a failed call instead: 503, run once. Through Webdis on
+    both builds (no `direct`)."""
+    rs = own_redis_stack
+    no_copy = policy("reject", timeout="500ms").replace('on_store_error = "reject"',
+                                                        'on_store_error = "reject"\nanswer_cache = "0s"')
+    (env,) = make_fleet(no_copy, ROUTES, rs.webdis.port, n=1)
+    caught = 0
+    for attempt in range(3):
+        done = new_key("finished")
+        assert_upstream_answer(post(env, "/r/key", done), key=done, n=1)
+        freeze(rs.redis.proc.pid)
+        try:
+            timed_out = post(env, "/r/key", new_key("timed-out"))
+            assert_local(timed_out, 503, "IDEMPOTENCY_STORE_UNAVAILABLE")
+            with ThreadPoolExecutor(1) as pool:
+                repeat_f = pool.submit(post, env, "/r/key", done)
+                time.sleep(0.15)  # its claim is out (the callout's timeout is 500 ms)
+                thaw(rs.redis.proc.pid)
+                repeat = repeat_f.result()
+        finally:
+            thaw(rs.redis.proc.pid)
+        assert upstream.calls(done) == 1, "the finished request ran again (try %d): %s" % (attempt, describe(repeat))
+        assert repeat.status in (200, 503), describe(repeat)
+        caught += repeat.status == 503
+    assert "did not carry its call's tag" in env.log_text(), (
+        "no stale reply reached another call's connection in 3 tries (%d repeats answered 503): the test "
+        "saw nothing of what it is about; log: %s" % (caught, env.log_tail(20)))
+
+
 @pytest.mark.parametrize("write", ["completion", "unknown_outcome"])
 def test_a_write_refused_once_is_what_the_next_retry_meets_once_written(make_fleet, own_redis_stack, upstream,
                                                                         write):

@@ -88,12 +88,14 @@ impl Contexts {
         };
         let owner = worker.reply_owner(token);
         if owner == ReplyTo::Ended {
+            worker.forget_tag(token);
             return worker.ended_calls.answered(token);
         }
         if owner == ReplyTo::Nobody {
             return worker.stray_reply(host, id, token, "no call of this worker has that token");
         }
         let (headers, body) = host.call_response(num_headers, body_size);
+        let (headers, body) = worker.checked_reply(host, token, headers, body);
         match owner {
             ReplyTo::Root => worker.on_reply(host, token, headers, body),
             ReplyTo::Stream(owner) => {

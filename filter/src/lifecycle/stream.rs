@@ -394,6 +394,7 @@ impl Stream {
     pub fn on_call_response(&mut self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
         if self.owns_call(host, token) {
             let (headers, body) = host.call_response(num_headers, body_size);
+            let (headers, body) = self.worker.checked_reply(host, token, headers, body);
             self.on_reply(host, token, &headers, &body);
         }
     }

@@ -41,8 +41,14 @@ pub struct Worker {
     /// switches back to itself, or its next callout would belong to that stream (and be
     /// cancelled with it — Envoy crashed on exactly that).
     root_id: u32,
-    /// The headers of every Webdis call (the same each time: made once).
+    /// The headers of every Webdis call (made once; each call's `:path` carries its own tag).
     redis_headers: Vec<(String, String)>,
+    /// The tag of each Webdis call out, by token: its reply must carry it (`redis::untag`).
+    webdis_tags: RefCell<Map<u32, u64>>,
+    /// The last tag given (starts at random: tags of two workers, or of a restarted one, differ).
+    last_tag: Cell<u64>,
+    /// A reply with another call's tag was logged (once per worker).
+    mistagged_logged: Cell<bool>,
     /// This worker's wake-up queue: a stream enqueues, the root's queue event sends.
     wake_queue: Option<u32>,
     /// Held duplicates (see `waiters`).
@@ -174,6 +180,9 @@ impl Worker {
             metrics,
             log_level: setup.log_level(),
             redis_headers,
+            webdis_tags: RefCell::default(),
+            last_tag: Cell::new(host.random_u64().unwrap_or(0)),
+            mistagged_logged: Cell::new(false),
             root_id,
             wake_queue,
             waiters: Waiters::default(),
@@ -360,8 +369,49 @@ impl Worker {
                 .redis_direct(cfg, cmd.body.as_bytes(), timeout_ms)
                 .map_err(|e| StoreError::Host(format!("redis command to {address}: {e:?}")));
         }
-        host.dispatch(&cfg.cluster, &self.redis_headers, cmd.body.as_bytes(), timeout_ms)
-            .map_err(|e| StoreError::Host(format!("dispatch_http_call to cluster {}: {e:?}", cfg.cluster)))
+        let tag = self.last_tag.get().wrapping_add(1);
+        self.last_tag.set(tag);
+        let mut headers = self.redis_headers.clone();
+        if let Some((_, path)) = headers.iter_mut().find(|(name, _)| name == ":path") {
+            *path = redis::tagged_path(tag);
+        }
+        let token = host
+            .dispatch(&cfg.cluster, &headers, cmd.body.as_bytes(), timeout_ms)
+            .map_err(|e| StoreError::Host(format!("dispatch_http_call to cluster {}: {e:?}", cfg.cluster)))?;
+        self.webdis_tags.borrow_mut().insert(token, tag);
+        Ok(token)
+    }
+
+    /// The reply of call `token` as its owner reads it: a Webdis reply with its tag taken off,
+    /// and one that carries another call's tag (or none) as a failed call, never as this call's
+    /// reply (see [`redis::tagged_path`]). Other calls' replies are untouched.
+    pub fn checked_reply(
+        &self,
+        host: &dyn Host,
+        token: u32,
+        headers: crate::pairs::Headers,
+        mut body: Vec<u8>,
+    ) -> (crate::pairs::Headers, Vec<u8>) {
+        let Some(tag) = self.webdis_tags.borrow_mut().remove(&token) else {
+            return (headers, body);
+        };
+        // Webdis tags what it answers 200 (Redis errors included); its own refusals (403, 503)
+        // and Envoy's failures carry no JSON to tag.
+        if status_of(&headers) != 200 || redis::untag(tag, &mut body) {
+            return (headers, body);
+        }
+        let line = format!(
+            "idem: a Webdis reply did not carry its call's tag (i{tag:016x}): it is another command's, \
+             which Webdis wrote into this connection after that command's client left (a callout that \
+             timed out); the call is treated as failed, never as that reply (logged once per worker)"
+        );
+        self.log_once(host, &self.mistagged_logged, Level::Error, &line);
+        (crate::pairs::Headers::default(), Vec::new())
+    }
+
+    /// A call's reply will not be read (its owner ended, or nobody owns it): its tag goes.
+    pub(super) fn forget_tag(&self, token: u32) {
+        self.webdis_tags.borrow_mut().remove(&token);
     }
 
     /// Wakes the root context (it sends what was queued for it).
@@ -414,10 +464,14 @@ impl Worker {
     pub fn on_call_response(&self, host: &dyn Host, token: u32, num_headers: usize, body_size: usize) {
         match self.reply_owner(token) {
             ReplyTo::Root => {}
-            ReplyTo::Ended => return self.ended_calls.answered(token),
+            ReplyTo::Ended => {
+                self.forget_tag(token);
+                return self.ended_calls.answered(token);
+            }
             _ => return self.stray_reply(host, self.root_id, token, "no call of the root has that token"),
         }
         let (headers, body) = host.call_response(num_headers, body_size);
+        let (headers, body) = self.checked_reply(host, token, headers, body);
         self.on_reply(host, token, headers, body);
     }
 
@@ -471,6 +525,7 @@ impl Worker {
     /// A reply nobody is waiting for under its token (its stream ended, or a token nobody
     /// recorded): never read, counted and logged once per worker with where it arrived.
     pub fn stray_reply(&self, host: &dyn Host, delivered_to: u32, token: u32, why: &str) {
+        self.forget_tag(token);
         self.metrics.count_stray_reply(host);
         let line = format!(
             "idem: a callout reply was delivered to context {delivered_to} under token {token}, which no \

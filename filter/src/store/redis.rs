@@ -582,6 +582,29 @@ fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
     fields.get(i).copied().unwrap_or("")
 }
 
+/// The path of a Webdis call tagged `tag`: Webdis wraps its reply as JSONP, `i<tag>(…);`, the
+/// one thing of a call its reply carries back. Webdis 0.1.9 writes the reply of a command whose
+/// client closed the connection (an Envoy callout that timed out) into the next connection that
+/// reuses the socket, where Envoy reads it as that connection's next call's reply: a claim for
+/// another key read as `null`, "claimed" (docs/redis.md, "Webdis"). The tag tells them apart.
+pub fn tagged_path(tag: u64) -> String {
+    format!("/?jsonp=i{tag:016x}")
+}
+
+/// A tagged reply's JSON, in place; `false` (the body untouched) when it carries another tag,
+/// or none: it is not the reply of this call.
+pub fn untag(tag: u64, body: &mut Vec<u8>) -> bool {
+    let prefix = format!("i{tag:016x}(");
+    let end = body.trim_ascii_end().len();
+    let wrapped = body.get(..end).is_some_and(|b| b.starts_with(prefix.as_bytes()) && b.ends_with(b");"));
+    if !wrapped || end < prefix.len() + 2 {
+        return false;
+    }
+    body.truncate(end - 2);
+    body.drain(..prefix.len());
+    true
+}
+
 /// `EVAL/<script>/<arg>/…`, encoded as [`command`] encodes. Every call carries its script's
 /// text (a few hundred bytes): its encoding is made once per process, where encoding it again
 /// for each call cost more than the rest of building the call.
@@ -711,6 +734,36 @@ mod eval_tests {
             let mut all = vec!["EVAL", script];
             all.extend(args);
             assert_eq!(eval(script, &args), command(&all), "{script}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::*;
+
+    /// Webdis answers `POST /?jsonp=<tag>` as `<tag>(<json>);` and a newline.
+    #[test]
+    fn a_reply_is_read_only_under_its_own_tag() {
+        let tag = 0x0123_4567_89ab_cdef;
+        assert_eq!(tagged_path(tag), "/?jsonp=i0123456789abcdef");
+        let mut own = br#"i0123456789abcdef({"SET":null});"#.to_vec();
+        own.push(b'\n');
+        assert!(untag(tag, &mut own));
+        assert_eq!(own, br#"{"SET":null}"#);
+        let mut empty = b"i0123456789abcdef();".to_vec();
+        assert!(untag(tag, &mut empty) && empty.is_empty());
+        // Another call's reply, an untagged one, a cut one: not this call's, and left as they are.
+        for other in [
+            &br#"i0123456789abcdee({"SET":null});"#[..],
+            br#"{"SET":null}"#,
+            br#"i0123456789abcdef({"SET":null}"#,
+            b"i0123456789abcdef(",
+            b"",
+        ] {
+            let mut body = other.to_vec();
+            assert!(!untag(tag, &mut body), "{}", String::from_utf8_lossy(other));
+            assert_eq!(body, other);
         }
     }
 }

@@ -48,9 +48,9 @@ pub fn drive(fake: &FakeHost, host: &dyn Host, entered: &dyn Fn(), w: &Rc<Worker
     entered();
     s.on_request_body(host, BODY.len(), true);
     if redis && fake.take_acts().iter().any(|a| matches!(a, Act::Dispatch { .. })) {
-        fake.deliver(200, br#"{"SET":null}"#);
-        // Delivered: the call is over (Envoy's, and the fake host's, record of it goes).
         let token = s.call_out().unwrap_or(0);
+        fake.deliver_to(token, 200, br#"{"SET":null}"#);
+        // Delivered: the call is over (Envoy's, and the fake host's, record of it goes).
         fake.take_callout(token);
         entered();
         s.on_call_response(host, token, 1, 12);
@@ -66,7 +66,7 @@ pub fn drive(fake: &FakeHost, host: &dyn Host, entered: &dyn Fn(), w: &Rc<Worker
         for a in fake.take_acts() {
             if let Act::Dispatch { token, .. } = a {
                 fake.take_callout(token);
-                fake.deliver(200, br#"{"EVAL":1}"#);
+                fake.deliver_to(token, 200, br#"{"EVAL":1}"#);
                 entered();
                 w.on_call_response(host, token, 1, 10);
             }

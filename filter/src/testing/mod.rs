@@ -147,6 +147,8 @@ pub struct FakeHost {
     callouts: Mutex<HashMap<u32, u32>>,
     /// Every callout's body, by token.
     sent: Mutex<HashMap<u32, Vec<u8>>>,
+    /// The `:path` each callout was sent with, by token (a Webdis call's carries its tag).
+    sent_paths: Mutex<HashMap<u32, String>>,
     counters: Mutex<Vec<(String, u64)>>,
     histograms: Mutex<Vec<(String, Vec<u64>)>>,
     logs: Mutex<Vec<(Level, String)>>,
@@ -252,6 +254,21 @@ impl FakeHost {
     pub fn update(&self, context: u32, f: impl FnOnce(&mut FakeStream)) {
         if let Some(s) = lock(&self.streams).get_mut(&context) {
             f(s);
+        }
+    }
+    /// The answer of call `token`, readable during the next callback, as its server sends it: a
+    /// Webdis call (its path asks `?jsonp=<tag>`) answered 200 is wrapped `<tag>(…);`, as Webdis
+    /// wraps it. [`FakeHost::deliver`] delivers a body as given (another call's reply, say).
+    pub fn deliver_to(&self, token: u32, status: u16, body: &[u8]) {
+        let path = lock(&self.sent_paths).get(&token).cloned().unwrap_or_default();
+        match path.split_once("?jsonp=") {
+            Some((_, tag)) if status == 200 => {
+                let mut wrapped = format!("{tag}(").into_bytes();
+                wrapped.extend_from_slice(body);
+                wrapped.extend_from_slice(b");\n");
+                self.deliver(status, &wrapped);
+            }
+            _ => self.deliver(status, body),
         }
     }
     /// The answer of an HTTP call, readable during the next callback.
@@ -413,6 +430,7 @@ impl Host for FakeHost {
         lock(&self.callouts).insert(token, self.current());
         lock(&self.sent).insert(token, body.to_vec());
         let path = headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone()).unwrap_or_default();
+        lock(&self.sent_paths).insert(token, path.clone());
         let context = self.current();
         self.act(Act::Dispatch { context, token, cluster: cluster.into(), path, body: body.to_vec() });
         Ok(token)
