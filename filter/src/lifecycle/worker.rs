@@ -41,8 +41,9 @@ pub struct Worker {
     /// switches back to itself, or its next callout would belong to that stream (and be
     /// cancelled with it — Envoy crashed on exactly that).
     root_id: u32,
-    /// The headers of every Webdis call (made once; each call's `:path` carries its own tag).
-    redis_headers: Vec<(String, String)>,
+    /// The headers of every Webdis call (made once; each call writes its own tag into its
+    /// `:path`, in place).
+    redis_headers: RefCell<Vec<(String, String)>>,
     /// The tag of each Webdis call out, by token: its reply must carry it (`redis::untag`).
     webdis_tags: RefCell<Map<u32, u64>>,
     /// The last tag given (starts at random: tags of two workers, or of a restarted one, differ).
@@ -179,7 +180,7 @@ impl Worker {
             engine,
             metrics,
             log_level: setup.log_level(),
-            redis_headers,
+            redis_headers: RefCell::new(redis_headers),
             webdis_tags: RefCell::default(),
             last_tag: Cell::new(host.random_u64().unwrap_or(0)),
             mistagged_logged: Cell::new(false),
@@ -371,13 +372,16 @@ impl Worker {
         }
         let tag = self.last_tag.get().wrapping_add(1);
         self.last_tag.set(tag);
-        let mut headers = self.redis_headers.clone();
+        let Ok(mut headers) = self.redis_headers.try_borrow_mut() else {
+            return Err(StoreError::Host("a Webdis call was sent while another was being sent".into()));
+        };
         if let Some((_, path)) = headers.iter_mut().find(|(name, _)| name == ":path") {
-            *path = redis::tagged_path(tag);
+            redis::write_tagged_path(path, tag);
         }
         let token = host
             .dispatch(&cfg.cluster, &headers, cmd.body.as_bytes(), timeout_ms)
             .map_err(|e| StoreError::Host(format!("dispatch_http_call to cluster {}: {e:?}", cfg.cluster)))?;
+        drop(headers);
         self.webdis_tags.borrow_mut().insert(token, tag);
         Ok(token)
     }

@@ -588,16 +588,38 @@ fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
 /// reuses the socket, where Envoy reads it as that connection's next call's reply: a claim for
 /// another key read as `null`, "claimed" (docs/redis.md, "Webdis"). The tag tells them apart.
 pub fn tagged_path(tag: u64) -> String {
-    format!("/?jsonp=i{tag:016x}")
+    let mut path = String::with_capacity(25);
+    write_tagged_path(&mut path, tag);
+    path
+}
+
+/// [`tagged_path`] written over `path` (a call's headers are reused, not made again).
+pub fn write_tagged_path(path: &mut String, tag: u64) {
+    path.clear();
+    path.push_str("/?jsonp=");
+    path.extend(tag_prefix(tag)[..17].iter().map(|&b| char::from(b)));
+}
+
+/// `i`, the tag in 16 lowercase hex digits, `(`: how a tagged reply begins.
+fn tag_prefix(tag: u64) -> [u8; 18] {
+    let mut out = [0u8; 18];
+    out[0] = b'i';
+    for (i, d) in out[1..17].iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[((tag >> (60 - 4 * i)) & 15) as usize];
+    }
+    out[17] = b'(';
+    out
 }
 
 /// A tagged reply's JSON, in place; `false` (the body untouched) when it carries another tag,
 /// or none: it is not the reply of this call.
 pub fn untag(tag: u64, body: &mut Vec<u8>) -> bool {
-    let prefix = format!("i{tag:016x}(");
+    let prefix = tag_prefix(tag);
     let end = body.trim_ascii_end().len();
-    let wrapped = body.get(..end).is_some_and(|b| b.starts_with(prefix.as_bytes()) && b.ends_with(b");"));
-    if !wrapped || end < prefix.len() + 2 {
+    let wrapped = end >= prefix.len() + 2
+        && body.get(..prefix.len()) == Some(&prefix[..])
+        && body.get(..end).is_some_and(|b| b.ends_with(b");"));
+    if !wrapped {
         return false;
     }
     body.truncate(end - 2);
