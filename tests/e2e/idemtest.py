@@ -92,10 +92,9 @@ def delta(before, after):
 
 
 def freeze(pid, timeout=5.0):
-    """SIGSTOP a process and wait until every one of its threads is stopped. `kill` returns once
-    the signal is pending: one thread takes it and stops the others, and until then a thread
-    woken by its socket still runs — without this wait Webdis answered on a kept connection in
-    10 to 13 of 40 tries (test_stack.py)."""
+    """SIGSTOP a process and wait until every one of its threads is stopped: `kill` returns once
+    the signal is pending (right after it, /proc showed Webdis not yet stopped in up to one try
+    in five), and a test that freezes a component goes on only once it is frozen."""
     os.kill(pid, signal.SIGSTOP)
     wait_for(lambda: all_threads_stopped(pid), timeout, interval=0.002, what="every thread of %d to stop" % pid)
 

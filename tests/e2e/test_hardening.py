@@ -533,9 +533,9 @@ def explained(env, seen, rs, upstream, key):
     whether Webdis is stopped, what Redis holds and whether the request reached the upstream.
     The claim-left test failed about once in 15 runs beside test_redis.py under -n 2, at either
     wait, once with one more request forwarded and stored than it sent before stopping Webdis:
-    Webdis answered after `kill(SIGSTOP)` — a stop not yet in effect (`idemtest.freeze` now waits
-    for every thread), or a reply Webdis wrote into Envoy's connection for another one (replies
-    are now read only under their call's tag)."""
+    replies that Webdis wrote into Envoy's connection for commands of connections that had closed
+    (docs/redis.md), read as this test's calls' replies; replies are now read only under their
+    call's tag."""
     try:
         yield
     except AssertionError as e:
