@@ -388,7 +388,7 @@ impl Worker {
 
     /// The reply of call `token` as its owner reads it: a Webdis reply with its tag taken off,
     /// and one that carries another call's tag (or none) as a failed call, never as this call's
-    /// reply (see [`redis::tagged_path`]). Other calls' replies are untouched.
+    /// reply (see [`redis::write_tagged_path`]). Other calls' replies are untouched.
     pub fn checked_reply(
         &self,
         host: &dyn Host,

@@ -582,48 +582,38 @@ fn field<'s>(fields: &[&'s str], i: usize) -> &'s str {
     fields.get(i).copied().unwrap_or("")
 }
 
-/// The path of a Webdis call tagged `tag`: Webdis wraps its reply as JSONP, `i<tag>(…);`, the
-/// one thing of a call its reply carries back. Webdis 0.1.9 writes the reply of a command whose
-/// client closed the connection (an Envoy callout that timed out) into the next connection that
-/// reuses the socket, where Envoy reads it as that connection's next call's reply: a claim for
-/// another key read as `null`, "claimed" (docs/redis.md, "Webdis"). The tag tells them apart.
-pub fn tagged_path(tag: u64) -> String {
-    let mut path = String::with_capacity(25);
-    write_tagged_path(&mut path, tag);
-    path
-}
-
-/// [`tagged_path`] written over `path` (a call's headers are reused, not made again).
+/// Writes over `path` the path of a Webdis call tagged `tag` (a call's headers are reused, not
+/// made again): Webdis wraps its reply as JSONP, `i<tag>(…);`, the one thing of a call its reply
+/// carries back. Webdis 0.1.9 writes the reply of a command whose client closed the connection
+/// (an Envoy callout that timed out) into the next connection that reuses the socket, where
+/// Envoy reads it as that connection's next call's reply: a claim for another key read as
+/// `null`, "claimed" (docs/redis.md). The tag tells them apart.
 pub fn write_tagged_path(path: &mut String, tag: u64) {
     path.clear();
-    path.push_str("/?jsonp=");
-    path.extend(tag_prefix(tag)[..17].iter().map(|&b| char::from(b)));
-}
-
-/// `i`, the tag in 16 lowercase hex digits, `(`: how a tagged reply begins.
-fn tag_prefix(tag: u64) -> [u8; 18] {
-    let mut out = [0u8; 18];
-    out[0] = b'i';
-    for (i, d) in out[1..17].iter_mut().enumerate() {
-        *d = b"0123456789abcdef"[((tag >> (60 - 4 * i)) & 15) as usize];
-    }
-    out[17] = b'(';
-    out
+    path.push_str("/?jsonp=i");
+    push_hex(path, &tag.to_be_bytes());
 }
 
 /// A tagged reply's JSON, in place; `false` (the body untouched) when it carries another tag,
 /// or none: it is not the reply of this call.
 pub fn untag(tag: u64, body: &mut Vec<u8>) -> bool {
-    let prefix = tag_prefix(tag);
+    // `i`, the tag's 16 hex digits, `(`, the JSON, `);` (and a newline, trimmed).
+    const HEAD: usize = 18;
     let end = body.trim_ascii_end().len();
-    let wrapped = end >= prefix.len() + 2
-        && body.get(..prefix.len()) == Some(&prefix[..])
+    let ours = end >= HEAD + 2
+        && body.first() == Some(&b'i')
+        && body.get(HEAD - 1) == Some(&b'(')
+        && body
+            .get(1..HEAD - 1)
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .map(|hex| u64::from_be_bytes(unhex(hex)))
+            == Some(tag)
         && body.get(..end).is_some_and(|b| b.ends_with(b");"));
-    if !wrapped {
+    if !ours {
         return false;
     }
     body.truncate(end - 2);
-    body.drain(..prefix.len());
+    body.drain(..HEAD);
     true
 }
 
@@ -768,7 +758,9 @@ mod tag_tests {
     #[test]
     fn a_reply_is_read_only_under_its_own_tag() {
         let tag = 0x0123_4567_89ab_cdef;
-        assert_eq!(tagged_path(tag), "/?jsonp=i0123456789abcdef");
+        let mut path = String::from("/");
+        write_tagged_path(&mut path, tag);
+        assert_eq!(path, "/?jsonp=i0123456789abcdef");
         let mut own = br#"i0123456789abcdef({"SET":null});"#.to_vec();
         own.push(b'\n');
         assert!(untag(tag, &mut own));
